@@ -1,0 +1,590 @@
+"""Writes small but structurally real Hugging Face Llama model directories for the converter's tests.
+
+Standard library only: the unit tests run it with a plain python3. Every directory has what
+`save_pretrained` of a LlamaForCausalLM leaves behind (config.json, generation_config.json,
+model.safetensors or shards plus model.safetensors.index.json, the tokenizer files of a real model)
+with deterministic random weights, so the same command writes the same bytes every run.
+
+    python3 oracle/make_models.py OUTROOT [CASE ...]    # default: every small case
+    python3 oracle/make_models.py --list
+
+Python: `CASES` (ordered tuple of `Case`), `CASES_BY_NAME`, `make_case(case, root) -> Path`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import statistics
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer fixtures: which real files a case's directory receives, and from which fixture folder.
+# Folders hold only files that differ; byte-identical files are taken from one place (PROVENANCE).
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TokenizerFixture:
+    name: str
+    files: tuple[tuple[str, str], ...]  # (fixture folder, file name), copied verbatim
+
+
+SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
+
+TOKENIZERS: dict[str, TokenizerFixture] = {
+    t.name: t
+    for t in (
+        # The Hub's SmolLM2-135M-Instruct: chat template inside tokenizer_config.json.
+        TokenizerFixture("smollm2-135m-instruct", (
+            (SMOLLM2_135M_INSTRUCT, "tokenizer.json"),
+            (SMOLLM2_135M_INSTRUCT, "tokenizer_config.json"),
+            (SMOLLM2_135M_INSTRUCT, "special_tokens_map.json"),
+            (SMOLLM2_135M_INSTRUCT, "vocab.json"),
+            (SMOLLM2_135M_INSTRUCT, "merges.txt"),
+        )),
+        # The base model: no chat template; its tokenizer.json/vocab.json/merges.txt are the
+        # Instruct repo's bytes (PROVENANCE.md), so they are not stored twice.
+        TokenizerFixture("smollm2-135m", (
+            (SMOLLM2_135M_INSTRUCT, "tokenizer.json"),
+            ("SmolLM2-135M", "tokenizer_config.json"),
+            ("SmolLM2-135M", "special_tokens_map.json"),
+            (SMOLLM2_135M_INSTRUCT, "vocab.json"),
+            (SMOLLM2_135M_INSTRUCT, "merges.txt"),
+        )),
+        # What a fine-tuning pipeline hands over after transformers 5 re-saved the tokenizer
+        # (oracle/make_resaved_tokenizer.py): no Digits, pair merges, chat_template.jinja.
+        TokenizerFixture("smollm2-135m-instruct-resaved-transformers-5", (
+            ("SmolLM2-135M-Instruct-resaved-transformers-5", "tokenizer.json"),
+            ("SmolLM2-135M-Instruct-resaved-transformers-5", "tokenizer_config.json"),
+            ("SmolLM2-135M-Instruct-resaved-transformers-5", "chat_template.jinja"),
+        )),
+        # SentencePiece (tokenizer.model): the converter refuses it, llama.cpp takes another path.
+        TokenizerFixture("tinyllama-1.1b-chat", (
+            ("TinyLlama-1.1B-Chat-v1.0", "tokenizer.json"),
+            ("TinyLlama-1.1B-Chat-v1.0", "tokenizer.model"),
+            ("TinyLlama-1.1B-Chat-v1.0", "tokenizer_config.json"),
+            ("TinyLlama-1.1B-Chat-v1.0", "special_tokens_map.json"),
+        )),
+    )
+}
+
+
+def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
+    for folder, file_name in fixture.files:
+        shutil.copyfile(FIXTURES / folder / file_name, out_dir / file_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases: one named directory shape each. Dims are the model's sizes; the config's other keys come
+# from the real config.json of `config_from`.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dims:
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 49152  # the tokenizer's: llama.cpp pads a larger one with [PAD] tokens
+    max_position_embeddings: int = 2048
+
+
+SMALL = Dims()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    dtype: str = "BF16"                        # BF16 | F16 | F32: every tensor in the file(s)
+    shards: int = 1                            # > 1: model-0000i-of-0000N + index.json
+    shuffle: bool = False                      # tensors in a seeded random order inside each file
+    tied: bool = True                          # False: lm_head.weight is saved too
+    head_dim: Optional[int] = None             # written to config.json when set
+    sampling: str = "fixture"                  # fixture: copy the real file | sampling | none
+    tokenizer: str = "smollm2-135m-instruct"   # key of TOKENIZERS
+    config_from: str = SMOLLM2_135M_INSTRUCT   # fixture folder giving config/generation_config
+    name_or_path: Optional[str] = None         # `_name_or_path` in config.json
+    dirname: Optional[str] = None              # default: name
+    special_values: bool = False               # inject SPECIAL_F32_BITS into SPECIAL_TENSORS
+    full_size: bool = False                    # the real config.json verbatim, real dims
+    seed: str = "small"                        # weights seeded per tensor by f"{seed}/{name}"
+    dims: Dims = field(default=SMALL)
+    description: str = ""
+
+    @property
+    def directory_name(self) -> str:
+        return self.dirname or self.name
+
+
+# Small cases share one seed, so cases that differ only in a name, a file layout or a config key
+# hold the same tensor values, and their GGUFs can differ only where that difference reaches.
+CASES: tuple[Case, ...] = (
+    Case("bf16", special_values=True,
+         description="BF16 source with special values"),
+    Case("f16", dtype="F16", special_values=True,
+         description="F16 source with special values"),
+    Case("f32", dtype="F32", special_values=True,
+         description="F32 source with special values"),
+    Case("sharded-3", shards=3,
+         description="three shards and model.safetensors.index.json"),
+    Case("shuffled", shuffle=True,
+         description="one file, tensors not in the library's name order"),
+    Case("untied", tied=False,
+         description="tie_word_embeddings false, lm_head.weight saved"),
+    Case("head-dim", head_dim=32,
+         description="explicit head_dim (32) unlike hidden_size/heads (16)"),
+    Case("sampling", sampling="sampling",
+         description="generation_config.json with top_k/top_p/temperature/repetition_penalty"),
+    Case("no-generation-config", sampling="none",
+         description="no generation_config.json"),
+    Case("resaved-transformers-5", tokenizer="smollm2-135m-instruct-resaved-transformers-5",
+         description="tokenizer re-saved by transformers 5.18 (chat_template.jinja)"),
+    Case("merged", description="directory named `merged`, as mindXtrain's LoRA merge writes"),
+    Case("name-or-path", name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct",
+         description="config.json with _name_or_path"),
+    Case("base-135m", tokenizer="smollm2-135m", config_from="SmolLM2-135M",
+         description="base SmolLM2-135M config and tokenizer (no chat template)"),
+    Case("shape-360m-instruct", config_from="SmolLM2-360M-Instruct",
+         dims=Dims(hidden_size=120, intermediate_size=320, num_attention_heads=15,
+                   num_key_value_heads=5),
+         description="SmolLM2-360M-Instruct config keys, its 15/5 head layout scaled down"),
+    Case("sentencepiece-tinyllama", tokenizer="tinyllama-1.1b-chat",
+         config_from="TinyLlama-1.1B-Chat-v1.0", tied=False, dims=Dims(vocab_size=32000),
+         description="TinyLlama config and SentencePiece tokenizer (refusal)"),
+    Case("example", dirname="smollm2-tiny",
+         dims=Dims(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2),
+         description="the example model the README converts (example/smollm2-tiny)"),
+    Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
+         description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
+)
+
+CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json and generation_config.json: the real files' keys with the case's sizes.
+# Written as transformers' to_json_string does (indent 2, sorted keys, trailing newline).
+# ---------------------------------------------------------------------------------------------
+
+TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+# Values that are not exact in float32, so the GGUF's f32 sampling keys test the rounding.
+SAMPLING_KEYS = {"do_sample": True, "temperature": 0.6, "top_k": 50, "top_p": 0.9,
+                 "repetition_penalty": 1.1}
+
+
+def hf_json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def fixture_bytes(folder: str, file_name: str) -> bytes:
+    return (FIXTURES / folder / file_name).read_bytes()
+
+
+def case_config(case: Case) -> dict:
+    config = json.loads(fixture_bytes(case.config_from, "config.json"))
+    if case.full_size:
+        return config
+    dims = case.dims
+    config.update(
+        hidden_size=dims.hidden_size,
+        intermediate_size=dims.intermediate_size,
+        num_hidden_layers=dims.num_hidden_layers,
+        num_attention_heads=dims.num_attention_heads,
+        num_key_value_heads=dims.num_key_value_heads,
+        vocab_size=dims.vocab_size,
+        max_position_embeddings=dims.max_position_embeddings,
+        tie_word_embeddings=case.tied,
+        torch_dtype=TORCH_DTYPE[case.dtype],
+    )
+    if case.head_dim is not None:
+        config["head_dim"] = case.head_dim
+    if case.name_or_path is not None:
+        config["_name_or_path"] = case.name_or_path
+    return config
+
+
+def config_json_bytes(case: Case) -> bytes:
+    # The full-size case keeps the Hub's exact bytes, so its input hashes are the real ones.
+    if case.full_size:
+        return fixture_bytes(case.config_from, "config.json")
+    return hf_json_bytes(case_config(case))
+
+
+def generation_config_bytes(case: Case) -> Optional[bytes]:
+    if case.sampling == "none":
+        return None
+    real = fixture_bytes(case.config_from, "generation_config.json")
+    if case.sampling == "fixture":
+        return real
+    if case.sampling == "sampling":
+        return hf_json_bytes({**json.loads(real), **SAMPLING_KEYS})
+    raise ValueError(f"unknown sampling option {case.sampling!r}")
+
+
+def dims_of(config: dict) -> Dims:
+    return Dims(
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+        vocab_size=config["vocab_size"],
+        max_position_embeddings=config["max_position_embeddings"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor names and shapes: exactly what HF LlamaForCausalLM.state_dict() holds, in its order
+# (module registration order), which is also the order save_pretrained fills shards in.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.shape)
+
+
+def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool) -> list[TensorSpec]:
+    hd = head_dim if head_dim is not None else dims.hidden_size // dims.num_attention_heads
+    h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
+            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
+            TensorSpec(p + "input_layernorm.weight", (h,)),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
+    # Tied models save no lm_head.weight: transformers drops the duplicate of embed_tokens.
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Random weights: cheap deterministic bytes shaped into sane floats of about N(0, 0.02).
+# Random bytes give the mantissa; the byte holding sign and exponent is remapped by a table.
+# ---------------------------------------------------------------------------------------------
+
+DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4}
+WEIGHT_STD = 0.02
+# One bucket of the exponent table is pushed down to 2**-20, below float16's smallest normal
+# (2**-14): every tensor then has f16 subnormals, so bf16/f32 -> f16 rounding is exercised.
+TINY_EXPONENT = -20
+
+
+def abs_normal_exponents(buckets: int) -> list[int]:
+    """floor(log2) of the |N(0, WEIGHT_STD)| quantile at the middle of each of `buckets` bins."""
+    dist = statistics.NormalDist(0.0, WEIGHT_STD)
+    exps = [math.floor(math.log2(dist.inv_cdf(0.5 + (i + 0.5) / (2 * buckets)))) for i in range(buckets)]
+    exps[0] = TINY_EXPONENT
+    return exps
+
+
+def high_byte_table(dtype: str) -> bytes:
+    """Maps a random byte to the most significant byte of an element (sign kept, exponent drawn)."""
+    table = bytearray(256)
+    if dtype in ("BF16", "F32"):
+        # Top byte is sign + the exponent's upper 7 bits; its lowest bit stays random.
+        exps = abs_normal_exponents(128)
+        for b in range(256):
+            table[b] = (b & 0x80) | ((exps[b & 0x7F] + 127) >> 1)
+    elif dtype == "F16":
+        # Top byte is sign + 5 exponent bits + 2 mantissa bits; the mantissa bits stay random.
+        exps = abs_normal_exponents(32)
+        for b in range(256):
+            biased = max(exps[(b >> 2) & 31] + 15, 0)
+            table[b] = (b & 0x80) | (biased << 2) | (b & 3)
+    else:
+        raise ValueError(f"unsupported dtype {dtype}")
+    return bytes(table)
+
+
+HIGH_BYTE_TABLES = {d: high_byte_table(d) for d in DTYPE_SIZE}
+
+
+def random_weight_bytes(dtype: str, count: int, seed: str) -> bytearray:
+    size = DTYPE_SIZE[dtype]
+    data = bytearray(random.Random(seed).randbytes(count * size))
+    high = slice(size - 1, None, size)  # little-endian: the last byte of each element
+    data[high] = data[high].translate(HIGH_BYTE_TABLES[dtype])
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Special values: the bit patterns where float conversions differ (signed zeros, infinities,
+# NaN payloads, f16 overflow and subnormals, rounding ties), stored in each source dtype.
+# ---------------------------------------------------------------------------------------------
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+SPECIAL_F32_BITS: tuple[int, ...] = (
+    0x00000000,                # +0
+    0x80000000,                # -0
+    0x7F800000,                # +inf
+    0xFF800000,                # -inf
+    0x7FC00000,                # quiet NaN
+    0xFFC00000,                # negative quiet NaN
+    0x7F810000,                # signalling NaN with a payload (bf16-representable)
+    f32_bits(65504.0),         # f16 max
+    f32_bits(65519.0),         # rounds down to f16 max
+    f32_bits(65520.0),         # halfway past f16 max: overflows to inf
+    f32_bits(65536.0),         # > f16 max
+    f32_bits(-100000.0),       # overflows to -inf
+    f32_bits(3.0e38),          # far beyond f16
+    f32_bits(2.0 ** -14),      # f16 smallest normal
+    f32_bits(1023 * 2.0 ** -24),  # f16 largest subnormal
+    f32_bits(6.0e-5),          # f16 subnormal, inexact
+    f32_bits(2.0 ** -24),      # f16 smallest subnormal
+    f32_bits(1.5 * 2.0 ** -24),   # tie between subnormals: to even
+    f32_bits(2.0 ** -25),      # tie between 0 and the smallest subnormal: to 0
+    f32_bits(1.0e-10),         # underflows to +0
+    f32_bits(-1.0e-10),        # underflows to -0
+    0x000116C2,                # f32 subnormal (about 1e-40)
+    f32_bits(0.1),
+    f32_bits(1.0 / 3.0),
+    f32_bits(1.0),
+)
+
+# Where they go: the big embedding, q/k (which llama.cpp permutes), a plain F16 matrix and two
+# norms (written as F32, so NaN payloads and signed zeros must survive untouched).
+SPECIAL_TENSORS: tuple[str, ...] = (
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.k_proj.weight",
+    "model.layers.1.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.norm.weight",
+)
+
+
+def bf16_bits_from_f32_bits(bits: int) -> int:
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x007FFFFF:
+        top = bits >> 16
+        return top if top & 0x7F else top | 0x40  # truncation must not turn a NaN into inf
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF  # round to nearest even
+
+
+def f16_bits_from_f32_bits(bits: int) -> int:
+    sign = (bits >> 16) & 0x8000
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x007FFFFF:
+        return sign | 0x7C00 | max((bits & 0x007FFFFF) >> 13, 1)  # keep the payload's top bits
+    value = struct.unpack("<f", struct.pack("<I", bits))[0]
+    try:
+        return struct.unpack("<H", struct.pack("<e", value))[0]  # round to nearest even
+    except OverflowError:
+        return sign | 0x7C00
+
+
+def special_element_bytes(dtype: str) -> list[bytes]:
+    if dtype == "F32":
+        return [struct.pack("<I", b) for b in SPECIAL_F32_BITS]
+    if dtype == "BF16":
+        return [struct.pack("<H", bf16_bits_from_f32_bits(b)) for b in SPECIAL_F32_BITS]
+    if dtype == "F16":
+        return [struct.pack("<H", f16_bits_from_f32_bits(b)) for b in SPECIAL_F32_BITS]
+    raise ValueError(f"unsupported dtype {dtype}")
+
+
+def special_positions(count: int, n_specials: int) -> list[int]:
+    """Element indices spread over the tensor (first element included), one per special."""
+    stride = max(count // n_specials, 1)
+    return [(i * stride + i % 3) % count for i in range(n_specials)]
+
+
+def inject_specials(data: bytearray, dtype: str, count: int) -> None:
+    size = DTYPE_SIZE[dtype]
+    for pos, element in zip(special_positions(count, len(SPECIAL_F32_BITS)), special_element_bytes(dtype)):
+        data[pos * size:(pos + 1) * size] = element
+
+
+def tensor_bytes(case: Case, spec: TensorSpec) -> bytes:
+    data = random_weight_bytes(case.dtype, spec.count, f"{case.seed}/{spec.name}")
+    if case.special_values and spec.name in SPECIAL_TENSORS:
+        inject_specials(data, case.dtype, spec.count)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors writer: 8-byte little-endian header length, compact JSON header padded with spaces
+# to a multiple of 8, then the tensors' bytes back to back, as the safetensors library writes.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    payload: Callable[[], bytes]  # called once, while writing, so big files stream
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_SIZE[self.dtype]
+
+
+# The safetensors Dtype enum's order; the library writes wider-ranked dtypes first, then by name.
+SAFETENSORS_DTYPE_RANK = {"F16": 11, "BF16": 12, "F32": 15}
+
+
+def library_order(entries: Sequence[Entry]) -> list[Entry]:
+    return sorted(entries, key=lambda e: (-SAFETENSORS_DTYPE_RANK[e.dtype], e.name))
+
+
+def shuffled_order(entries: Sequence[Entry], seed: str) -> list[Entry]:
+    order = library_order(entries)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def safetensors_header(ordered: Sequence[Entry]) -> bytes:
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for e in ordered:
+        header[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
+        offset += e.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return text + b" " * (-len(text) % 8)
+
+
+def safetensors_size(ordered: Sequence[Entry]) -> int:
+    return 8 + len(safetensors_header(ordered)) + sum(e.nbytes for e in ordered)
+
+
+def write_safetensors(path: Path, ordered: Sequence[Entry]) -> int:
+    header = safetensors_header(ordered)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for e in ordered:
+            data = e.payload()
+            if len(data) != e.nbytes:
+                raise ValueError(f"{e.name}: {len(data)} bytes for {e.nbytes}")
+            f.write(data)
+    return 8 + len(header) + sum(e.nbytes for e in ordered)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding: contiguous runs of the state_dict order split into N files, as save_pretrained's
+# splitter fills shards in order, plus the index transformers 5 writes next to them.
+# ---------------------------------------------------------------------------------------------
+
+def shard_file_name(i: int, n: int) -> str:
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def split_into_shards(entries: Sequence[Entry], n: int) -> list[list[Entry]]:
+    if not 1 <= n <= len(entries):
+        raise ValueError(f"cannot split {len(entries)} tensors into {n} shards")
+    bounds = [round(k * len(entries) / n) for k in range(n + 1)]
+    return [list(entries[bounds[k]:bounds[k + 1]]) for k in range(n)]
+
+
+def shard_index_bytes(shards: Sequence[Sequence[Entry]]) -> bytes:
+    entries = [e for shard in shards for e in shard]
+    weight_map = {e.name: shard_file_name(i, len(shards)) for i, shard in enumerate(shards) for e in shard}
+    index = {
+        "metadata": {
+            "total_parameters": sum(math.prod(e.shape) for e in entries),
+            "total_size": sum(e.nbytes for e in entries),
+        },
+        "weight_map": weight_map,
+    }
+    return hf_json_bytes(index)
+
+
+# ---------------------------------------------------------------------------------------------
+# Directories: one case in, one model directory out.
+# ---------------------------------------------------------------------------------------------
+
+def case_entries(case: Case) -> list[Entry]:
+    config = case_config(case)
+    dims = dims_of(config) if case.full_size else case.dims
+    tied = config.get("tie_word_embeddings", True)
+    specs = llama_tensor_specs(dims, config.get("head_dim"), tied)
+    return [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
+
+
+def file_order(case: Case, entries: Sequence[Entry], file_name: str) -> list[Entry]:
+    if case.shuffle:
+        return shuffled_order(entries, f"{case.name}/{file_name}/order")
+    return library_order(entries)
+
+
+def make_case(case: Case, root: Path) -> Path:
+    out = Path(root) / case.directory_name
+    # A stale shard or tokenizer file from another run would change what the converter sees.
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / "config.json").write_bytes(config_json_bytes(case))
+    generation = generation_config_bytes(case)
+    if generation is not None:
+        (out / "generation_config.json").write_bytes(generation)
+    entries = case_entries(case)
+    if case.shards == 1:
+        write_safetensors(out / "model.safetensors", file_order(case, entries, "model.safetensors"))
+    else:
+        shards = split_into_shards(entries, case.shards)
+        for i, shard in enumerate(shards):
+            name = shard_file_name(i, len(shards))
+            write_safetensors(out / name, file_order(case, shard, name))
+        (out / "model.safetensors.index.json").write_bytes(shard_index_bytes(shards))
+    copy_tokenizer(TOKENIZERS[case.tokenizer], out)
+    return out
+
+
+def directory_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description="Write test Llama model directories.")
+    parser.add_argument("outroot", nargs="?", type=Path, help="directory to create the cases in")
+    parser.add_argument("cases", nargs="*", help="case names (default: every small case)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for c in CASES:
+            print(f"{c.name:<26} {c.directory_name:<26} {c.description}")
+        return 0
+    if args.outroot is None:
+        parser.error("OUTROOT is required")
+    unknown = [n for n in args.cases if n not in CASES_BY_NAME]
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(unknown)} (see --list)")
+    chosen = [CASES_BY_NAME[n] for n in args.cases] or [c for c in CASES if not c.full_size]
+    for case in chosen:
+        start = time.perf_counter()
+        out = make_case(case, args.outroot)
+        print(f"{case.name:<26} {directory_size(out):>12,} B  {time.perf_counter() - start:6.2f} s  {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""What llama.cpp writes for a tokenizer directory: the tokenizer.* keys and the BPE pre-tokenizer hash.
+
+Run it with the reference venv (oracle/.ref/venv/bin/python); it runs llama.cpp's own code:
+
+  vocab_oracle.py DIR...            run `convert_hf_to_gguf.py DIR --vocab-only`, read the GGUF back with
+                                    gguf-py's reader and print every tokenizer.* key: type, length, sha256
+  vocab_oracle.py --chkhsh DIR...   the chkhsh llama.cpp's get_vocab_base_pre computes (transformers'
+                                    AutoTokenizer on its fixed text) and the pre name it maps it to
+  vocab_oracle.py --record          both, for every case of CASES, into oracle/recorded/vocab.json
+
+--record assembles each case of CASES in a temporary directory from the fixture folders and records
+which files (and their sha256) it used, so parts/test_vocab.py can rebuild the same directory.
+
+Value hashes: sha256 of json.dumps(value, ensure_ascii=False, separators=(",", ":")) in UTF-8, the same
+canonical form parts/test_vocab.py applies to our values.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional
+
+HERE = Path(__file__).resolve().parent
+REF = Path(os.environ.get(
+    "BANKML_REF", HERE / ".ref" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
+RECORDED = HERE / "recorded" / "vocab.json"
+
+# The directories recorded: which fixture folder each file comes from, and an optional edit that turns
+# a real directory into a variant exercising another rule. oracle/fixtures stores a file once when
+# several Hub repositories have the same bytes (its PROVENANCE.md), so each case is assembled.
+# SmolLM-135M and the re-saved tokenizer have no config.json of their own and llama.cpp needs one:
+# SmolLM2-135M's (same architecture and special ids) and SmolLM2-135M-Instruct's stand in.
+I = "SmolLM2-135M-Instruct"
+R = "SmolLM2-135M-Instruct-resaved-transformers-5"
+_BPE_FILES = ((I, "tokenizer.json"), (I, "vocab.json"), (I, "merges.txt"))
+_INSTRUCT = _BPE_FILES + ((I, "tokenizer_config.json"), (I, "special_tokens_map.json"), (I, "config.json"))
+_RESAVED = ((R, "tokenizer.json"), (R, "tokenizer_config.json"), (R, "chat_template.jinja"), (I, "config.json"))
+
+
+class Case(NamedTuple):
+    files: tuple[tuple[str, str], ...]   # (fixture folder, file name)
+    edit: Optional[str] = None           # a key of EDITS
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    obj = json.loads(path.read_text(encoding="utf-8"))
+    change(obj)
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def chat_template_as_json(d: Path) -> None:
+    text = (d / "chat_template.jinja").read_text(encoding="utf-8")
+    (d / "chat_template.jinja").unlink()
+    (d / "chat_template.json").write_text(json.dumps({"chat_template": text}), encoding="utf-8")
+
+
+# Each edit makes llama.cpp take a branch the real directories do not reach.
+EDITS: dict[str, Callable[[Path], None]] = {
+    # tokenizer_config add_*_token: written by SpecialVocab; the 49,152 rule then overwrites add_bos in place.
+    "add_bos_eos_token": lambda d: edit_json(
+        d / "tokenizer_config.json", lambda c: c.update(add_bos_token=True, add_eos_token=False)),
+    # A padded embedding: [PAD{i}] tokens, and no 49,152 rule.
+    "vocab_size_49280": lambda d: edit_json(d / "config.json", lambda c: c.update(vocab_size=49280)),
+    # The template from chat_template.json instead of chat_template.jinja.
+    "chat_template_json": chat_template_as_json,
+}
+
+CASES: dict[str, Case] = {
+    "SmolLM2-135M-Instruct": Case(_INSTRUCT),
+    "SmolLM2-135M": Case(_BPE_FILES + (
+        ("SmolLM2-135M", "tokenizer_config.json"), ("SmolLM2-135M", "special_tokens_map.json"),
+        ("SmolLM2-135M", "config.json"))),
+    "SmolLM2-360M-Instruct": Case(_BPE_FILES + (
+        (I, "tokenizer_config.json"), (I, "special_tokens_map.json"), ("SmolLM2-360M-Instruct", "config.json"))),
+    "SmolLM2-360M": Case(_BPE_FILES + (
+        ("SmolLM2-360M", "tokenizer_config.json"), ("SmolLM2-360M", "special_tokens_map.json"),
+        ("SmolLM2-360M", "config.json"))),
+    "SmolLM-135M": Case((
+        (I, "tokenizer.json"), ("SmolLM-135M", "tokenizer_config.json"), ("SmolLM-135M", "special_tokens_map.json"),
+        ("SmolLM2-135M", "config.json"))),
+    R: Case(_RESAVED),
+    "SmolLM2-135M-Instruct+add_bos_eos_token": Case(_INSTRUCT, "add_bos_eos_token"),
+    "SmolLM2-135M-Instruct+vocab_size_49280": Case(_INSTRUCT, "vocab_size_49280"),
+    R + "+chat_template_json": Case(_RESAVED, "chat_template_json"),
+    "TinyLlama-1.1B-Chat-v1.0": Case(tuple(
+        ("TinyLlama-1.1B-Chat-v1.0", f)
+        for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                  "config.json"))),
+    # Without tokenizer.model llama.cpp still leaves the gpt2 path: LlamaHfVocab takes the byte-fallback BPE.
+    "TinyLlama-1.1B-Chat-v1.0-without-tokenizer.model": Case(tuple(
+        ("TinyLlama-1.1B-Chat-v1.0", f)
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"))),
+    "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56": Case(tuple(
+        ("TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56", f)
+        for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                  "chat_template.jinja", "config.json"))),
+}
+
+TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
+
+
+def fixture_roots() -> list[Path]:
+    """The shipped fixtures first; the shared ones for files the project does not ship."""
+    shipped = Path(os.environ.get("BANKML_FIXTURES", HERE / "fixtures"))
+    return [shipped, Path("/work/shared/fixtures")]
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assemble(name: str, tmp: Path, roots: Optional[list[Path]] = None) -> tuple[Path, list[list[str]]]:
+    """The case's directory under tmp, and [root, folder, file, sha256] of each file copied into it.
+    Raises FileNotFoundError naming a file no root has."""
+    case = CASES[name]
+    dst = tmp / name
+    dst.mkdir()
+    used = []
+    for folder, fname in case.files:
+        src = next((r / folder / fname for r in roots or fixture_roots() if (r / folder / fname).is_file()), None)
+        if src is None:
+            raise FileNotFoundError(f"{folder}/{fname}")
+        shutil.copyfile(src, dst / fname)
+        used.append([str(src.parent.parent), folder, fname, file_sha256(src)])
+    if case.edit:
+        EDITS[case.edit](dst)
+    return dst, used
+
+
+def value_sha256(value) -> str:
+    return hashlib.sha256(
+        json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def type_tag(field) -> str:
+    names = [t.name for t in field.types]
+    if names[0] == "ARRAY":
+        return "arr_" + TYPE_TAGS[names[1]]
+    return TYPE_TAGS[names[0]]
+
+
+def tokenizer_kvs(gguf_path: Path) -> list[dict]:
+    sys.path.insert(0, str(REF / "gguf-py"))
+    from gguf import GGUFReader  # the reference's reader, not a pip 'gguf'
+    reader = GGUFReader(gguf_path)
+    out = []
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        entry = {"key": key, "type": type_tag(field), "sha256": value_sha256(value)}
+        if isinstance(value, list):
+            entry["len"] = len(value)
+        elif isinstance(value, str) and len(value) > 80:
+            entry["len"] = len(value)
+        else:
+            entry["value"] = value
+        out.append(entry)
+    return out
+
+
+def convert_vocab_only(model_dir: Path, tmp: Path) -> tuple[list[dict], list[str]]:
+    out = tmp / (model_dir.name + ".vocab.gguf")
+    cmd = [sys.executable, str(REF / "convert_hf_to_gguf.py"), str(model_dir), "--vocab-only",
+           "--outfile", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed on {model_dir}:\n{proc.stderr[-3000:]}")
+    return tokenizer_kvs(out), cmd
+
+
+def chkhsh(model_dir: Path) -> dict:
+    """llama.cpp's get_vocab_base_pre, run on the tokenizer transformers builds for the directory."""
+    sys.path.insert(0, str(REF))
+    sys.path.insert(0, str(REF / "gguf-py"))
+    from transformers import AutoTokenizer
+    from conversion.base import TextModel
+
+    class RecordingTokenizer:
+        def __init__(self, tok):
+            self.tok = tok
+            self.ids = None
+
+        def encode(self, *args, **kwargs):
+            self.ids = self.tok.encode(*args, **kwargs)
+            return self.ids
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rec = RecordingTokenizer(tok)
+    try:
+        pre = TextModel.get_vocab_base_pre(object(), rec)
+    except NotImplementedError:
+        pre = None
+    added = tok.added_tokens_decoder
+    return {
+        "chkhsh": hashlib.sha256(str(rec.ids).encode()).hexdigest(),
+        "pre": pre,
+        "tokenizer_class": type(tok).__name__,
+        "added_tokens": [[i, t.content, t.special, t.normalized] for i, t in sorted(added.items())],
+    }
+
+
+def print_kvs(kvs: list[dict]) -> None:
+    for e in kvs:
+        extra = f"len={e['len']}" if "len" in e else f"value={e['value']!r}"
+        print(f"  {e['key']:40s} {e['type']:8s} {extra:24s} {e['sha256'][:16]}")
+
+
+def record() -> None:
+    result = {
+        "command": "oracle/.ref/venv/bin/python oracle/vocab_oracle.py --record",
+        "reference": "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36 sdist), transformers 5.18.0",
+        "value_hash": "sha256 of json.dumps(value, ensure_ascii=False, separators=(',', ':')) in UTF-8",
+        "cases": {},
+    }
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for name in CASES:
+            try:
+                model_dir, used = assemble(name, tmp)
+            except FileNotFoundError as e:
+                print(f"skip {name}: {e} is in no fixture folder", file=sys.stderr)
+                continue
+            kvs, _ = convert_vocab_only(model_dir, tmp)
+            entry = {
+                "files": [u[1:] for u in used],
+                "edit": CASES[name].edit,
+                "files_read_from": sorted({u[0] for u in used}),
+                "convert": f"python convert_hf_to_gguf.py {name} --vocab-only --outfile OUT",
+                "kvs": kvs,
+            }
+            model = next(e["value"] for e in kvs if e["key"] == "tokenizer.ggml.model")
+            if model == "gpt2":
+                entry["chkhsh"] = chkhsh(model_dir)
+            result["cases"][name] = entry
+            print(f"{name}: {len(kvs)} tokenizer keys, model={model}", file=sys.stderr)
+    RECORDED.parent.mkdir(parents=True, exist_ok=True)
+    RECORDED.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {RECORDED}", file=sys.stderr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="*", type=Path)
+    ap.add_argument("--chkhsh", action="store_true", help="print chkhsh and pre name instead of the keys")
+    ap.add_argument("--record", action="store_true", help="write oracle/recorded/vocab.json")
+    args = ap.parse_args()
+    if args.record:
+        return record()
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for d in args.dirs:
+            d = d.resolve()
+            if args.chkhsh:
+                print(d, json.dumps(chkhsh(d), ensure_ascii=False))
+                continue
+            kvs, _ = convert_vocab_only(d, tmp)
+            print(d)
+            print_kvs(kvs)
+
+
+if __name__ == "__main__":
+    main()
