@@ -521,6 +521,422 @@ class SafetensorsHeaders(unittest.TestCase):
         (t,) = bc.read_safetensors_header(self.write(header))
         self.assertEqual(t.nbytes, 0)
 
+# ---------------------------------------------------------------------------------------------
+# Naming: gguf-py's heuristics, against its answers recorded by oracle/names_oracle.py --record.
+# ---------------------------------------------------------------------------------------------
+
+NAMES_RECORD = json.loads((ORACLE / "recorded" / "names.json").read_text(encoding="utf-8"))
+BY_ID = {e["id"]: e for e in NAMES_RECORD["ids"]}
+NAME_COUNTS = tuple(NAMES_RECORD["key_counts"])
+MODEL_NAME = NAMES_RECORD["model_name"]
+
+
+
+def components(model_id: str, total: int) -> list:
+    return list(bc.model_id_components(model_id, total))
+
+
+def keys(name_or_path, dir_name, model_name=None) -> list:
+    return [[k, v, "STRING"] for k, v in bc.naming_kvs(name_or_path, dir_name, model_name, *NAME_COUNTS)]
+
+
+def dir_keys(model_id: str) -> list:
+    return keys(None, BY_ID[model_id]["dir_name"])
+
+
+def config_keys(model_id: str, dir_name: str) -> list:
+    return keys(model_id, dir_name)
+
+
+class EveryRecordedAnswer(unittest.TestCase):
+    def test_titles_match(self):
+        for e in NAMES_RECORD["ids"]:
+            with self.subTest(id=e["id"]):
+                self.assertEqual(bc.id_to_title(e["id"]), e["title"])
+
+    def test_components_match_at_every_total(self):
+        for e in NAMES_RECORD["ids"]:
+            for total, want in e["components"].items():
+                with self.subTest(id=e["id"], total=total):
+                    self.assertEqual(components(e["id"], int(total)), want)
+
+    def test_directory_keys_match(self):
+        for e in NAMES_RECORD["ids"]:
+            with self.subTest(id=e["id"]):
+                self.assertEqual(keys(None, e["dir_name"]), e["keys_dir"])
+
+    def test_directory_keys_with_model_name_match(self):
+        for e in NAMES_RECORD["ids"]:
+            with self.subTest(id=e["id"]):
+                self.assertEqual(keys(None, e["dir_name"], MODEL_NAME), e["keys_dir_model_name"])
+
+    def test_name_or_path_keys_match(self):
+        for e in NAMES_RECORD["ids"]:
+            for d, want in e["keys_config"].items():
+                with self.subTest(id=e["id"], dir=d):
+                    self.assertEqual(config_keys(e["id"], d), want)
+
+    def test_size_labels_match(self):
+        for *counts, want in NAMES_RECORD["size_labels"]:
+            with self.subTest(counts=counts):
+                self.assertEqual(bc.size_label(*counts), want)
+
+
+class DirectoryName(unittest.TestCase):
+    def test_merged_is_named_from_the_directory_and_sized_from_the_count(self):
+        self.assertEqual(dir_keys("merged"), BY_ID["merged"]["keys_dir"])
+
+    def test_lowercase_directory_gives_title_name_and_raw_components(self):
+        self.assertEqual(dir_keys("smollm2-135m-instruct"), BY_ID["smollm2-135m-instruct"]["keys_dir"])
+
+    def test_lone_basename_is_too_ambiguous_to_write(self):
+        self.assertEqual(dir_keys("mindx-gen39"), BY_ID["mindx-gen39"]["keys_dir"])
+
+    def test_path_argument_uses_its_last_component(self):
+        self.assertEqual(dir_keys("./out/merged"), BY_ID["./out/merged"]["keys_dir"])
+
+    def test_empty_directory_name_writes_no_general_name(self):
+        self.assertEqual(dir_keys("."), BY_ID["."]["keys_dir"])
+
+    def test_model_name_replaces_only_general_name(self):
+        e = BY_ID["smollm2-135m-instruct"]
+        self.assertEqual(keys(None, e["dir_name"], MODEL_NAME), e["keys_dir_model_name"])
+
+
+class NameOrPath(unittest.TestCase):
+    def test_name_or_path_wins_over_the_directory(self):
+        x = "HuggingFaceTB/SmolLM2-135M-Instruct"
+        self.assertEqual(config_keys(x, "smollm2-135m-instruct"), BY_ID[x]["keys_config"]["smollm2-135m-instruct"])
+
+    def test_directory_fills_what_name_or_path_lacks(self):
+        self.assertEqual(config_keys("merged", "smollm2-135m-instruct"),
+                         BY_ID["merged"]["keys_config"]["smollm2-135m-instruct"])
+
+    def test_name_or_path_with_two_slashes_is_ignored(self):
+        self.assertEqual(config_keys("./out/merged", "merged"), BY_ID["./out/merged"]["keys_config"]["merged"])
+
+    def test_empty_organization_is_not_written(self):
+        self.assertEqual(config_keys("/a", "merged"), BY_ID["/a"]["keys_config"]["merged"])
+
+    def test_organization_is_titled(self):
+        x = "mistralai/Mistral-7B-Instruct-v0.2"
+        self.assertEqual(config_keys(x, "merged"), BY_ID[x]["keys_config"]["merged"])
+
+
+class Components(unittest.TestCase):
+    def assertComponents(self, model_id: str, total: int):
+        self.assertEqual(components(model_id, total), BY_ID[model_id]["components"][str(total)])
+
+    def test_dot_prefixed_organization_is_a_path(self):
+        self.assertComponents("./merged", 134_515_008)
+
+    def test_trailing_version_leaves_the_basename(self):
+        self.assertComponents("mistralai/Mistral-7B-Instruct-v0.2", 134_515_008)
+
+    def test_moe_size_label_is_kept_as_written(self):
+        self.assertComponents("mistralai/Mixtral-8x7B-Instruct-v0.1", 134_515_008)
+
+    def test_bloom_digit_after_the_suffix_is_a_decimal(self):
+        self.assertComponents("bigscience/bloom-7b1", 0)
+
+    def test_lowercase_size_suffix_is_uppercased(self):
+        self.assertComponents("llama-2-7b", 0)
+
+    def test_underscore_in_a_size_is_a_decimal_point(self):
+        self.assertComponents("stabilityai/stablelm-2-1_6b", 0)
+
+    def test_size_far_from_the_count_is_a_context_length(self):
+        self.assertComponents("someone/model-8k", 134_515_008)
+
+    def test_size_is_kept_when_the_count_is_unknown(self):
+        self.assertComponents("someone/model-8k", 0)
+
+    def test_lora_adapter_accepts_a_larger_size_label(self):
+        self.assertComponents("someone/model-100T", -134_515_008)
+
+    def test_lora_word_is_dropped_for_a_lora_adapter(self):
+        self.assertComponents("someone/my-model-lora", -134_515_008)
+
+    def test_lora_word_is_a_finetune_for_a_model(self):
+        self.assertComponents("someone/my-model-lora", 134_515_008)
+
+    def test_quant_type_is_uppercased_and_dropped(self):
+        self.assertComponents("someone/qwen2.5-7b-instruct-q4_k_m", 0)
+
+    def test_word_size_is_dropped_beside_a_numeric_size(self):
+        self.assertComponents("someone/model-small-7b", 0)
+
+    def test_repeated_size_label_is_written_once(self):
+        self.assertComponents("someone/model-135M-135M", 0)
+
+    def test_size_as_first_part_is_not_a_size_label(self):
+        self.assertComponents("someone/7b-model", 0)
+
+    def test_id_with_a_space_is_used_whole(self):
+        self.assertComponents("Human Readable Name", 134_515_008)
+
+    def test_ignorecase_matches_unicode_case_variants(self):
+        self.assertComponents("model-in\u017ftruct", 0)
+
+    def test_kelvin_sign_is_a_thousands_suffix_only_when_lowercased(self):
+        self.assertComponents("SmolLM-135\u212a", 134_515_008)
+
+    def test_unicode_digits_count_as_sizes(self):
+        self.assertComponents("model-\u0667B", 0)
+
+
+class Titles(unittest.TestCase):
+    def assertTitle(self, model_id: str):
+        self.assertEqual(bc.id_to_title(model_id), BY_ID[model_id]["title"])
+
+    def test_versions_and_numbers_keep_their_case(self):
+        self.assertTitle("mistral-7b-instruct-v0.2")
+
+    def test_mixed_case_words_are_left_alone(self):
+        self.assertTitle("SmolLM2-135M-Instruct")
+
+    def test_title_uses_python_unicode_rules(self):
+        self.assertTitle("straße-7b")
+
+    def test_titlecase_letters_are_not_lowercase(self):
+        self.assertTitle("ǅemal-chat")
+
+    def test_surrounding_blanks_are_stripped(self):
+        self.assertTitle("  padded-name-7b  ")
+
+
+class SizeLabel(unittest.TestCase):
+    def assertSizeLabel(self, *counts):
+        want = {tuple(r[:4]): r[4] for r in NAMES_RECORD["size_labels"]}[counts]
+        self.assertEqual(bc.size_label(*counts), want)
+
+    def test_smollm2_135m(self):
+        self.assertSizeLabel(134_515_008, 134_515_008, 0, 0)
+
+    def test_exactly_a_million_stays_in_thousands(self):
+        self.assertSizeLabel(1_000_000, 1_000_000, 0, 0)
+
+    def test_rounding_up_adds_no_decimal(self):
+        self.assertSizeLabel(999_500, 999_500, 0, 0)
+
+    def test_zero_gets_two_decimals(self):
+        self.assertSizeLabel(0, 0, 0, 0)
+
+    def test_experts_give_count_times_shared_plus_one_expert(self):
+        self.assertSizeLabel(46_702_792_704, 1_604_923_392, 5_637_144_576, 8)
+
+    def test_negative_total_uses_its_magnitude(self):
+        self.assertSizeLabel(-134_515_008, 134_515_008, 0, 0)
+
+
+class Record(unittest.TestCase):
+    def test_key_counts_are_smollm2_135m_as_the_reference_counts_it(self):
+        self.assertEqual(NAMES_RECORD["smollm2_135m_param_count"], NAMES_RECORD["key_counts"])
+
+    def test_every_written_key_is_a_gguf_string(self):
+        types = {t for e in NAMES_RECORD["ids"] for _, _, t in e["keys_dir"]}
+        self.assertEqual(types, {"STRING"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary: llama.cpp's tokenizer.* keys, against its output recorded by oracle/vocab_oracle.py.
+# ---------------------------------------------------------------------------------------------
+
+import vocab_oracle  # noqa: E402  (its case definitions; standard library only at import)
+
+VOCAB_RECORD = json.loads((ORACLE / "recorded" / "vocab.json").read_text(encoding="utf-8"))
+INSTRUCT = "SmolLM2-135M-Instruct"
+RESAVED = "SmolLM2-135M-Instruct-resaved-transformers-5"
+
+
+def vocab_type_tag(kv) -> str:
+    """The type tag vocab_oracle.py records for a key: str, u32, bool, arr_str or arr_i32."""
+    if kv.array:
+        return {bc.GGUF_STRING: "arr_str", bc.GGUF_INT32: "arr_i32"}[kv.vtype]
+    return {bc.GGUF_STRING: "str", bc.GGUF_UINT32: "u32", bc.GGUF_BOOL: "bool"}[kv.vtype]
+
+
+def value_sha256(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+class VocabCaseDirs(unittest.TestCase):
+    """Builds each oracle case's directory in a temporary folder."""
+
+    def setUp(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="test_vocab_"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+
+    def case_dir(self, name: str) -> Path:
+        d, used = vocab_oracle.assemble(name, self.tmp, roots=[ORACLE / "fixtures"])
+        recorded = [f[:3] for f in VOCAB_RECORD["cases"][name]["files"]]
+        self.assertEqual([u[1:] for u in used], recorded, f"{name}: fixture files changed since recording")
+        return d
+
+    def hparams(self, d: Path) -> dict:
+        return json.loads((d / "config.json").read_text(encoding="utf-8"))
+
+    def our_kvs(self, d: Path) -> list[tuple[str, str, str]]:
+        v = bc.bpe_vocab(d, self.hparams(d))
+        return [(kv.key, vocab_type_tag(kv), value_sha256(kv.value)) for kv in bc.vocab_kvs(v)]
+
+    def assert_keys_as_llama_cpp(self, name: str) -> None:
+        expected = [(e["key"], e["type"], e["sha256"]) for e in VOCAB_RECORD["cases"][name]["kvs"]]
+        self.assertEqual(self.our_kvs(self.case_dir(name)), expected)
+
+    def edited(self, name: str, edit) -> Path:
+        d = self.case_dir(name)
+        edit(d)
+        return d
+
+    def assert_refused(self, d: Path, *words: str) -> str:
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.bpe_vocab(d, self.hparams(d) if (d / "config.json").is_file() else {})
+        for w in words:
+            self.assertIn(w, str(cm.exception))
+        return str(cm.exception)
+
+
+class VocabKeysAsLlamaCpp(VocabCaseDirs):
+    def test_smollm2_135m_instruct(self):
+        self.assert_keys_as_llama_cpp("SmolLM2-135M-Instruct")
+
+    def test_smollm2_135m_base_without_template_or_pad(self):
+        self.assert_keys_as_llama_cpp("SmolLM2-135M")
+
+    def test_smollm2_360m_instruct(self):
+        self.assert_keys_as_llama_cpp("SmolLM2-360M-Instruct")
+
+    def test_smollm2_360m_base(self):
+        self.assert_keys_as_llama_cpp("SmolLM2-360M")
+
+    def test_smollm_v1_135m(self):
+        self.assert_keys_as_llama_cpp("SmolLM-135M")
+
+    def test_transformers_5_resaved_shape(self):
+        self.assert_keys_as_llama_cpp(RESAVED)
+
+    def test_add_token_flags_follow_ids_and_llama_overwrites_add_bos_in_place(self):
+        self.assert_keys_as_llama_cpp(INSTRUCT + "+add_bos_eos_token")
+
+    def test_padded_vocab_size_adds_pad_tokens_and_no_add_bos(self):
+        self.assert_keys_as_llama_cpp(INSTRUCT + "+vocab_size_49280")
+
+    def test_chat_template_json_is_read_without_jinja(self):
+        self.assert_keys_as_llama_cpp(RESAVED + "+chat_template_json")
+
+
+class PreTokenizerIdentification(VocabCaseDirs):
+    def test_every_recorded_bpe_case_matches_a_known_tokenizer_with_the_measured_chkhsh(self):
+        checked = 0
+        for name, case in VOCAB_RECORD["cases"].items():
+            if "chkhsh" not in case:
+                continue
+            with self.subTest(name):
+                d = self.case_dir(name)
+                tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+                tc = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+                words = bc.base_vocab(tj)
+                added = bc.added_vocab(tj, tc, words, None)
+                key = (bc.vocab_merges_sha256(words, bc.merges_as_written(tj)),
+                       bc.tokenizer_shape(tj, tc, added))
+                known = [k for k in bc.KNOWN_TOKENIZERS if (k.vocab_merges_sha256, k.shape) == key]
+                self.assertEqual(len(known), 1)
+                self.assertEqual((known[0].pre, known[0].chkhsh), (case["chkhsh"]["pre"], case["chkhsh"]["chkhsh"]))
+                checked += 1
+        self.assertGreater(checked, 0)
+
+    def test_both_smollm_shapes_are_known(self):
+        shapes = {k.shape.pre_tokenizer for k in bc.KNOWN_TOKENIZERS if k.pre == "smollm"}
+        self.assertEqual(len(shapes), 2)
+        self.assertTrue(any(s.startswith("Sequence[Digits") for s in shapes))
+        self.assertTrue(any(s.startswith("ByteLevel(") for s in shapes))
+
+    def test_vocab_merges_sha256_is_tokens_blank_line_merges(self):
+        expected = hashlib.sha256("a\nĠb\n\na Ġb\n".encode("utf-8")).hexdigest()
+        self.assertEqual(bc.vocab_merges_sha256(["a", "Ġb"], ["a Ġb"]), expected)
+
+    def test_pair_merges_are_joined_with_spaces_inside_parts_as_u0120(self):
+        tj = {"model": {"merges": [["a", "b c"], ["Ġ", "t"]]}}
+        self.assertEqual(bc.merges_as_written(tj), ["a bĠc", "Ġ t"])
+
+
+class VocabRefusals(VocabCaseDirs):
+    def test_sentencepiece_is_refused_where_llama_cpp_writes_model_llama(self):
+        name = "TinyLlama-1.1B-Chat-v1.0"
+        models = [e["value"] for e in VOCAB_RECORD["cases"][name]["kvs"] if e["key"] == "tokenizer.ggml.model"]
+        self.assertEqual(models, ["llama"])
+        self.assert_refused(self.case_dir(name), "SentencePiece")
+
+    def test_byte_fallback_bpe_without_tokenizer_model_is_refused_where_llama_cpp_writes_model_llama(self):
+        name = "TinyLlama-1.1B-Chat-v1.0-without-tokenizer.model"
+        models = [e["value"] for e in VOCAB_RECORD["cases"][name]["kvs"] if e["key"] == "tokenizer.ggml.model"]
+        self.assertEqual(models, ["llama"])
+        self.assert_refused(self.case_dir(name), "LlamaHfVocab")
+
+    def test_missing_tokenizer_json_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        (d / "tokenizer.json").unlink()
+        self.assert_refused(d, "tokenizer.json")
+
+    def test_non_bpe_model_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer.json", lambda t: t["model"].update(type="WordPiece"))
+        self.assert_refused(d, "WordPiece")
+
+    def test_unknown_vocabulary_is_refused_with_its_sha256_and_how_to_measure(self):
+        d = self.case_dir(INSTRUCT)
+
+        def swap_two_tokens(t):
+            v = t["model"]["vocab"]
+            v["Ġthe"], v["Ġa"] = v["Ġa"], v["Ġthe"]
+        edit_json(d / "tokenizer.json", swap_two_tokens)
+        message = self.assert_refused(d, "unknown tokenizer", "vocab_merges_sha256=", "vocab_oracle.py --chkhsh")
+        self.assertNotIn(bc.KNOWN_TOKENIZERS[0].vocab_merges_sha256, message)
+
+    def test_other_tokenizer_class_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assert_refused(d, "PreTrainedTokenizerFast")
+
+    def test_normalizer_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer.json", lambda t: t.update(normalizer={"type": "Lowercase"}))
+        self.assert_refused(d, "normalizer")
+
+    def test_post_processor_adding_bos_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer.json", lambda t: t.update(post_processor={
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}))
+        self.assert_refused(d, "post_processor")
+
+    def test_non_special_added_token_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"][5].update(special=False))
+        edit_json(d / "tokenizer_config.json", lambda c: c["added_tokens_decoder"]["5"].update(special=False))
+        self.assert_refused(d, "non-special added token")
+
+    def test_special_token_missing_from_added_tokens_is_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(pad_token="Ġthe"))
+        self.assert_refused(d, "'Ġthe'", "not an added token")
+
+    def test_listed_chat_templates_are_refused(self):
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(
+            chat_template=[{"name": "default", "template": "x"}, {"name": "tool_use", "template": "y"}]))
+        self.assert_refused(d, "named chat templates")
+
+    def test_additional_chat_templates_are_refused(self):
+        d = self.case_dir(RESAVED)
+        (d / "additional_chat_templates").mkdir()
+        (d / "additional_chat_templates" / "tool_use.jinja").write_text("y", encoding="utf-8")
+        self.assert_refused(d, "named chat templates")
+
+
 def main() -> int:
     """Run these tests and the oracle tooling's own (oracle/test_*.py); end on a plain count line."""
     loader = unittest.TestLoader()

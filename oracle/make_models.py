@@ -22,7 +22,7 @@ import statistics
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -119,6 +119,7 @@ class Case:
     dirname: Optional[str] = None              # default: name
     special_values: bool = False               # inject SPECIAL_F32_BITS into SPECIAL_TENSORS
     full_size: bool = False                    # the real config.json verbatim, real dims
+    layers: Optional[int] = None               # full size only: num_hidden_layers instead of the real one
     seed: str = "small"                        # weights seeded per tensor by f"{seed}/{name}"
     dims: Dims = field(default=SMALL)
     description: str = ""
@@ -170,7 +171,22 @@ CASES: tuple[Case, ...] = (
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
 )
 
-CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
+
+
+def scaled_full_case(factor: int) -> Case:
+    """The full-size case with `factor` times its layers, for measuring how memory grows with size.
+
+    Layers 0..29 hold the full case's values (same seed); the rest are new but as deterministic."""
+    full = next(c for c in CASES if c.name == "full-135m-instruct")
+    layers = json.loads((FIXTURES / full.config_from / "config.json").read_bytes())["num_hidden_layers"] * factor
+    return replace(full, name=f"{full.name}-x{factor}", dirname=f"{full.directory_name}-x{factor}",
+                   layers=layers, description=f"the full-size case with {layers} layers ({factor}x)")
+
+
+# Cases for oracle/bench.py only: kept out of CASES so `oracle.py compare all` does not convert them.
+BENCH_CASES: tuple[Case, ...] = (scaled_full_case(3),)
+
+CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +212,8 @@ def fixture_bytes(folder: str, file_name: str) -> bytes:
 def case_config(case: Case) -> dict:
     config = json.loads(fixture_bytes(case.config_from, "config.json"))
     if case.full_size:
+        if case.layers is not None:
+            config["num_hidden_layers"] = case.layers
         return config
     dims = case.dims
     config.update(
@@ -218,8 +236,11 @@ def case_config(case: Case) -> dict:
 
 def config_json_bytes(case: Case) -> bytes:
     # The full-size case keeps the Hub's exact bytes, so its input hashes are the real ones.
-    if case.full_size:
+    if case.full_size and case.layers is None:
         return fixture_bytes(case.config_from, "config.json")
+    if case.full_size:
+        # The Hub file's layout (indent 2, its own key order), only the layer count changed.
+        return (json.dumps(case_config(case), indent=2) + "\n").encode("utf-8")
     return hf_json_bytes(case_config(case))
 
 
@@ -570,7 +591,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
     if args.list:
-        for c in CASES:
+        for c in CASES + BENCH_CASES:
             print(f"{c.name:<26} {c.directory_name:<26} {c.description}")
         return 0
     if args.outroot is None:

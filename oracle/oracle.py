@@ -4,6 +4,8 @@ model directories and compare the files sha256 for sha256.
 
     python3 oracle/oracle.py record [RUN ...]    # llama.cpp's sha256s -> oracle/recorded/golden.json
     python3 oracle/oracle.py compare [RUN ...]   # both converters; exit 1 on any mismatch
+    python3 oracle/oracle.py names               # gguf-py's name heuristics vs bankml's, every id
+    python3 oracle/oracle.py chkhsh DIR ...      # llama.cpp's pre-tokenizer hash of a tokenizer
     python3 oracle/oracle.py list
 
 Standard library only; the reference runs in its own venv (oracle/setup_reference.sh, called here
@@ -175,6 +177,13 @@ def compare(runs: list[Run], use_recorded: bool) -> int:
     return 1 if failures else 0
 
 
+def run_in_reference(command: str, rest: list[str]) -> int:
+    """names_oracle.py or vocab_oracle.py --chkhsh, in the reference venv with its gguf-py."""
+    env = dict(os.environ, PYTHONPATH=str(reference_dir() / "gguf-py"))
+    script = ["names_oracle.py"] if command == "names" else ["vocab_oracle.py", "--chkhsh"]
+    return subprocess.run([str(reference_python()), str(HERE / script[0]), *script[1:], *rest], env=env).returncode
+
+
 def print_diff(a: Path, b: Path) -> None:
     try:
         import bankml_convert
@@ -189,11 +198,14 @@ def print_diff(a: Path, b: Path) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("record", "compare", "list"))
-    p.add_argument("runs", nargs="*", help="run names (default: all but the full-size one; 'all' for every run)")
+    p.add_argument("command", choices=("record", "compare", "names", "chkhsh", "list"))
+    p.add_argument("runs", nargs="*", help="run names (default: all but the full-size one; 'all' for every "
+                   "run); directories for chkhsh")
     p.add_argument("--recorded", action="store_true",
                    help="compare against oracle/recorded/golden.json instead of running llama.cpp")
     args = p.parse_args(argv)
+    if args.command in ("names", "chkhsh"):
+        return run_in_reference(args.command, args.runs)
     if args.command == "list":
         for r in RUNS:
             print(f"{r.name:<26} case={r.case:<26} {' '.join(r.args)}{'  (refused)' if r.refused else ''}")
