@@ -1,7 +1,7 @@
 # bankml_convert: the converter needs only python3; `make oracle` also sets up llama.cpp's reference.
 PYTHON ?= python3
 
-.PHONY: test example oracle clean
+.PHONY: test example oracle bench clean
 
 test:
 	$(PYTHON) -S test_bankml_convert.py
@@ -16,6 +16,13 @@ example:
 oracle:
 	$(PYTHON) oracle/oracle.py compare all
 	$(PYTHON) oracle/oracle.py names
+
+# Times bankml_convert against llama.cpp's converter (when oracle/.ref is set up) and a cp+sha256sum
+# floor on the full-size SmolLM2-135M-Instruct (generated under build/bench on first use, ~1 GB with
+# the 3x model); prints medians, ratios and the issue's targets. Raw numbers: build/bench/bench.json.
+BENCH_ARGS ?= --rounds 3 --scale 3 --json build/bench/bench.json
+bench:
+	$(PYTHON) oracle/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build

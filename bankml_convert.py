@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import mmap
 import os
+import queue
 import re
 import struct
 import sys
+import threading
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class Refusal(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading the directory: JSON files and safetensors headers, checked, over mmap.
+# Reading the directory: JSON files and safetensors headers, each checked against the file.
 # Nothing here decides what the model is; it only says what the files hold.
 # ---------------------------------------------------------------------------------------------
 
@@ -1291,6 +1292,11 @@ def bpe_vocab(dir: Path, hparams: dict) -> Vocab:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Tensor plan: which tensors llama.cpp writes, under which names, in which types and order,
+# checked against the config; no tensor data is read here.
+# ---------------------------------------------------------------------------------------------
+
 # GGML tensor types and the file types llama.cpp names after them (gguf-py's constants).
 GGML_F32, GGML_F16 = 0, 1
 GGML_TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16"}
@@ -1831,7 +1837,7 @@ def f32_to_f32(data) -> bytes:
 
 # ---------------------------------------------------------------------------------------------
 # Tensor data: each planned tensor's bytes in its output type, produced in bounded chunks
-# straight from the mapped input, Q/K rows reordered as llama.cpp's permute does.
+# read through one reused buffer, Q/K rows reordered as llama.cpp's permute does.
 # ---------------------------------------------------------------------------------------------
 
 CHUNK_BYTES = 1 << 20
@@ -1861,22 +1867,44 @@ def permuted_rows(rows: int, n_head: int) -> list[int]:
             for h in range(n_head) for j in range(half) for i in range(2)]
 
 
-def tensor_chunks(t: PlannedTensor, data: memoryview):
-    """The converted bytes of one tensor, in order, chunk by chunk; data is the mapped source file."""
+def tensor_chunks(t: PlannedTensor, f, buffer: bytearray):
+    """The converted bytes of one tensor, in order, chunk by chunk, read from the open file f.
+
+    Source bytes go through one reused buffer, so memory stays flat whatever the model's size;
+    a permuted tensor is read whole heads at a time, since the permutation never crosses a head.
+    """
     convert = kernel(t.source.dtype, t.ggml_type)
     start, nbytes = t.source.start, t.source.nbytes
+    view = memoryview(buffer)
     if not t.permute_heads:
         for pos in range(start, start + nbytes, CHUNK_BYTES):
-            yield convert(data[pos:min(pos + CHUNK_BYTES, start + nbytes)])
+            n = min(CHUNK_BYTES, start + nbytes - pos)
+            yield convert(_read_exactly(f, pos, view[:n]))
         return
     rows = t.source.shape[0]
     row_bytes = nbytes // rows
-    order = permuted_rows(rows, t.permute_heads)
-    per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
-    for first in range(0, rows, per_chunk):
-        gathered = b"".join(data[start + r * row_bytes:start + (r + 1) * row_bytes]
-                            for r in order[first:first + per_chunk])
-        yield convert(gathered)
+    head_rows = rows // t.permute_heads
+    order = permuted_rows(head_rows, 1)
+    heads_per_chunk = max(1, CHUNK_BYTES // (head_rows * row_bytes))
+    for first in range(0, t.permute_heads, heads_per_chunk):
+        heads = min(heads_per_chunk, t.permute_heads - first)
+        n = heads * head_rows * row_bytes
+        data = _read_exactly(f, start + first * head_rows * row_bytes, memoryview(bytearray(n)))
+        yield convert(b"".join(data[(h * head_rows + r) * row_bytes:(h * head_rows + r + 1) * row_bytes]
+                               for h in range(heads) for r in order))
+
+
+def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
+    f.seek(pos)
+    got = 0
+    while got < len(into):
+        n = f.readinto(into[got:])
+        if not n:
+            # The header was checked against the file's size; running out means it changed under us.
+            raise Refusal(f"{Path(f.name).name} changed while it was being converted "
+                          f"(it ends before byte {pos + len(into)})")
+        got += n
+    return into
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1933,8 +1961,12 @@ def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
     """Everything before the tensor data: header, metadata, tensor table, padding to alignment."""
     parts = [GGUF_MAGIC, struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs))]
     for kv in kvs:
-        parts.append(encode_string(kv.key))
-        parts.append(encode_value(kv))
+        try:
+            parts.append(encode_string(kv.key))
+            parts.append(encode_value(kv))
+        except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as e:
+            raise Refusal(f"{kv.key} cannot be written as {_TYPE_NAMES[kv.vtype]} ({e}); llama.cpp's "
+                          f"converter stops on it too") from None
     offset = 0
     for t in tensors:
         parts.append(encode_string(t.name))
@@ -1945,20 +1977,55 @@ def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
 
 
 class HashingWriter:
-    """A file opened for writing that hashes every byte on its way out."""
+    """Writes chunks to a file and hashes them, in order, on a thread of its own.
+
+    sha256 and file writes release the GIL, so hashing and writing the output overlap the
+    conversion on a second core; the queue is short, so memory stays bounded.
+    """
 
     def __init__(self, f) -> None:
         self._f = f
         self._sha = hashlib.sha256()
+        self._queue: queue.Queue = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._stopped = False
         self.size = 0
+        self._thread = threading.Thread(target=self._run, name="bankml-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            if self._error is None and not self._stopped:
+                try:
+                    self._sha.update(chunk)
+                    self._f.write(chunk)
+                except BaseException as e:  # handed to the producer at its next write
+                    self._error = e
 
     def write(self, data) -> None:
-        self._sha.update(data)
-        self._f.write(data)
-        self.size += len(data)
+        if self._error is not None:
+            raise self._error
+        chunk = data if type(data) is bytes else bytes(data)
+        self._queue.put(chunk)
+        self.size += len(chunk)
 
-    def hexdigest(self) -> str:
+    def close(self) -> str:
+        """Wait for every chunk to be written; the sha256 of all of them."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._sha.hexdigest()
+
+    def abort(self) -> None:
+        self._stopped = True
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        self._thread.join()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2008,6 +2075,7 @@ class Plan:
     inputs: list[Path]
     params: int
     name: str
+    header: bytes       # everything before the tensor data, already encoded
 
 
 def refuse_model_card(model_dir: Path, options: Options) -> None:
@@ -2075,7 +2143,7 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     kvs = kv.items()
     name = next((k.value for k in kvs if k.key == "general.name"), "")
     small = [model_dir / n for n in _SMALL_INPUTS if (model_dir / n).is_file()]
-    return Plan(kvs, tensors, small + weight_files, n_params, name)
+    return Plan(kvs, tensors, small + weight_files, n_params, name, gguf_header(kvs, tensors))
 
 
 def tokenizer_vocab(model_dir: Path, hparams: dict) -> Vocab:
@@ -2138,11 +2206,15 @@ def write_gguf(out: Path, plan: Plan) -> tuple[str, int]:
     except OSError as e:
         raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
     try:
-        with open(fd, "wb", buffering=CHUNK_BYTES) as f:
+        with open(fd, "wb", buffering=0) as f:
             w = HashingWriter(f)
-            w.write(gguf_header(plan.kvs, plan.tensors))
-            _write_tensor_data(w, plan.tensors)
-            f.flush()
+            try:
+                w.write(plan.header)
+                _write_tensor_data(w, plan.tensors)
+                sha = w.close()
+            except BaseException:
+                w.abort()
+                raise
             os.fsync(f.fileno())
         os.replace(part, out)
     except BaseException as e:
@@ -2153,42 +2225,62 @@ def write_gguf(out: Path, plan: Plan) -> tuple[str, int]:
         if isinstance(e, OSError):
             raise Refusal(f"writing {out} failed: {e.strerror or e}; nothing was written") from None
         raise
-    return w.hexdigest(), w.size
+    return sha, w.size
 
 
 def _write_tensor_data(w: HashingWriter, tensors: list[PlannedTensor]) -> None:
-    maps: dict[Path, mmap.mmap] = {}
+    files: dict[Path, object] = {}
+    buffer = bytearray(CHUNK_BYTES)
     try:
         for t in tensors:
-            path = t.source.path
-            if path not in maps:
-                with open(path, "rb") as f:
-                    maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            view = memoryview(maps[path])
-            try:
-                written = 0
-                for chunk in tensor_chunks(t, view):
-                    w.write(chunk)
-                    written += len(chunk)
-            finally:
-                view.release()
+            if t.source.path not in files:
+                files[t.source.path] = open(t.source.path, "rb", buffering=0)
+            written = 0
+            for chunk in tensor_chunks(t, files[t.source.path], buffer):
+                w.write(chunk)
+                written += len(chunk)
             if written != t.nbytes:
                 raise AssertionError(f"{t.name}: wrote {written} bytes, planned {t.nbytes}")
             w.write(bytes(padding(t.nbytes)))
     finally:
-        for m in maps.values():
-            m.close()
+        for f in files.values():
+            f.close()
 
 
 def hash_file(path: Path) -> InputFile:
     """An input's name, size and sha256."""
     sha = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES * 4):
-            sha.update(chunk)
-            size += len(chunk)
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(4 * CHUNK_BYTES)
+        view = memoryview(buffer)
+        while n := f.readinto(buffer):
+            sha.update(view[:n])
+            size += n
     return InputFile(path.name, size, sha.hexdigest())
+
+
+class InputHasher:
+    """Hashes the input files on a thread while the conversion runs (sha256 releases the GIL)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = paths
+        self._result: list[InputFile] = []
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="bankml-inputs", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = [hash_file(p) for p in self._paths]
+        except OSError as e:
+            self._error = e
+
+    def result(self) -> tuple[InputFile, ...]:
+        self._thread.join()
+        if self._error is not None:
+            raise Refusal(f"cannot read an input: {self._error.strerror or self._error}")
+        return tuple(self._result)
 
 
 def convert(model_dir, out, options: Options | None = None) -> Report:
@@ -2202,11 +2294,9 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     plan = plan_conversion(model_dir, options)
     out = templated_output(Path(out), out_type(options.outtype))
     check_output_path(out, model_dir, plan.inputs)
-    try:
-        inputs = tuple(hash_file(p) for p in plan.inputs)
-    except OSError as e:
-        raise Refusal(f"cannot read an input: {e.strerror or e}") from None
+    hasher = InputHasher(plan.inputs)
     sha, size = write_gguf(out, plan)
+    inputs = hasher.result()
     return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs)
 
 
@@ -2275,6 +2365,8 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(outtype=args.outtype, model_name=args.model_name,
                       ignore_model_card=args.ignore_model_card)
     try:
+        if args.fork:
+            _check_pin_path(Path(args.fork))
         report = convert(args.model_dir, args.outfile, options)
         if args.fork:
             source = args.source or str(Path(args.model_dir).resolve())
@@ -2288,6 +2380,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report.sha256}  {report.out}")
     print(_summary(report), file=sys.stderr)
     return 0
+
+
+def _check_pin_path(path: Path) -> None:
+    # Checked before converting, so a pin that cannot be written does not leave a GGUF without one.
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise Refusal(f"the pin's directory {parent} does not exist")
+    if path.is_dir():
+        raise Refusal(f"the pin {path} is a directory")
 
 
 def _write_text_atomically(path: Path, text: str) -> None:

@@ -359,6 +359,14 @@ class CommandLine(Workspace):
         out.unlink()
         fork.unlink()
 
+    def test_a_pin_that_cannot_be_written_refuses_before_converting(self):
+        d = self.case("bf16")
+        out = self.tmp / "unpinned.gguf"
+        p = self.run_tool(d, "-o", out, "--fork", self.tmp / "missing" / "x.FORK.json")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("does not exist", p.stderr)
+        self.assertFalse(out.exists())
+
     def test_ftype_template_in_the_output_name_is_filled(self):
         d = self.case("bf16")
         p = self.run_tool(d, "-o", self.tmp / "model-{ftype}.gguf")
