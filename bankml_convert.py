@@ -1250,10 +1250,13 @@ def optional_json(path: Path) -> Optional[object]:
     return read_json(path) if path.is_file() else None
 
 
-def bpe_vocab(dir: Path, hparams: dict) -> Vocab:
-    """The vocabulary llama.cpp writes for the Llama model in ``dir``; ``hparams`` are llama.cpp's
-    (config.json over transformers' LlamaConfig defaults)."""
-    d = Path(dir)
+def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary llama.cpp writes for the Llama model in ``model_dir``.
+
+    ``config`` is config.json as the file holds it (SpecialVocab reads it raw, for the *_token_id
+    fallbacks); ``vocab_size`` is llama.cpp's, LlamaConfig's default filled in.
+    """
+    d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
     tokenizer_json = optional_json(d / "tokenizer.json")
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
@@ -1274,21 +1277,19 @@ def bpe_vocab(dir: Path, hparams: dict) -> Vocab:
     shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
     pre = known_pre(vocab_merges_sha256(vocab, merges), shape)
 
-    vocab_size = hparams.get("vocab_size", len(vocab))
     if vocab_size == 32016:
         raise Refusal("vocab_size 32016: llama.cpp adds CodeLlama's infill tokens; not supported")
     tokens, toktypes = token_list(vocab, added, vocab_size)
-    config = optional_json(d / "config.json")
     return Vocab(
         tokens=tokens,
         toktypes=toktypes,
         merges=merges,
         pre=pre,
-        special_ids=special_ids(tokenizer_json, tokenizer_config, config if isinstance(config, dict) else None),
+        special_ids=special_ids(tokenizer_json, tokenizer_config, config),
         add_flags=flags,
         chat_template=chat_template(d, tokenizer_config),
         add_space_prefix=add_prefix_space,
-        llama_add_bos_false=hparams.get("vocab_size", 32000) == 49152,
+        llama_add_bos_false=vocab_size == 49152,
     )
 
 
@@ -2111,7 +2112,7 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     params = llama_params(config)
     sources, weight_files = index_tensors(model_dir)
     tensors = plan_tensors(sources, params, out)
-    vocab = tokenizer_vocab(model_dir, {**config, "vocab_size": params.vocab_size})
+    vocab = tokenizer_vocab(model_dir, config, params.vocab_size)
     n_params = parameter_count(tensors)
 
     kv = KvList()
@@ -2146,10 +2147,10 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     return Plan(kvs, tensors, small + weight_files, n_params, name, gguf_header(kvs, tensors))
 
 
-def tokenizer_vocab(model_dir: Path, hparams: dict) -> Vocab:
+def tokenizer_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     """The vocabulary of model_dir; tokenizer files too malformed to read are refused, not crashed on."""
     try:
-        return bpe_vocab(model_dir, hparams)
+        return bpe_vocab(model_dir, config, vocab_size)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
         raise Refusal(f"the tokenizer files are malformed ({type(e).__name__}: {e})") from None
 

@@ -781,11 +781,15 @@ class VocabCaseDirs(unittest.TestCase):
         self.assertEqual([u[1:] for u in used], recorded, f"{name}: fixture files changed since recording")
         return d
 
-    def hparams(self, d: Path) -> dict:
-        return json.loads((d / "config.json").read_text(encoding="utf-8"))
+    def config(self, d: Path) -> dict:
+        return json.loads((d / "config.json").read_text(encoding="utf-8")) if (d / "config.json").is_file() else {}
+
+    def vocab(self, d: Path):
+        config = self.config(d)
+        return bc.bpe_vocab(d, config, bc.llama_params(config).vocab_size if config else 32000)
 
     def our_kvs(self, d: Path) -> list[tuple[str, str, str]]:
-        v = bc.bpe_vocab(d, self.hparams(d))
+        v = self.vocab(d)
         return [(kv.key, vocab_type_tag(kv), value_sha256(kv.value)) for kv in bc.vocab_kvs(v)]
 
     def assert_keys_as_llama_cpp(self, name: str) -> None:
@@ -799,7 +803,7 @@ class VocabCaseDirs(unittest.TestCase):
 
     def assert_refused(self, d: Path, *words: str) -> str:
         with self.assertRaises(bc.Refusal) as cm:
-            bc.bpe_vocab(d, self.hparams(d) if (d / "config.json").is_file() else {})
+            self.vocab(d)
         for w in words:
             self.assertIn(w, str(cm.exception))
         return str(cm.exception)
