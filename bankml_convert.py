@@ -29,11 +29,9 @@ import struct
 import sys
 import threading
 from array import array
-from collections import deque
-from dataclasses import dataclass, field
+from codecs import utf_32_le_decode as _utf_32_le_decode
+from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate, repeat
-from operator import add
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional
 
@@ -1455,6 +1453,10 @@ CHUNK_ELEMS = 1 << 14
 # the simple path instead.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
+# array typecodes of exactly 2 and 4 bytes ('I' is 4 bytes on every platform CPython targets today).
+_U16 = "H"
+_U32 = "I" if array("I").itemsize == 4 else "L"
+
 
 # --- Element rules: one value's bits to another's, by integer arithmetic only.
 # --- These define the semantics (numpy's astype / torch's bf16 upcast); everything else must agree.
@@ -1529,9 +1531,14 @@ def bf16_to_f16_table() -> array:
 
 
 @lru_cache(maxsize=None)
+def _bf16_to_f16_list() -> list:
+    return list(bf16_to_f16_table())
+
+
+@lru_cache(maxsize=None)
 def f16_to_f32_table() -> array:
-    """array('I') of 65,536 entries: f32 bits for each f16 bit pattern."""
-    return array("I", [f32_bits_from_f16_bits(h) for h in range(1 << 16)])
+    """array of 65,536 uint32 entries: f32 bits for each f16 bit pattern."""
+    return array(_U32, [f32_bits_from_f16_bits(h) for h in range(1 << 16)])
 
 
 # --- Simple conversions: element by element through the rules above.
@@ -1556,8 +1563,9 @@ def _little_endian_bytes(lanes: array) -> bytes:
 
 def _byte_view(data, width: int) -> memoryview:
     """A flat byte view of `data`, refused unless it holds whole elements of `width` bytes."""
-    view = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" \
-        or data.ndim != 1 else data
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
     if len(view) % width:
         raise ValueError(f"{len(view)} bytes is not a whole number of {width}-byte elements")
     return view
@@ -1569,7 +1577,7 @@ def simple_bf16_to_f16(data) -> bytes:
 
 
 def simple_f32_to_f16(data) -> bytes:
-    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits, _lanes(data, "I", 4))))
+    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits, _lanes(data, _U32, 4))))
 
 
 def simple_f16_to_f16(data) -> bytes:
@@ -1577,11 +1585,11 @@ def simple_f16_to_f16(data) -> bytes:
 
 
 def simple_bf16_to_f32(data) -> bytes:
-    return _little_endian_bytes(array("I", map(f32_bits_from_bf16_bits, _lanes(data, "H", 2))))
+    return _little_endian_bytes(array(_U32, map(f32_bits_from_bf16_bits, _lanes(data, "H", 2))))
 
 
 def simple_f16_to_f32(data) -> bytes:
-    return _little_endian_bytes(array("I", map(f32_bits_from_f16_bits, _lanes(data, "H", 2))))
+    return _little_endian_bytes(array(_U32, map(f32_bits_from_f16_bits, _lanes(data, "H", 2))))
 
 
 def simple_f32_to_f32(data) -> bytes:
@@ -1602,9 +1610,10 @@ class _Masks16:
 @dataclass(frozen=True)
 class _Masks32:
     """Per-lane constants, repeated over n 32-bit lanes."""
-    magnitude: int      # 0x7fffffff
     bit0: int           # 0x00000001
     rebias_round: int   # (16 << 23) + 0x0fff
+    result: int         # 0x7fff0000
+    sign32: int         # 0x80000000
     low15: int          # 0x00007fff
     sign16: int         # 0x00008000
     f16_bias: int       # 112 << 23
@@ -1621,8 +1630,9 @@ def _masks16(n: int) -> _Masks16:
 
 @lru_cache(maxsize=16)
 def _masks32(n: int) -> _Masks32:
-    return _Masks32(_repeated(0x7FFFFFFF, 4, n), _repeated(1, 4, n), _repeated((16 << 23) + 0x0FFF, 4, n),
-                    _repeated(0x7FFF, 4, n), _repeated(0x8000, 4, n), _repeated(112 << 23, 4, n))
+    return _Masks32(_repeated(1, 4, n), _repeated((16 << 23) + 0x0FFF, 4, n), _repeated(0x7FFF0000, 4, n),
+                    _repeated(0x80000000, 4, n), _repeated(0x7FFF, 4, n), _repeated(0x8000, 4, n),
+                    _repeated(112 << 23, 4, n))
 
 
 def _byte_classes(lane_class) -> bytes:
@@ -1640,86 +1650,118 @@ _F32_ODD_LANES = _byte_classes(lambda b: 0 if 57 <= (b & 0x7F) <= 70 else 1 if (
 # An f16's top byte is sign<<7 | exponent<<2 | mantissa>>8: zero/subnormal and inf/NaN exponents.
 _F16_ODD_LANES = _byte_classes(lambda b: 1 if (b & 0x7C) in (0, 0x7C) else 0)
 
-_PATCH_LIMIT = 8  # at most 1 lane in this many patched one by one; more, and the chunk goes whole
+# At most 1 lane in this many is patched one by one (about 150-300 ns a lane); a chunk with more goes
+# whole through the table or struct (about 40 ns a lane).
+_PATCH_LIMIT = 8
 
 _HALF = struct.Struct("<e")
 
 
-def _positions(classes: bytes, marker: bytes) -> list:
-    """Indices of `marker` in `classes`, found at C speed."""
-    gaps = list(map(len, classes.split(marker)))
-    gaps.pop()
-    return list(accumulate(map(add, gaps, repeat(1)), initial=-1))[1:]
+def _odd_runs(classes: bytes, marker: bytes, n: int) -> list | None:
+    """The runs of lanes between `marker` lanes (each run as a bytes object; `len` is what counts),
+    or None when more than n / _PATCH_LIMIT lanes are marked."""
+    limit = n // _PATCH_LIMIT + 1
+    runs = classes.split(marker, limit)
+    if len(runs) > limit:
+        return None
+    runs.pop()
+    return runs
 
 
 def _bf16_to_f16_chunk(chunk: bytes):
     n = len(chunk) >> 1
+    runs = _odd_runs(chunk[1::2].translate(_BF16_ODD_LANES), b"\x01", n)
+    if runs is None:
+        if chunk.count(0) == len(chunk):
+            return bytes(2 * n)
+        table = _bf16_to_f16_list()
+        return struct.pack(f"<{n}H", *[table[lane] for lane in struct.unpack(f"<{n}H", chunk)])
     m = _masks16(n)
     x = int.from_bytes(chunk, "little")
     # exponents 113..142 become f16 exponents 1..30 by flipping exponent bit 4 of the low five
     # bits (e - 112 == (e & 31) ^ 16 there); the 7 mantissa bits move up 3; nothing can carry.
     out = (((x & m.low12) ^ m.exponent_bit4) << 3 | (x & m.sign)).to_bytes(2 * n, "little")
-    classes = chunk[1::2].translate(_BF16_ODD_LANES)
-    odd = classes.count(1)
-    if not odd:
+    if not runs:
         return out
-    if odd * _PATCH_LIMIT > n:
-        if chunk.count(0) == len(chunk):
-            return bytes(2 * n)
-        table = bf16_to_f16_table()
-        return array("H", map(table.__getitem__, memoryview(chunk).cast("H"))).tobytes()
     patched = bytearray(out)
     lanes_out = memoryview(patched).cast("H")
     lanes_in = memoryview(chunk).cast("H")
-    where = _positions(classes, b"\x01")
     table = bf16_to_f16_table()
-    deque(map(lanes_out.__setitem__, where, map(table.__getitem__, map(lanes_in.__getitem__, where))), 0)
+    i = -1
+    for run in runs:
+        i += len(run) + 1
+        lanes_out[i] = table[lanes_in[i]]
     return patched
 
 
 def _f32_to_f16_chunk(chunk: bytes):
     n = len(chunk) >> 2
+    classes = chunk[3::4].translate(_F32_ODD_LANES)
+    runs = _odd_runs(classes, b"\x01", n)
+    large = classes.find(2) >= 0
+    if runs is None:
+        if not large and chunk.count(0) == len(chunk):
+            return bytes(2 * n)
+        values = array("f", chunk)
+        if large:
+            for i in _marked(classes, 2):
+                values[i] = 0.0
+        patched = bytearray(struct.pack(f"<{n}e", *values))
+        if large:
+            _patch_large_f32(patched, chunk, classes)
+        return patched
     m = _masks32(n)
     x = int.from_bytes(chunk, "little")
     # For exponents 113..142: adding 16 to the exponent leaves e - 112 in its low five bits, and
     # 0x0fff plus the last kept mantissa bit carries into that bit exactly when round-to-nearest-even
-    # rounds up (a carry out of the mantissa increments the exponent, to infinity past 65504).  The
-    # sign is cleared first so that no lane can carry into the next.
-    rounded = (x & m.magnitude) + m.rebias_round + ((x >> 13) & m.bit0)
-    lanes = ((rounded >> 13) & m.low15) | ((x >> 16) & m.sign16)
-    wide = lanes.to_bytes(4 * n, "little")
+    # rounds up (a carry out of the mantissa increments the exponent: to infinity past 65504).  The
+    # result, bits 13..27, moves up to bits 16..30 beside the sign.  Only a lane with exponent 239
+    # or more and its sign set can carry into the next lane: both are patched.
+    rounded = x + m.rebias_round + ((x >> 13) & m.bit0)
+    wide = (((rounded << 3) & m.result) | (x & m.sign32)).to_bytes(4 * n, "little")
     try:
-        # 32-bit lanes holding 16-bit values, narrowed to 16 bits at C speed by the codecs; values
-        # in the surrogate range (-1024..-128) refuse, and take the array path.
-        out = wide.decode("utf-32-le").encode("utf-16-le")
+        # 32-bit lanes read two bytes late hold the 16-bit results in their low halves, which the
+        # codecs narrow to 16 bits at C speed.  Results in the surrogate range (-1024..-128) refuse,
+        # and take the array path.
+        text, _ = _utf_32_le_decode(memoryview(wide)[2:], "strict", False)
+        out = text.encode("utf-16-le") + wide[-2:]
     except UnicodeDecodeError:
-        out = array("H", wide)[::2].tobytes()
-    classes = chunk[3::4].translate(_F32_ODD_LANES)
-    small = classes.count(1)
-    large = classes.count(2)
-    if not small and not large:
+        out = array("H", wide)[1::2].tobytes()
+    if not runs and not large:
         return out
-    if small * _PATCH_LIMIT > n:
-        if chunk.count(0) == len(chunk):
-            return bytes(2 * n)
-        values = list(memoryview(chunk).cast("f"))
-        if large:
-            for i in _positions(classes, b"\x02"):
-                values[i] = 0.0
-        patched = bytearray(struct.pack(f"<{n}e", *values))
-    else:
-        patched = bytearray(out)
-        if small:
-            where = _positions(classes, b"\x01")
-            floats = memoryview(chunk).cast("f")
-            deque(map(_HALF.pack_into, repeat(patched), map((2).__mul__, where),
-                      map(floats.__getitem__, where)), 0)
+    patched = bytearray(out)
+    pack_into = _HALF.pack_into
+    floats = memoryview(chunk).cast("f")
+    i = -1
+    for run in runs:
+        i += len(run) + 1
+        pack_into(patched, 2 * i, floats[i])
     if large:
-        lanes_out = memoryview(patched).cast("H")
-        lanes_in = memoryview(chunk).cast("I")
-        for i in _positions(classes, b"\x02"):
-            lanes_out[i] = f16_bits_from_f32_bits(lanes_in[i])
+        _patch_large_f32(patched, chunk, classes)
     return patched
+
+
+def _patch_large_f32(patched: bytearray, chunk: bytes, classes: bytes) -> None:
+    """Class-2 lanes (2**15 and up, inf, NaN) by the element rule; a negative lane with exponent 239
+    or more carried into its neighbour in the SWAR sum, so that neighbour is redone too."""
+    lanes_out = memoryview(patched).cast("H")
+    lanes_in = memoryview(chunk).cast(_U32)
+    n = len(lanes_in)
+    for i in _marked(classes, 2):
+        bits = lanes_in[i]
+        if 0x477FF000 <= bits & 0x7FFFFFFF <= 0x7F800000:
+            lanes_out[i] = (bits >> 16) & 0x8000 | 0x7C00   # 65520 up to infinity
+        else:
+            lanes_out[i] = f16_bits_from_f32_bits(bits)
+        if bits >> 23 >= 0x1EF and i + 1 < n:
+            lanes_out[i + 1] = f16_bits_from_f32_bits(lanes_in[i + 1])
+
+
+def _marked(classes: bytes, marker: int) -> Iterator[int]:
+    i = classes.find(marker)
+    while i >= 0:
+        yield i
+        i = classes.find(marker, i + 1)
 
 
 def _bf16_to_f32_chunk(chunk: bytes):
@@ -1743,26 +1785,27 @@ def _f16_to_f32_chunk(chunk: bytes):
     n = len(chunk) >> 1
     table = f16_to_f32_table()
     lanes_in = memoryview(chunk).cast("H")
+    runs = _odd_runs(chunk[1::2].translate(_F16_ODD_LANES), b"\x01", n)
     try:
         text = chunk.decode("utf-16-le")
-        if len(text) != n:
+        if runs is None or len(text) != n:
             raise UnicodeError
     except UnicodeError:
-        return array("I", map(table.__getitem__, lanes_in)).tobytes()
+        if chunk.count(0) == len(chunk):
+            return bytes(4 * n)
+        return array(_U32, [table[lane] for lane in lanes_in]).tobytes()
     m = _masks32(n)
     x = int.from_bytes(text.encode("utf-32-le"), "little")
     # normal f16 lanes: exponent + 112, mantissa up 13, sign from bit 15 to bit 31; no carries.
     out = ((((x & m.low15) << 13) + m.f16_bias) | ((x & m.sign16) << 16)).to_bytes(4 * n, "little")
-    classes = chunk[1::2].translate(_F16_ODD_LANES)
-    odd = classes.count(1)
-    if not odd:
+    if not runs:
         return out
-    if odd * _PATCH_LIMIT > n:
-        return array("I", map(table.__getitem__, lanes_in)).tobytes()
     patched = bytearray(out)
-    lanes_out = memoryview(patched).cast("I")
-    where = _positions(classes, b"\x01")
-    deque(map(lanes_out.__setitem__, where, map(table.__getitem__, map(lanes_in.__getitem__, where))), 0)
+    lanes_out = memoryview(patched).cast(_U32)
+    i = -1
+    for run in runs:
+        i += len(run) + 1
+        lanes_out[i] = table[lanes_in[i]]
     return patched
 
 
@@ -1771,29 +1814,20 @@ def _copy_chunk(chunk: bytes):
 
 
 # --- Public entry points: whole buffers, or chunk by chunk for streaming writers.
-# --- The concatenation of an iterator's pieces equals the whole-buffer result.
+# --- An iterator yields bytes or bytearray pieces whose concatenation is the whole-buffer result.
 
-def _iter_chunks(data, width: int, kernel, chunk_elems: int) -> Iterator[bytes]:
-    view = _byte_view(data, width)
-    step = width * chunk_elems
+def _pieces(view: memoryview, step: int, kernel) -> Iterator[bytes]:
     for start in range(0, len(view), step):
         yield kernel(view[start:start + step].tobytes())
 
 
-def _simple_chunks(data, width: int, simple, chunk_elems: int) -> Iterator[bytes]:
-    view = _byte_view(data, width)
-    step = width * chunk_elems
-    for start in range(0, len(view), step):
-        yield simple(view[start:start + step])
-
-
 def _chunked(width: int, kernel, simple):
     def chunks(data, chunk_elems: int = CHUNK_ELEMS) -> Iterator[bytes]:
+        """Convert `data` CHUNK_ELEMS elements at a time; refuses a partial element at once."""
         if chunk_elems < 1:
             raise ValueError("chunk_elems must be positive")
-        if _LITTLE_ENDIAN_HOST:
-            return _iter_chunks(data, width, kernel, chunk_elems)
-        return _simple_chunks(data, width, simple, chunk_elems)
+        view = _byte_view(data, width)
+        return _pieces(view, width * chunk_elems, kernel if _LITTLE_ENDIAN_HOST else simple)
     return chunks
 
 
@@ -1845,14 +1879,18 @@ CHUNK_BYTES = 1 << 20
 
 
 def kernel(src_dtype: str, ggml_type: int):
-    """The function converting little-endian src_dtype bytes to ggml_type bytes, exactly as llama.cpp."""
+    """The streaming conversion of little-endian src_dtype bytes to ggml_type, exactly as llama.cpp.
+
+    It yields the converted bytes in pieces; streaming them keeps the output's memory warm
+    instead of faulting in a fresh buffer per chunk.
+    """
     return {
-        ("BF16", GGML_F16): bf16_to_f16,
-        ("F16", GGML_F16): f16_to_f16,
-        ("F32", GGML_F16): f32_to_f16,
-        ("BF16", GGML_F32): bf16_to_f32,
-        ("F16", GGML_F32): f16_to_f32,
-        ("F32", GGML_F32): f32_to_f32,
+        ("BF16", GGML_F16): iter_bf16_to_f16,
+        ("F16", GGML_F16): iter_f16_to_f16,
+        ("F32", GGML_F16): iter_f32_to_f16,
+        ("BF16", GGML_F32): iter_bf16_to_f32,
+        ("F16", GGML_F32): iter_f16_to_f32,
+        ("F32", GGML_F32): iter_f32_to_f32,
     }[(src_dtype, ggml_type)]
 
 
@@ -1868,31 +1906,72 @@ def permuted_rows(rows: int, n_head: int) -> list[int]:
             for h in range(n_head) for j in range(half) for i in range(2)]
 
 
-def tensor_chunks(t: PlannedTensor, f, buffer: bytearray):
-    """The converted bytes of one tensor, in order, chunk by chunk, read from the open file f.
+@dataclass(frozen=True)
+class Job:
+    """A run of whole rows of one tensor: converted on its own, written at a known offset."""
+    tensor: PlannedTensor
+    first_row: int
+    rows: int
+    out_pos: int        # absolute offset of the converted rows in the GGUF
+    pad_after: int      # zero bytes after them (the tensor's alignment padding, on its last job)
 
-    Source bytes go through one reused buffer, so memory stays flat whatever the model's size;
-    a permuted tensor is read whole heads at a time, since the permutation never crosses a head.
+    @property
+    def src_pos(self) -> int:
+        return self.tensor.source.start + self.first_row * _row_bytes(self.tensor.source)
+
+    @property
+    def src_len(self) -> int:
+        return self.rows * _row_bytes(self.tensor.source)
+
+    @property
+    def out_len(self) -> int:
+        rows = _row_count(self.tensor.source)
+        return self.tensor.nbytes * self.rows // rows if rows else 0
+
+
+def _row_count(t: SourceTensor) -> int:
+    return t.shape[0] if len(t.shape) > 1 else 1
+
+
+def _row_bytes(t: SourceTensor) -> int:
+    rows = _row_count(t)
+    return t.nbytes // rows if rows else 0
+
+
+def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
+    """The tensor data cut into jobs of about CHUNK_BYTES of input, in file order.
+
+    Jobs hold whole rows, and a permuted tensor's jobs whole heads, because llama.cpp's Q/K
+    permutation moves rows only within a head.
     """
+    jobs = []
+    out_pos = data_start
+    for t in tensors:
+        rows, row_bytes = _row_count(t.source), _row_bytes(t.source)
+        unit = rows // t.permute_heads if t.permute_heads else 1
+        per_job = max(unit, CHUNK_BYTES // max(row_bytes, 1) // unit * unit)
+        starts = list(range(0, rows, per_job)) or [0]
+        for first in starts:
+            n = min(per_job, rows - first)
+            job = Job(t, first, n, out_pos, padding(t.nbytes) if first == starts[-1] else 0)
+            jobs.append(job)
+            out_pos += job.out_len + job.pad_after
+    return jobs
+
+
+def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
+    """The converted bytes of one job, in pieces, its source read from f through buffer."""
+    t = job.tensor
     convert = kernel(t.source.dtype, t.ggml_type)
-    start, nbytes = t.source.start, t.source.nbytes
-    view = memoryview(buffer)
-    if not t.permute_heads:
-        for pos in range(start, start + nbytes, CHUNK_BYTES):
-            n = min(CHUNK_BYTES, start + nbytes - pos)
-            yield convert(_read_exactly(f, pos, view[:n]))
-        return
-    rows = t.source.shape[0]
-    row_bytes = nbytes // rows
-    head_rows = rows // t.permute_heads
-    order = permuted_rows(head_rows, 1)
-    heads_per_chunk = max(1, CHUNK_BYTES // (head_rows * row_bytes))
-    for first in range(0, t.permute_heads, heads_per_chunk):
-        heads = min(heads_per_chunk, t.permute_heads - first)
-        n = heads * head_rows * row_bytes
-        data = _read_exactly(f, start + first * head_rows * row_bytes, memoryview(bytearray(n)))
-        yield convert(b"".join(data[(h * head_rows + r) * row_bytes:(h * head_rows + r + 1) * row_bytes]
-                               for h in range(heads) for r in order))
+    data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
+    if t.permute_heads:
+        rows_per_head = _row_count(t.source) // t.permute_heads
+        row_bytes = _row_bytes(t.source)
+        order = [(first_row_of_head + r) * row_bytes
+                 for first_row_of_head in range(0, job.rows, rows_per_head)
+                 for r in permuted_rows(rows_per_head, 1)]
+        data = b"".join(data[o:o + row_bytes] for o in order)
+    yield from convert(data)
 
 
 def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
@@ -1990,6 +2069,8 @@ class HashingWriter:
         self._queue: queue.Queue = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
         self._stopped = False
+        self._pending: list[bytes] = []
+        self._pending_size = 0
         self.size = 0
         self._thread = threading.Thread(target=self._run, name="bankml-writer", daemon=True)
         self._thread.start()
@@ -2004,14 +2085,24 @@ class HashingWriter:
                     self._error = e
 
     def write(self, data) -> None:
+        # Pieces are gathered into blocks of about CHUNK_BYTES: handing the thread many small
+        # pieces costs more in GIL hand-offs than the hashing it takes off this thread.
         if self._error is not None:
             raise self._error
-        chunk = data if type(data) is bytes else bytes(data)
-        self._queue.put(chunk)
-        self.size += len(chunk)
+        self._pending.append(bytes(data))
+        self._pending_size += len(data)
+        self.size += len(data)
+        if self._pending_size >= CHUNK_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._queue.put(b"".join(self._pending))
+            self._pending, self._pending_size = [], 0
 
     def close(self) -> str:
         """Wait for every chunk to be written; the sha256 of all of them."""
+        self._flush()
         self._queue.put(None)
         self._thread.join()
         if self._error is not None:
@@ -2046,6 +2137,7 @@ class Options:
     outtype: str = "f16"
     model_name: str | None = None
     ignore_model_card: bool = False
+    workers: int | None = None      # processes converting in parallel; None: one per core where safe
 
 
 @dataclass(frozen=True)
@@ -2192,7 +2284,8 @@ def check_output_path(out: Path, model_dir: Path, inputs: list[Path]) -> None:
             raise Refusal(f"the output {out} is one of the inputs ({f.name})")
 
 
-def write_gguf(out: Path, plan: Plan) -> tuple[str, int]:
+def write_gguf(out: Path, plan: Plan, workers: int = 1,
+               hasher: InputHasher | None = None) -> tuple[str, int]:
     """Write the GGUF to OUT.part, hashing as it goes, then rename it to OUT; (sha256, size).
 
     The .part is created exclusively, so two conversions to one output cannot interleave; on any
@@ -2200,23 +2293,36 @@ def write_gguf(out: Path, plan: Plan) -> tuple[str, int]:
     """
     part = out.with_name(out.name + ".part")
     try:
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         raise Refusal(f"{part} exists: another conversion is writing {out.name}, or one was "
                       f"killed; remove {part.name} if no conversion is running") from None
     except OSError as e:
         raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+    jobs = data_jobs(plan.tensors, len(plan.header))
+    size = jobs[-1].out_pos + jobs[-1].out_len + jobs[-1].pad_after if jobs else len(plan.header)
     try:
         with open(fd, "wb", buffering=0) as f:
-            w = HashingWriter(f)
-            try:
-                w.write(plan.header)
-                _write_tensor_data(w, plan.tensors)
-                sha = w.close()
-            except BaseException:
-                w.abort()
-                raise
-            os.fsync(f.fileno())
+            if workers > 1 and len(jobs) > 1:
+                f.write(plan.header)
+                os.ftruncate(fd, size)      # the padding between tensors is these zeros
+                sha = hashlib.sha256(plan.header)
+                _convert_in_workers(fd, jobs, workers, sha, hasher)
+                sha = sha.hexdigest()
+            else:
+                if hasher:
+                    hasher.start()
+                w = HashingWriter(f)
+                try:
+                    w.write(plan.header)
+                    _write_tensor_data(w, jobs)
+                    sha = w.close()
+                except BaseException:
+                    w.abort()
+                    raise
+            if os.fstat(fd).st_size != size:
+                raise AssertionError(f"wrote {os.fstat(fd).st_size} bytes, planned {size}")
+            os.fsync(fd)
         os.replace(part, out)
     except BaseException as e:
         try:
@@ -2226,26 +2332,140 @@ def write_gguf(out: Path, plan: Plan) -> tuple[str, int]:
         if isinstance(e, OSError):
             raise Refusal(f"writing {out} failed: {e.strerror or e}; nothing was written") from None
         raise
-    return sha, w.size
+    return sha, size
 
 
-def _write_tensor_data(w: HashingWriter, tensors: list[PlannedTensor]) -> None:
+def _write_tensor_data(w: HashingWriter, jobs: list[Job]) -> None:
     files: dict[Path, object] = {}
-    buffer = bytearray(CHUNK_BYTES)
+    buffer = bytearray(max((j.src_len for j in jobs), default=0))
     try:
-        for t in tensors:
-            if t.source.path not in files:
-                files[t.source.path] = open(t.source.path, "rb", buffering=0)
+        for job in jobs:
+            path = job.tensor.source.path
+            if path not in files:
+                files[path] = open(path, "rb", buffering=0)
             written = 0
-            for chunk in tensor_chunks(t, files[t.source.path], buffer):
-                w.write(chunk)
-                written += len(chunk)
-            if written != t.nbytes:
-                raise AssertionError(f"{t.name}: wrote {written} bytes, planned {t.nbytes}")
-            w.write(bytes(padding(t.nbytes)))
+            for piece in job_pieces(job, files[path], buffer):
+                w.write(piece)
+                written += len(piece)
+            if written != job.out_len:
+                raise AssertionError(f"{job.tensor.name}: converted {written} bytes, planned {job.out_len}")
+            w.write(bytes(job.pad_after))
     finally:
         for f in files.values():
             f.close()
+
+
+def default_workers() -> int:
+    """How many processes convert in parallel: one per core, where fork is safe.
+
+    Forking is only safe from a single-threaded process (a library caller may run threads) and
+    only where os.fork exists; elsewhere the conversion runs in this process.
+    """
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        return 1
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+_DONE = struct.Struct("<i")
+
+
+def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: InputHasher | None) -> None:
+    """Convert jobs in forked workers that pwrite straight into the output, and hash it in order.
+
+    Worker k takes every workers-th job, so all finish together; each reports a finished job on
+    a pipe, and this process hashes the output as soon as the next range in file order is
+    complete (reading it back from the page cache), so no second pass is needed at the end.
+    A worker that fails reports why; any failure ends the others and raises here.
+    """
+    for build in (bf16_to_f16_table, f16_to_f32_table):
+        build()     # once, before forking, rather than once per worker
+    read_end, write_end = os.pipe()
+    pids = []
+    try:
+        for k in range(workers):
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_end)
+                _worker(fd, jobs[k::workers], k, workers, write_end)
+            pids.append(pid)
+        os.close(write_end)
+        write_end = -1
+        if hasher:
+            hasher.start()      # a thread only after forking: fork copies just the calling thread
+        _hash_as_done(fd, jobs, read_end, sha)
+        failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
+        pids = []
+        if failed:
+            raise Refusal("a conversion worker failed; nothing was written")
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+def _worker(fd: int, jobs: list[Job], k: int, workers: int, report: int) -> None:
+    # A forked child: it must never return into the parent's stack, whatever happens.
+    status = 1
+    try:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent handles interrupts
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        files: dict[Path, int] = {}
+        buffer = bytearray(max((j.src_len for j in jobs), default=0))
+        for i, job in enumerate(jobs):
+            path = job.tensor.source.path
+            if path not in files:
+                files[path] = open(path, "rb", buffering=0)
+            data = b"".join(job_pieces(job, files[path], buffer))
+            if len(data) != job.out_len:
+                raise AssertionError(f"{job.tensor.name}: converted {len(data)} bytes, planned {job.out_len}")
+            if os.pwrite(fd, data, job.out_pos) != len(data):
+                raise OSError(28, "short write")
+            os.write(report, _DONE.pack(k + i * workers))
+        status = 0
+    except BaseException as e:
+        message = (e.reason if isinstance(e, Refusal) else
+                   f"{e.strerror}" if isinstance(e, OSError) and e.strerror else repr(e))
+        try:
+            os.write(report, _DONE.pack(-1) + message.encode("utf-8", "replace")[:3000])
+        except OSError:
+            pass
+    finally:
+        os._exit(status)
+
+
+def _hash_as_done(fd: int, jobs: list[Job], report: int, sha) -> None:
+    done = bytearray(len(jobs))
+    next_job = 0
+    hashed = jobs[0].out_pos if jobs else 0
+    buffer = bytearray(max((j.out_len + j.pad_after for j in jobs), default=0))
+    pending = b""
+    while next_job < len(jobs):
+        got = os.read(report, 4096)
+        if not got:
+            raise Refusal("a conversion worker stopped before finishing; nothing was written")
+        pending += got
+        while len(pending) >= 4:
+            (i,) = _DONE.unpack_from(pending)
+            if i < 0:
+                raise Refusal(f"converting failed: {pending[4:].decode('utf-8', 'replace')}")
+            done[i] = 1
+            pending = pending[4:]
+        while next_job < len(jobs) and done[next_job]:
+            job = jobs[next_job]
+            end = job.out_pos + job.out_len + job.pad_after
+            view = memoryview(buffer)[:end - hashed]
+            if os.preadv(fd, [view], hashed) != len(view):
+                raise Refusal("the output file changed while it was being written")
+            sha.update(view)
+            hashed = end
+            next_job += 1
 
 
 def hash_file(path: Path) -> InputFile:
@@ -2269,6 +2489,8 @@ class InputHasher:
         self._result: list[InputFile] = []
         self._error: OSError | None = None
         self._thread = threading.Thread(target=self._run, name="bankml-inputs", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
@@ -2278,6 +2500,8 @@ class InputHasher:
             self._error = e
 
     def result(self) -> tuple[InputFile, ...]:
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self._run()
         self._thread.join()
         if self._error is not None:
             raise Refusal(f"cannot read an input: {self._error.strerror or self._error}")
@@ -2295,8 +2519,9 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     plan = plan_conversion(model_dir, options)
     out = templated_output(Path(out), out_type(options.outtype))
     check_output_path(out, model_dir, plan.inputs)
+    workers = options.workers if options.workers is not None else default_workers()
     hasher = InputHasher(plan.inputs)
-    sha, size = write_gguf(out, plan)
+    sha, size = write_gguf(out, plan, workers, hasher)
     inputs = hasher.result()
     return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs)
 

@@ -132,6 +132,41 @@ def _add_golden_tests():
 _add_golden_tests()
 
 
+class ParallelAndSequentialWriting(Workspace):
+    def test_one_process_and_forked_workers_write_the_same_file(self):
+        d = self.case("sharded-3")
+        for workers in (1, 2, 3):
+            with self.subTest(workers=workers):
+                r = bc.convert(d, self.tmp / f"w{workers}.gguf", bc.Options(workers=workers))
+                self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
+                self.assertEqual(sha256_file(r.out), GOLDEN["sharded-3"]["sha256"])
+                r.out.unlink()
+
+    def test_a_source_that_shrinks_mid_conversion_leaves_nothing(self):
+        for workers in (1, 2):
+            with self.subTest(workers=workers):
+                d = self.case("bf16")
+                plan = bc.plan_conversion(d, bc.Options())
+                with open(d / "model.safetensors", "r+b") as f:
+                    f.truncate(f.seek(0, 2) // 2)
+                out = self.tmp / f"shrunk{workers}.gguf"
+                with self.assertRaisesRegex(bc.Refusal, "changed while"):
+                    bc.write_gguf(out, plan, workers)
+                self.assertEqual([p.name for p in self.tmp.glob("shrunk*")], [])
+
+    def test_jobs_cover_every_tensor_byte_once_in_file_order(self):
+        d = self.case("shape-360m-instruct")
+        plan = bc.plan_conversion(d, bc.Options())
+        jobs = bc.data_jobs(plan.tensors, len(plan.header))
+        position = len(plan.header)
+        for job in jobs:
+            self.assertEqual(job.out_pos, position)
+            position += job.out_len + job.pad_after
+        for t in plan.tensors:
+            self.assertEqual(sum(j.rows for j in jobs if j.tensor is t), bc._row_count(t.source))
+        self.assertEqual(position, GOLDEN["shape-360m-instruct"]["bytes"])
+
+
 class ExampleModel(Workspace):
     def test_bundled_example_is_the_generated_example_case(self):
         shipped = ROOT / "example" / "smollm2-tiny"
