@@ -22,18 +22,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import mmap
 import os
 import queue
 import re
 import struct
 import sys
 import threading
+import time
 from array import array
 from codecs import utf_32_le_decode as _utf_32_le_decode
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 __version__ = "0.1.0"
 
@@ -2545,68 +2548,1454 @@ def fork_json(report: Report, source: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line: `bankml_convert.py DIR -o OUT.gguf`; the sha256 on stdout, a summary on stderr,
-# and every refusal as one line with exit code 2.
+# Reading GGUF: a strict GGUF v3 reader (every count and length checked against the bytes left
+# before anything is read), a listing, and a structural diff that names the first difference.
 # ---------------------------------------------------------------------------------------------
+
+# The numbers the format fixes: magic, version, value types, ggml tensor types and their blocks.
+# Taken from gguf-py/gguf/constants.py and ggml/src/gguf.cpp of the pinned llama.cpp.
+
+GGUF_DEFAULT_ALIGNMENT = 32
+GGML_MAX_DIMS = 4
+# gguf.cpp refuses longer strings and arrays whatever the file size; gguf-py mirrors the limits.
+GGUF_MAX_STRING_LENGTH = 1024 * 1024 * 1024
+GGUF_MAX_ARRAY_ELEMENTS = 1024 * 1024 * 1024
+INT64_MAX = (1 << 63) - 1
+HEADER_SIZE = 24  # magic, version u32, tensor count u64, kv count u64
+
+VALUE_TYPE_NAMES: dict[int, str] = {
+    0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32",
+    7: "BOOL", 8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64",
+}
+VALUE_TYPE_CODES: dict[str, int] = {name: code for code, name in VALUE_TYPE_NAMES.items()}
+# struct format character of each fixed-size value type (little-endian is applied by the caller)
+SCALAR_FORMATS: dict[str, str] = {
+    "UINT8": "B", "INT8": "b", "UINT16": "H", "INT16": "h", "UINT32": "I", "INT32": "i",
+    "FLOAT32": "f", "BOOL": "B", "UINT64": "Q", "INT64": "q", "FLOAT64": "d",
+}
+
+QK_K = 256
+# code -> (name, elements per block, bytes per block), as GGML_QUANT_SIZES. Codes missing from the
+# table (4, 5, 31-33, 36-38) are types ggml has removed; a file using one is refused.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 2 + 16),
+    3: ("Q4_1", 32, 2 + 2 + 16),
+    6: ("Q5_0", 32, 2 + 4 + 16),
+    7: ("Q5_1", 32, 2 + 2 + 4 + 16),
+    8: ("Q8_0", 32, 2 + 32),
+    9: ("Q8_1", 32, 2 + 2 + 32),
+    10: ("Q2_K", 256, 2 + 2 + QK_K // 16 + QK_K // 4),
+    11: ("Q3_K", 256, 2 + QK_K // 4 + QK_K // 8 + 12),
+    12: ("Q4_K", 256, 2 + 2 + QK_K // 2 + 12),
+    13: ("Q5_K", 256, 2 + 2 + QK_K // 2 + QK_K // 8 + 12),
+    14: ("Q6_K", 256, 2 + QK_K // 2 + QK_K // 4 + QK_K // 16),
+    15: ("Q8_K", 256, 4 + QK_K + QK_K // 8),
+    16: ("IQ2_XXS", 256, 2 + QK_K // 4),
+    17: ("IQ2_XS", 256, 2 + QK_K // 4 + QK_K // 32),
+    18: ("IQ3_XXS", 256, 2 + QK_K // 4 + QK_K // 8),
+    19: ("IQ1_S", 256, 2 + QK_K // 8 + QK_K // 16),
+    20: ("IQ4_NL", 32, 2 + 16),
+    21: ("IQ3_S", 256, 2 + QK_K // 4 + QK_K // 8 + QK_K // 32 + 4),
+    22: ("IQ2_S", 256, 2 + QK_K // 4 + QK_K // 16),
+    23: ("IQ4_XS", 256, 2 + 2 + QK_K // 2 + QK_K // 64),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, QK_K // 8 + QK_K // 16 + QK_K // 32),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 2 + 4 * 13),
+    35: ("TQ2_0", 256, 2 + 64),
+    39: ("MXFP4", 32, 1 + 16),
+    40: ("NVFP4", 64, 4 + 32),
+    41: ("Q1_0", 128, 2 + 16),
+    42: ("Q2_0", 64, 2 + 16),
+}
+GGML_TYPE_BY_NAME: dict[str, tuple[int, int, int]] = {
+    name: (code, block, size) for code, (name, block, size) in GGML_TYPES.items()
+}
+# element formats for showing a differing element's value; block types are shown as raw bytes
+ELEMENT_FORMATS: dict[str, str] = {
+    "F32": "<f", "F16": "<e", "F64": "<d", "I8": "<b", "I16": "<h", "I32": "<i", "I64": "<q",
+}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF v3 this reader accepts; the message says why and at which byte."""
+
+
+@dataclass
+class StoredKV:
+    key: str
+    vtype: Any  # a value type name ("UINT32", "STRING", ...) or ("array", element type name)
+    value: Any  # int, float, bool, str, or a list of them for arrays
+    offset: int  # where the record (its key's length) starts in the file
+    nbytes: int = 0  # size of the whole record: key, type, value
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dims: list[int]  # ggml order (ne0 first, the fastest-varying), as stored
+    ggml_type: str
+    offset_in_data: int
+    nbytes: int
+    file_offset: int  # data_start + offset_in_data
+    info_offset: int = 0  # where this tensor's info record starts in the file
+
+
+@dataclass
+class GGUFFile:
+    version: int
+    kvs: list[StoredKV]
+    tensors: list[TensorInfo]
+    alignment: int
+    data_start: int
+    file_size: int
+    info_end: int = 0  # end of the last tensor info record; padding follows up to data_start
+    path: str = ""
+    data_end: int = 0  # end of the last tensor's data and its padding (data_start if no tensors)
+
+
+def ggml_pad(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+# Reading: a bounds-checked cursor over the mapped file, then header, kv, tensor infos, layout.
+# Nothing is sliced or allocated before the cursor has checked the bytes are there.
+
+def _fail(offset: int, reason: str) -> GGUFError:
+    return GGUFError(f"{reason} (at byte {offset})")
+
+
+class _Cursor:
+    def __init__(self, buf: Any, size: int) -> None:
+        self.buf = buf
+        self.size = size
+        self.pos = 0
+
+    def remaining(self) -> int:
+        return self.size - self.pos
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.size - self.pos:
+            raise _fail(self.pos, f"truncated {what}: needs {n} bytes, {self.size - self.pos} left")
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return raw
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        start = self.pos
+        n = self.scalar("Q", f"{what} length")
+        if n > GGUF_MAX_STRING_LENGTH:
+            raise _fail(start, f"{what} length {n} exceeds gguf's maximum {GGUF_MAX_STRING_LENGTH}")
+        raw = self.take(n, what)
+        try:
+            # gguf-py decodes with str(bytes, encoding='utf-8'): strict, so invalid UTF-8 is an error
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _fail(start + 8 + e.start, f"{what} is not valid UTF-8 ({e.reason})") from None
+
+
+def _open_bytes(path: str) -> tuple[Any, int, Any]:
+    """The file's bytes (an mmap, or b'' for an empty file), its size, and the handle to close."""
+    fh = open(path, "rb")
+    size = os.fstat(fh.fileno()).st_size
+    if size == 0:
+        return b"", 0, fh
+    return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), size, fh
+
+
+def _read_value(cur: _Cursor, type_code: int, key: str, type_at: int) -> tuple[Any, Any]:
+    vname = VALUE_TYPE_NAMES.get(type_code)
+    if vname is None:
+        raise _fail(type_at, f"kv {key!r}: unknown value type {type_code}")
+    if vname == "STRING":
+        return vname, cur.string(f"kv {key!r} string")
+    if vname != "ARRAY":
+        return vname, _scalar_value(cur, vname, key)
+    elem_at = cur.pos
+    elem_code = cur.scalar("I", f"kv {key!r} array element type")
+    ename = VALUE_TYPE_NAMES.get(elem_code)
+    if ename is None:
+        raise _fail(elem_at, f"kv {key!r}: unknown array element type {elem_code}")
+    if ename == "ARRAY":
+        # gguf.cpp refuses nested arrays, so llama.cpp could not load such a file
+        raise _fail(elem_at, f"kv {key!r}: array of arrays is not supported by gguf")
+    n_at = cur.pos
+    n = cur.scalar("Q", f"kv {key!r} array length")
+    if n > GGUF_MAX_ARRAY_ELEMENTS:
+        raise _fail(n_at, f"kv {key!r}: array length {n} exceeds gguf's maximum {GGUF_MAX_ARRAY_ELEMENTS}")
+    least = 8 if ename == "STRING" else struct.calcsize(SCALAR_FORMATS[ename])
+    if n * least > cur.remaining():
+        raise _fail(n_at, f"truncated kv {key!r}: array of {n} {ename} needs at least {n * least} bytes, "
+                          f"{cur.remaining()} left")
+    if ename == "STRING":
+        return ("array", ename), [cur.string(f"kv {key!r} element {i}") for i in range(n)]
+    fmt = SCALAR_FORMATS[ename]
+    start = cur.pos
+    values = list(struct.unpack(f"<{n}{fmt}", cur.take(n * least, f"kv {key!r} array")))
+    if ename == "BOOL":
+        values = _bools(values, key, start)
+    return ("array", ename), values
+
+
+def _scalar_value(cur: _Cursor, vname: str, key: str) -> Any:
+    at = cur.pos
+    value = cur.scalar(SCALAR_FORMATS[vname], f"kv {key!r} {vname} value")
+    return _bools([value], key, at)[0] if vname == "BOOL" else value
+
+
+def _bools(raw: list[int], key: str, at: int) -> list[bool]:
+    # gguf writers emit only 0 and 1; any other byte would read as true yet not round-trip, and
+    # would hide a byte difference behind an equal value
+    for i, b in enumerate(raw):
+        if b > 1:
+            raise _fail(at + i, f"kv {key!r}: bool byte {b} is neither 0 nor 1")
+    return [b == 1 for b in raw]
+
+
+def _read_kvs(cur: _Cursor, count: int) -> list[StoredKV]:
+    # the smallest record: 8-byte key length, a 1-byte key, 4-byte type, a 1-byte value
+    if count * 14 > cur.remaining():
+        raise _fail(cur.pos, f"truncated kv section: {count} kv pairs need at least {count * 14} bytes, "
+                             f"{cur.remaining()} left")
+    kvs: list[StoredKV] = []
+    seen: dict[str, int] = {}
+    for _ in range(count):
+        start = cur.pos
+        key = cur.string("kv key")
+        if not key:
+            raise _fail(start, "empty kv key")  # gguf.cpp refuses it
+        if key in seen:
+            raise _fail(start, f"duplicate kv key {key!r} (first at byte {seen[key]})")
+        seen[key] = start
+        type_at = cur.pos
+        code = cur.scalar("I", f"kv {key!r} type")
+        vtype, value = _read_value(cur, code, key, type_at)
+        kvs.append(StoredKV(key, vtype, value, start, cur.pos - start))
+    return kvs
+
+
+def _alignment_of(kvs: list[StoredKV]) -> int:
+    for kv in kvs:
+        if kv.key == "general.alignment":
+            # gguf.cpp and gguf-py both insist on a UINT32 power of two
+            if kv.vtype != "UINT32":
+                raise _fail(kv.offset, f"general.alignment must be UINT32, is {_type_label(kv.vtype)}")
+            if kv.value == 0 or kv.value & (kv.value - 1):
+                raise _fail(kv.offset, f"general.alignment {kv.value} is not a power of two")
+            return kv.value
+    return GGUF_DEFAULT_ALIGNMENT
+
+
+def _read_tensor_info(cur: _Cursor, seen: dict[str, int]) -> tuple[TensorInfo, int]:
+    """One tensor info record, and where its data-offset field sits (to place later refusals)."""
+    start = cur.pos
+    name = cur.string("tensor name")
+    if name in seen:
+        raise _fail(start, f"duplicate tensor name {name!r} (first at byte {seen[name]})")
+    seen[name] = start
+    n_dims_at = cur.pos
+    n_dims = cur.scalar("I", f"tensor {name!r} dimension count")
+    if n_dims > GGML_MAX_DIMS:
+        raise _fail(n_dims_at, f"tensor {name!r} has {n_dims} dimensions, ggml allows {GGML_MAX_DIMS}")
+    dims_at = cur.pos
+    dims = list(struct.unpack(f"<{n_dims}Q", cur.take(8 * n_dims, f"tensor {name!r} dimensions")))
+    for j, d in enumerate(dims):
+        if d > INT64_MAX:  # ggml holds ne as int64
+            raise _fail(dims_at + 8 * j, f"tensor {name!r} dimension {j} = {d} does not fit int64")
+    type_at = cur.pos
+    code = cur.scalar("I", f"tensor {name!r} type")
+    if code not in GGML_TYPES:
+        raise _fail(type_at, f"tensor {name!r}: unknown ggml type {code}")
+    type_name, block, type_size = GGML_TYPES[code]
+    ne0 = dims[0] if dims else 1
+    if ne0 % block:
+        raise _fail(type_at, f"tensor {name!r}: {type_name} needs rows of whole {block}-element blocks, "
+                             f"ne0 is {ne0}")
+    n_elements = 1
+    for d in dims:
+        n_elements *= d
+    offset_at = cur.pos
+    offset = cur.scalar("Q", f"tensor {name!r} data offset")
+    info = TensorInfo(name, dims, type_name, offset, n_elements // block * type_size, 0, start)
+    return info, offset_at
+
+
+def _read_tensor_infos(cur: _Cursor, count: int) -> list[tuple[TensorInfo, int]]:
+    # the smallest record: 8-byte name length, 4-byte dimension count, 4-byte type, 8-byte offset
+    if count * 24 > cur.remaining():
+        raise _fail(cur.pos, f"truncated tensor info: {count} tensors need at least {count * 24} bytes, "
+                             f"{cur.remaining()} left")
+    seen: dict[str, int] = {}
+    return [_read_tensor_info(cur, seen) for _ in range(count)]
+
+
+def _place_tensors(infos: list[tuple[TensorInfo, int]], data_start: int, alignment: int,
+                   file_size: int) -> int:
+    """Set each tensor's file offset after checking its data lies in the file; the data's end."""
+    data_end = data_start
+    for info, offset_at in infos:
+        if info.offset_in_data % alignment:
+            raise _fail(offset_at, f"tensor {info.name!r}: data offset {info.offset_in_data} is not a "
+                                   f"multiple of the alignment {alignment}")
+        info.file_offset = data_start + info.offset_in_data
+        # ggml's loader reads each tensor with its padding, so the padding must be in the file too
+        end = info.file_offset + ggml_pad(info.nbytes, alignment)
+        if end > file_size:
+            raise _fail(offset_at, f"tensor {info.name!r}: data [{info.file_offset}, {end}) including "
+                                   f"padding runs past the end of the file ({file_size} bytes)")
+        data_end = max(data_end, end)
+    return data_end
+
+
+def parse_gguf(buf: Any, size: int, path: str = "") -> GGUFFile:
+    """The GGUFFile in `buf` (bytes or an mmap of `size` bytes); GGUFError if it is not valid."""
+    cur = _Cursor(buf, size)
+    magic = cur.take(4, "header (magic)")
+    if magic != GGUF_MAGIC:
+        raise _fail(0, f"bad magic {magic!r}, expected {GGUF_MAGIC!r}")
+    version = cur.scalar("I", "header (version)")
+    if version != GGUF_VERSION:
+        if version & 0xFFFF == 0:
+            raise _fail(4, f"GGUF version field reads {version:#010x}: a big-endian file? "
+                           f"only little-endian version {GGUF_VERSION} is supported")
+        raise _fail(4, f"GGUF version {version}, only version {GGUF_VERSION} is supported")
+    n_tensors = cur.scalar("Q", "header (tensor count)")
+    n_kv = cur.scalar("Q", "header (kv count)")
+    kvs = _read_kvs(cur, n_kv)
+    alignment = _alignment_of(kvs)
+    infos = _read_tensor_infos(cur, n_tensors)
+    info_end = cur.pos
+    data_start = ggml_pad(info_end, alignment)
+    if infos and data_start > size:
+        raise _fail(info_end, f"truncated padding before tensor data: data starts at {data_start}, "
+                              f"file has {size} bytes")
+    data_end = _place_tensors(infos, data_start, alignment, size)
+    return GGUFFile(version, kvs, [info for info, _ in infos], alignment, data_start, size,
+                    info_end, path, data_end)
+
+
+def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    buf, size, fh = _open_bytes(os.fspath(path))
+    try:
+        return parse_gguf(buf, size, os.fspath(path))
+    finally:
+        if isinstance(buf, mmap.mmap):
+            buf.close()
+        fh.close()
+
+
+# Showing values: short, unambiguous renderings of kv values, types and tensor shapes.
+# Long strings and arrays are cut so one line stays one line; `full` shows them whole.
+
+def _type_label(vtype: Any) -> str:
+    return f"[{vtype[1]}]" if isinstance(vtype, tuple) else vtype
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _value_text(kv: StoredKV, full: bool = False) -> str:
+    if isinstance(kv.vtype, tuple):
+        shown = kv.value if full else kv.value[:6]
+        items = ", ".join(repr(v) if full else _short(v, 40) for v in shown)
+        more = "" if len(shown) == len(kv.value) else ", ..."
+        return f"[{items}{more}] ({len(kv.value)} elements)"
+    return repr(kv.value) if full else _short(kv.value)
+
+
+def _dims_text(dims: list[int]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def describe_gguf(f: GGUFFile, full: bool = False) -> list[str]:
+    """A gguf-dump-like listing: the header, every kv with its type, every tensor's layout."""
+    lines = [
+        f"GGUF v{f.version} (little-endian): {len(f.kvs)} kv, {len(f.tensors)} tensors, "
+        f"alignment {f.alignment}, file size {f.file_size}",
+        f"tensor info ends at {f.info_end}, tensor data at {f.data_start}..{f.data_end}",
+        f"* {len(f.kvs)} key/value pairs",
+    ]
+    for n, kv in enumerate(f.kvs, 1):
+        lines.append(f"  {n:5}: {_type_label(kv.vtype):10} {kv.key} = {_value_text(kv, full)}")
+    lines.append(f"* {len(f.tensors)} tensors (shape in ggml order, ne0 first)")
+    for n, t in enumerate(f.tensors, 1):
+        lines.append(f"  {n:5}: {t.ggml_type:7} {_dims_text(t.dims):24} {t.name}  "
+                     f"data+{t.offset_in_data} (file {t.file_offset}) {t.nbytes} bytes")
+    _, tail_start, tail_end = filler_regions(f)[-1]
+    if tail_end > tail_start:
+        lines.append(f"* {tail_end - tail_start} trailing bytes after the tensor data")
+    return lines
+
+
+# Byte comparison: streaming two ranges of two mapped files in chunks, counting differences.
+# Big-integer XOR finds the first differing byte of a chunk and counts them without a Python loop.
+
+CHUNK = 1 << 20
+
+
+@dataclass
+class RangeDiff:
+    first: int | None  # first differing byte, relative to the ranges' starts (None: equal)
+    differing_bytes: int
+    differing_units: int  # elements (or blocks) of `unit` bytes with any byte different
+
+
+def _xor_bytes(a: bytes, b: bytes) -> bytes:
+    n = len(a)
+    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).to_bytes(n, "little")
+
+
+def _nonzero_units(x: bytes, unit: int) -> int:
+    if unit == 1:
+        return len(x) - x.count(0)
+    if unit <= 8:
+        # fold each unit's bytes onto its first byte, then count units whose first byte is nonzero
+        v = int.from_bytes(x, "little")
+        folded = v
+        for k in range(1, unit):
+            folded |= v >> (8 * k)
+        mask = int.from_bytes((b"\xff" + b"\x00" * (unit - 1)) * (len(x) // unit), "little")
+        kept = (folded & mask).to_bytes(len(x), "little")
+        return len(x) - kept.count(0)
+    zero = bytes(unit)
+    return sum(1 for i in range(0, len(x), unit) if x[i:i + unit] != zero)
+
+
+def compare_ranges(a: Any, a_start: int, b: Any, b_start: int, length: int, unit: int = 1) -> RangeDiff:
+    """Compare `length` bytes of a at a_start with b at b_start; chunks hold whole units."""
+    step = max(unit, CHUNK // unit * unit)
+    first = None
+    n_bytes = n_units = 0
+    for off in range(0, length, step):
+        n = min(step, length - off)
+        ca = a[a_start + off:a_start + off + n]
+        cb = b[b_start + off:b_start + off + n]
+        if ca == cb:
+            continue
+        x = _xor_bytes(ca, cb)
+        if first is None:
+            v = int.from_bytes(x, "little")
+            first = off + ((v & -v).bit_length() - 1) // 8
+        n_bytes += n - x.count(0)
+        n_units += _nonzero_units(x, unit)
+    return RangeDiff(first, n_bytes, n_units)
+
+
+def first_raw_difference(a: Any, a_size: int, b: Any, b_size: int) -> int | None:
+    """The first byte offset where two files differ (a length difference counts); None if equal."""
+    common = min(a_size, b_size)
+    for off in range(0, common, CHUNK):
+        n = min(CHUNK, common - off)
+        ca, cb = a[off:off + n], b[off:off + n]
+        if ca != cb:
+            v = int.from_bytes(_xor_bytes(ca, cb), "little")
+            return off + ((v & -v).bit_length() - 1) // 8
+    return None if a_size == b_size else common
+
+
+# The structural diff: header, kv pairs, tensor infos, tensor data, padding, in file order.
+# Each line says what differs and where; an empty list means the files are byte-identical.
+
+def _header_lines(fa: GGUFFile, fb: GGUFFile) -> list[str]:
+    pairs = [
+        ("file size", fa.file_size, fb.file_size),
+        ("version", fa.version, fb.version),
+        ("tensor count", len(fa.tensors), len(fb.tensors)),
+        ("kv count", len(fa.kvs), len(fb.kvs)),
+        ("alignment", fa.alignment, fb.alignment),
+    ]
+    lines = [f"header: {what} A={x} B={y}" for what, x, y in pairs if x != y]
+    # where the data starts only matters, and is only defined by the file, when there is data
+    if fa.tensors and fb.tensors and fa.data_start != fb.data_start:
+        lines.append(f"layout: tensor data starts at byte A={fa.data_start} B={fb.data_start}")
+    return lines
+
+
+def _order_line(what: str, names_a: list[str], names_b: list[str]) -> list[str]:
+    common = set(names_a) & set(names_b)
+    seq_a = [n for n in names_a if n in common]
+    seq_b = [n for n in names_b if n in common]
+    for i, (x, y) in enumerate(zip(seq_a, seq_b)):
+        if x != y:
+            return [f"{what} order differs: the {i + 1}th shared one is {x!r} in A, {y!r} in B"]
+    return []
+
+
+def _first_index(xs: list[Any], ys: list[Any]) -> int | None:
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if x != y:
+            return i
+    return None if len(xs) == len(ys) else min(len(xs), len(ys))
+
+
+def _string_diff(a: str, b: str) -> str:
+    i = _first_index(list(a), list(b)) or 0
+    lo = max(0, i - 10)
+    return (f"lengths A={len(a)} B={len(b)}, first difference at char {i}: "
+            f"A=...{_short(a[lo:i + 30], 50)} B=...{_short(b[lo:i + 30], 50)}")
+
+
+def _kv_value_line(ka: StoredKV, kb: StoredKV, ma: Any, mb: Any) -> str:
+    label = f"kv {ka.key!r} ({_type_label(ka.vtype)})"
+    if isinstance(ka.vtype, tuple):
+        return f"{label}: {_array_diff(ka, kb, ma, mb)}"
+    if ka.vtype == "STRING":
+        return f"{label}: {_string_diff(ka.value, kb.value)}"
+    if ka.value == kb.value or ka.value != ka.value:  # -0.0 vs 0.0, or NaN payloads
+        size = struct.calcsize(SCALAR_FORMATS[ka.vtype])
+        raw_a = ma[ka.offset + ka.nbytes - size:ka.offset + ka.nbytes]
+        raw_b = mb[kb.offset + kb.nbytes - size:kb.offset + kb.nbytes]
+        return f"{label}: A={ka.value!r} B={kb.value!r}, bytes A={raw_a.hex()} B={raw_b.hex()}"
+    return f"{label}: A={ka.value!r} B={kb.value!r}"
+
+
+def _array_diff(ka: StoredKV, kb: StoredKV, ma: Any, mb: Any) -> str:
+    xs, ys = ka.value, kb.value
+    head = f"length A={len(xs)} B={len(ys)}"
+    if ka.vtype[1] == "STRING":
+        i = _first_index(xs, ys)
+    else:
+        # compare the stored bytes, so -0.0 against 0.0 or NaN payloads are found too
+        size = struct.calcsize(SCALAR_FORMATS[ka.vtype[1]])
+        pa, pb = ka.offset + ka.nbytes - len(xs) * size, kb.offset + kb.nbytes - len(ys) * size
+        d = compare_ranges(ma, pa, mb, pb, min(len(xs), len(ys)) * size)
+        i = d.first // size if d.first is not None else (None if len(xs) == len(ys) else min(len(xs), len(ys)))
+    if i is None:
+        return f"{head}, the elements are equal but the records' bytes differ"
+    va = _short(xs[i], 50) if i < len(xs) else "(none)"
+    vb = _short(ys[i], 50) if i < len(ys) else "(none)"
+    return f"{head}, first differing index {i}: A={va} B={vb}"
+
+
+def _kv_lines(fa: GGUFFile, fb: GGUFFile, ma: Any, mb: Any) -> list[str]:
+    by_b = {kv.key: kv for kv in fb.kvs}
+    keys_a = {kv.key for kv in fa.kvs}
+    lines: list[str] = []
+    for ka in fa.kvs:
+        kb = by_b.get(ka.key)
+        if kb is None:
+            lines.append(f"kv {ka.key!r} ({_type_label(ka.vtype)}): only in A = {_value_text(ka)}")
+        elif ka.vtype != kb.vtype:
+            lines.append(f"kv {ka.key!r}: type A={_type_label(ka.vtype)} B={_type_label(kb.vtype)} "
+                         f"(A={_value_text(ka)}, B={_value_text(kb)})")
+        elif ma[ka.offset:ka.offset + ka.nbytes] != mb[kb.offset:kb.offset + kb.nbytes]:
+            lines.append(_kv_value_line(ka, kb, ma, mb))
+    for kb in fb.kvs:
+        if kb.key not in keys_a:
+            lines.append(f"kv {kb.key!r} ({_type_label(kb.vtype)}): only in B = {_value_text(kb)}")
+    return lines + _order_line("kv", [kv.key for kv in fa.kvs], [kv.key for kv in fb.kvs])
+
+
+def _element_text(t: TensorInfo, byte_in_tensor: int) -> str:
+    _, block, size = GGML_TYPE_BY_NAME[t.ggml_type]
+    unit = byte_in_tensor // size
+    if block > 1:
+        return f"block {unit} (elements {unit * block}..{unit * block + block - 1})"
+    coords, rest = [], unit
+    for d in t.dims:
+        coords.append(rest % d if d else 0)
+        rest = rest // d if d else 0
+    return f"element {unit} {coords}"
+
+
+def _element_values(ta: TensorInfo, tb: TensorInfo, byte_in_tensor: int, ma: Any, mb: Any) -> str:
+    t = ta
+    _, _, size = GGML_TYPE_BY_NAME[t.ggml_type]
+    at = byte_in_tensor // size * size
+    ra = bytes(ma[ta.file_offset + at:ta.file_offset + at + size])
+    rb = bytes(mb[tb.file_offset + at:tb.file_offset + at + size])
+    fmt = ELEMENT_FORMATS.get(t.ggml_type)
+    if t.ggml_type == "BF16":
+        as_f32 = [struct.unpack("<f", b"\x00\x00" + r)[0] for r in (ra, rb)]
+        return f"A={as_f32[0]!r} B={as_f32[1]!r} (bytes A={ra.hex()} B={rb.hex()})"
+    if fmt is None:
+        return f"bytes A={_short(ra.hex(), 40)} B={_short(rb.hex(), 40)}"
+    return f"A={struct.unpack(fmt, ra)[0]!r} B={struct.unpack(fmt, rb)[0]!r} (bytes A={ra.hex()} B={rb.hex()})"
+
+
+def _tensor_data_line(ta: TensorInfo, tb: TensorInfo, ma: Any, mb: Any) -> list[str]:
+    _, block, size = GGML_TYPE_BY_NAME[ta.ggml_type]
+    d = compare_ranges(ma, ta.file_offset, mb, tb.file_offset, ta.nbytes, size)
+    if d.first is None:
+        return []
+    units = ta.nbytes // size
+    what = "blocks" if block > 1 else "elements"
+    where = (f"file byte {ta.file_offset + d.first}" if ta.file_offset == tb.file_offset
+             else f"file byte A={ta.file_offset + d.first} B={tb.file_offset + d.first}")
+    return [f"tensor {ta.name!r} ({ta.ggml_type} {_dims_text(ta.dims)}): data differ in {d.differing_units} "
+            f"of {units} {what} ({d.differing_bytes} of {ta.nbytes} bytes); first at byte {d.first} of the "
+            f"tensor ({where}), {_element_text(ta, d.first)}: {_element_values(ta, tb, d.first, ma, mb)}"]
+
+
+def _tensor_lines(fa: GGUFFile, fb: GGUFFile, ma: Any, mb: Any) -> list[str]:
+    by_b = {t.name: t for t in fb.tensors}
+    names_a = {t.name for t in fa.tensors}
+    lines: list[str] = []
+    shift = 0  # offset differences are reported where the shift changes, not for every tensor after
+    for ta in fa.tensors:
+        tb = by_b.get(ta.name)
+        if tb is None:
+            lines.append(f"tensor {ta.name!r} ({ta.ggml_type} {_dims_text(ta.dims)}): only in A")
+            continue
+        if ta.ggml_type != tb.ggml_type:
+            lines.append(f"tensor {ta.name!r}: type A={ta.ggml_type} B={tb.ggml_type}")
+        if ta.dims != tb.dims:
+            lines.append(f"tensor {ta.name!r}: shape A={_dims_text(ta.dims)} B={_dims_text(tb.dims)}")
+        delta = tb.offset_in_data - ta.offset_in_data
+        if delta != shift:
+            lines.append(f"tensor {ta.name!r}: data offset A={ta.offset_in_data} B={tb.offset_in_data} "
+                         f"(B {delta:+d}, the same for the tensors after it unless another line says so)")
+            shift = delta
+        if ta.ggml_type == tb.ggml_type and ta.dims == tb.dims:
+            lines += _tensor_data_line(ta, tb, ma, mb)
+    for tb in fb.tensors:
+        if tb.name not in names_a:
+            lines.append(f"tensor {tb.name!r} ({tb.ggml_type} {_dims_text(tb.dims)}): only in B")
+    return lines + _order_line("tensor", [t.name for t in fa.tensors], [t.name for t in fb.tensors])
+
+
+def filler_regions(f: GGUFFile) -> list[tuple[str, int, int]]:
+    """(label, start, end) of every byte no kv, tensor info or tensor data owns: padding, trailing."""
+    regions = [("padding after the tensor info", f.info_end, min(f.data_start, f.file_size))]
+    ordered = sorted(f.tensors, key=lambda t: (t.file_offset, t.nbytes))
+    for i, t in enumerate(ordered):
+        nxt = ordered[i + 1].file_offset if i + 1 < len(ordered) else f.data_end
+        regions.append((f"padding after tensor {t.name!r}", t.file_offset + t.nbytes, nxt))
+    tail = max(f.data_end, min(f.data_start, f.file_size), f.info_end)
+    regions.append(("trailing bytes after the tensor data", tail, f.file_size))
+    return [(label, s, e) for label, s, e in regions if e >= s]
+
+
+def _filler_lines(fa: GGUFFile, fb: GGUFFile, ma: Any, mb: Any) -> list[str]:
+    b_regions = {label: (s, e) for label, s, e in filler_regions(fb)}
+    lines = []
+    for label, sa, ea in filler_regions(fa):
+        if label not in b_regions:
+            continue
+        sb, eb = b_regions[label]
+        if ea - sa != eb - sb:
+            # a padding's length follows from the sizes and offsets already compared; only the
+            # trailing bytes' length is a difference of its own
+            if label.startswith("trailing"):
+                lines.append(f"{label}: A has {ea - sa} bytes, B has {eb - sb}")
+            continue
+        d = compare_ranges(ma, sa, mb, sb, ea - sa)
+        if d.first is not None:
+            lines.append(f"{label}: {d.differing_bytes} of {ea - sa} bytes differ, first at file byte "
+                         f"A={sa + d.first} B={sb + d.first} (A={ma[sa + d.first]:#04x} "
+                         f"B={mb[sb + d.first]:#04x})")
+    return lines
+
+
+def region_at(f: GGUFFile, offset: int) -> str:
+    """What the byte at `offset` belongs to, in words."""
+    if offset >= f.file_size:
+        return "past the end of the file"
+    if offset < HEADER_SIZE:
+        return "the header"
+    for kv in f.kvs:
+        if kv.offset <= offset < kv.offset + kv.nbytes:
+            return f"kv {kv.key!r} (byte {offset - kv.offset} of its record)"
+    starts = [t.info_offset for t in f.tensors] + [f.info_end]
+    for t, end in zip(f.tensors, starts[1:]):
+        if t.info_offset <= offset < end:
+            return f"the tensor info of {t.name!r}"
+    for t in f.tensors:
+        if t.file_offset <= offset < t.file_offset + t.nbytes:
+            return f"tensor {t.name!r} data, byte {offset - t.file_offset}"
+    for label, s, e in filler_regions(f):
+        if s <= offset < e:
+            return label
+    return "an unowned byte"
+
+
+def _read_or_error(path: str, buf: Any, size: int) -> GGUFFile | GGUFError:
+    try:
+        return parse_gguf(buf, size, path)
+    except GGUFError as e:
+        return e
+
+
+def diff_gguf(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str]) -> list[str]:
+    """Human-readable differences between two GGUF files, in file order; [] iff byte-identical."""
+    a_path, b_path = os.fspath(a_path), os.fspath(b_path)
+    ma, a_size, fh_a = _open_bytes(a_path)
+    try:
+        mb, b_size, fh_b = _open_bytes(b_path)
+        try:
+            return _diff_mapped(a_path, ma, a_size, b_path, mb, b_size)
+        finally:
+            if isinstance(mb, mmap.mmap):
+                mb.close()
+            fh_b.close()
+    finally:
+        if isinstance(ma, mmap.mmap):
+            ma.close()
+        fh_a.close()
+
+
+def _diff_mapped(a_path: str, ma: Any, a_size: int, b_path: str, mb: Any, b_size: int) -> list[str]:
+    first = first_raw_difference(ma, a_size, mb, b_size)
+    if first is None:
+        return []
+    fa = _read_or_error(a_path, ma, a_size)
+    fb = _read_or_error(b_path, mb, b_size)
+    if isinstance(fa, GGUFError) or isinstance(fb, GGUFError):
+        lines = [f"{side} is not a readable GGUF v3: {f}" for side, f in (("A", fa), ("B", fb))
+                 if isinstance(f, GGUFError)]
+        return lines + [f"files differ first at byte {first} (sizes A={a_size} B={b_size})"]
+    lines = (_header_lines(fa, fb) + _kv_lines(fa, fb, ma, mb) + _tensor_lines(fa, fb, ma, mb)
+             + _filler_lines(fa, fb, ma, mb))
+    if not lines:
+        lines.append(f"files differ first at byte {first}: in A {region_at(fa, first)}; "
+                     f"in B {region_at(fb, first)}")
+    return lines
+
+
+# Command line, for looking at files by hand: `dump FILE [--full]` and `diff A B`.
+# Exit codes: 0 fine/identical, 1 files differ, 2 unreadable or bad usage.
+
+
+# ---------------------------------------------------------------------------------------------
+# Around the file: what a GGUF, a safetensors file or a model directory holds, what a conversion
+# would write (dry run), whether a GGUF still matches its pin, and the --json results.
+# ---------------------------------------------------------------------------------------------
+
+# Without --full a value is cut to this much: enough to recognise it, little enough to read.
+SHOWN_ELEMENTS = 8
+SHOWN_CHARS = 200
+
+
+class ShownKV(NamedTuple):
+    """A metadata key as the GGUF reader gives it back: its type as ("array", element) or a name."""
+    key: str
+    vtype: object
+    value: object
+
+
+def stored_value(type_name: str, value: object) -> object:
+    """A planned value as it reads back from the file.
+
+    FLOAT32 is written as four bytes, so what the file holds is the nearest float32, not the
+    double in the plan (1e-05 reads back as 9.999999747378752e-06); struct packs a bool where an
+    integer is asked, which reads back as 0 or 1.
+    """
+    if type_name == "FLOAT32":
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    if type_name == "FLOAT64":
+        return float(value)
+    if type_name == "BOOL":
+        return bool(value)
+    if type_name == "STRING":
+        return value
+    return int(value)
+
+
+def shown_planned_kv(kv: KV) -> ShownKV:
+    """A planned key in the reader's terms, so a dry run and an inspect of its output agree."""
+    name = VALUE_TYPE_NAMES[kv.vtype]
+    if kv.array:
+        return ShownKV(kv.key, ("array", name), [stored_value(name, v) for v in kv.value])
+    return ShownKV(kv.key, name, stored_value(name, kv.value))
+
+
+def _json_scalar(value: object, full: bool) -> tuple[object, bool]:
+    # JSON has no NaN or infinity; the key's type says it is a float, so the name is unambiguous.
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value), False
+    if isinstance(value, str) and not full and len(value) > SHOWN_CHARS:
+        return value[:SHOWN_CHARS], True
+    return value, False
+
+
+def kv_json(kv, full: bool = False) -> dict:
+    """One metadata key as JSON (anything with .key/.vtype/.value as the reader gives them).
+
+    Arrays keep their first SHOWN_ELEMENTS elements and strings their first SHOWN_CHARS
+    characters unless full; "truncated" says whether anything was cut, "length" what the whole is.
+    """
+    if isinstance(kv.vtype, tuple):
+        shown = kv.value if full else kv.value[:SHOWN_ELEMENTS]
+        pairs = [_json_scalar(v, full) for v in shown]
+        return {"key": kv.key, "type": "ARRAY", "element_type": kv.vtype[1], "length": len(kv.value),
+                "value": [v for v, _ in pairs],
+                "truncated": len(shown) < len(kv.value) or any(cut for _, cut in pairs)}
+    value, cut = _json_scalar(kv.value, full)
+    entry = {"key": kv.key, "type": kv.vtype, "value": value}
+    if kv.vtype == "STRING":
+        entry.update(length=len(kv.value), truncated=cut)
+    return entry
+
+
+def tensor_json(name: str, type_name: str, dims, offset: int, file_offset: int, nbytes: int) -> dict:
+    """One GGUF tensor as JSON: shape in ggml order (ne0 first), offset from the start of the data."""
+    return {"name": name, "type": type_name, "shape": list(dims), "offset": offset,
+            "file_offset": file_offset, "bytes": nbytes}
+
+
+def trailing_bytes(f) -> int:
+    """Bytes after the last tensor's padding: llama.cpp never writes any, so they are worth showing."""
+    _, start, end = filler_regions(f)[-1]
+    return max(0, end - start)
+
+
+# Inspecting a GGUF file.
+
+def inspect_gguf_lines(path, full: bool = False) -> list[str]:
+    """A GGUF file's header, every key with its type and value, every tensor's type, shape and place."""
+    return describe_gguf(read_gguf(path), full)
+
+
+def inspect_gguf_json(path, full: bool = False) -> dict:
+    """inspect_gguf_lines as one JSON object; values whole when full."""
+    f = read_gguf(path)
+    return {
+        "path": str(path), "format": "gguf", "version": f.version, "alignment": f.alignment,
+        "bytes": f.file_size, "data_start": f.data_start, "trailing_bytes": trailing_bytes(f),
+        "kv_count": len(f.kvs), "tensor_count": len(f.tensors),
+        "kvs": [kv_json(kv, full) for kv in f.kvs],
+        "tensors": [tensor_json(t.name, t.ggml_type, t.dims, t.offset_in_data, t.file_offset, t.nbytes)
+                    for t in f.tensors],
+    }
+
+
+# Inspecting safetensors: what the headers declare, read leniently so that a file the converter
+# refuses (an I64 buffer, a U8 dtype) can still be looked at.
+
+class DeclaredTensor(NamedTuple):
+    """A tensor as a safetensors header declares it, whether or not the converter accepts it."""
+    file: str
+    name: str
+    dtype: str
+    shape: tuple
+
+
+def declared_tensors(path: Path) -> list[DeclaredTensor]:
+    """The tensors a safetensors header names, sorted by name as llama.cpp reads them.
+
+    Nothing is checked beyond what is needed to read the header; read_safetensors_header does the
+    checking. An unreadable header is a Refusal.
+    """
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 0 <= header_len <= MAX_SAFETENSORS_HEADER:
+                raise Refusal(f"{path.name} is not a safetensors file (no header length)")
+            raw = f.read(header_len)
+    except OSError as e:
+        raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise Refusal(f"{path.name}: the header is not JSON; not a safetensors file") from None
+    if not isinstance(header, dict):
+        raise Refusal(f"{path.name}: the header is not a JSON object; not a safetensors file")
+    rows = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        meta = meta if isinstance(meta, dict) else {}
+        shape = meta.get("shape")
+        rows.append(DeclaredTensor(path.name, name, str(meta.get("dtype", "?")),
+                                   tuple(shape) if isinstance(shape, list) else ()))
+    return sorted(rows, key=lambda t: t.name)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a directory: those the converter reads, or, if it cannot say
+    (a broken index, no model*.safetensors), every *.safetensors there is."""
+    try:
+        names, _ = model_part_names(model_dir)
+        return [model_dir / n for n in names if (model_dir / n).is_file()]
+    except Refusal:
+        return sorted(p for p in model_dir.glob("*.safetensors") if p.is_file())
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """A model directory or safetensors file: what it declares, and what converting it would give."""
+    path: Path
+    is_dir: bool
+    declared: list[DeclaredTensor]
+    unreadable: list[str]           # files whose header could not be read, with the reason
+    plan: Optional[Plan]            # the conversion's plan (directories the converter accepts)
+    refusal: Optional[str]          # why the converter refuses it, or None
+
+
+def inspect_path(path, options: Options) -> Inspection:
+    """Inspect a model directory (planned as convert would) or a single .safetensors file."""
+    path = Path(path)
+    files = weight_files(path) if path.is_dir() else [path]
+    declared, unreadable = [], []
+    for f in files:
+        try:
+            declared += declared_tensors(f)
+        except Refusal as e:
+            unreadable.append(e.reason)
+    plan, refusal = None, None
+    try:
+        if path.is_dir():
+            plan = plan_conversion(path, options)
+        else:
+            read_safetensors_header(path)
+    except Refusal as e:
+        refusal = e.reason
+    return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal)
+
+
+def dtype_counts(declared: list[DeclaredTensor]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in declared:
+        counts[t.dtype] = counts.get(t.dtype, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _by_source(plan: Optional[Plan]) -> dict[tuple[str, str], PlannedTensor]:
+    if plan is None:
+        return {}
+    return {(t.source.path.name, t.source.name): t for t in plan.tensors}
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def inspect_dir_lines(path, options: Options) -> list[str]:
+    """inspect_path for people: a summary, the verdict, and one line per declared tensor."""
+    ins = inspect_path(path, options)
+    n_files = len({t.file for t in ins.declared}) + len(ins.unreadable)
+    dtypes = ", ".join(f"{d} {n}" for d, n in dtype_counts(ins.declared).items())
+    what = f"model directory {ins.path}: {n_files} safetensors file(s)," if ins.is_dir \
+        else f"safetensors file {ins.path}:"
+    lines = [f"{what} {len(ins.declared)} tensors{f' ({dtypes})' if dtypes else ''}"]
+    lines += [f"unreadable: {reason}" for reason in ins.unreadable]
+    if ins.plan is not None:
+        p = ins.plan
+        lines.append(f"converts to {p.name!r}: {len(p.tensors)} tensors, {len(p.kvs)} metadata keys, "
+                     f"{p.params:,} parameters, {planned_size(p):,} bytes "
+                     f"(--dry-run lists the metadata)")
+    elif ins.refusal is not None:
+        lines.append(f"refuse: {ins.refusal}")
+    elif not ins.is_dir:
+        lines.append("the header is consistent with the file")
+    planned = _by_source(ins.plan)
+    lines.append(f"* {len(ins.declared)} tensors (shape as stored, rows first)"
+                 + (" -> GGUF name, type, shape in ggml order" if ins.plan is not None else ""))
+    for n, t in enumerate(ins.declared, 1):
+        line = f"  {n:5}: {t.dtype:5} {_shape_text(t.shape):18} {t.name}"
+        if ins.is_dir:
+            line += f"  ({t.file})"
+        g = planned.get((t.file, t.name))
+        if g is not None:
+            line += (f"  -> {g.name} {GGML_TYPE_NAMES[g.ggml_type]} {_shape_text(g.dims)}"
+                     f"{' (Q/K rows permuted)' if g.permute_heads else ''}")
+        elif ins.plan is not None:
+            line += "  -> not written (llama.cpp drops it)"
+        lines.append(line)
+    return lines
+
+
+def inspect_dir_json(path, options: Options) -> dict:
+    """inspect_path as one JSON object."""
+    ins = inspect_path(path, options)
+    planned = _by_source(ins.plan)
+    tensors = []
+    for t in ins.declared:
+        row = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "file": t.file}
+        g = planned.get((t.file, t.name))
+        if ins.plan is not None:
+            row.update(gguf_name=g and g.name, gguf_type=g and GGML_TYPE_NAMES[g.ggml_type],
+                       gguf_shape=g and list(g.dims), permuted=bool(g and g.permute_heads))
+        tensors.append(row)
+    # For a directory "refusal" says why the converter refuses it; for a single file, why its
+    # header does not describe the file.
+    doc = {"path": str(ins.path), "format": "directory" if ins.is_dir else "safetensors",
+           "converts": ins.plan is not None if ins.is_dir else None,
+           "refusal": ins.refusal, "unreadable": ins.unreadable,
+           "dtypes": dtype_counts(ins.declared), "tensor_count": len(ins.declared), "tensors": tensors}
+    if ins.plan is not None:
+        doc.update({"general.name": ins.plan.name, "gguf_tensor_count": len(ins.plan.tensors),
+                    "kv_count": len(ins.plan.kvs), "params": ins.plan.params,
+                    "bytes": planned_size(ins.plan)})
+    return doc
+
+
+# Dry run: everything convert decides, shown without reading tensor data or writing a byte.
+
+def tensor_offsets(tensors: list[PlannedTensor]) -> list[int]:
+    """Each tensor's offset from the start of the data: gguf-py pads every tensor to the alignment."""
+    offsets, at = [], 0
+    for t in tensors:
+        offsets.append(at)
+        at += t.nbytes + padding(t.nbytes)
+    return offsets
+
+
+def planned_size(plan: Plan) -> int:
+    """The size of the GGUF a plan writes: the header, then every tensor padded to the alignment."""
+    return len(plan.header) + sum(t.nbytes + padding(t.nbytes) for t in plan.tensors)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    plan: Plan
+    out: Path           # with {ftype} filled in, as convert would write it
+    replaces: bool      # an existing file at out would be replaced
+
+
+def dry_run(model_dir, out, options: Options) -> DryRun:
+    """What convert(model_dir, out, options) would write, decided exactly as convert decides it
+    (the same refusals), without reading tensor data or writing anything."""
+    model_dir = Path(model_dir)
+    plan = plan_conversion(model_dir, options)
+    target = templated_output(Path(out), out_type(options.outtype))
+    check_output_path(target, model_dir, plan.inputs)
+    return DryRun(plan, target, target.exists())
+
+
+def _planned_tensor_json(t: PlannedTensor, offset: int, data_start: int) -> dict:
+    row = tensor_json(t.name, GGML_TYPE_NAMES[t.ggml_type], t.dims, offset, data_start + offset, t.nbytes)
+    row["source"] = {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
+                     "file": t.source.path.name, "permuted": bool(t.permute_heads)}
+    return row
+
+
+def dry_run_json(d: DryRun, full: bool = False) -> dict:
+    """A dry run as one JSON object; "kvs" and "tensors" read as inspect_gguf_json of the output will."""
+    p = d.plan
+    data_start = len(p.header)
+    return {
+        "ok": True, "dry_run": True, "exit": 0, "out": str(d.out), "replaces": d.replaces,
+        "bytes": planned_size(p), "data_start": data_start, "general.name": p.name, "params": p.params,
+        "kv_count": len(p.kvs), "tensor_count": len(p.tensors),
+        "kvs": [kv_json(shown_planned_kv(kv), full) for kv in p.kvs],
+        "tensors": [_planned_tensor_json(t, o, data_start) for t, o in zip(p.tensors, tensor_offsets(p.tensors))],
+        "inputs": [f.name for f in p.inputs],
+    }
+
+
+def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
+    """A dry run for people; key and tensor lines read as inspect's of the output will."""
+    p = d.plan
+    data_start = len(p.header)
+    size = planned_size(p)
+    lines = [
+        f"dry run: would write {d.out}{' (replacing it)' if d.replaces else ''}: {size:,} bytes "
+        f"(header {data_start:,}, tensor data {size - data_start:,}); nothing was written",
+        f"general.name {p.name!r}, {p.params:,} parameters",
+        f"* {len(p.kvs)} key/value pairs",
+    ]
+    for n, kv in enumerate(p.kvs, 1):
+        shown = shown_planned_kv(kv)
+        label = f"[{shown.vtype[1]}]" if isinstance(shown.vtype, tuple) else shown.vtype
+        lines.append(f"  {n:5}: {label:10} {kv.key} = {_value_text(shown, full)}")
+    lines.append(f"* {len(p.tensors)} tensors (shape in ggml order, ne0 first)")
+    for n, (t, offset) in enumerate(zip(p.tensors, tensor_offsets(p.tensors)), 1):
+        src = t.source
+        lines.append(f"  {n:5}: {GGML_TYPE_NAMES[t.ggml_type]:7} {_shape_text(t.dims):24} {t.name}  "
+                     f"data+{offset} (file {data_start + offset}) {t.nbytes} bytes"
+                     f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
+                     f"{' Q/K rows permuted' if t.permute_heads else ''}")
+    lines.append(f"* {len(p.inputs)} inputs: {', '.join(f.name for f in p.inputs)}")
+    return lines
+
+
+# Verifying: a GGUF (and optionally the directory it came from) against the pin fork_json wrote.
+
+@dataclass(frozen=True)
+class Pin:
+    """What a FORK.json promises: the output file and every input file, by size and sha256."""
+    output: InputFile
+    inputs: tuple[InputFile, ...]
+    source: str
+
+
+def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
+    if not isinstance(entry, dict):
+        raise Refusal(f"{pin_name}: {where} must be an object")
+    name, size, sha = entry.get("name"), entry.get("bytes"), entry.get("sha256")
+    if not isinstance(name, str) or not _is_plain_file_name(name):
+        # A name with a path in it could make verify read outside the input directory.
+        raise Refusal(f"{pin_name}: {where} has no plain file name (got {name!r})")
+    if type(size) is not int or size < 0:
+        raise Refusal(f"{pin_name}: {where} ({name}) has no byte count (got {size!r})")
+    if (not isinstance(sha, str) or len(sha) != 64
+            or any(c not in "0123456789abcdef" for c in sha)):
+        raise Refusal(f"{pin_name}: {where} ({name}) has no sha256 of 64 lower-case hex digits (got {sha!r})")
+    return InputFile(name, size, sha)
+
+
+def read_pin(path) -> Pin:
+    """The pin in a FORK.json as fork_json writes it, or a Refusal saying what is wrong with it."""
+    path = Path(path)
+    doc = read_json_object(path)
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise Refusal(f"{path.name}: no \"inputs\" list; is this a FORK.json bankml_convert wrote?")
+    pinned = tuple(_pinned_file(e, f"inputs[{i}]", path.name) for i, e in enumerate(inputs))
+    names = [i.name for i in pinned]
+    if len(set(names)) != len(names):
+        raise Refusal(f"{path.name}: an input is listed twice")
+    source = doc.get("source")
+    return Pin(_pinned_file(doc.get("output"), "output", path.name), pinned,
+               source if isinstance(source, str) else "")
+
+
+def _output_checks(actual: InputFile, pinned: InputFile) -> list[tuple[bool, str]]:
+    named = "" if actual.name == pinned.name else f" (pinned as {pinned.name})"
+    return [
+        (actual.size == pinned.size,
+         f"size {actual.size} bytes{named}" if actual.size == pinned.size
+         else f"size: {actual.name} is {actual.size} bytes, the pin says {pinned.size}"),
+        (actual.sha256 == pinned.sha256,
+         f"sha256 {actual.sha256}{named}" if actual.sha256 == pinned.sha256
+         else f"sha256: {actual.name} is {actual.sha256}, the pin says {pinned.sha256}"),
+    ]
+
+
+def _input_check(inputs_dir: Path, pinned: InputFile) -> tuple[bool, str]:
+    path = inputs_dir / pinned.name
+    if not path.is_file():
+        return False, f"input {pinned.name}: missing from {inputs_dir}"
+    size = path.stat().st_size
+    if size != pinned.size:
+        # A different size settles it; hashing a large shard to say so again would only cost time.
+        return False, f"input {pinned.name}: {size} bytes, the pin says {pinned.size}"
+    actual = hash_file(path)
+    if actual.sha256 != pinned.sha256:
+        return False, f"input {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
+    return True, f"input {pinned.name} ({size} bytes, sha256 {actual.sha256})"
+
+
+def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str]:
+    """Files in the directory the converter would read that the pin does not list.
+
+    convert pins every small input present and every weight file it reads, so such a file means
+    the directory is not the one the pin was made from (an extra shard changes the output).
+    """
+    names = {p.name for p in pinned}
+    read = [n for n in _SMALL_INPUTS if (inputs_dir / n).is_file()]
+    try:
+        parts, index = model_part_names(inputs_dir)
+        read += parts + ([index.name] if index else [])
+    except Refusal:
+        pass  # the missing weight files are reported against the pin's own list
+    return [n for n in read if n not in names]
+
+
+def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]:
+    """One "ok ..." or "FAIL ..." line per check of a GGUF (and its inputs) against its pin, and
+    whether every check held. A pin or path that cannot be read is a Refusal."""
+    pin = read_pin(fork_json_path)
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise Refusal(f"{gguf_path} is not a file")
+    try:
+        checks = _output_checks(hash_file(gguf_path), pin.output)
+        if inputs_dir is not None:
+            inputs_dir = Path(inputs_dir)
+            if not inputs_dir.is_dir():
+                raise Refusal(f"--inputs {inputs_dir} is not a directory")
+            checks += [_input_check(inputs_dir, p) for p in pin.inputs]
+            checks += [(False, f"input {n}: in {inputs_dir} but not in the pin; the converter would "
+                               f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs)]
+    except OSError as e:
+        raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
+    return [("ok " if held else "FAIL ") + text for held, text in checks], all(h for h, _ in checks)
+
+
+# Diffing two GGUF files.
+
+def diff_files(a, b) -> tuple[list[str], int]:
+    """gguf_read's structural diff and the exit code: 0 identical, 1 different, 2 unreadable.
+
+    Identical bytes are identical whatever they hold; files that differ are unreadable when either
+    is not a GGUF the reader accepts, since the diff then cannot say what differs.
+    """
+    for p in (a, b):
+        if not Path(p).is_file():
+            raise Refusal(f"{p} is not a file")
+    try:
+        lines = diff_gguf(a, b)
+        if not lines:
+            return [], 0
+        for p in (a, b):
+            try:
+                read_gguf(p)
+            except GGUFError:
+                return lines, 2
+    except OSError as e:
+        raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
+    return lines, 1
+
+
+# --json results of convert: one JSON object on stdout, for programs that drive the converter.
+
+def report_json(report: Report, seconds: float, fork: Optional[Path] = None) -> str:
+    """A conversion's result as one line of JSON."""
+    doc = {
+        "ok": True, "exit": 0, "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
+        "tensors": report.tensors, "kv": report.kv, "params": report.params,
+        "general.name": report.name, "seconds": round(seconds, 3),
+        "fork": str(fork) if fork is not None else None,
+        "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
+        "tool": f"bankml_convert {__version__}", "reference": REFERENCE,
+    }
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def refusal_json(reason: str) -> str:
+    """A refusal as one line of JSON; the exit code is 2 as for every refusal."""
+    return json.dumps({"ok": False, "refusal": reason, "exit": 2}, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: `bankml_convert.py DIR -o OUT.gguf` converts; `inspect`, `verify` and `diff` look
+# at files. Exit codes: 0 ok, 1 verify/diff found a difference, 2 refused or unreadable.
+# ---------------------------------------------------------------------------------------------
+
+SUBCOMMANDS = ("inspect", "verify", "diff")
+
+
+def _prog() -> str:
+    # The console script is called bankml-convert; run as a file it is bankml_convert.py.
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "bankml-convert" if name == "bankml-convert" else "bankml_convert.py"
+
+
+def _commands_help(prog: str) -> str:
+    return f"""\
+commands:
+  DIR -o OUT.gguf           convert (the default command); --dry-run shows what it would write
+  inspect FILE|DIR          what a GGUF, a .safetensors file or a model directory holds
+  verify FILE FORK.json     a GGUF (and with --inputs DIR its inputs) against its pin
+  diff A.gguf B.gguf        where two GGUF files differ
+
+examples:
+  {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --fork smollm2-F16.gguf.FORK.json
+  {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --dry-run
+  {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --json
+  {prog} inspect smollm2-F16.gguf
+  {prog} inspect ./smollm2-135m-instruct --json
+  {prog} verify smollm2-F16.gguf smollm2-F16.gguf.FORK.json --inputs ./smollm2-135m-instruct
+  {prog} diff smollm2-F16.gguf llama-cpp-F16.gguf
+
+exit codes: 0 ok, 1 verify or diff found a difference, 2 refused or unreadable input.
+A model directory named like a command is given as a path: {prog} ./inspect -o OUT.gguf
+"""
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--outtype", default="f16", metavar="TYPE", help="output type: f16 (default)")
+    p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
+    p.add_argument("--ignore-model-card", action="store_true",
+                   help="convert although README.md has a model card (the result then differs from llama.cpp's)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The convert command's parser (the default when the first argument names no command)."""
+    prog = _prog()
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Convert a Hugging Face safetensors Llama directory to GGUF, byte-identical to "
+                    "llama.cpp's convert_hf_to_gguf.py, and pin it.",
+        epilog=_commands_help(prog))
+    p.add_argument("model_dir", metavar="DIR", help="the model directory (config.json, tokenizer, *.safetensors)")
+    p.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
+                   help="output file; {ftype} is filled in as llama.cpp does")
+    _add_options(p)
+    p.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
+    p.add_argument("--source", metavar="SRC", help="where the directory came from, recorded in the pin "
+                   "(default: the directory's canonical path)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="show every metadata key and tensor the conversion would write, and the output's "
+                        "size, without reading tensor data or writing anything")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout instead of the sha256 line (also for a refusal)")
+    p.add_argument("--version", action="version", version=f"bankml_convert {__version__} ({REFERENCE})")
+    return p
+
+
+def _command_parser() -> argparse.ArgumentParser:
+    """The parser of the inspect, verify and diff commands."""
+    prog = _prog()
+    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=_commands_help(prog))
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    i = sub.add_parser("inspect", help="what a GGUF, a .safetensors file or a model directory holds",
+                       description="Show a GGUF's header, metadata and tensor table; or a safetensors "
+                                   "file's tensors; or a model directory's tensors with the GGUF name "
+                                   "and type the converter gives each (or why it refuses the directory).",
+                       epilog=f"examples:\n  {prog} inspect model-F16.gguf --full\n"
+                              f"  {prog} inspect ./smollm2-135m-instruct --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("path", metavar="FILE|DIR")
+    i.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    i.add_argument("--full", action="store_true", help="long strings and arrays whole, not shortened")
+    _add_options(i)
+    v = sub.add_parser("verify", help="a GGUF (and its inputs) against its FORK.json pin",
+                       description="Check a GGUF's size and sha256 against the pin --fork wrote; with "
+                                   "--inputs, every pinned input file too. One ok/FAIL line per check; "
+                                   "exit 0 when all hold, 1 otherwise, 2 if the pin cannot be read.",
+                       epilog=f"example:\n  {prog} verify model-F16.gguf model-F16.gguf.FORK.json "
+                              f"--inputs ./smollm2-135m-instruct",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("gguf", metavar="FILE.gguf")
+    v.add_argument("fork", metavar="FORK.json")
+    v.add_argument("--inputs", metavar="DIR", help="the model directory: check every pinned input in it")
+    d = sub.add_parser("diff", help="where two GGUF files differ",
+                       description="Compare two GGUF files key by key and tensor by tensor; exit 0 when "
+                                   "byte-identical, 1 when they differ, 2 when one cannot be read.",
+                       epilog=f"example:\n  {prog} diff mine-F16.gguf llama-cpp-F16.gguf",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("a", metavar="A.gguf")
+    d.add_argument("b", metavar="B.gguf")
+    return p
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card)
+
+
+def _print_lines(lines: list[str]) -> None:
+    if lines:
+        print("\n".join(lines))
+
+
+def _print_json(doc: dict) -> None:
+    print(json.dumps(doc, ensure_ascii=False))
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    try:
+        if path.is_dir() or (path.suffix == ".safetensors" and not _looks_like_gguf(path)):
+            result = inspect_dir_json(path, _options(args)) if args.json else inspect_dir_lines(path, _options(args))
+        else:
+            result = inspect_gguf_json(path, args.full) if args.json else inspect_gguf_lines(path, args.full)
+    except (GGUFError, Refusal, OSError) as e:
+        return _failed("inspect", f"{path}: {_reason(e)}", args.json)
+    _print_json(result) if args.json else _print_lines(result)
+    return 0
+
+
+def _looks_like_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, Refusal):
+        return e.reason
+    if isinstance(e, OSError):
+        return f"cannot read: {e.strerror or e}"
+    return str(e)
+
+
+def _failed(command: str, reason: str, as_json: bool = False) -> int:
+    print(f"bankml {command}: {'refuse' if command == 'convert' else 'error'}: {reason}", file=sys.stderr)
+    if as_json:
+        print(refusal_json(reason))
+    return 2
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        lines, held = verify(args.gguf, args.fork, args.inputs)
+    except Refusal as e:
+        return _failed("verify", e.reason)
+    _print_lines(lines)
+    return 0 if held else 1
+
+
+def _diff(args: argparse.Namespace) -> int:
+    try:
+        lines, code = diff_files(args.a, args.b)
+    except Refusal as e:
+        return _failed("diff", e.reason)
+    _print_lines(lines or ["identical"])
+    return code
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import signal
+
+    def interrupted(signum, frame):
+        raise _Interrupted(signum)
+    # Restored afterwards, so that main() called from a program leaves its handlers as they were.
+    saved = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    started = time.monotonic()
+    fork = Path(args.fork) if args.fork else None
+    try:
+        if fork is not None:
+            _check_pin_path(fork)
+        if args.dry_run:
+            planned = dry_run(args.model_dir, args.outfile, _options(args))
+            _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
+            return 0
+        report = convert(args.model_dir, args.outfile, _options(args))
+        if fork is not None:
+            source = args.source or str(Path(args.model_dir).resolve())
+            _write_text_atomically(fork, fork_json(report, source))
+    except Refusal as e:
+        return _failed("convert", e.reason, args.json)
+    except _Interrupted as e:
+        print(f"bankml convert: interrupted by signal {e.signum}; nothing was written", file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if args.json:
+        print(report_json(report, time.monotonic() - started, fork))
+    else:
+        print(f"{report.sha256}  {report.out}")
+    print(_summary(report), file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (argparse exits 2 itself on a usage error)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            args = _command_parser().parse_args(argv)
+            return {"inspect": _inspect, "verify": _verify, "diff": _diff}[args.command](args)
+        return _convert(_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        print("bankml: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `inspect big.gguf | head` closes the pipe early; stop quietly, as a C tool killed by
+        # SIGPIPE would, instead of a traceback at exit when Python flushes stdout again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
+
 
 class _Interrupted(BaseException):
     def __init__(self, signum: int):
         self.signum = signum
 
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bankml_convert.py",
-        description="Convert a Hugging Face safetensors Llama directory to GGUF, byte-identical to "
-                    "llama.cpp's convert_hf_to_gguf.py, and pin it.",
-        epilog="example: python3 bankml_convert.py ./smollm2-135m-instruct -o smollm2-F16.gguf "
-               "--fork smollm2-F16.gguf.FORK.json")
-    p.add_argument("model_dir", metavar="DIR", help="the model directory (config.json, tokenizer, *.safetensors)")
-    p.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
-                   help="output file; {ftype} is filled in as llama.cpp does")
-    p.add_argument("--outtype", default="f16", metavar="TYPE", help="output type: f16 (default)")
-    p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
-    p.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
-    p.add_argument("--source", metavar="SRC", help="where the directory came from, recorded in the pin "
-                   "(default: the directory's canonical path)")
-    p.add_argument("--ignore-model-card", action="store_true",
-                   help="convert although README.md has a model card (the result then differs from llama.cpp's)")
-    p.add_argument("--version", action="version", version=f"bankml_convert {__version__} ({REFERENCE})")
-    return p
-
-
 def _summary(r: Report) -> str:
     return (f"bankml convert: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, "
             f"{r.params:,} parameters, {r.bytes:,} bytes -> {r.out}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    import signal
-
-    def interrupted(signum, frame):
-        raise _Interrupted(signum)
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGINT, interrupted)
-    options = Options(outtype=args.outtype, model_name=args.model_name,
-                      ignore_model_card=args.ignore_model_card)
-    try:
-        if args.fork:
-            _check_pin_path(Path(args.fork))
-        report = convert(args.model_dir, args.outfile, options)
-        if args.fork:
-            source = args.source or str(Path(args.model_dir).resolve())
-            _write_text_atomically(Path(args.fork), fork_json(report, source))
-    except Refusal as e:
-        print(f"bankml convert: refuse: {e.reason}", file=sys.stderr)
-        return 2
-    except _Interrupted as e:
-        print(f"bankml convert: interrupted by signal {e.signum}; nothing was written", file=sys.stderr)
-        return 128 + e.signum
-    print(f"{report.sha256}  {report.out}")
-    print(_summary(report), file=sys.stderr)
-    return 0
-
 
 def _check_pin_path(path: Path) -> None:
     # Checked before converting, so a pin that cannot be written does not leave a GGUF without one.
@@ -2615,7 +4004,6 @@ def _check_pin_path(path: Path) -> None:
         raise Refusal(f"the pin's directory {parent} does not exist")
     if path.is_dir():
         raise Refusal(f"the pin {path} is a directory")
-
 
 def _write_text_atomically(path: Path, text: str) -> None:
     part = path.with_name(path.name + ".part")

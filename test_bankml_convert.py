@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import json
+import random
 import os
 import shutil
 import signal
@@ -21,7 +22,10 @@ import sys
 import tempfile
 import time
 import unittest
+from array import array
+from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent
 ORACLE = ROOT / "oracle"
@@ -984,13 +988,1157 @@ class VocabRefusals(VocabCaseDirs):
         self.assert_refused(d, "named chat templates")
 
 
+# ---------------------------------------------------------------------------------------------
+# Around the file: inspect, verify, diff, --dry-run and --json, driven through main() in-process.
+# ---------------------------------------------------------------------------------------------
+
+TOOL_SCRIPT = ROOT / "bankml_convert.py"
+EXAMPLE = ROOT / "example" / "smollm2-tiny"
+
+
+class Result(NamedTuple):
+    code: int
+    out: str
+    err: str
+
+
+def cli(*args) -> Result:
+    """main(args) in-process: its exit code (argparse's SystemExit included), stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = bc.main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def listing(*dirs: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for d in dirs for p in d.rglob("*"))
+
+
+class AroundWorkspace(unittest.TestCase):
+    """A temporary folder per class holding the example converted once, with its pin."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="bankml-around-")
+        cls.tmp = Path(cls._tmp.name)
+        cls.gguf = cls.tmp / "smollm2-tiny-F16.gguf"
+        cls.pin = cls.tmp / "smollm2-tiny-F16.gguf.FORK.json"
+        cls.report = bc.convert(EXAMPLE, cls.gguf, bc.Options())
+        cls.pin.write_text(bc.fork_json(cls.report, "example"), encoding="utf-8")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def example(self) -> Path:
+        """A fresh copy of the example directory, to modify."""
+        return Path(shutil.copytree(EXAMPLE, Path(tempfile.mkdtemp(dir=self.tmp)) / EXAMPLE.name))
+
+    def copy_of_output(self) -> Path:
+        return Path(shutil.copy(self.gguf, Path(tempfile.mkdtemp(dir=self.tmp)) / self.gguf.name))
+
+    def assertOneLineError(self, r: Result, fragment: str):
+        """Exit 2 with a single stderr line naming the reason; no traceback."""
+        self.assertEqual(r.code, 2, r)
+        self.assertIn(fragment, r.err)
+        self.assertEqual(len(r.err.strip().splitlines()), 1, r.err)
+        self.assertNotIn("Traceback", r.err)
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect
+# ---------------------------------------------------------------------------------------------
+
+class InspectCommand(AroundWorkspace):
+    def test_inspect_lists_every_key_and_tensor_of_a_converted_file(self):
+        r = cli("inspect", self.gguf)
+        self.assertEqual(r.code, 0, r.err)
+        lines = r.out.splitlines()
+        kv_lines = [l for l in lines if " = " in l]
+        tensor_lines = [l for l in lines if " bytes" in l and "data+" in l]
+        self.assertEqual(len(kv_lines), self.report.kv)
+        self.assertEqual(len(tensor_lines), self.report.tensors)
+        self.assertTrue(any("general.name = 'Smollm2 Tiny'" in l for l in kv_lines))
+
+    def test_inspect_json_is_one_object_with_every_key_and_tensor(self):
+        r = cli("inspect", self.gguf, "--json")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(len(r.out.splitlines()), 1)
+        doc = json.loads(r.out)
+        self.assertEqual((doc["kv_count"], len(doc["kvs"])), (self.report.kv, self.report.kv))
+        self.assertEqual((doc["tensor_count"], len(doc["tensors"])), (self.report.tensors, self.report.tensors))
+        self.assertEqual(doc["bytes"], self.report.bytes)
+        self.assertEqual(doc["trailing_bytes"], 0)
+
+    def test_inspect_shortens_long_arrays_unless_full(self):
+        tokens = lambda doc: next(k for k in doc["kvs"] if k["key"] == "tokenizer.ggml.tokens")
+        short = tokens(json.loads(cli("inspect", self.gguf, "--json").out))
+        whole = tokens(json.loads(cli("inspect", self.gguf, "--json", "--full").out))
+        self.assertEqual((short["type"], short["element_type"]), ("ARRAY", "STRING"))
+        self.assertTrue(short["truncated"])
+        self.assertEqual(len(short["value"]), bc.SHOWN_ELEMENTS)
+        self.assertFalse(whole["truncated"])
+        self.assertEqual(len(whole["value"]), whole["length"])
+        self.assertEqual(whole["value"][:bc.SHOWN_ELEMENTS], short["value"])
+
+    def test_inspect_of_a_directory_names_the_gguf_tensors(self):
+        r = cli("inspect", EXAMPLE)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("converts to 'Smollm2 Tiny'", r.out)
+        self.assertIn("model.embed_tokens.weight  (model.safetensors)  -> token_embd.weight F16", r.out)
+        self.assertIn("-> blk.0.attn_q.weight F16 [32, 32] (Q/K rows permuted)", r.out)
+
+    def test_inspect_of_a_directory_as_json_gives_each_tensor_its_gguf_name_and_type(self):
+        doc = json.loads(cli("inspect", EXAMPLE, "--json").out)
+        self.assertTrue(doc["converts"])
+        got = {t["gguf_name"]: t["gguf_type"] for t in doc["tensors"]}
+        written = {t["name"]: t["type"] for t in json.loads(cli("inspect", self.gguf, "--json").out)["tensors"]}
+        self.assertEqual(got, written)
+        self.assertEqual(doc["bytes"], self.report.bytes)
+
+    def test_inspect_of_a_refused_directory_gives_the_reason_and_the_raw_tensors(self):
+        d = self.example()
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        config["mlp_bias"] = True
+        (d / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        r = cli("inspect", d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("refuse: config.json sets mlp_bias: true", r.out)
+        self.assertIn("model.embed_tokens.weight", r.out)
+        doc = json.loads(cli("inspect", d, "--json").out)
+        self.assertFalse(doc["converts"])
+        self.assertIn("mlp_bias", doc["refusal"])
+        self.assertEqual(doc["tensor_count"], self.report.tensors)
+
+    def test_inspect_of_a_safetensors_file_lists_dtypes_and_shapes(self):
+        doc = json.loads(cli("inspect", EXAMPLE / "model.safetensors", "--json").out)
+        self.assertEqual(doc["format"], "safetensors")
+        self.assertIsNone(doc["refusal"])
+        self.assertEqual(doc["dtypes"], {"BF16": self.report.tensors})
+        embed = next(t for t in doc["tensors"] if t["name"] == "model.embed_tokens.weight")
+        self.assertEqual(embed["shape"], [49152, 32])
+
+    def test_inspect_of_a_file_that_is_not_gguf_is_one_line_and_exit_2(self):
+        self.assertOneLineError(cli("inspect", self.pin), "bad magic")
+
+    def test_inspect_of_a_missing_file_is_one_line_and_exit_2(self):
+        self.assertOneLineError(cli("inspect", self.tmp / "nothing.gguf"), "cannot read")
+
+
+# ---------------------------------------------------------------------------------------------
+# verify
+# ---------------------------------------------------------------------------------------------
+
+class VerifyCommand(AroundWorkspace):
+    def test_verify_of_the_pinned_file_holds(self):
+        r = cli("verify", self.gguf, self.pin)
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual([l.split()[:2] for l in r.out.splitlines()], [["ok", "size"], ["ok", "sha256"]])
+
+    def test_verify_of_a_file_with_one_byte_flipped_fails_naming_sha256(self):
+        tampered = self.copy_of_output()
+        flip_byte(tampered, self.report.bytes // 2)
+        r = cli("verify", tampered, self.pin)
+        self.assertEqual(r.code, 1, r)
+        self.assertIn("FAIL sha256", r.out)
+        self.assertIn(self.report.sha256, r.out)
+        self.assertIn("ok size", r.out)
+
+    def test_verify_of_a_truncated_file_fails_naming_size(self):
+        short = self.copy_of_output()
+        with open(short, "r+b") as f:
+            f.truncate(self.report.bytes - 32)
+        r = cli("verify", short, self.pin)
+        self.assertEqual(r.code, 1)
+        self.assertIn("FAIL size", r.out)
+
+    def test_verify_with_the_source_directory_holds_for_every_input(self):
+        r = cli("verify", self.gguf, self.pin, "--inputs", EXAMPLE)
+        self.assertEqual(r.code, 0, r)
+        for i in self.report.inputs:
+            self.assertIn(f"ok input {i.name}", r.out)
+
+    def test_verify_with_a_modified_input_fails_naming_the_file(self):
+        d = self.example()
+        flip_byte(d / "tokenizer_config.json", 10)
+        r = cli("verify", self.gguf, self.pin, "--inputs", d)
+        self.assertEqual(r.code, 1, r)
+        self.assertIn("FAIL input tokenizer_config.json: sha256", r.out)
+        self.assertIn("ok input config.json", r.out)
+
+    def test_verify_with_a_resized_input_fails_naming_its_size(self):
+        d = self.example()
+        with open(d / "config.json", "a", encoding="utf-8") as f:
+            f.write("\n")
+        r = cli("verify", self.gguf, self.pin, "--inputs", d)
+        self.assertEqual(r.code, 1)
+        self.assertIn("FAIL input config.json:", r.out)
+        self.assertIn("bytes, the pin says", r.out)
+
+    def test_verify_with_a_missing_input_fails(self):
+        d = self.example()
+        (d / "generation_config.json").unlink()
+        r = cli("verify", self.gguf, self.pin, "--inputs", d)
+        self.assertEqual(r.code, 1)
+        self.assertIn("FAIL input generation_config.json: missing", r.out)
+
+    def test_verify_with_an_input_the_pin_does_not_list_fails(self):
+        d = self.example()
+        shutil.copy(d / "model.safetensors", d / "model-extra.safetensors")
+        r = cli("verify", self.gguf, self.pin, "--inputs", d)
+        self.assertEqual(r.code, 1)
+        self.assertIn("FAIL input model-extra.safetensors: in", r.out)
+
+    def test_a_malformed_pin_is_one_line_and_exit_2(self):
+        bad = self.tmp / "bad.FORK.json"
+        pin = json.loads(self.pin.read_text(encoding="utf-8"))
+        pin["output"]["sha256"] = "not-a-sha"
+        bad.write_text(json.dumps(pin), encoding="utf-8")
+        self.assertOneLineError(cli("verify", self.gguf, bad), "sha256 of 64")
+
+    def test_a_pin_that_is_not_json_is_one_line_and_exit_2(self):
+        self.assertOneLineError(cli("verify", self.gguf, EXAMPLE / "merges.txt"), "not valid JSON")
+
+    def test_a_pin_naming_a_path_outside_the_directory_is_refused(self):
+        bad = self.tmp / "escape.FORK.json"
+        pin = json.loads(self.pin.read_text(encoding="utf-8"))
+        pin["inputs"][0]["name"] = "../config.json"
+        bad.write_text(json.dumps(pin), encoding="utf-8")
+        self.assertOneLineError(cli("verify", self.gguf, bad, "--inputs", EXAMPLE), "plain file name")
+
+
+# ---------------------------------------------------------------------------------------------
+# diff
+# ---------------------------------------------------------------------------------------------
+
+class DiffCommand(AroundWorkspace):
+    def test_identical_files_exit_0(self):
+        r = cli("diff", self.gguf, self.copy_of_output())
+        self.assertEqual((r.code, r.out), (0, "identical\n"))
+
+    def test_a_one_byte_change_exits_1_naming_the_tensor_and_offset(self):
+        changed = self.copy_of_output()
+        embd = next(t for t in bc.inspect_gguf_json(self.gguf)["tensors"] if t["name"] == "token_embd.weight")
+        at = embd["file_offset"] + 100
+        flip_byte(changed, at)
+        r = cli("diff", self.gguf, changed)
+        self.assertEqual(r.code, 1, r)
+        self.assertIn("tensor 'token_embd.weight'", r.out)
+        self.assertIn(f"file byte {at}", r.out)
+
+    def test_a_file_that_is_not_gguf_exits_2(self):
+        r = cli("diff", self.gguf, self.pin)
+        self.assertEqual(r.code, 2)
+        self.assertIn("not a readable GGUF", r.out)
+
+    def test_a_missing_file_is_one_line_and_exit_2(self):
+        self.assertOneLineError(cli("diff", self.gguf, self.tmp / "absent.gguf"), "absent.gguf")
+
+
+# ---------------------------------------------------------------------------------------------
+# convert --dry-run
+# ---------------------------------------------------------------------------------------------
+
+class DryRunCommand(AroundWorkspace):
+    def test_dry_run_writes_nothing(self):
+        d = self.example()
+        out_dir = Path(tempfile.mkdtemp(dir=self.tmp))
+        before = listing(d, out_dir)
+        r = cli(d, "-o", out_dir / "x.gguf", "--fork", out_dir / "x.FORK.json", "--dry-run")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(listing(d, out_dir), before)
+        self.assertIn("nothing was written", r.out)
+
+    def test_dry_run_predicts_the_output_size(self):
+        doc = json.loads(cli(EXAMPLE, "-o", self.tmp / "never.gguf", "--dry-run", "--json").out)
+        self.assertEqual(doc["bytes"], self.gguf.stat().st_size)
+        self.assertEqual(doc["bytes"], GOLDEN["example"]["bytes"])
+
+    def test_dry_run_keys_and_tensors_read_as_inspect_of_the_output(self):
+        planned = bc.dry_run_json(bc.dry_run(EXAMPLE, self.tmp / "never.gguf", bc.Options()), full=True)
+        written = bc.inspect_gguf_json(self.gguf, full=True)
+        self.assertEqual(planned["kvs"], written["kvs"])
+        self.assertEqual([{k: v for k, v in t.items() if k != "source"} for t in planned["tensors"]],
+                         written["tensors"])
+        self.assertEqual(planned["data_start"], written["data_start"])
+
+    def test_dry_run_lines_show_every_key_as_inspect_does(self):
+        planned = cli(EXAMPLE, "-o", self.tmp / "never.gguf", "--dry-run").out.splitlines()
+        written = cli("inspect", self.gguf).out.splitlines()
+        keys = lambda lines: [l for l in lines if " = " in l]
+        self.assertEqual(keys(planned), keys(written))
+
+    def test_dry_run_refuses_as_convert_does(self):
+        d = self.example()
+        (d / "tokenizer.json").unlink()
+        r = cli(d, "-o", self.tmp / "never.gguf", "--dry-run")
+        self.assertEqual(r.code, 2)
+        self.assertIn("bankml convert: refuse: no tokenizer.json", r.err)
+        self.assertEqual(r.out, "")
+
+
+# ---------------------------------------------------------------------------------------------
+# convert --json, help and dispatch
+# ---------------------------------------------------------------------------------------------
+
+class AroundCommandLine(AroundWorkspace):
+    def test_json_on_success_is_one_object_with_the_sha256(self):
+        out = self.tmp / "json.gguf"
+        r = cli(EXAMPLE, "-o", out, "--json")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(len(r.out.splitlines()), 1)
+        doc = json.loads(r.out)
+        self.assertEqual((doc["ok"], doc["exit"], doc["sha256"], doc["bytes"]),
+                         (True, 0, self.report.sha256, self.report.bytes))
+        self.assertEqual(doc["out"], str(out))
+        self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
+        self.assertGreaterEqual(doc["seconds"], 0)
+        out.unlink()
+
+    def test_json_on_refusal_is_one_object_with_the_reason(self):
+        d = self.example()
+        (d / "config.json").unlink()
+        r = cli(d, "-o", self.tmp / "refused.gguf", "--json")
+        self.assertEqual(r.code, 2)
+        doc = json.loads(r.out)
+        self.assertEqual((doc["ok"], doc["exit"]), (False, 2))
+        self.assertIn("no config.json", doc["refusal"])
+        self.assertFalse((self.tmp / "refused.gguf").exists())
+
+    def test_plain_convert_prints_the_sha256_line_as_before(self):
+        out = self.tmp / "plain.gguf"
+        r = cli(EXAMPLE, "-o", out)
+        self.assertEqual((r.code, r.out), (0, f"{self.report.sha256}  {out}\n"))
+        self.assertIn("bankml convert: 'Smollm2 Tiny'", r.err)
+        out.unlink()
+
+    def test_help_lists_every_command_with_an_example(self):
+        r = cli("--help")
+        self.assertEqual(r.code, 0)
+        for command in ("inspect", "verify", "diff"):
+            self.assertIn(f"  {command} ", r.out)
+            self.assertIn(f".py {command} ", r.out)
+        self.assertIn("--dry-run", r.out)
+        self.assertIn("--json", r.out)
+
+    def test_each_command_has_its_own_help(self):
+        for command in ("inspect", "verify", "diff"):
+            r = cli(command, "--help")
+            self.assertEqual(r.code, 0, command)
+            self.assertIn("example", r.out)
+
+    def test_a_directory_named_like_a_command_converts_when_given_as_a_path(self):
+        work = Path(tempfile.mkdtemp(dir=self.tmp))
+        shutil.copytree(EXAMPLE, work / "inspect")
+        p = subprocess.run([sys.executable, str(TOOL_SCRIPT), "./inspect", "-o", "out.gguf"], cwd=work,
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue((work / "out.gguf").is_file())
+
+    def test_a_usage_error_exits_2(self):
+        self.assertEqual(cli("verify", self.gguf).code, 2)
+
+    def test_main_leaves_the_signal_handlers_as_they_were(self):
+        before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        out = self.tmp / "signals.gguf"
+        self.assertEqual(cli(EXAMPLE, "-o", out).code, 0)
+        self.assertEqual((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)), before)
+        out.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading GGUF: the untrusted-input reader, its listing and its diff, on files built here.
+# ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny GGUF writer: raw pieces, so the refusal tests can build files gguf-py would never write.
+# Values are given with their type name, arrays as ("array", element type name).
+
+
+def pack_str(s: str | bytes) -> bytes:
+    raw = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def pack_payload(vtype, value) -> bytes:
+    if isinstance(vtype, tuple):
+        elem = vtype[1]
+        body = b"".join(pack_payload(elem, v) for v in value)
+        return struct.pack("<IQ", bc.VALUE_TYPE_CODES[elem], len(value)) + body
+    if vtype == "STRING":
+        return pack_str(value)
+    return struct.pack("<" + bc.SCALAR_FORMATS[vtype], value)
+
+
+def pack_kv(key, vtype, value) -> bytes:
+    code = bc.VALUE_TYPE_CODES["ARRAY" if isinstance(vtype, tuple) else vtype]
+    return pack_str(key) + struct.pack("<I", code) + pack_payload(vtype, value)
+
+
+def pack_tensor_info(name, dims, type_name, offset) -> bytes:
+    code = bc.GGML_TYPE_BY_NAME[type_name][0] if isinstance(type_name, str) else type_name
+    return (pack_str(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+            + struct.pack("<IQ", code, offset))
+
+
+def pad_to(blob: bytes, alignment: int) -> bytes:
+    return blob + bytes(bc.ggml_pad(len(blob), alignment) - len(blob))
+
+
+def gguf_bytes(kvs=(), tensors=(), alignment=32, version=3, magic=b"GGUF", raw_kvs=b"",
+               n_kv=None, offsets=None) -> bytes:
+    """kvs: (key, vtype, value); tensors: (name, dims, ggml type, data bytes)."""
+    kv_blob = b"".join(pack_kv(*kv) for kv in kvs) + raw_kvs
+    infos, data, offset = b"", b"", 0
+    for i, (name, dims, type_name, payload) in enumerate(tensors):
+        at = offsets[i] if offsets else offset
+        infos += pack_tensor_info(name, dims, type_name, at)
+        data += pad_to(payload, alignment)
+        offset += bc.ggml_pad(len(payload), alignment)
+    count = len(kvs) if n_kv is None else n_kv
+    head = magic + struct.pack("<IQQ", version, len(tensors), count) + kv_blob + infos
+    return pad_to(head, alignment) + data
+
+
+def f32s(*xs) -> bytes:
+    return struct.pack(f"<{len(xs)}f", *xs)
+
+
+def f16s(*xs) -> bytes:
+    return struct.pack(f"<{len(xs)}e", *xs)
+
+
+EVERY_SCALAR = [
+    ("t.u8", "UINT8", 200), ("t.i8", "INT8", -100), ("t.u16", "UINT16", 60000), ("t.i16", "INT16", -30000),
+    ("t.u32", "UINT32", 4000000000), ("t.i32", "INT32", -2000000000), ("t.f32", "FLOAT32", 0.5),
+    ("t.bool", "BOOL", True), ("t.str", "STRING", "héllo ✓"), ("t.u64", "UINT64", 2**64 - 1),
+    ("t.i64", "INT64", -2**63), ("t.f64", "FLOAT64", 1e-300),
+]
+EVERY_ARRAY = [
+    ("a.u8", ("array", "UINT8"), [0, 255]), ("a.i8", ("array", "INT8"), [-128, 127]),
+    ("a.u16", ("array", "UINT16"), [1, 65535]), ("a.i16", ("array", "INT16"), [-1, 2]),
+    ("a.u32", ("array", "UINT32"), [7]), ("a.i32", ("array", "INT32"), [-5, 6, 7]),
+    ("a.f32", ("array", "FLOAT32"), [1.5, -2.25]), ("a.bool", ("array", "BOOL"), [False, True]),
+    ("a.str", ("array", "STRING"), ["a", "", "ü"]), ("a.u64", ("array", "UINT64"), [2**63]),
+    ("a.i64", ("array", "INT64"), [-1]), ("a.f64", ("array", "FLOAT64"), [0.1]),
+    ("a.empty", ("array", "INT32"), []),
+]
+Q8_BLOCK = f16s(0.25) + bytes(range(32))
+SMALL_TENSORS = [
+    ("w.f32", [3, 2], "F32", f32s(1, 2, 3, 4, 5, 6)),
+    ("w.f16", [4], "F16", f16s(1, -1, 0.5, 2)),
+    ("w.q8", [32, 2], "Q8_0", Q8_BLOCK + Q8_BLOCK[::-1]),
+]
+
+
+def small_file() -> bytes:
+    return gguf_bytes([("general.architecture", "STRING", "llama"), ("x.n", "UINT32", 7),
+                       ("x.toks", ("array", "STRING"), ["<s>", "ab"])], SMALL_TENSORS)
+
+
+def refusal(test: unittest.TestCase, blob: bytes, *fragments: str) -> str:
+    with test.assertRaises(bc.GGUFError) as ctx:
+        bc.parse_gguf(blob, len(blob))
+    message = str(ctx.exception)
+    test.assertIn("at byte", message)
+    for fragment in fragments:
+        test.assertIn(fragment, message)
+    return message
+
+
+class TempDirCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory()
+        self.dir = self._tmp.name
+
+    def tearDown(self) -> None:
+        self._tmp.cleanup()
+
+    def write(self, name: str, blob: bytes) -> str:
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as fh:
+            fh.write(blob)
+        return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: values and tensor infos come back as written.
+
+class ReadTest(TempDirCase):
+    def test_every_scalar_type_round_trips(self):
+        f = bc.read_gguf(self.write("s.gguf", gguf_bytes(EVERY_SCALAR)))
+        self.assertEqual([(kv.key, kv.vtype, kv.value) for kv in f.kvs], EVERY_SCALAR)
+
+    def test_every_array_type_round_trips(self):
+        f = bc.read_gguf(self.write("a.gguf", gguf_bytes(EVERY_ARRAY)))
+        self.assertEqual([(kv.key, kv.vtype, kv.value) for kv in f.kvs], EVERY_ARRAY)
+
+    def test_kv_offsets_and_sizes_cover_their_records(self):
+        blob = gguf_bytes(EVERY_SCALAR)
+        f = bc.parse_gguf(blob, len(blob))
+        for kv, (key, vtype, value) in zip(f.kvs, EVERY_SCALAR):
+            self.assertEqual(blob[kv.offset:kv.offset + kv.nbytes], pack_kv(key, vtype, value))
+
+    def test_tensor_infos_are_read_with_their_layout(self):
+        blob = small_file()
+        f = bc.parse_gguf(blob, len(blob))
+        self.assertEqual([(t.name, t.dims, t.ggml_type, t.offset_in_data, t.nbytes) for t in f.tensors],
+                         [("w.f32", [3, 2], "F32", 0, 24), ("w.f16", [4], "F16", 32, 8),
+                          ("w.q8", [32, 2], "Q8_0", 64, 68)])
+        self.assertEqual(f.data_start % 32, 0)
+        for t, (_, _, _, payload) in zip(f.tensors, SMALL_TENSORS):
+            self.assertEqual(blob[t.file_offset:t.file_offset + t.nbytes], payload)
+        self.assertEqual(f.data_end, f.file_size)
+
+    def test_custom_alignment_is_used_for_the_data_section(self):
+        blob = gguf_bytes([("general.alignment", "UINT32", 64)], SMALL_TENSORS, alignment=64)
+        f = bc.parse_gguf(blob, len(blob))
+        self.assertEqual((f.alignment, f.data_start % 64, f.tensors[1].offset_in_data), (64, 0, 64))
+
+    def test_file_without_tensors_is_read(self):
+        f = bc.read_gguf(self.write("e.gguf", gguf_bytes([("k", "UINT8", 1)])))
+        self.assertEqual((len(f.kvs), f.tensors), (1, []))
+
+    def test_describe_lists_every_kv_and_tensor(self):
+        blob = small_file()
+        text = "\n".join(bc.describe_gguf(bc.parse_gguf(blob, len(blob))))
+        for needle in ("general.architecture", "'llama'", "[STRING]", "w.q8", "Q8_0", "[32, 2]", "68 bytes"):
+            self.assertIn(needle, text)
+
+    def test_describe_shortens_long_values_unless_full(self):
+        blob = gguf_bytes([("long", ("array", "INT32"), list(range(100))), ("s", "STRING", "x" * 500)])
+        f = bc.parse_gguf(blob, len(blob))
+        short, full = "\n".join(bc.describe_gguf(f)), "\n".join(bc.describe_gguf(f, full=True))
+        self.assertIn("[0, 1, 2, 3, 4, 5, ...] (100 elements)", short)
+        self.assertIn("98, 99] (100 elements)", full)
+        self.assertIn("'" + "x" * 500 + "'", full)
+        self.assertNotIn("x" * 100, short)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: each malformed file raises GGUFError naming the reason and the offset.
+
+class RefusalTest(TempDirCase):
+    def test_bad_magic_is_refused(self):
+        refusal(self, gguf_bytes(magic=b"GGUX"), "bad magic")
+
+    def test_version_2_is_refused_naming_it(self):
+        refusal(self, gguf_bytes(version=2), "version 2", "only version 3")
+
+    def test_big_endian_file_is_refused_as_such(self):
+        blob = gguf_bytes()
+        blob = blob[:4] + struct.pack(">I", 3) + blob[8:]
+        refusal(self, blob, "big-endian")
+
+    def test_empty_file_is_refused(self):
+        with self.assertRaises(bc.GGUFError):
+            bc.read_gguf(self.write("empty.gguf", b""))
+
+    def test_truncation_at_every_length_raises_gguf_error(self):
+        blob = small_file()
+        for n in range(len(blob)):
+            with self.subTest(length=n), self.assertRaises(bc.GGUFError):
+                bc.parse_gguf(blob[:n], n)
+
+    def test_truncated_file_on_disk_raises_gguf_error(self):
+        blob = small_file()
+        for n in (0, 3, 23, len(blob) // 2, len(blob) - 1):
+            with self.subTest(length=n), self.assertRaises(bc.GGUFError):
+                bc.read_gguf(self.write("t.gguf", blob[:n]))
+
+    def test_any_single_byte_change_reads_or_raises_gguf_error(self):
+        blob = small_file()
+        for i in range(len(blob)):
+            for v in (0x00, 0x01, 0x80, 0xFF):
+                mutated = blob[:i] + bytes([v]) + blob[i + 1:]
+                try:
+                    bc.parse_gguf(mutated, len(mutated))
+                except bc.GGUFError:
+                    pass
+
+    def test_huge_kv_count_is_refused_before_reading(self):
+        refusal(self, gguf_bytes(n_kv=2**63), "truncated kv section")
+
+    def test_huge_tensor_count_is_refused_before_reading(self):
+        blob = b"GGUF" + struct.pack("<IQQ", 3, 2**64 - 1, 0)
+        refusal(self, blob, "truncated tensor info")
+
+    def test_huge_string_length_is_refused(self):
+        raw = struct.pack("<Q", 2**40) + b"k"
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "exceeds gguf's maximum")
+
+    def test_string_longer_than_the_file_is_refused(self):
+        raw = struct.pack("<Q", 1000) + b"key"
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "truncated kv key")
+
+    def test_huge_array_length_is_refused(self):
+        raw = pack_str("k") + struct.pack("<IIQ", 9, 4, 2**62)
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "array length")
+
+    def test_array_longer_than_the_file_is_refused(self):
+        raw = pack_str("k") + struct.pack("<IIQ", 9, 8, 1000) + pack_str("a")
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "truncated kv 'k'")
+
+    def test_unknown_value_type_is_refused(self):
+        raw = pack_str("k") + struct.pack("<I", 13) + bytes(8)
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "unknown value type 13")
+
+    def test_unknown_array_element_type_is_refused(self):
+        raw = pack_str("k") + struct.pack("<IIQ", 9, 99, 1) + bytes(8)
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "unknown array element type 99")
+
+    def test_array_of_arrays_is_refused(self):
+        raw = pack_str("k") + struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 4, 1) + bytes(4)
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "array of arrays")
+
+    def test_bool_byte_other_than_0_or_1_is_refused(self):
+        raw = pack_str("k") + struct.pack("<IB", 7, 2)
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "bool byte 2")
+
+    def test_non_utf8_key_is_refused(self):
+        raw = pack_str(b"k\xff") + struct.pack("<IB", 0, 1)
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "kv key is not valid UTF-8")
+
+    def test_non_utf8_string_value_is_refused(self):
+        raw = pack_str("k") + struct.pack("<I", 8) + pack_str(b"\xc3(")
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "not valid UTF-8")
+
+    def test_non_utf8_tensor_name_is_refused(self):
+        blob = gguf_bytes(tensors=[(b"w\xfe", [1], "F32", f32s(1))])
+        refusal(self, blob, "tensor name is not valid UTF-8")
+
+    def test_empty_key_is_refused(self):
+        refusal(self, gguf_bytes([("", "UINT8", 1)]), "empty kv key")
+
+    def test_duplicate_key_is_refused(self):
+        refusal(self, gguf_bytes([("k", "UINT8", 1), ("k", "UINT8", 2)]), "duplicate kv key 'k'")
+
+    def test_duplicate_tensor_name_is_refused(self):
+        blob = gguf_bytes(tensors=[("w", [1], "F32", f32s(1)), ("w", [1], "F32", f32s(2))])
+        refusal(self, blob, "duplicate tensor name 'w'")
+
+    def test_unknown_ggml_type_is_refused(self):
+        for code in (4, 31, 99):
+            with self.subTest(code=code):
+                refusal(self, gguf_bytes(tensors=[("w", [32], code, bytes(64))]), f"unknown ggml type {code}")
+
+    def test_too_many_dimensions_are_refused(self):
+        refusal(self, gguf_bytes(tensors=[("w", [1, 1, 1, 1, 1], "F32", f32s(1))]), "5 dimensions")
+
+    def test_row_not_a_whole_number_of_blocks_is_refused(self):
+        refusal(self, gguf_bytes(tensors=[("w", [33], "Q8_0", bytes(68))]), "whole 32-element blocks")
+
+    def test_misaligned_tensor_offset_is_refused(self):
+        blob = gguf_bytes(tensors=[("w", [1], "F32", f32s(1))], offsets=[4])
+        refusal(self, blob, "not a multiple of the alignment 32")
+
+    def test_tensor_data_past_the_end_is_refused(self):
+        blob = gguf_bytes(tensors=[("w", [1], "F32", f32s(1))], offsets=[64])
+        refusal(self, blob, "runs past the end of the file")
+
+    def test_alignment_of_wrong_type_is_refused(self):
+        refusal(self, gguf_bytes([("general.alignment", "UINT64", 32)]), "must be UINT32")
+
+    def test_alignment_not_a_power_of_two_is_refused(self):
+        refusal(self, gguf_bytes([("general.alignment", "UINT32", 48)]), "not a power of two")
+
+    def test_refusal_names_the_byte_offset(self):
+        message = refusal(self, gguf_bytes([("k", "UINT8", 1), ("k", "UINT8", 2)]))
+        second = 24 + len(pack_kv("k", "UINT8", 1))
+        self.assertIn(f"at byte {second}", message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The diff: each kind of difference is reported where it is, identical files give nothing.
+
+class DiffTest(TempDirCase):
+    def diff(self, a: bytes, b: bytes) -> list[str]:
+        return bc.diff_gguf(self.write("a.gguf", a), self.write("b.gguf", b))
+
+    def test_identical_files_give_no_lines(self):
+        self.assertEqual(self.diff(small_file(), small_file()), [])
+
+    def test_one_byte_in_tensor_data_is_located(self):
+        a = small_file()
+        f = bc.parse_gguf(a, len(a))
+        t = f.tensors[0]  # w.f32 [3, 2]: byte 14 is inside element 3, at [0, 1]
+        at = t.file_offset + 14
+        b = a[:at] + bytes([a[at] ^ 0x01]) + a[at + 1:]
+        lines = self.diff(a, b)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("tensor 'w.f32'", lines[0])
+        self.assertIn("data differ in 1 of 6 elements", lines[0])
+        self.assertIn(f"first at byte 14 of the tensor (file byte {at})", lines[0])
+        self.assertIn("element 3 [0, 1]", lines[0])
+        self.assertIn("A=4.0", lines[0])
+
+    def test_one_byte_in_quantized_data_names_its_block(self):
+        a = small_file()
+        t = bc.parse_gguf(a, len(a)).tensors[2]
+        at = t.file_offset + 40  # second Q8_0 block (34 bytes each)
+        b = a[:at] + bytes([a[at] ^ 0xFF]) + a[at + 1:]
+        lines = self.diff(a, b)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("tensor 'w.q8'", lines[0])
+        self.assertIn("1 of 2 blocks", lines[0])
+        self.assertIn("block 1 (elements 32..63)", lines[0])
+
+    def test_changed_kv_value_is_reported(self):
+        a = gguf_bytes([("x.n", "UINT32", 7), ("x.f", "FLOAT32", 1e-5)])
+        b = gguf_bytes([("x.n", "UINT32", 8), ("x.f", "FLOAT32", 1e-5)])
+        self.assertEqual(self.diff(a, b), ["kv 'x.n' (UINT32): A=7 B=8"])
+
+    def test_changed_kv_type_is_reported(self):
+        lines = self.diff(gguf_bytes([("x.n", "UINT32", 7)]), gguf_bytes([("x.n", "INT32", 7)]))
+        self.assertEqual(lines, ["kv 'x.n': type A=UINT32 B=INT32 (A=7, B=7)"])
+
+    def test_negative_zero_is_told_from_zero(self):
+        lines = self.diff(gguf_bytes([("z", "FLOAT32", 0.0)]), gguf_bytes([("z", "FLOAT32", -0.0)]))
+        self.assertEqual(lines, ["kv 'z' (FLOAT32): A=0.0 B=-0.0, bytes A=00000000 B=00000080"])
+
+    def test_missing_kv_is_reported_on_its_side(self):
+        lines = self.diff(gguf_bytes([("a", "UINT8", 1), ("b", "UINT8", 2)]), gguf_bytes([("a", "UINT8", 1)]))
+        self.assertIn("header: kv count A=2 B=1", lines)
+        self.assertIn("kv 'b' (UINT8): only in A = 2", lines)
+
+    def test_kv_order_difference_is_reported(self):
+        lines = self.diff(gguf_bytes([("a", "UINT8", 1), ("b", "UINT8", 2)]),
+                          gguf_bytes([("b", "UINT8", 2), ("a", "UINT8", 1)]))
+        self.assertEqual(lines, ["kv order differs: the 1th shared one is 'a' in A, 'b' in B"])
+
+    def test_string_array_difference_gives_length_and_first_index(self):
+        toks = [f"t{i}" for i in range(1000)]
+        changed = toks[:500] + ["tX00"] + toks[501:]
+        lines = self.diff(gguf_bytes([("v", ("array", "STRING"), toks)]),
+                          gguf_bytes([("v", ("array", "STRING"), changed)]))
+        self.assertEqual(lines, ["kv 'v' ([STRING]): length A=1000 B=1000, first differing index 500: "
+                                 "A='t500' B='tX00'"])
+
+    def test_numeric_array_difference_gives_first_index(self):
+        lines = self.diff(gguf_bytes([("v", ("array", "INT32"), [1, 2, 3])]),
+                          gguf_bytes([("v", ("array", "INT32"), [1, 2, 4, 5])]))
+        self.assertEqual(lines, ["header: file size A=64 B=96",
+                                 "kv 'v' ([INT32]): length A=3 B=4, first differing index 2: A=3 B=4"])
+
+    def test_long_string_difference_is_shortened(self):
+        a, b = "x" * 5000 + "a", "x" * 5000 + "b"
+        lines = self.diff(gguf_bytes([("s", "STRING", a)]), gguf_bytes([("s", "STRING", b)]))
+        self.assertEqual(len(lines), 1)
+        self.assertIn("first difference at char 5000", lines[0])
+        self.assertLess(len(lines[0]), 300)
+
+    def test_tensor_type_and_shape_differences_are_reported(self):
+        a = gguf_bytes(tensors=[("w", [2, 2], "F32", f32s(1, 2, 3, 4))])
+        b = gguf_bytes(tensors=[("w", [4, 2], "F16", f16s(1, 2, 3, 4, 5, 6, 7, 8))])
+        lines = self.diff(a, b)
+        self.assertIn("tensor 'w': type A=F32 B=F16", lines)
+        self.assertIn("tensor 'w': shape A=[2, 2] B=[4, 2]", lines)
+
+    def test_missing_tensor_is_reported(self):
+        a = gguf_bytes(tensors=SMALL_TENSORS)
+        b = gguf_bytes(tensors=SMALL_TENSORS[:1] + SMALL_TENSORS[2:])
+        lines = self.diff(a, b)
+        self.assertIn("tensor 'w.f16' (F16 [4]): only in A", lines)
+        self.assertTrue(any(line.startswith("tensor 'w.q8': data offset A=64 B=32") for line in lines), lines)
+
+    def test_nonzero_padding_is_reported(self):
+        a = small_file()
+        f = bc.parse_gguf(a, len(a))
+        t = f.tensors[1]  # w.f16: 8 bytes of data, then 24 bytes of padding
+        at = t.file_offset + t.nbytes + 3
+        b = a[:at] + b"\x01" + a[at + 1:]
+        self.assertEqual(self.diff(a, b), [f"padding after tensor 'w.f16': 1 of 24 bytes differ, first at "
+                                           f"file byte A={at} B={at} (A=0x00 B=0x01)"])
+
+    def test_trailing_bytes_are_reported(self):
+        lines = self.diff(small_file(), small_file() + b"junk")
+        self.assertIn("trailing bytes after the tensor data: A has 0 bytes, B has 4", lines)
+
+    def test_unreadable_file_is_reported_with_the_first_differing_byte(self):
+        a = small_file()
+        lines = self.diff(a, a[:40])
+        self.assertTrue(lines[0].startswith("B is not a readable GGUF v3: truncated"), lines)
+        self.assertEqual(lines[-1], f"files differ first at byte 40 (sizes A={len(a)} B=40)")
+
+    def test_large_tensor_is_compared_in_chunks(self):
+        n = (bc.CHUNK * 3) // 2  # 1.5 chunks of F16 elements: 3 MiB of data
+        a_data = bytes(2 * n)
+        b_data = bytearray(a_data)
+        b_data[2 * n - 1] = 0x3C  # the last element's high byte
+        b_data[bc.CHUNK + 1] = 0x01
+        a = gguf_bytes(tensors=[("big", [n], "F16", a_data)])
+        b = gguf_bytes(tensors=[("big", [n], "F16", bytes(b_data))])
+        lines = self.diff(a, b)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn(f"data differ in 2 of {n} elements", lines[0])
+        self.assertIn(f"first at byte {bc.CHUNK + 1} of the tensor", lines[0])
+        self.assertIn(f"element {bc.CHUNK // 2} ", lines[0])
+
+
+class RegionTest(unittest.TestCase):
+    def test_region_at_names_what_owns_each_byte(self):
+        blob = small_file()
+        f = bc.parse_gguf(blob, len(blob))
+        t = f.tensors[1]
+        cases = [
+            (5, "the header"),
+            (f.kvs[1].offset + 2, "kv 'x.n' (byte 2 of its record)"),
+            (f.tensors[2].info_offset, "the tensor info of 'w.q8'"),
+            (f.info_end, "padding after the tensor info"),
+            (t.file_offset + 3, "tensor 'w.f16' data, byte 3"),
+            (t.file_offset + t.nbytes, "padding after tensor 'w.f16'"),
+            (len(blob), "past the end of the file"),
+        ]
+        for offset, expected in cases:
+            with self.subTest(offset=offset):
+                self.assertEqual(bc.region_at(f, offset), expected)
+
+
+class CompareRangesTest(unittest.TestCase):
+    def test_counts_differing_units_of_each_width(self):
+        a = bytes(64)
+        b = bytearray(a)
+        b[0] = b[1] = b[9] = b[63] = 1
+        for unit, length, expected in ((1, 64, 4), (2, 64, 3), (4, 64, 3), (8, 64, 3), (32, 64, 2), (34, 34, 1)):
+            with self.subTest(unit=unit):
+                d = bc.compare_ranges(a, 0, bytes(b), 0, length, unit)
+                self.assertEqual((d.first, d.differing_units), (0, expected))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: every conversion against torch/numpy, recorded by oracle/kernels_oracle.py --record:
+# all 65,536 patterns of each 16-bit source and a 3.4M-value F32 sample with every special class.
+# ---------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def kernels_record() -> dict:
+    return json.loads((ORACLE / "recorded" / "kernels.json").read_text(encoding="utf-8"))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- The F32 sample, rebuilt from the definition recorded with it.
+# --- Owns nothing but the recipe; test_sample_rebuilds_to_the_recorded_input guards it.
+
+def stream(seed: bytes, label: bytes, nbytes: int) -> bytes:
+    prefix = seed + b"/" + label + b"/"
+    blocks = (nbytes + 31) // 32
+    return b"".join(hashlib.sha256(prefix + i.to_bytes(8, "little")).digest() for i in range(blocks))[:nbytes]
+
+
+def sample_parts() -> list[tuple[str, bytes]]:
+    definition = kernels_record()["f32_sample"]["definition"]
+    seed = definition["seed"].encode()
+    uniform = stream(seed, b"uniform", 4 * definition["uniform_lanes"])
+    raw = stream(seed, b"focused", 4 * definition["focused_lanes"])
+    focused = bytearray(raw)
+    focused[3::4] = raw[3::4].translate(bytes((b & 0x80) | (50 + (b & 0x7F) % 23) for b in range(256)))
+    ties = bytearray()
+    half, single = struct.Struct("<e"), struct.Struct("<f")
+    for h in range(0x7C00):
+        low = half.unpack(h.to_bytes(2, "little"))[0]
+        high = 65536.0 if h == 0x7BFF else half.unpack((h + 1).to_bytes(2, "little"))[0]
+        middle = int.from_bytes(single.pack((low + high) / 2), "little")
+        for offset in definition["tie_offsets"]:
+            ties += (middle + offset).to_bytes(4, "little")
+            ties += ((middle + offset) | 0x80000000).to_bytes(4, "little")
+    specials = b"".join(bytes.fromhex(e["input"])[::-1] for e in kernels_record()["specials"]["f32_to_f16"])
+    built = {"uniform": uniform, "focused": bytes(focused), "ties": bytes(ties), "specials": specials}
+    return [(name, built[name]) for name in definition["parts"]]
+
+
+@lru_cache(maxsize=None)
+def f32_sample() -> bytes:
+    return b"".join(data for _, data in sample_parts())
+
+
+ALL_16_BIT_PATTERNS = array("H", range(1 << 16))
+if sys.byteorder != "little":
+    ALL_16_BIT_PATTERNS.byteswap()
+ALL_16_BIT_PATTERNS = ALL_16_BIT_PATTERNS.tobytes()
+
+
+# --- Exhaustive: every 16-bit source pattern, fast and simple paths, against numpy/torch.
+
+class SixteenBitSourcesExhaustively(unittest.TestCase):
+    def expect(self, conversion: str) -> str:
+        patterns = kernels_record()["all_16_bit_patterns"]
+        self.assertEqual(sha256(ALL_16_BIT_PATTERNS), patterns["input_sha256"])
+        return patterns[conversion + "_sha256"]
+
+    def test_bf16_to_f16_matches_torch_then_numpy_for_every_pattern(self):
+        self.assertEqual(sha256(bc.bf16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f16"))
+
+    def test_simple_bf16_to_f16_matches_torch_then_numpy_for_every_pattern(self):
+        self.assertEqual(sha256(bc.simple_bf16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f16"))
+
+    def test_bf16_to_f32_matches_torch_for_every_pattern(self):
+        self.assertEqual(sha256(bc.bf16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f32"))
+
+    def test_simple_bf16_to_f32_matches_torch_for_every_pattern(self):
+        self.assertEqual(sha256(bc.simple_bf16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f32"))
+
+    def test_f16_to_f32_matches_numpy_for_every_pattern(self):
+        self.assertEqual(sha256(bc.f16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f32"))
+
+    def test_simple_f16_to_f32_matches_numpy_for_every_pattern(self):
+        self.assertEqual(sha256(bc.simple_f16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f32"))
+
+    def test_f16_to_f16_matches_numpy_for_every_pattern(self):
+        self.assertEqual(sha256(bc.f16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f16"))
+
+    def test_bf16_to_f16_table_matches_torch_then_numpy(self):
+        table = array("H", bc.bf16_to_f16_table())
+        if sys.byteorder != "little":
+            table.byteswap()
+        self.assertEqual(sha256(table.tobytes()), self.expect("bf16_to_f16"))
+
+
+# --- The F32 sample: several million patterns with every special class, against numpy.
+
+class F32Sample(unittest.TestCase):
+    def test_sample_rebuilds_to_the_recorded_input(self):
+        sample = kernels_record()["f32_sample"]
+        for name, data in sample_parts():
+            with self.subTest(part=name):
+                self.assertEqual(sha256(data), sample["parts"][name]["input_sha256"])
+        self.assertEqual(sha256(f32_sample()), sample["input_sha256"])
+
+    def test_f32_to_f16_matches_numpy_on_each_part(self):
+        for name, data in sample_parts():
+            with self.subTest(part=name):
+                self.assertEqual(sha256(bc.f32_to_f16(data)),
+                                 kernels_record()["f32_sample"]["parts"][name]["f16_sha256"])
+
+    def test_f32_to_f16_matches_numpy_on_the_whole_sample(self):
+        self.assertEqual(sha256(bc.f32_to_f16(f32_sample())), kernels_record()["f32_sample"]["f16_sha256"])
+
+    def test_simple_f32_to_f16_matches_numpy_on_the_whole_sample(self):
+        self.assertEqual(sha256(bc.simple_f32_to_f16(f32_sample())),
+                         kernels_record()["f32_sample"]["f16_sha256"])
+
+    def test_f32_to_f32_matches_numpy_on_the_whole_sample(self):
+        self.assertEqual(sha256(bc.f32_to_f32(f32_sample())), kernels_record()["f32_sample"]["f32_sha256"])
+
+
+# --- Named cases: each special input's recorded output, through the public entry points.
+
+def special(conversion: str, name: str) -> tuple[bytes, bytes]:
+    """(input bytes, expected output bytes) of a recorded named case, little-endian."""
+    for entry in kernels_record()["specials"][conversion]:
+        if entry["name"] == name:
+            return bytes.fromhex(entry["input"])[::-1], bytes.fromhex(entry["output"])[::-1]
+    raise KeyError(f"{conversion}: no recorded case {name!r}")
+
+
+class NamedCases(unittest.TestCase):
+    def assert_case(self, conversion: str, name: str):
+        given, expected = special(conversion, name)
+        self.assertEqual(getattr(bc, conversion)(given).hex(), expected.hex(), name)
+        self.assertEqual(getattr(bc, "simple_" + conversion)(given).hex(), expected.hex(), name)
+
+    def test_every_recorded_case(self):
+        for conversion, entries in kernels_record()["specials"].items():
+            for entry in entries:
+                with self.subTest(conversion=conversion, case=entry["name"]):
+                    self.assert_case(conversion, entry["name"])
+
+    def test_every_recorded_case_inside_a_chunk_of_ordinary_values(self):
+        for conversion, entries in kernels_record()["specials"].items():
+            for entry in entries:
+                with self.subTest(conversion=conversion, case=entry["name"]):
+                    given, expected = special(conversion, entry["name"])
+                    ordinary = b"\x00\xe0\x4c\x3c" if len(given) == 4 else b"\x4c\x3c"  # about 0.0125 (1.07 as f16)
+                    out = getattr(bc, conversion)(ordinary * 100 + given + ordinary * 100)
+                    middle = 100 * len(expected)
+                    self.assertEqual(out[middle:middle + len(expected)].hex(), expected.hex())
+
+    def test_f32_at_65520_overflows_to_infinity(self):
+        self.assert_case("f32_to_f16", "65520, a tie, rounds to infinity")
+        self.assert_case("f32_to_f16", "-65520")
+
+    def test_f32_just_below_65520_rounds_to_65504(self):
+        self.assert_case("f32_to_f16", "65519.996, rounds down to 65504")
+
+    def test_bf16_at_65536_overflows_to_infinity(self):
+        self.assert_case("bf16_to_f16", "65536, overflows to infinity")
+
+    def test_f32_nan_keeps_its_top_payload_bits(self):
+        self.assert_case("f32_to_f16", "quiet NaN, all payload bits")
+        self.assert_case("f32_to_f16", "signalling NaN, kept payload 0x1ff")
+
+    def test_f32_signalling_nan_is_not_quieted(self):
+        self.assert_case("f32_to_f16", "signalling NaN, payload in the kept bits")
+
+    def test_f32_nan_with_only_dropped_payload_bits_stays_nan(self):
+        self.assert_case("f32_to_f16", "signalling NaN, payload only below the kept bits")
+        self.assert_case("f32_to_f16", "-signalling NaN, payload only below the kept bits")
+
+    def test_bf16_signalling_nan_is_not_quieted(self):
+        self.assert_case("bf16_to_f16", "signalling NaN, lowest payload bit")
+        self.assert_case("bf16_to_f32", "signalling NaN, lowest payload bit")
+
+    def test_f16_signalling_nan_is_not_quieted_when_widened(self):
+        self.assert_case("f16_to_f32", "signalling NaN, lowest payload bit")
+
+    def test_f16_subnormal_results_round_half_to_even(self):
+        for name in ("2**-25, a tie, rounds to zero", "1.5 * 2**-24, a tie, rounds up to 2 * 2**-24",
+                     "2.5 * 2**-24, a tie, rounds down to 2 * 2**-24",
+                     "2**-25 + 2**-48, rounds up to the smallest subnormal",
+                     "2**-14 - 2**-25, a tie between the largest subnormal and the smallest normal"):
+            with self.subTest(case=name):
+                self.assert_case("f32_to_f16", name)
+
+    def test_normal_ties_round_half_to_even(self):
+        self.assert_case("f32_to_f16", "1 + 2**-11, a tie, rounds down to even")
+        self.assert_case("f32_to_f16", "1 + 3 * 2**-11, a tie, rounds up to even")
+
+    def test_f16_subnormals_widen_exactly(self):
+        self.assert_case("f16_to_f32", "2**-24, the smallest subnormal")
+        self.assert_case("f16_to_f32", "the largest subnormal")
+
+    def test_zeros_keep_their_sign(self):
+        for conversion in ("f32_to_f16", "bf16_to_f16", "bf16_to_f32", "f16_to_f32"):
+            with self.subTest(conversion=conversion):
+                self.assert_case(conversion, "+0")
+                self.assert_case(conversion, "-0")
+
+    def test_f32_subnormals_flush_to_signed_zero(self):
+        self.assert_case("f32_to_f16", "the largest f32 subnormal")
+        self.assert_case("f32_to_f16", "-the smallest f32 subnormal")
+
+
+# --- The fast path equals the simple path on buffers of every shape: lengths across chunk
+# --- boundaries, odd counts, unaligned views, tiny chunks, and data that takes each of its branches.
+
+def gaussian_f32(rng: random.Random, n: int, sigma: float) -> bytes:
+    return struct.pack(f"<{n}f", *(rng.gauss(0.0, sigma) for _ in range(n)))
+
+
+def high_halves(f32: bytes) -> bytes:
+    """bf16 by truncation (enough for test data: only the bit patterns matter)."""
+    out = bytearray(len(f32) // 2)
+    out[0::2] = f32[2::4]
+    out[1::2] = f32[3::4]
+    return bytes(out)
+
+
+def random_bits(rng: random.Random, nbytes: int) -> bytes:
+    return rng.getrandbits(8 * nbytes).to_bytes(nbytes, "little") if nbytes else b""
+
+
+FAST_AND_SIMPLE = (
+    ("bf16_to_f16", 2), ("f32_to_f16", 4), ("f16_to_f16", 2),
+    ("bf16_to_f32", 2), ("f16_to_f32", 2), ("f32_to_f32", 4),
+)
+
+
+class FastEqualsSimple(unittest.TestCase):
+    rng = random.Random(20261129)
+
+    def data_kinds(self, n: int, width: int) -> dict[str, bytes]:
+        rng = self.rng
+        f32 = gaussian_f32(rng, n, 0.02)
+        tiny = gaussian_f32(rng, n, 1e-5)           # mostly f16 subnormals: the whole-chunk branch
+        zeros = bytes(width * n)
+        mixed = bytearray(random_bits(rng, width * n))
+        if n:
+            mixed[: width * (n // 2)] = (f32 if width == 4 else high_halves(f32))[: width * (n // 2)]
+        return {
+            "gaussian": f32 if width == 4 else high_halves(f32),
+            "random bits": random_bits(rng, width * n),
+            "tiny": tiny if width == 4 else high_halves(tiny),
+            "zeros": zeros,
+            "half gaussian, half random bits": bytes(mixed),
+        }
+
+    def assert_same(self, conversion: str, data) -> None:
+        fast = getattr(bc, conversion)(data)
+        simple = getattr(bc, "simple_" + conversion)(data)
+        self.assertIsInstance(fast, bytes)
+        self.assertEqual(fast, simple)
+
+    def test_lengths_around_chunk_boundaries(self):
+        chunk = bc.CHUNK_ELEMS
+        for conversion, width in FAST_AND_SIMPLE:
+            for n in (0, 1, 2, 3, 7, chunk - 1, chunk, chunk + 1, 2 * chunk + 5):
+                for kind, data in self.data_kinds(n, width).items():
+                    with self.subTest(conversion=conversion, n=n, data=kind):
+                        self.assert_same(conversion, data)
+
+    def test_unaligned_views_and_other_buffer_types(self):
+        for conversion, width in FAST_AND_SIMPLE:
+            data = self.data_kinds(1001, width)["half gaussian, half random bits"]
+            backing = b"\x55" + data + b"\xaa"
+            for label, view in (("memoryview at offset 1", memoryview(backing)[1:-1]),
+                                ("bytearray", bytearray(data)), ("array", array("B", data))):
+                with self.subTest(conversion=conversion, buffer=label):
+                    self.assertEqual(getattr(bc, conversion)(view),
+                                     getattr(bc, "simple_" + conversion)(data))
+
+    def test_chunks_of_any_size_concatenate_to_the_whole(self):
+        for conversion, width in FAST_AND_SIMPLE:
+            data = self.data_kinds(3001, width)["half gaussian, half random bits"]
+            whole = getattr(bc, "simple_" + conversion)(data)
+            for chunk_elems in (1, 2, 3, 7, 64, 1000, 4096):
+                with self.subTest(conversion=conversion, chunk_elems=chunk_elems):
+                    pieces = list(getattr(bc, "iter_" + conversion)(data, chunk_elems))
+                    self.assertEqual(b"".join(pieces), whole)
+                    self.assertEqual(len(pieces), -(-3001 // chunk_elems))
+
+    def test_bf16_sources_with_surrogate_range_patterns_convert(self):
+        # 0xd800..0xdfff as 16-bit units make the codec narrowing/widening refuse or pair up
+        units = array("H", [0xD800, 0xDC00, 0x3C00, 0xDBFF, 0xDFFF, 0xD9AB] * 50)
+        if sys.byteorder != "little":
+            units.byteswap()
+        for conversion in ("bf16_to_f16", "bf16_to_f32", "f16_to_f32"):
+            with self.subTest(conversion=conversion):
+                self.assert_same(conversion, units.tobytes())
+
+    def test_f32_results_in_the_surrogate_range_convert(self):
+        # f16 results 0xd800..0xdfff are -128..-1023.5
+        values = [-128.0, -300.25, -1023.5, 0.5, -700.0] * 300
+        self.assert_same("f32_to_f16", struct.pack(f"<{len(values)}f", *values))
+
+    def test_negative_huge_f32_lanes_do_not_disturb_their_neighbours(self):
+        # exponent >= 239 with the sign set is the one lane that carries into the next lane
+        lanes = [0xFF7FFFFF, 0x3F801000, 0xFF800000, 0x3F800FFF, 0xF7FFF000, 0x3F803000, 0xFFFFFFFF,
+                 0x3F801000]
+        data = b"".join(v.to_bytes(4, "little") for v in lanes * 40)
+        self.assert_same("f32_to_f16", data)
+
+    def test_partial_elements_are_refused(self):
+        for conversion, width in FAST_AND_SIMPLE:
+            with self.subTest(conversion=conversion):
+                with self.assertRaises(ValueError):
+                    getattr(bc, conversion)(b"\x00" * (width + 1))
+
+
 def main() -> int:
     """Run these tests and the oracle tooling's own (oracle/test_*.py); end on a plain count line."""
     loader = unittest.TestLoader()
     suite = unittest.TestSuite([loader.loadTestsFromModule(sys.modules[__name__]),
                                 loader.discover(str(ORACLE), pattern="test_*.py", top_level_dir=str(ORACLE))])
     result = unittest.TextTestRunner(verbosity=1 if "-q" in sys.argv else 2).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    # A failing subtest is reported once per subtest; count each test method once.
+    def method(test) -> str:
+        return getattr(test, "test_case", test).id()
+    failed = len({method(test) for test, _ in result.failures + result.errors}
+                 | {method(test) for test in result.unexpectedSuccesses})
     passed = result.testsRun - failed - len(result.skipped)
     print(f"{passed} passed, {failed} failed, {len(result.skipped)} skipped")
     return 0 if failed == 0 and result.testsRun > 0 else 1
