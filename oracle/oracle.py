@@ -6,6 +6,7 @@ model directories and compare the files sha256 for sha256.
     python3 oracle/oracle.py compare [RUN ...]   # both converters; exit 1 on any mismatch
     python3 oracle/oracle.py names               # gguf-py's name heuristics vs bankml's, every id
     python3 oracle/oracle.py chkhsh DIR ...      # llama.cpp's pre-tokenizer hash of a tokenizer
+    python3 oracle/oracle.py inspect [RUN ...]   # bankml's inspect vs gguf-py's reader (default: full size)
     python3 oracle/oracle.py list
 
 Standard library only; the reference runs in its own venv (oracle/setup_reference.sh, called here
@@ -184,6 +185,18 @@ def run_in_reference(command: str, rest: list[str]) -> int:
     return subprocess.run([str(reference_python()), str(HERE / script[0]), *script[1:], *rest], env=env).returncode
 
 
+def inspect_against_gguf_py(runs: list[Run]) -> int:
+    """bankml's own output of each run, read by bankml's inspect and by gguf-py's GGUFReader."""
+    outs = []
+    for run in runs:
+        p, out = run_bankml(run)
+        if p.returncode != 0:
+            raise SystemExit(f"bankml failed on {run.name}: {p.stderr.strip()}")
+        outs.append(str(out))
+    env = dict(os.environ, PYTHONPATH=str(reference_dir() / "gguf-py"))
+    return subprocess.run([str(reference_python()), str(HERE / "inspect_oracle.py"), *outs], env=env).returncode
+
+
 def print_diff(a: Path, b: Path) -> None:
     try:
         import bankml_convert
@@ -198,7 +211,7 @@ def print_diff(a: Path, b: Path) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("record", "compare", "names", "chkhsh", "list"))
+    p.add_argument("command", choices=("record", "compare", "names", "chkhsh", "inspect", "list"))
     p.add_argument("runs", nargs="*", help="run names (default: all but the full-size one; 'all' for every "
                    "run); directories for chkhsh")
     p.add_argument("--recorded", action="store_true",
@@ -206,6 +219,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.command in ("names", "chkhsh"):
         return run_in_reference(args.command, args.runs)
+    if args.command == "inspect":
+        return inspect_against_gguf_py([RUNS_BY_NAME[n] for n in args.runs or ["full-135m-instruct"]])
     if args.command == "list":
         for r in RUNS:
             print(f"{r.name:<26} case={r.case:<26} {' '.join(r.args)}{'  (refused)' if r.refused else ''}")
