@@ -2141,6 +2141,7 @@ class Options:
     model_name: str | None = None
     ignore_model_card: bool = False
     workers: int | None = None      # processes converting in parallel; None: one per core where safe
+    progress: Any = None            # called as progress(bytes_done, bytes_total, tensor_name)
 
 
 @dataclass(frozen=True)
@@ -2287,8 +2288,8 @@ def check_output_path(out: Path, model_dir: Path, inputs: list[Path]) -> None:
             raise Refusal(f"the output {out} is one of the inputs ({f.name})")
 
 
-def write_gguf(out: Path, plan: Plan, workers: int = 1,
-               hasher: InputHasher | None = None) -> tuple[str, int]:
+def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
+               progress=None) -> tuple[str, int]:
     """Write the GGUF to OUT.part, hashing as it goes, then rename it to OUT; (sha256, size).
 
     The .part is created exclusively, so two conversions to one output cannot interleave; on any
@@ -2303,14 +2304,14 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1,
     except OSError as e:
         raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
     jobs = data_jobs(plan.tensors, len(plan.header))
-    size = jobs[-1].out_pos + jobs[-1].out_len + jobs[-1].pad_after if jobs else len(plan.header)
+    size = gguf_size(jobs) or len(plan.header)
     try:
         with open(fd, "wb", buffering=0) as f:
             if workers > 1 and len(jobs) > 1:
                 f.write(plan.header)
                 os.ftruncate(fd, size)      # the padding between tensors is these zeros
                 sha = hashlib.sha256(plan.header)
-                _convert_in_workers(fd, jobs, workers, sha, hasher)
+                _convert_in_workers(fd, jobs, workers, sha, hasher, progress)
                 sha = sha.hexdigest()
             else:
                 if hasher:
@@ -2318,7 +2319,7 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1,
                 w = HashingWriter(f)
                 try:
                     w.write(plan.header)
-                    _write_tensor_data(w, jobs)
+                    _write_tensor_data(w, jobs, progress)
                     sha = w.close()
                 except BaseException:
                     w.abort()
@@ -2338,7 +2339,7 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1,
     return sha, size
 
 
-def _write_tensor_data(w: HashingWriter, jobs: list[Job]) -> None:
+def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None:
     files: dict[Path, object] = {}
     buffer = bytearray(max((j.src_len for j in jobs), default=0))
     try:
@@ -2353,6 +2354,8 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job]) -> None:
             if written != job.out_len:
                 raise AssertionError(f"{job.tensor.name}: converted {written} bytes, planned {job.out_len}")
             w.write(bytes(job.pad_after))
+            if progress:
+                progress(job.out_pos + job.out_len + job.pad_after, gguf_size(jobs), job.tensor.name)
     finally:
         for f in files.values():
             f.close()
@@ -2372,7 +2375,13 @@ def default_workers() -> int:
 _DONE = struct.Struct("<i")
 
 
-def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: InputHasher | None) -> None:
+def gguf_size(jobs: list[Job]) -> int:
+    """The size of the GGUF whose tensor data these jobs are."""
+    return jobs[-1].out_pos + jobs[-1].out_len + jobs[-1].pad_after if jobs else 0
+
+
+def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: InputHasher | None,
+                        progress=None) -> None:
     """Convert jobs in forked workers that pwrite straight into the output, and hash it in order.
 
     Worker k takes every workers-th job, so all finish together; each reports a finished job on
@@ -2395,7 +2404,7 @@ def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: Inp
         write_end = -1
         if hasher:
             hasher.start()      # a thread only after forking: fork copies just the calling thread
-        _hash_as_done(fd, jobs, read_end, sha)
+        _hash_as_done(fd, jobs, read_end, sha, progress)
         failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
         pids = []
         if failed:
@@ -2443,7 +2452,7 @@ def _worker(fd: int, jobs: list[Job], k: int, workers: int, report: int) -> None
         os._exit(status)
 
 
-def _hash_as_done(fd: int, jobs: list[Job], report: int, sha) -> None:
+def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, progress=None) -> None:
     done = bytearray(len(jobs))
     next_job = 0
     hashed = jobs[0].out_pos if jobs else 0
@@ -2469,6 +2478,8 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha) -> None:
             sha.update(view)
             hashed = end
             next_job += 1
+            if progress:
+                progress(end, gguf_size(jobs), job.tensor.name)
 
 
 def hash_file(path: Path) -> InputFile:
@@ -2524,7 +2535,7 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     check_output_path(out, model_dir, plan.inputs)
     workers = options.workers if options.workers is not None else default_workers()
     hasher = InputHasher(plan.inputs)
-    sha, size = write_gguf(out, plan, workers, hasher)
+    sha, size = write_gguf(out, plan, workers, hasher, options.progress)
     inputs = hasher.result()
     return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs)
 
@@ -3824,6 +3835,7 @@ def _parser() -> argparse.ArgumentParser:
                         "size, without reading tensor data or writing anything")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout instead of the sha256 line (also for a refusal)")
+    p.add_argument("--quiet", action="store_true", help="no progress line and no summary on stderr")
     p.add_argument("--version", action="version", version=f"bankml_convert {__version__} ({REFERENCE})")
     return p
 
@@ -3866,7 +3878,30 @@ def _command_parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> Options:
-    return Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card)
+    show = getattr(args, "dry_run", None) is False and not getattr(args, "quiet", False) and sys.stderr.isatty()
+    return Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card,
+                   progress=ProgressLine(sys.stderr) if show else None)
+
+
+class ProgressLine:
+    """One line on a terminal, rewritten at most ten times a second: tensor, bytes done, rate."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._start = self._shown = time.monotonic()
+
+    def __call__(self, done: int, total: int, tensor: str) -> None:
+        now = time.monotonic()
+        if now - self._shown < 0.1 and done < total:
+            return
+        self._shown = now
+        rate = done / max(now - self._start, 1e-9) / 1e6
+        self._stream.write(f"\r\x1b[Kbankml convert: {done / 1e6:,.1f}/{total / 1e6:,.1f} MB "
+                           f"{rate:,.0f} MB/s  {tensor}")
+        self._stream.flush()
+        if done >= total:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
 
 
 def _print_lines(lines: list[str]) -> None:
@@ -3964,7 +3999,8 @@ def _convert(args: argparse.Namespace) -> int:
         print(report_json(report, time.monotonic() - started, fork))
     else:
         print(f"{report.sha256}  {report.out}")
-    print(_summary(report), file=sys.stderr)
+    if not args.quiet:
+        print(_summary(report), file=sys.stderr)
     return 0
 
 

@@ -437,6 +437,36 @@ class CommandLine(Workspace):
         self.assertFalse(out.exists())
         part.unlink()
 
+    def test_progress_is_one_rewritten_line_on_a_terminal(self):
+        import pty
+        d = self.case("bf16")
+        out = self.tmp / "progress.gguf"
+        primary, secondary = pty.openpty()
+        p = subprocess.run([*TOOL, str(d), "-o", str(out)], stdout=subprocess.PIPE, stderr=secondary, timeout=120)
+        os.close(secondary)
+        seen = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(primary, 65536):
+                seen += chunk
+        os.close(primary)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn(b"\r\x1b[Kbankml convert: ", seen)
+        self.assertIn(b"MB/s", seen)
+        self.assertEqual(seen.count(b"\n"), 1)     # the progress line is erased; only the summary stays
+        out.unlink()
+
+    def test_no_progress_when_stderr_is_not_a_terminal_and_quiet_silences_the_summary(self):
+        d = self.case("bf16")
+        out = self.tmp / "quiet.gguf"
+        p = self.run_tool(d, "-o", out)
+        self.assertNotIn("\r", p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1)
+        out.unlink()
+        p = self.run_tool(d, "-o", out, "--quiet")
+        self.assertEqual((p.returncode, p.stderr), (0, ""))
+        self.assertEqual(p.stdout, f"{GOLDEN['bf16']['sha256']}  {out}\n")
+        out.unlink()
+
     def test_import_has_no_side_effects(self):
         code = ("import os, signal, sys; before = set(sys.modules); handlers = signal.getsignal(signal.SIGINT), "
                 "signal.getsignal(signal.SIGTERM); files = sorted(os.listdir('.')); import bankml_convert; "
