@@ -35,8 +35,10 @@ from array import array
 from codecs import utf_32_le_decode as _utf_32_le_decode
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
+from operator import mul
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 __version__ = "0.1.0"
 
@@ -1299,26 +1301,76 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
 # checked against the config; no tensor data is read here.
 # ---------------------------------------------------------------------------------------------
 
-# GGML tensor types and the file types llama.cpp names after them (gguf-py's constants).
-GGML_F32, GGML_F16 = 0, 1
-GGML_TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16"}
-GGML_TYPE_SIZES = {GGML_F32: 4, GGML_F16: 2}
+# gguf-py's GGMLQuantizationType values.
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
+GGML_TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q8_0: "Q8_0", GGML_BF16: "BF16"}
+# gguf-py's GGML_QUANT_SIZES: (elements per block, bytes per block).
+GGML_BLOCKS = {GGML_F32: (1, 4), GGML_F16: (1, 2), GGML_Q8_0: (32, 34), GGML_BF16: (1, 2)}
+QK8_0 = 32
+
+
+def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
+    """Bytes of a tensor of n_elements in ggml_type (whole blocks; rows are whole blocks)."""
+    per_block, block_bytes = GGML_BLOCKS[ggml_type]
+    if n_elements % per_block:
+        raise ValueError(f"{n_elements} elements is not a whole number of "
+                         f"{GGML_TYPE_NAMES[ggml_type]} blocks")
+    return n_elements // per_block * block_bytes
 
 
 @dataclass(frozen=True)
 class OutType:
     """An --outtype: the GGML type of its matrices and the general.file_type llama.cpp writes."""
     name: str           # as on the command line
-    file_type: int      # LlamaFileType
-    label: str          # the {ftype} of a templated file name
+    file_type: int      # LlamaFileType, written as general.file_type
+    label: str          # the {ftype} of a templated file name: LlamaFileType's name after its first "_"
     matrix_type: int    # GGML type of 2-D weights
 
 
 OUT_TYPES = {
-    "f16": OutType("f16", 1, "F16", GGML_F16),
+    "f32": OutType("f32", 0, "F32", GGML_F32),        # ALL_F32
+    "f16": OutType("f16", 1, "F16", GGML_F16),        # MOSTLY_F16
+    "bf16": OutType("bf16", 32, "BF16", GGML_BF16),   # MOSTLY_BF16
+    "q8_0": OutType("q8_0", 7, "Q8_0", GGML_Q8_0),    # MOSTLY_Q8_0
 }
-# Types llama.cpp's converter offers that bankml_convert does not reproduce (yet).
-_OUT_TYPES_REFUSED = ("f32", "bf16", "q8_0", "tq1_0", "tq2_0", "auto")
+
+
+def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
+    """--outtype auto (LlamaFileType.GUESSED), from (shape, safetensors dtype) in llama.cpp's order.
+
+    ModelBase.__init__ looks at the source tensors in the order it indexed them (files in sorted
+    order, each file's tensors sorted by name), before any are dropped or renamed for GGUF: it skips
+    those with fewer than 2 dimensions, and the first one left that is BF16 or F16 decides.  An F32
+    (or other) matrix does not decide; it only moves on -- "some finetunes lie" in config.json, so
+    the data's own dtype is trusted.  If nothing decides, F16.
+    """
+    for shape, dtype in tensors:
+        if len(shape) < 2:
+            continue
+        if dtype == "BF16":
+            return OUT_TYPES["bf16"]
+        if dtype == "F16":
+            return OUT_TYPES["f16"]
+    return OUT_TYPES["f16"]
+
+
+def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
+    """The GGML type llama.cpp writes a Llama tensor in (hf_shape: rows first, as in safetensors).
+
+    1-D tensors and every ``*_norm.weight`` stay F32 (most ggml kernels take norms only in F32).
+    Matrices get the output type's type, except that Q8_0 needs each row (numpy's last axis) to be
+    whole blocks of 32: gguf-py raises QuantError otherwise and prepare_tensors writes that tensor
+    as F16 instead, leaving general.file_type at MOSTLY_Q8_0.  That is the only QuantError case
+    (BF16 has blocks of 1).
+    """
+    if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
+        return GGML_F32
+    if out.matrix_type == GGML_Q8_0 and hf_shape[-1] % QK8_0:
+        return GGML_F16
+    return out.matrix_type
+
+# Types llama.cpp's converter offers that bankml_convert does not reproduce.
+_OUT_TYPES_REFUSED = ("tq1_0", "tq2_0")
 
 # HF LlamaForCausalLM tensor names -> GGUF names (gguf-py's TensorNameMap for MODEL_ARCH.LLAMA).
 _TOP_TENSORS = {
@@ -1353,7 +1405,7 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.source.n_elements * GGML_TYPE_SIZES[self.ggml_type]
+        return ggml_nbytes(self.ggml_type, self.source.n_elements)
 
 
 def gguf_tensor_name(hf_name: str, block_count: int) -> str | None:
@@ -1386,17 +1438,6 @@ def expected_shape(gguf_name: str, p: LlamaParams) -> tuple[int, ...]:
     }[kind]
 
 
-def tensor_type(gguf_name: str, n_dims: int, out: OutType) -> int:
-    """The GGML type llama.cpp writes a tensor in.
-
-    llama.cpp keeps 1-D tensors and every ``*_norm.weight`` in F32 because most of its kernels
-    take norms only in F32; every other Llama weight gets the output type's matrix type.
-    """
-    if n_dims <= 1 or gguf_name.endswith("_norm.weight"):
-        return GGML_F32
-    return out.matrix_type
-
-
 def plan_tensors(sources: list[SourceTensor], p: LlamaParams, out: OutType) -> list[PlannedTensor]:
     """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal."""
     plan: list[PlannedTensor] = []
@@ -1418,7 +1459,7 @@ def plan_tensors(sources: list[SourceTensor], p: LlamaParams, out: OutType) -> l
             heads = p.head_count_kv
         if heads and p.head_dim % 2:
             raise Refusal(f"head_dim {p.head_dim} is odd; llama.cpp's Q/K permutation needs it even")
-        plan.append(PlannedTensor(name, src, tensor_type(name, len(src.shape), out),
+        plan.append(PlannedTensor(name, src, tensor_type(name, src.shape, out),
                                   tuple(reversed(src.shape)), heads))
     _refuse_incomplete(plan, p)
     return plan
@@ -1870,6 +1911,586 @@ def f16_to_f32(data) -> bytes:
 def f32_to_f32(data) -> bytes:
     """F32 -> F32: the identity."""
     return simple_f32_to_f32(data)
+# Element and block rules: one value's or one block's output from its input bits, literally as
+# gguf-py's numpy code computes it.  These define the semantics; the fast kernels must agree.
+
+_F32 = struct.Struct("<f")
+_Q_U32 = struct.Struct("<I")
+
+
+def bf16_bits_from_f32_bits(bits: int) -> int:
+    """The bfloat16 gguf-py's BF16.quantize_blocks makes of a float32 with these bits."""
+    if bits & 0x7FFFFFFF > 0x7F800000:
+        # "force nan to quiet": keep sign and the top 7 payload bits, set the quiet bit, so the
+        # truncation below can never turn a NaN into an infinity.
+        bits = (bits & 0xFFFF0000) | 0x00400000
+    # Round to nearest even on the top 16 bits; numpy does it in uint64, so nothing wraps, and the
+    # largest finite floats carry into the exponent and become infinity.
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+def _float_from_bits(bits: int) -> float:
+    return _F32.unpack(_Q_U32.pack(bits))[0]
+
+
+def _bits_from_float32(x: float) -> int:
+    return _Q_U32.unpack(_F32.pack(x))[0]
+
+
+def rounded_to_f32(x: float) -> float:
+    """x rounded to the nearest float32 (ties to even), as float32 arithmetic's result (module docstring)."""
+    try:
+        return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:   # struct refuses what rounds past the largest float32: that is infinity
+        return math.copysign(math.inf, x)
+
+
+def simd_f32_lanes(cpu_flags: Iterable[str]) -> int:
+    """float32 lanes of the SIMD kernels numpy 2 dispatches to on a CPU with these /proc/cpuinfo flags.
+
+    Its max reduction runs on AVX512_SKX (16 lanes) where the CPU has it, else AVX2 (8), else
+    SSE/NEON (4) -- measured with NPY_DISABLE_CPU_FEATURES by oracle/quant_oracle.py.  Only blocks
+    holding a NaN see the difference.
+    """
+    flags = set(cpu_flags)
+    if {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return 16
+    return 8 if "avx2" in flags else 4
+
+
+@lru_cache(maxsize=1)
+def numpy_f32_lanes() -> int:
+    """simd_f32_lanes for this machine (4 where /proc/cpuinfo cannot say, as on ARM's NEON)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return simd_f32_lanes(next((line.split(":", 1)[1].split() for line in f
+                                        if line.startswith("flags")), []))
+    except OSError:
+        return 4
+
+
+_DEFAULT_NAN = 0x7FC00000
+
+
+def numpy_max_abs_bits(abs_bits: Sequence[int], lanes: Optional[int] = None) -> int:
+    """The float32 bits numpy's `abs(block).max()` returns for one Q8_0 block (bits without signs).
+
+    Without NaNs it is the largest value.  With NaNs it depends on numpy's loop: the first element
+    seeds every SIMD lane, whole vectors of the other 31 go through a NaN-propagating lane-wise
+    max, and a NaN anywhere in there makes the vector reduction return the default NaN 0x7fc00000;
+    the leftover elements are taken one by one, where the first NaN met is returned as it is.
+    """
+    lanes = lanes or numpy_f32_lanes()
+    covered = 1 + lanes * ((len(abs_bits) - 1) // lanes)
+    head = abs_bits[:covered]
+    if max(head) > 0x7F800000:
+        return _DEFAULT_NAN
+    best = max(head)
+    for b in abs_bits[covered:]:
+        if b > 0x7F800000:
+            return b
+        best = max(best, b)
+    return best
+
+
+def _int8_of_rounded(v: float) -> int:
+    """numpy's np_roundf(v) cast to int8, as a byte: round half away from zero; NaN casts to 0.
+
+    np_roundf computes floor(a) + floor(2 * (a - floor(a))) on a = |v| in float32, all exact, so it
+    is floor(|v| + 1/2) with v's sign; an infinite v gives inf - inf = NaN there.  The cast is a C
+    float -> int32 conversion (NaN becomes INT_MIN) truncated to its low byte.
+    """
+    if not math.isfinite(v):
+        return 0
+    a = abs(v)
+    whole = math.floor(a)
+    q = whole + (a - whole >= 0.5)       # a - whole is exact; a + 0.5 might not be
+    q = -q if v < 0 else q
+    return q & 0xFF if -(1 << 31) <= q < (1 << 31) else 0
+
+
+def q8_0_block(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
+    """One Q8_0 block (34 bytes) from 32 float32 bit patterns, as gguf-py's Q8_0.quantize_blocks."""
+    if len(bits) != QK8_0:
+        raise ValueError(f"a Q8_0 block has {QK8_0} values, not {len(bits)}")
+    m = numpy_max_abs_bits([b & 0x7FFFFFFF for b in bits], lanes)
+    if m > 0x7F800000:
+        # d = NaN / 127 is that NaN made quiet; 1/d and every product are NaN, cast to 0.
+        d_bits = m | 0x00400000
+        return f16_bits_from_f32_bits(d_bits).to_bytes(2, "little") + bytes(QK8_0)
+    d = rounded_to_f32(_float_from_bits(m) / 127)
+    inv = 0.0 if d == 0 else rounded_to_f32(1 / d)     # 1/inf = 0; 1/(tiny d) overflows to inf
+    qs = bytes(_int8_of_rounded(rounded_to_f32(_float_from_bits(b) * inv)) for b in bits)
+    return f16_bits_from_f32_bits(_bits_from_float32(d)).to_bytes(2, "little") + qs
+
+
+# Simple conversions: element by element / block by block through the rules above.  The
+# reference for the fast kernels, and the path a big-endian host takes.
+
+def _q_lanes(data, typecode: str, width: int) -> array:
+    view = memoryview(data).cast("B")
+    if len(view) % width:
+        raise ValueError(f"{len(view)} bytes is not a whole number of {width}-byte elements")
+    lanes = array(typecode)
+    lanes.frombytes(view)
+    if sys.byteorder != "little":
+        lanes.byteswap()
+    return lanes
+
+
+def _little_endian(lanes: array) -> bytes:
+    if sys.byteorder != "little":
+        lanes = array(lanes.typecode, lanes)
+        lanes.byteswap()
+    return lanes.tobytes()
+
+
+def _f32_bits_of(data, src_dtype: str) -> array:
+    """array('I') of the float32 bits gguf-py quantizes for little-endian src_dtype data."""
+    if src_dtype == "F32":
+        return _q_lanes(data, "I", 4)
+    if src_dtype == "BF16":     # torch's .to(torch.float32): the 16 bits become the high half
+        return array("I", (h << 16 for h in _q_lanes(data, "H", 2)))
+    if src_dtype == "F16":      # numpy's astype(np.float32): exact, NaN payloads kept
+        return array("I", map(f32_bits_from_f16_bits, _q_lanes(data, "H", 2)))
+    raise ValueError(f"no kernel from {src_dtype}")
+
+
+def simple_to_bf16(data, src_dtype: str) -> bytes:
+    return _little_endian(array("H", map(bf16_bits_from_f32_bits, _f32_bits_of(data, src_dtype))))
+
+
+def simple_to_q8_0(data, src_dtype: str, lanes: Optional[int] = None) -> bytes:
+    bits = _f32_bits_of(data, src_dtype)
+    if len(bits) % QK8_0:
+        raise ValueError(f"{len(bits)} values is not a whole number of Q8_0 blocks")
+    return b"".join(q8_0_block(bits[i:i + QK8_0], lanes) for i in range(0, len(bits), QK8_0))
+
+
+def simple_f32_to_bf16(data) -> bytes:
+    return simple_to_bf16(data, "F32")
+
+
+def simple_bf16_to_bf16(data) -> bytes:
+    return simple_to_bf16(data, "BF16")
+
+
+def simple_f16_to_bf16(data) -> bytes:
+    return simple_to_bf16(data, "F16")
+
+
+def simple_f32_to_q8_0(data) -> bytes:
+    return simple_to_q8_0(data, "F32")
+
+
+def simple_bf16_to_q8_0(data) -> bytes:
+    return simple_to_q8_0(data, "BF16")
+
+
+def simple_f16_to_q8_0(data) -> bytes:
+    return simple_to_q8_0(data, "F16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast kernels: whole chunks at C speed -- big-integer lanes ("SWAR"), bytes.translate lookups and
+# array('f') for float32 rounding -- with the rare odd lanes or blocks taken by the rules above.
+# They assume a little-endian host (the public entry points check).
+# ---------------------------------------------------------------------------------------------
+
+# CHUNK_ELEMS (above) is a multiple of QK8_0, so Q8_0 chunks hold whole blocks.
+
+# 1 for a float's top byte (sign << 7 | exponent >> 1) whose exponent is 254 or 255: infinities,
+# NaNs and the largest finite floats; the only lanes whose bits can need a rule of their own.
+_TOP_EXPONENTS = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))
+_WITHOUT_SIGN = bytes(b & 0x7F for b in range(256))
+
+
+def _positions(classes: bytes, marker: bytes) -> list:
+    """Indices of `marker` in `classes`."""
+    found, i = [], classes.find(marker)
+    while i >= 0:
+        found.append(i)
+        i = classes.find(marker, i + 1)
+    return found
+
+
+@lru_cache(maxsize=32)
+def _lane_constant(value: int, width: int, n: int) -> int:
+    """value repeated over n lanes of `width` bytes, as one integer."""
+    return int.from_bytes(value.to_bytes(width, "little") * n, "little")
+
+
+# --- BF16
+
+def _f32_to_bf16_chunk(chunk: bytes) -> bytes:
+    n = len(chunk) >> 2
+    odd = chunk[3::4].translate(_TOP_EXPONENTS)
+    nans = []
+    if odd.count(1):
+        lanes = memoryview(chunk).cast("I")
+        nans = [i for i in _positions(odd, b"\x01") if lanes[i] & 0x7FFFFFFF > 0x7F800000]
+        if nans:
+            # a negative NaN is the only float32 whose rounding increment could carry out of its lane
+            cleared = bytearray(chunk)
+            for i in nans:
+                cleared[4 * i:4 * i + 4] = bytes(4)
+            chunk = bytes(cleared)
+    x = int.from_bytes(chunk, "little")
+    # round to nearest even on each lane's top half: + 0x7fff + (bit 16); what carries into bit 16
+    # and up is the rounding, and no non-NaN lane can carry past bit 31.
+    rounded = (x + _lane_constant(0x7FFF, 4, n) + ((x >> 16) & _lane_constant(1, 4, n))).to_bytes(4 * n, "little")
+    out = bytearray(2 * n)
+    out[0::2] = rounded[2::4]
+    out[1::2] = rounded[3::4]
+    if nans:
+        for i in nans:
+            out[2 * i:2 * i + 2] = bf16_bits_from_f32_bits(lanes[i]).to_bytes(2, "little")
+    return bytes(out)
+
+
+def _bf16_to_bf16_chunk(chunk: bytes) -> bytes:
+    odd = chunk[1::2].translate(_TOP_EXPONENTS)
+    if not odd.count(1):
+        return chunk
+    out = bytearray(chunk)
+    lanes = memoryview(out).cast("H")
+    for i in _positions(odd, b"\x01"):
+        if lanes[i] & 0x7FFF > 0x7F80:
+            lanes[i] |= 0x0040      # a NaN made quiet; every other bf16 comes back as it was
+    return bytes(out)
+
+
+def _f16_to_bf16_chunk(chunk: bytes) -> bytes:
+    return _f32_to_bf16_chunk(f16_to_f32(chunk))
+
+
+# --- Q8_0
+# Blocks are handled column-wise: column j holds the j-th value of every block in the chunk, so
+# per-block quantities (the maximum, d, id) line up lane for lane with every column.
+
+def _block_max_abs_bits(abs_bits: array, nb: int) -> bytes:
+    """Each block's largest |x| as float32 bits (nb lanes); no NaNs present, so this is numpy's max.
+
+    Non-negative float32 bits order like their values, so a lane-wise integer maximum does: with
+    the lanes' top bit (always 0 here) as a guard, (a | guard) - b keeps the guard iff a >= b.
+    """
+    guard = _lane_constant(0x80000000, 4, nb)
+    cols = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
+    while len(cols) > 1:
+        half = len(cols) >> 1
+        nxt = []
+        for a, b in zip(cols[:half], cols[half:]):
+            ge = ((a | guard) - b) & guard
+            nxt.append(b ^ ((a ^ b) & (ge - (ge >> 31))))
+        cols = nxt
+    return cols[0].to_bytes(4 * nb, "little")
+
+
+def _magnitude_classes() -> list[tuple[bytes, bytes, bytes]]:
+    """(marker, table, selector) per class of product: |q| from the product's second byte.
+
+    A float32 product w with exponent e in 126..133 (|w| in [0.5, 128)) rounds to
+    |q| = floor(|w| + 1/2) = (floor(2|w|) + 1) >> 1, and floor(2|w|) = (128 + top 7 mantissa bits)
+    >> (133 - e): it depends only on e >> 1 (the top byte without the sign: the marker) and the
+    second byte (e & 1, then the 7 mantissa bits).  The selector translates a top byte without
+    sign to 0xff in this class, 0 elsewhere.  Smaller products give 0, as do inf and NaN
+    (exponent 255, in no class).
+    """
+    classes = []
+    for half_exp in range(63, 67):
+        table = bytearray(256)
+        for second in range(256):
+            e = half_exp << 1 | second >> 7
+            table[second] = (((128 | second & 0x7F) >> (133 - e)) + 1) >> 1
+        classes.append((bytes((half_exp,)), bytes(table),
+                        bytes(0xFF if b == half_exp else 0 for b in range(256))))
+    return classes
+
+
+_MAGNITUDE_CLASSES = _magnitude_classes()
+_SIGN_MASK = bytes(0xFF if b & 0x80 else 0 for b in range(256))
+_NEGATED = bytes(-b & 0xFF for b in range(256))
+
+
+def _int8_of_products(raw: bytes) -> bytes:
+    """np_roundf(w).astype(int8) for each float32 w in raw (|w| < 128 or inf/NaN), as bytes."""
+    n = len(raw) >> 2
+    second, top = raw[2::4], raw[3::4]
+    magnitude_top = top.translate(_WITHOUT_SIGN)
+    q = 0
+    for marker, table, selector in _MAGNITUDE_CLASSES:
+        if marker in magnitude_top:
+            q |= (int.from_bytes(second.translate(table), "little")
+                  & int.from_bytes(magnitude_top.translate(selector), "little"))
+    negated = int.from_bytes(q.to_bytes(n, "little").translate(_NEGATED), "little")
+    negative = int.from_bytes(top.translate(_SIGN_MASK), "little")
+    return (q ^ ((q ^ negated) & negative)).to_bytes(n, "little")
+
+
+def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
+    """Q8_0 blocks of float32 data (a whole number of blocks)."""
+    n = len(chunk) >> 2
+    nb = n // QK8_0
+    odd = chunk[3::4].translate(_TOP_EXPONENTS)
+    nan_blocks = []
+    if odd.count(1):
+        bits = memoryview(chunk).cast("I")
+        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, b"\x01") if bits[i] & 0x7FFFFFFF > 0x7F800000})
+        if nan_blocks:
+            # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
+            cleared = bytearray(chunk)
+            for b in nan_blocks:
+                cleared[128 * b:128 * b + 128] = bytes(128)
+            original, chunk = chunk, bytes(cleared)
+
+    absolute = bytearray(chunk)
+    absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
+    maxima = array("f", _block_max_abs_bits(array("I", absolute), nb))
+    # d = max / 127 and id = 1 / d in float32: float64 division, then array('f') rounds once more,
+    # which is exact (see the module docstring); 1/d beyond float32's range becomes inf there too.
+    d = array("f", [m / 127.0 for m in maxima])
+    inverse = array("f", [1.0 / v if v else 0.0 for v in d]).tolist()
+    try:
+        scales = struct.pack(f"<{nb}e", *d)    # float16(d): exact rounding, below 65520
+    except OverflowError:
+        scales = array("H", map(f16_bits_from_f32_bits, array("I", d.tobytes()))).tobytes()
+
+    # the products x * id, column after column (float64, exact), then rounded to float32 at once
+    values = array("f", chunk).tolist()
+    products = []
+    for j in range(QK8_0):
+        products += map(mul, values[j::QK8_0], inverse)
+    qs = _int8_of_products(array("f", products).tobytes())
+
+    out = bytearray(34 * nb)
+    out[0::34] = scales[0::2]
+    out[1::34] = scales[1::2]
+    for j in range(QK8_0):
+        out[2 + j::34] = qs[j * nb:(j + 1) * nb]
+    if nan_blocks:
+        bits = memoryview(original).cast("I")
+        for b in nan_blocks:
+            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+    return bytes(out)
+
+
+# --- Q8_0 from BF16, in integers only.
+# A bf16 value has an 8-bit significand, so within a block, aligned to the block's largest exponent
+# E_m, it is the 16-bit integer Y = (128 + mantissa) << 8 >> (E_m - e) times a per-block power of
+# two; the product with id is then Y * N (N: id's 24-bit significand) exactly, one big-integer
+# multiplication per block.  Everything the block's maximum decides (d's float16, N, E_m) comes
+# from tables over the 32,768 possible maxima.
+
+@dataclass(frozen=True)
+class _Bf16Maxima:
+    """Per possible block maximum (|bf16| bits): what its block needs (multiplier None: the block rule)."""
+    scales: list        # float16(d), 2 little-endian bytes
+    multipliers: list   # N << (E_m + e_id - 259 + 7): makes Y * multiplier = x * id * 2**40 exactly
+    exponents: list     # E_m << 7 (the exponent field), 2 little-endian bytes
+
+
+@lru_cache(maxsize=1)
+def _bf16_maxima() -> _Bf16Maxima:
+    maxima = array("I", (m << 16 for m in range(1 << 15)))
+    m = array("f", maxima.tobytes()).tolist()
+    d = array("f", [v / 127.0 for v in m])
+    inverse = array("I", array("f", [1.0 / v if v else 0.0 for v in d]).tobytes())
+    d_bits = array("I", d.tobytes())
+    scales, multipliers, exponents = [], [], []
+    for pattern in range(1 << 15):
+        e_m, id_bits = pattern >> 7, inverse[pattern]
+        # id ~ 127 / m puts e_id at 259 - E_m or 260 - E_m while d and id are normal and finite;
+        # smaller maxima (subnormal d, 1/d overflowing), infinities and NaNs take the block rule.
+        shift = e_m + (id_bits >> 23) - 259
+        if pattern == 0:
+            multiplier = 0              # an all-zero block: d = 0, id = 0, every q 0
+        elif 9 <= e_m <= 253 and shift in (0, 1):
+            multiplier = ((id_bits & 0x7FFFFF) | 0x800000) << (shift + 7)
+        else:
+            multiplier = None
+        scales.append(f16_bits_from_f32_bits(d_bits[pattern]).to_bytes(2, "little"))
+        multipliers.append(multiplier)
+        exponents.append((e_m << 7).to_bytes(2, "little"))
+    return _Bf16Maxima(scales, multipliers, exponents)
+
+
+# int8 byte for (sign << 7) | |q|.
+_INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for b in range(256))
+_Y_STAGES = ((7, 1), (8, 2), (9, 4), (10, 8))   # (bit of (E_m - e) << 7, shift it stands for)
+
+
+def _aligned_significands(t: int, e: int, n: int) -> int:
+    """Y = (128 + mantissa) << 8 >> (E_m - e) per 16-bit lane of |bf16| lanes t, E_m << 7 lanes e.
+
+    The shift is done bit by bit of E_m - e (1, 2, 4, 8), each applied only where the bit is set.
+    Exact up to a shift of 8; beyond, Y comes out no larger than the true value, whose q is 0
+    (|x| < m / 256 gives |x * id| < 0.4961), and shifts of 16 or more clear Y.
+    """
+    ones, full = _lane_constant(1, 2, n), _lane_constant(0xFFFF, 2, n)
+    s = e - (t & _lane_constant(0x7F80, 2, n))          # (E_m - e) << 7: never negative in a block
+    y = ((t & _lane_constant(0x7F, 2, n)) | _lane_constant(0x80, 2, n)) << 8
+    for bit, shift in _Y_STAGES:
+        where = ((s >> bit) & ones) * 0xFFFF
+        y ^= (y ^ ((y >> shift) & _lane_constant(0xFFFF >> shift, 2, n))) & where
+    nibble = _lane_constant(0xF, 2, n)
+    far = (((((s >> 11) & nibble) + nibble) >> 4) & ones) * 0xFFFF
+    return y & (full ^ far)
+
+
+def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
+    """Q8_0 blocks of bf16 data (a whole number of blocks), all in integer arithmetic."""
+    n = len(chunk) >> 1
+    nb = n // QK8_0
+    tables = _bf16_maxima()
+    absolute = bytearray(chunk)
+    absolute[1::2] = chunk[1::2].translate(_WITHOUT_SIGN)
+    column_view = memoryview(absolute).cast("H")
+    columns = [column_view[j::QK8_0].tobytes() for j in range(QK8_0)]
+
+    # each block's largest |x| (guard bit 15: |bf16| < 2**15; NaN bits order above everything)
+    guard = _lane_constant(0x8000, 2, nb)
+    tops = [int.from_bytes(c, "little") for c in columns]
+    while len(tops) > 1:
+        half = len(tops) >> 1
+        nxt = []
+        for a, b in zip(tops[:half], tops[half:]):
+            ge = ((a | guard) - b) & guard
+            nxt.append(b ^ ((a ^ b) & (ge - (ge >> 15))))
+        tops = nxt
+    maxima = array("H", tops[0].to_bytes(2 * nb, "little"))
+    multipliers = list(map(tables.multipliers.__getitem__, maxima))
+    odd_blocks = [b for b, mul_ in enumerate(multipliers) if mul_ is None] if None in multipliers else []
+    for b in odd_blocks:
+        multipliers[b] = 0
+    scales = b"".join(map(tables.scales.__getitem__, maxima))
+
+    # aligned significands, block-major, each block's E_m repeated over its 32 lanes
+    exponents = b"".join(map(bytes.__mul__, map(tables.exponents.__getitem__, maxima), repeat(QK8_0)))
+    y = _aligned_significands(int.from_bytes(absolute, "little"), int.from_bytes(exponents, "little"),
+                              n).to_bytes(2 * n, "little")
+    wide = bytearray(6 * n)         # 48-bit lanes: Y * multiplier < 2**47
+    wide[0::6] = y[0::2]
+    wide[1::6] = y[1::2]
+
+    # per block: Y * multiplier + 2**39; |q| = floor(x * id + 1/2) is then each lane's 6th byte
+    blocks = [wide[i:i + 6 * QK8_0] for i in range(0, 6 * n, 6 * QK8_0)]
+    half = _lane_constant(1 << 39, 6, QK8_0)
+    products = b"".join(map(int.to_bytes, map(int.__add__, map(mul, map(int.from_bytes, blocks, repeat("little")),
+                                                                  multipliers), repeat(half)),
+                            repeat(6 * QK8_0), repeat("little")))
+    magnitudes = products[5::6]
+    if b"\xff" in products[4::6]:
+        magnitudes = _rounded_up_in_float32(products, magnitudes)
+    signed = (int.from_bytes(magnitudes, "little")
+              | (int.from_bytes(chunk[1::2], "little") & _lane_constant(0x80, 1, n))).to_bytes(n, "little")
+    qs = signed.translate(_INT8_OF_SIGN_AND_MAGNITUDE)
+
+    out = bytearray(34 * nb)
+    out[0::34] = scales[0::2]
+    out[1::34] = scales[1::2]
+    for j in range(QK8_0):
+        out[2 + j::34] = qs[j::QK8_0]
+    if odd_blocks:
+        bits = array("I", (h << 16 for h in memoryview(chunk).cast("H")))
+        for b in odd_blocks:
+            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+    return bytes(out)
+
+
+def _rounded_up_in_float32(products: bytes, magnitudes: bytes) -> bytes:
+    """|q| where float32 rounding lifts x * id onto k + 1/2 (numpy rounds the product first).
+
+    With v = x * id exact and k = floor(v + 1/2), float32 rounds v up to k + 1/2 exactly when v is
+    within half a float32 step below it: k + 1/2 - 2**(j - 24) <= v with 2**j <= k + 1/2 < 2**(j+1)
+    (2**-26 for k = 0, the step below 1/2 being half as wide); the tie rounds to k + 1/2, whose
+    significand is even.  In the lanes' units of 2**-40 that window is 2**(16 + j) (2**14 for k = 0)
+    below the next multiple of 2**40 -- so bits 32..39 of the lane are all ones.
+    """
+    fixed = bytearray(magnitudes)
+    high = products[4::6]
+    i = high.find(b"\xff")
+    while i >= 0:
+        below = int.from_bytes(products[6 * i:6 * i + 5], "little")       # (v + 1/2) mod 1, in 2**-40
+        k = magnitudes[i]
+        window = 1 << (14 if k == 0 else 15 + k.bit_length())
+        if below >= (1 << 40) - window:
+            fixed[i] = k + 1
+        i = high.find(b"\xff", i + 1)
+    return bytes(fixed)
+
+
+# Public entry points: whole buffers in, bytes out; the fast kernels chunk by chunk on a
+# little-endian host, the simple ones elsewhere.
+
+def _q_chunked(data, width: int, kernel, chunk_elems: int = CHUNK_ELEMS) -> bytes:
+    view = memoryview(data).cast("B")
+    if len(view) % width:
+        raise ValueError(f"{len(view)} bytes is not a whole number of {width}-byte elements")
+    step = width * chunk_elems
+    return b"".join(kernel(view[i:i + step].tobytes()) for i in range(0, len(view), step))
+
+
+def _whole_blocks(data, width: int) -> None:
+    if memoryview(data).nbytes % (width * QK8_0):
+        raise ValueError(f"{memoryview(data).nbytes // width} values is not a whole number of Q8_0 blocks")
+
+
+def f32_to_bf16(data) -> bytes:
+    """F32 -> BF16 as gguf-py's BF16.quantize: NaNs made quiet, round to nearest even."""
+    if not _LITTLE_ENDIAN_HOST:
+        return simple_f32_to_bf16(data)
+    return _q_chunked(data, 4, _f32_to_bf16_chunk)
+
+
+def bf16_to_bf16(data) -> bytes:
+    """BF16 -> BF16 through torch's float32 and gguf-py's BF16: the identity, except NaNs made quiet."""
+    if not _LITTLE_ENDIAN_HOST:
+        return simple_bf16_to_bf16(data)
+    return _q_chunked(data, 2, _bf16_to_bf16_chunk)
+
+
+def f16_to_bf16(data) -> bytes:
+    """F16 -> BF16: numpy's exact float32 upcast, then gguf-py's BF16 rounding."""
+    if not _LITTLE_ENDIAN_HOST:
+        return simple_f16_to_bf16(data)
+    return _q_chunked(data, 2, _f16_to_bf16_chunk)
+
+
+def f32_to_q8_0(data) -> bytes:
+    """F32 -> Q8_0 as gguf-py's Q8_0.quantize (rows are whole blocks, so the data is too)."""
+    _whole_blocks(data, 4)
+    if not _LITTLE_ENDIAN_HOST:
+        return simple_f32_to_q8_0(data)
+    return _q_chunked(data, 4, _q8_0_chunk)
+
+
+def bf16_to_q8_0(data) -> bytes:
+    """BF16 -> Q8_0: torch's exact float32 upcast, then gguf-py's Q8_0."""
+    _whole_blocks(data, 2)
+    if not _LITTLE_ENDIAN_HOST:
+        return simple_bf16_to_q8_0(data)
+    return _q_chunked(data, 2, _bf16_q8_0_chunk)
+
+
+def f16_to_q8_0(data) -> bytes:
+    """F16 -> Q8_0: numpy's exact float32 upcast, then gguf-py's Q8_0."""
+    _whole_blocks(data, 2)
+    if not _LITTLE_ENDIAN_HOST:
+        return simple_f16_to_q8_0(data)
+    return _q_chunked(data, 2, lambda chunk: _q8_0_chunk(f16_to_f32(chunk)))
+
+
+# What the main file's kernel(src_dtype, ggml_type) adds for these output types; Q8_0 kernels need
+# whole blocks per call (llama.cpp's rows are whole blocks, and chunks of whole rows or of a
+# multiple of 32 elements keep them whole).
+QUANT_KERNELS = {
+    ("BF16", GGML_BF16): bf16_to_bf16,
+    ("F16", GGML_BF16): f16_to_bf16,
+    ("F32", GGML_BF16): f32_to_bf16,
+    ("BF16", GGML_Q8_0): bf16_to_q8_0,
+    ("F16", GGML_Q8_0): f16_to_q8_0,
+    ("F32", GGML_Q8_0): f32_to_q8_0,
+}
 # <<< kernels
 
 
@@ -1894,7 +2515,13 @@ def kernel(src_dtype: str, ggml_type: int):
         ("BF16", GGML_F32): iter_bf16_to_f32,
         ("F16", GGML_F32): iter_f16_to_f32,
         ("F32", GGML_F32): iter_f32_to_f32,
+        **{key: _whole(f) for key, f in QUANT_KERNELS.items()},
     }[(src_dtype, ggml_type)]
+
+
+def _whole(convert):
+    # The BF16 and Q8_0 kernels return their whole result; as a stream it is one piece.
+    return lambda data: (convert(data),)
 
 
 def permuted_rows(rows: int, n_head: int) -> list[int]:
@@ -2173,6 +2800,7 @@ class Plan:
     params: int
     name: str
     header: bytes       # everything before the tensor data, already encoded
+    outtype: OutType    # --outtype, with auto decided
 
 
 def refuse_model_card(model_dir: Path, options: Options) -> None:
@@ -2199,7 +2827,7 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     """Decide everything llama.cpp would write for model_dir, or raise a Refusal."""
     if not model_dir.is_dir():
         raise Refusal(f"{model_dir} is not a directory")
-    out = out_type(options.outtype)
+    out_type(options.outtype)       # an unknown type is refused before anything is read
     refuse_model_card(model_dir, options)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
@@ -2207,6 +2835,7 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     config = read_json_object(config_path)
     params = llama_params(config)
     sources, weight_files = index_tensors(model_dir)
+    out = out_type(options.outtype, sources)
     tensors = plan_tensors(sources, params, out)
     vocab = tokenizer_vocab(model_dir, config, params.vocab_size)
     n_params = parameter_count(tensors)
@@ -2240,7 +2869,7 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     kvs = kv.items()
     name = next((k.value for k in kvs if k.key == "general.name"), "")
     small = [model_dir / n for n in _SMALL_INPUTS if (model_dir / n).is_file()]
-    return Plan(kvs, tensors, small + weight_files, n_params, name, gguf_header(kvs, tensors))
+    return Plan(kvs, tensors, small + weight_files, n_params, name, gguf_header(kvs, tensors), out)
 
 
 def tokenizer_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
@@ -2251,14 +2880,16 @@ def tokenizer_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         raise Refusal(f"the tokenizer files are malformed ({type(e).__name__}: {e})") from None
 
 
-def out_type(name: str) -> OutType:
-    """The OutType for an --outtype name, or a Refusal naming the ones reproduced."""
+def out_type(name: str, sources: list[SourceTensor] | None = None) -> OutType:
+    """The OutType for an --outtype name ("auto" decided from the sources), or a Refusal."""
     if name in OUT_TYPES:
         return OUT_TYPES[name]
+    if name == "auto":
+        return auto_out_type((t.shape, t.dtype) for t in sources or ())
     if name in _OUT_TYPES_REFUSED:
-        raise Refusal(f"--outtype {name} is not reproduced byte for byte yet; "
-                      f"use {', '.join(OUT_TYPES)} or llama.cpp's converter")
-    raise Refusal(f"--outtype {name!r} is unknown; use {', '.join(OUT_TYPES)}")
+        raise Refusal(f"--outtype {name} (a ternary type) is not reproduced byte for byte; "
+                      f"use {', '.join(OUT_TYPES)}, auto, or llama.cpp's converter")
+    raise Refusal(f"--outtype {name!r} is unknown; use {', '.join(OUT_TYPES)} or auto")
 
 
 def templated_output(out: Path, outtype: OutType) -> Path:
@@ -2531,7 +3162,7 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     options = options or Options()
     model_dir = Path(model_dir)
     plan = plan_conversion(model_dir, options)
-    out = templated_output(Path(out), out_type(options.outtype))
+    out = templated_output(Path(out), plan.outtype)
     check_output_path(out, model_dir, plan.inputs)
     workers = options.workers if options.workers is not None else default_workers()
     hasher = InputHasher(plan.inputs)
@@ -3571,7 +4202,7 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     (the same refusals), without reading tensor data or writing anything."""
     model_dir = Path(model_dir)
     plan = plan_conversion(model_dir, options)
-    target = templated_output(Path(out), out_type(options.outtype))
+    target = templated_output(Path(out), plan.outtype)
     check_output_path(target, model_dir, plan.inputs)
     return DryRun(plan, target, target.exists())
 
@@ -3809,7 +4440,9 @@ A model directory named like a command is given as a path: {prog} ./inspect -o O
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--outtype", default="f16", metavar="TYPE", help="output type: f16 (default)")
+    p.add_argument("--outtype", default="f16", metavar="TYPE",
+                   help="f32, f16 (the default), bf16, q8_0, or auto (llama.cpp's default: bf16 or f16 "
+                        "from the first 16-bit matrix)")
     p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
     p.add_argument("--ignore-model-card", action="store_true",
                    help="convert although README.md has a model card (the result then differs from llama.cpp's)")

@@ -125,8 +125,14 @@ class OutputIsLlamaCppsBytes(Workspace):
             out.unlink()
 
 
+def _in_make_test(run: dict) -> bool:
+    # The full-size model in f32, bf16, q8_0 and auto writes 270-540 MB a run and takes up to half
+    # a minute in pure Python; make oracle compares those against llama.cpp, make test does f16.
+    return run["case"] != "full-135m-instruct" or run["args"] == ["--outtype", "f16"]
+
+
 def _add_golden_tests():
-    for name in GOLDEN:
+    for name in filter(lambda n: _in_make_test(GOLDEN[n]), GOLDEN):
         def test(self, name=name):
             self.check_run(name)
         test.__doc__ = f"oracle run {name!r}: {GOLDEN[name]['command']}"
@@ -310,7 +316,7 @@ class RefusesWhatItWouldNotReproduce(Workspace):
         self.assertRefuses(d, "'model.nurm.weight'")
 
     def test_output_types_not_reproduced_are_refused(self):
-        self.assertRefuses(self.case("bf16"), "--outtype q8_0", "--outtype", "q8_0")
+        self.assertRefuses(self.case("bf16"), "--outtype tq1_0", "--outtype", "tq1_0")
 
     def test_unknown_output_types_are_refused(self):
         self.assertRefuses(self.case("bf16"), "unknown", "--outtype", "q4_k")
@@ -510,10 +516,21 @@ class Rules(unittest.TestCase):
         self.assertEqual(len(kv), 0)
 
     def test_norms_and_vectors_stay_f32_matrices_take_the_output_type(self):
-        f16 = bc.OUT_TYPES["f16"]
-        self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", 1, f16), bc.GGML_F32)
-        self.assertEqual(bc.tensor_type("output_norm.weight", 1, f16), bc.GGML_F32)
-        self.assertEqual(bc.tensor_type("blk.0.attn_q.weight", 2, f16), bc.GGML_F16)
+        for name in ("f16", "bf16", "q8_0", "f32"):
+            out = bc.OUT_TYPES[name]
+            self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", (576,), out), bc.GGML_F32)
+            self.assertEqual(bc.tensor_type("output_norm.weight", (576,), out), bc.GGML_F32)
+            self.assertEqual(bc.tensor_type("blk.0.attn_q.weight", (576, 576), out), out.matrix_type)
+
+    def test_q8_0_falls_back_to_f16_for_rows_that_are_not_whole_blocks(self):
+        q8 = bc.OUT_TYPES["q8_0"]
+        self.assertEqual(bc.tensor_type("blk.0.attn_q.weight", (120, 120), q8), bc.GGML_F16)
+        self.assertEqual(bc.tensor_type("blk.0.ffn_down.weight", (120, 320), q8), bc.GGML_Q8_0)
+
+    def test_auto_takes_the_first_16_bit_matrix_in_llama_cpps_order(self):
+        self.assertEqual(bc.auto_out_type([((4,), "F16"), ((4, 4), "F32"), ((4, 4), "BF16")]).name, "bf16")
+        self.assertEqual(bc.auto_out_type([((4, 4), "F16"), ((4, 4), "BF16")]).name, "f16")
+        self.assertEqual(bc.auto_out_type([((4, 4), "F32")]).name, "f16")
 
     def test_hf_names_map_to_gguf_names_below_the_block_count(self):
         self.assertEqual(bc.gguf_tensor_name("model.layers.1.mlp.down_proj.weight", 2), "blk.1.ffn_down.weight")
@@ -2156,6 +2173,224 @@ class FastEqualsSimple(unittest.TestCase):
             with self.subTest(conversion=conversion):
                 with self.assertRaises(ValueError):
                     getattr(bc, conversion)(b"\x00" * (width + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# BF16 and Q8_0 kernels and the output-type rules, against gguf-py's quantize recorded by
+# oracle/quant_oracle.py --record; the inputs are rebuilt by the oracle's own stdlib generators.
+# ---------------------------------------------------------------------------------------------
+
+import quant_oracle  # noqa: E402  (its input generators; standard library only at import)
+
+QUANT_RECORD = json.loads((ORACLE / "recorded" / "quant.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def patterns() -> bytes:
+    return quant_oracle.all_16_bit_patterns()
+
+
+@lru_cache(maxsize=None)
+def shuffled(i: int) -> bytes:
+    return quant_oracle.shuffled_16_bit_patterns(i)
+
+
+@lru_cache(maxsize=None)
+def sample_part(name: str) -> bytes:
+    return dict(quant_oracle.SAMPLE_PARTS)[name]()
+
+
+@lru_cache(maxsize=None)
+def bf16_part(name: str) -> bytes:
+    return dict(quant_oracle.BF16_PARTS)[name]()
+
+
+def sample() -> bytes:
+    return b"".join(sample_part(name) for name, _ in quant_oracle.SAMPLE_PARTS)
+
+
+class QuantInputs(unittest.TestCase):
+    """The generators rebuild exactly the inputs the oracle quantized."""
+
+    def test_16_bit_patterns_are_the_recorded_input(self):
+        self.assertEqual(sha256(patterns()), QUANT_RECORD["all_16_bit_patterns"]["input_sha256"])
+
+    def test_shuffled_patterns_are_the_recorded_inputs(self):
+        for i, rec in enumerate(QUANT_RECORD["shuffled_16_bit_patterns"]):
+            self.assertEqual(sha256(shuffled(i)), rec["input_sha256"], f"shuffle {i}")
+
+    def test_bf16_sample_parts_are_the_recorded_inputs(self):
+        for name, rec in QUANT_RECORD["bf16_sample"]["parts"].items():
+            self.assertEqual(sha256(bf16_part(name)), rec["input_sha256"], name)
+
+    def test_f32_sample_parts_are_the_recorded_inputs(self):
+        for name, rec in QUANT_RECORD["f32_sample"]["parts"].items():
+            self.assertEqual(sha256(sample_part(name)), rec["input_sha256"], name)
+
+
+class Bf16Kernels(unittest.TestCase):
+    def test_bf16_to_bf16_all_patterns(self):
+        self.assertEqual(sha256(bc.bf16_to_bf16(patterns())),
+                         QUANT_RECORD["all_16_bit_patterns"]["bf16_to_bf16_sha256"])
+
+    def test_f16_to_bf16_all_patterns(self):
+        self.assertEqual(sha256(bc.f16_to_bf16(patterns())),
+                         QUANT_RECORD["all_16_bit_patterns"]["f16_to_bf16_sha256"])
+
+    def test_f32_to_bf16_sample(self):
+        self.assertEqual(sha256(bc.f32_to_bf16(sample())), QUANT_RECORD["f32_sample"]["bf16_sha256"])
+
+    def test_simple_forms_give_the_recorded_bytes(self):
+        rec = QUANT_RECORD["all_16_bit_patterns"]
+        self.assertEqual(sha256(bc.simple_bf16_to_bf16(patterns())), rec["bf16_to_bf16_sha256"])
+        self.assertEqual(sha256(bc.simple_f16_to_bf16(patterns())), rec["f16_to_bf16_sha256"])
+        for name, part in QUANT_RECORD["f32_sample"]["parts"].items():
+            self.assertEqual(sha256(bc.simple_f32_to_bf16(sample_part(name))), part["bf16_sha256"], name)
+
+    def test_named_float32_values(self):
+        for row in QUANT_RECORD["specials"]["f32_to_bf16"]:
+            got = bc.bf16_bits_from_f32_bits(int(row["input"], 16))
+            self.assertEqual(f"{got:04x}", row["output"], row["name"])
+
+
+class Q8_0Kernels(unittest.TestCase):
+    def test_bf16_to_q8_0_all_patterns(self):
+        self.assertEqual(sha256(bc.bf16_to_q8_0(patterns())),
+                         QUANT_RECORD["all_16_bit_patterns"]["bf16_to_q8_0_sha256"])
+
+    def test_f16_to_q8_0_all_patterns(self):
+        self.assertEqual(sha256(bc.f16_to_q8_0(patterns())),
+                         QUANT_RECORD["all_16_bit_patterns"]["f16_to_q8_0_sha256"])
+
+    def test_shuffled_patterns_put_nans_everywhere_in_a_block(self):
+        for i, rec in enumerate(QUANT_RECORD["shuffled_16_bit_patterns"]):
+            self.assertEqual(sha256(bc.bf16_to_q8_0(shuffled(i))), rec["bf16_to_q8_0_sha256"], f"bf16 {i}")
+            self.assertEqual(sha256(bc.f16_to_q8_0(shuffled(i))), rec["f16_to_q8_0_sha256"], f"f16 {i}")
+
+    def test_bf16_to_q8_0_sample_by_part(self):
+        for name, rec in QUANT_RECORD["bf16_sample"]["parts"].items():
+            self.assertEqual(sha256(bc.bf16_to_q8_0(bf16_part(name))), rec["q8_0_sha256"], name)
+            self.assertEqual(sha256(bc.simple_bf16_to_q8_0(bf16_part(name))), rec["q8_0_sha256"], name)
+
+    def test_bf16_integer_path_takes_every_maximum_with_normal_d_and_id(self):
+        # the block rule is only for maxima below 2**-118 (subnormal d, 1/d overflowing) and for
+        # infinities and NaNs; every other block must take the fast path that the samples test
+        tables = bc._bf16_maxima()
+        for pattern in range(1 << 15):
+            if 9 <= pattern >> 7 <= 253:
+                self.assertIsNotNone(tables.multipliers[pattern], hex(pattern))
+
+    def test_f32_to_q8_0_sample_by_part(self):
+        for name, rec in QUANT_RECORD["f32_sample"]["parts"].items():
+            self.assertEqual(sha256(bc.f32_to_q8_0(sample_part(name))), rec["q8_0_sha256"], name)
+
+    def test_f32_to_q8_0_whole_sample(self):
+        self.assertEqual(sha256(bc.f32_to_q8_0(sample())), QUANT_RECORD["f32_sample"]["q8_0_sha256"])
+
+    def test_simple_forms_give_the_recorded_bytes(self):
+        rec = QUANT_RECORD["all_16_bit_patterns"]
+        self.assertEqual(sha256(bc.simple_bf16_to_q8_0(patterns())), rec["bf16_to_q8_0_sha256"])
+        self.assertEqual(sha256(bc.simple_f16_to_q8_0(patterns())), rec["f16_to_q8_0_sha256"])
+        for name, part in QUANT_RECORD["f32_sample"]["parts"].items():
+            self.assertEqual(sha256(bc.simple_f32_to_q8_0(sample_part(name))), part["q8_0_sha256"], name)
+
+    def test_named_blocks(self):
+        for row in QUANT_RECORD["specials"]["q8_0_blocks"]:
+            bits = [int(b, 16) for b in row["input"]]
+            self.assertEqual(bc.q8_0_block(bits, 16).hex(), row["output"], row["name"])
+
+    def test_nan_blocks_follow_numpys_simd_width(self):
+        by_lanes = QUANT_RECORD["q8_0_by_numpy_simd_lanes"]
+        for lanes, rec in by_lanes.items():
+            lanes = int(lanes)
+            uniform = sample_part("uniform")
+            self.assertEqual(sha256(bc.simple_to_q8_0(uniform, "F32", lanes)), rec["uniform_q8_0_sha256"], lanes)
+            self.assertEqual(sha256(bc._q8_0_chunk(uniform, lanes)), rec["uniform_q8_0_sha256"], lanes)
+            self.assertEqual(sha256(bc.simple_to_q8_0(patterns(), "BF16", lanes)),
+                             rec["bf16_patterns_q8_0_sha256"], lanes)
+
+    def test_simd_width_from_cpu_flags(self):
+        found = {"AVX512_SKX": 16, "AVX2": 8}
+        recorded = QUANT_RECORD["reference"]["numpy_simd_found"]
+        expected = next((v for k, v in found.items() if k in recorded), 4)
+        skx = ["avx2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
+        self.assertEqual(bc.simd_f32_lanes(skx), 16)
+        self.assertEqual(bc.simd_f32_lanes(["avx2", "avx512f"]), 8)
+        self.assertEqual(bc.simd_f32_lanes(["sse4_2"]), 4)
+        self.assertEqual(expected, 16, "the record was made where numpy runs AVX512_SKX kernels")
+
+    def test_refuses_a_partial_block(self):
+        with self.assertRaises(ValueError):
+            bc.f32_to_q8_0(bytes(4 * 33))
+        with self.assertRaises(ValueError):
+            bc.bf16_to_q8_0(bytes(2 * 31))
+
+
+class QuantChunking(unittest.TestCase):
+    """The fast kernels, fed in pieces of any whole size, give the whole buffer's bytes."""
+
+    def test_bf16_kernels_across_chunk_boundaries(self):
+        data = shuffled(1)
+        for kernel, width, whole in ((bc._bf16_to_bf16_chunk, 2, bc.simple_bf16_to_bf16),
+                                     (bc._f16_to_bf16_chunk, 2, bc.simple_f16_to_bf16)):
+            want = whole(data)
+            for elems in (1, 7, 1000, 1 << 14):
+                self.assertEqual(bc._q_chunked(data, width, kernel, elems), want, (kernel.__name__, elems))
+        f32 = sample_part("uniform")[:4 * 40000]
+        want = bc.simple_f32_to_bf16(f32)
+        for elems in (1, 7, 1000, 1 << 14):
+            self.assertEqual(bc._q_chunked(f32, 4, bc._f32_to_bf16_chunk, elems), want, elems)
+
+    def test_bf16_q8_0_across_chunk_boundaries(self):
+        data = bf16_part("near") + bf16_part("weights")[:2 * 32 * 700] + shuffled(2)[:2 * 32 * 300]
+        want = bc.simple_bf16_to_q8_0(data)
+        for elems in (32, 96, 1024, 1 << 14):
+            self.assertEqual(bc._q_chunked(data, 2, bc._bf16_q8_0_chunk, elems), want, elems)
+
+    def test_q8_0_across_chunk_boundaries(self):
+        data = sample_part("weights")[:4 * 32 * 700] + sample_part("near")[:4 * 32 * 300]
+        want = bc.simple_f32_to_q8_0(data)
+        for elems in (32, 96, 1024, 1 << 14):
+            self.assertEqual(bc._q_chunked(data, 4, bc._q8_0_chunk, elems), want, elems)
+
+
+class OutputTypeRules(unittest.TestCase):
+    def test_out_types_file_types_and_labels(self):
+        for name, rec in QUANT_RECORD["rules"]["out_types"].items():
+            out = bc.OUT_TYPES[name]
+            self.assertEqual((out.file_type, out.label), (rec["file_type"], rec["label"]), name)
+
+    def test_ggml_types_and_block_sizes(self):
+        for name, rec in QUANT_RECORD["rules"]["ggml_types"].items():
+            ggml = {v: k for k, v in bc.GGML_TYPE_NAMES.items()}[name]
+            self.assertEqual(ggml, rec["id"], name)
+            self.assertEqual(list(bc.GGML_BLOCKS[ggml]), rec["block"], name)
+
+    def test_matrix_type_where_gguf_py_raises_quant_error(self):
+        for rec in QUANT_RECORD["rules"]["quant_error"]:
+            out = bc.OUT_TYPES[rec["type"].lower()]
+            got = bc.tensor_type("blk.0.attn_q.weight", rec["shape"], out)
+            if len(rec["shape"]) >= 2:
+                self.assertEqual(got, bc.GGML_F16 if rec["quant_error"] else out.matrix_type, rec)
+
+    def test_norms_and_vectors_stay_f32(self):
+        for out in bc.OUT_TYPES.values():
+            self.assertEqual(bc.tensor_type("output_norm.weight", (576,), out), bc.GGML_F32)
+            self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", (576,), out), bc.GGML_F32)
+        self.assertEqual(bc.tensor_type("token_embd.weight", (49152, 576), bc.OUT_TYPES["f32"]), bc.GGML_F32)
+
+    def test_auto_picks_what_llama_cpp_picked(self):
+        for case in QUANT_RECORD["rules"]["auto"]:
+            # llama.cpp's order: files in sorted order, each file's tensors sorted by name
+            ordered = sorted(case["tensors"], key=lambda t: (t[0], t[1]))
+            got = bc.auto_out_type((shape, dtype) for _, _, dtype, shape in ordered)
+            self.assertEqual((got.file_type, got.label), (case["file_type"], case["label"]), case["name"])
+
+    def test_q8_0_bytes_per_tensor(self):
+        self.assertEqual(bc.ggml_nbytes(bc.GGML_Q8_0, 576 * 1536), 576 * 1536 // 32 * 34)
+        self.assertEqual(bc.ggml_nbytes(bc.GGML_BF16, 10), 20)
+        with self.assertRaises(ValueError):
+            bc.ggml_nbytes(bc.GGML_Q8_0, 33)
 
 
 def main() -> int:
