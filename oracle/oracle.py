@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
                    "run); directories for chkhsh")
     p.add_argument("--recorded", action="store_true",
                    help="compare against oracle/recorded/golden.json instead of running llama.cpp")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     if args.command in ("names", "chkhsh"):
         return run_in_reference(args.command, args.runs)
     if args.command == "inspect":
