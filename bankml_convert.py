@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import mmap
@@ -52,6 +53,9 @@ class Refusal(Exception):
     """
 
     def __init__(self, reason: str):
+        # Names and values quoted from hostile files may hold line breaks or terminal escapes;
+        # a refusal stays one printable line.
+        reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in reason)
         super().__init__(reason)
         self.reason = reason
 
@@ -98,6 +102,8 @@ def read_json(path: Path) -> object:
         raise Refusal(f"{path.name} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise Refusal(f"{path.name} is nested too deeply to be a model file") from None
+    except ValueError as e:     # e.g. an integer longer than Python converts
+        raise Refusal(f"{path.name} cannot be read as JSON: {e}") from None
 
 
 def read_json_object(path: Path) -> dict:
@@ -160,7 +166,7 @@ def _source_tensor(path: Path, name: str, meta: object, data_start: int, data_le
     if not isinstance(meta, dict):
         raise Refusal(f"{path.name}: entry {name!r} is not an object")
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-    if dtype not in SAFETENSORS_DTYPES:
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
         raise Refusal(f"{path.name}: tensor {name!r} has dtype {dtype!r}; only BF16, F16 and F32 "
                       f"are converted (llama.cpp's F16 path is reproduced for those alone)")
     if (not isinstance(shape, list) or len(shape) > 8
@@ -513,8 +519,9 @@ def load_generation_config(model_dir: Path) -> dict:
         value = json.loads(text)
     except json.JSONDecodeError:
         return {}
-    except RecursionError:
-        raise Refusal("generation_config.json is nested too deeply") from None
+    except (RecursionError, ValueError) as e:
+        # gguf-py catches only JSONDecodeError here; its converter stops on anything else.
+        raise Refusal(f"generation_config.json cannot be read ({type(e).__name__}: {e})") from None
     if isinstance(value, dict):
         return value
     if value:
@@ -1468,13 +1475,16 @@ def plan_tensors(sources: list[SourceTensor], p: LlamaParams, out: OutType) -> l
 def _refuse_incomplete(plan: list[PlannedTensor], p: LlamaParams) -> None:
     # llama.cpp would write a model missing a tensor without complaint, and llama.cpp's loader
     # would then fail on it; saying so now is kinder than a file that cannot load.
+    # Planned names are unique and all needed but output.weight, so counting finds what is
+    # missing without listing every needed name (config.json may claim billions of layers).
     names = {t.name for t in plan}
-    needed = ["token_embd.weight", "output_norm.weight"] + [
-        f"blk.{b}.{n}" for b in range(p.block_count) for n in _BLOCK_TENSORS.values()]
-    missing = [n for n in needed if n not in names]
-    if missing:
-        raise Refusal(f"the model has no tensor {missing[0]}"
-                      f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
+    n_missing = 2 + len(_BLOCK_TENSORS) * p.block_count - len(names - {"output.weight"})
+    if n_missing:
+        needed = itertools.chain(("token_embd.weight", "output_norm.weight"), (
+            f"blk.{b}.{n}" for b in range(p.block_count) for n in _BLOCK_TENSORS.values()))
+        first = next(n for n in needed if n not in names)
+        raise Refusal(f"the model has no tensor {first}"
+                      f"{f' (and {n_missing - 1} more)' if n_missing > 1 else ''}; "
                       f"the checkpoint is incomplete")
 
 
@@ -2825,6 +2835,8 @@ def refuse_model_card(model_dir: Path, options: Options) -> None:
 
 def plan_conversion(model_dir: Path, options: Options) -> Plan:
     """Decide everything llama.cpp would write for model_dir, or raise a Refusal."""
+    if "\0" in str(model_dir):
+        raise Refusal("the model directory's path contains a NUL byte")
     if not model_dir.is_dir():
         raise Refusal(f"{model_dir} is not a directory")
     out_type(options.outtype)       # an unknown type is refused before anything is read
@@ -2898,14 +2910,18 @@ def templated_output(out: Path, outtype: OutType) -> Path:
     try:
         name = out.name.format(label.lower(), outtype=label.lower(), ftype=label.lower(),
                                OUTTYPE=label.upper(), FTYPE=label.upper())
-    except (KeyError, IndexError, ValueError) as e:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
         raise Refusal(f"output name {out.name!r} has a template llama.cpp cannot fill ({e}); "
                       f"use {{ftype}} or {{outtype}}, or no braces") from None
+    if not _is_plain_file_name(name):
+        raise Refusal(f"output name {out.name!r} becomes {name!r}, which is not a file name")
     return out.with_name(name)
 
 
 def check_output_path(out: Path, model_dir: Path, inputs: list[Path]) -> None:
     """Refuse an output that would overwrite an input or land inside the model directory's files."""
+    if "\0" in str(out):
+        raise Refusal("the output path contains a NUL byte")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise Refusal(f"the output's directory {parent} does not exist")

@@ -350,6 +350,40 @@ class RefusesWhatItWouldNotReproduce(Workspace):
         (d / "model.safetensors").write_bytes(data[:-100])
         self.assertRefuses(d, "truncated")
 
+    def test_a_reason_quoting_a_line_break_stays_one_line(self):
+        d = self.case("sharded-3")
+        edit_json(d / "model.safetensors.index.json",
+                  lambda i: i["weight_map"].update({"model.embed_tokens.weight\n": "model-00001-of-00003.safetensors"}))
+        err = self.assertRefuses(d, "does not match the shards")
+        self.assertEqual(err.count("\n"), 1)
+        self.assertIn("\\n", err)
+
+    def test_a_dtype_that_is_not_a_string_is_refused(self):
+        d = self.case("f32")
+        patch_bytes(d / "model.safetensors", b'"dtype":"F32"', b'"dtype":[32] ')
+        self.assertRefuses(d, "dtype [32]")
+
+    def test_a_config_claiming_billions_of_layers_is_refused_without_exhausting_memory(self):
+        self.config_edit(lambda c: c.update(num_hidden_layers=2147483647), "checkpoint is incomplete")
+
+    def test_an_integer_too_long_for_python_in_generation_config_is_refused(self):
+        d = self.case("bf16")
+        (d / "generation_config.json").write_text('{"top_k": ' + "1" * 5000 + "}", encoding="utf-8")
+        self.assertRefuses(d, "generation_config.json cannot be read")
+
+    def test_output_templates_llama_cpp_cannot_fill_are_refused(self):
+        for name in ("{ftype.x}.gguf", "{0:.0}", "{nope}.gguf"):
+            with self.subTest(name=name):
+                p = self.run_tool(self.case("bf16"), "-o", self.tmp / name)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("refuse:", p.stderr)
+                self.assertNotIn("Traceback", p.stderr)
+
+    def test_a_nul_byte_in_the_output_path_is_refused(self):
+        for out in (self.tmp / "a\0b.gguf", self.tmp / "a\0b" / "x.gguf"):
+            with self.subTest(out=out), self.assertRaisesRegex(bc.Refusal, "not a file name|NUL byte"):
+                bc.convert(self.case("bf16"), str(out))
+
     def test_output_into_a_missing_directory_is_refused(self):
         d = self.case("bf16")
         p = self.run_tool(d, "-o", self.tmp / "no" / "such" / "dir" / "x.gguf")
