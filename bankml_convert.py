@@ -141,6 +141,8 @@ def read_safetensors_header(path: Path) -> list[SourceTensor]:
         raise Refusal(f"{path.name}: header is not JSON ({e.msg} at byte {e.pos})") from None
     except RecursionError:
         raise Refusal(f"{path.name}: header is nested too deeply") from None
+    except ValueError as e:     # e.g. an integer longer than Python converts
+        raise Refusal(f"{path.name}: header cannot be read as JSON ({e})") from None
     if not isinstance(header, dict):
         raise Refusal(f"{path.name}: header must be a JSON object")
     data_start = 8 + header_len
@@ -2888,7 +2890,7 @@ def tokenizer_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     """The vocabulary of model_dir; tokenizer files too malformed to read are refused, not crashed on."""
     try:
         return bpe_vocab(model_dir, config, vocab_size)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
         raise Refusal(f"the tokenizer files are malformed ({type(e).__name__}: {e})") from None
 
 
@@ -2922,6 +2924,13 @@ def check_output_path(out: Path, model_dir: Path, inputs: list[Path]) -> None:
     """Refuse an output that would overwrite an input or land inside the model directory's files."""
     if "\0" in str(out):
         raise Refusal("the output path contains a NUL byte")
+    try:
+        _check_output_target(out, model_dir, inputs)
+    except (OSError, RuntimeError, ValueError) as e:    # a name too long, a symlink loop, ...
+        raise Refusal(f"the output {out} cannot be used: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _check_output_target(out: Path, model_dir: Path, inputs: list[Path]) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise Refusal(f"the output's directory {parent} does not exist")
@@ -3202,7 +3211,9 @@ def fork_json(report: Report, source: str) -> str:
         "general.name": report.name,
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    # ensure_ascii: a file name that is not valid UTF-8 reaches here with surrogate escapes,
+    # which JSON can carry as \u escapes but UTF-8 cannot encode.
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4695,12 +4706,14 @@ def _write_text_atomically(path: Path, text: str) -> None:
     try:
         part.write_text(text, encoding="utf-8")
         os.replace(part, path)
-    except OSError as e:
+    except BaseException as e:
         try:
             part.unlink()
         except OSError:
             pass
-        raise Refusal(f"cannot write the pin {path}: {e.strerror or e}") from None
+        if isinstance(e, (OSError, UnicodeError)):
+            raise Refusal(f"cannot write the pin {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise
 
 
 if __name__ == "__main__":

@@ -384,6 +384,45 @@ class RefusesWhatItWouldNotReproduce(Workspace):
             with self.subTest(out=out), self.assertRaisesRegex(bc.Refusal, "not a file name|NUL byte"):
                 bc.convert(self.case("bf16"), str(out))
 
+    def test_an_integer_too_long_for_python_in_a_safetensors_header_is_refused(self):
+        header = ('{"a":{"dtype":"F16","shape":[' + "9" * 5000 + '],"data_offsets":[0,2]}}').encode()
+        path = self.tmp / "long-int.safetensors"
+        path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+        with self.assertRaisesRegex(bc.Refusal, "cannot be read as JSON"):
+            bc.read_safetensors_header(path)
+
+    def test_an_output_name_too_long_for_the_file_system_is_refused(self):
+        p = self.run_tool(self.case("bf16"), "-o", self.tmp / ("x" * 300 + ".gguf"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("cannot be used", p.stderr)
+
+    def test_an_output_that_is_a_symlink_loop_is_refused(self):
+        loop = self.tmp / "loop.gguf"
+        loop.symlink_to(loop.name)
+        p = self.run_tool(self.case("bf16"), "-o", loop)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("refuse:", p.stderr)
+        loop.unlink()
+
+    def test_a_deeply_nested_tokenizer_component_is_refused(self):
+        d = self.case("bf16")
+        edit_json(d / "tokenizer.json", lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretokenizers": "N"}))
+        text = (d / "tokenizer.json").read_text(encoding="utf-8")
+        (d / "tokenizer.json").write_text(text.replace('"pretokenizers": "N"', '"pretokenizers": ' + "[" * 600 + "1" + "]" * 600),
+                                          encoding="utf-8")
+        self.assertRefuses(d, "refuse:")
+
+    def test_a_pin_for_a_file_name_that_is_not_utf8_is_written(self):
+        d = self.case("bf16")
+        out = Path(os.fsencode(self.tmp).decode("utf-8") + "/" + b"caf\xe9.gguf".decode("utf-8", "surrogateescape"))
+        fork = self.tmp / "nonutf8.FORK.json"
+        self.assertEqual(bc.main([str(d), "-o", str(out), "--fork", str(fork), "--quiet"]), 0)
+        pin = json.loads(fork.read_text(encoding="utf-8"))
+        self.assertEqual(pin["output"]["name"], out.name)
+        self.assertEqual([p.name for p in self.tmp.glob("*.part")], [])
+        out.unlink()
+        fork.unlink()
+
     def test_output_into_a_missing_directory_is_refused(self):
         d = self.case("bf16")
         p = self.run_tool(d, "-o", self.tmp / "no" / "such" / "dir" / "x.gguf")
