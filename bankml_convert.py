@@ -2781,13 +2781,14 @@ class Options:
     ignore_model_card: bool = False
     workers: int | None = None      # processes converting in parallel; None: one per core where safe
     progress: Any = None            # called as progress(bytes_done, bytes_total, tensor_name)
+    hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
 
 
 @dataclass(frozen=True)
 class InputFile:
     name: str
     size: int
-    sha256: str
+    sha256: str | None      # None when Options.hash_inputs was False
 
 
 @dataclass(frozen=True)
@@ -3190,9 +3191,9 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     out = templated_output(Path(out), plan.outtype)
     check_output_path(out, model_dir, plan.inputs)
     workers = options.workers if options.workers is not None else default_workers()
-    hasher = InputHasher(plan.inputs)
+    hasher = InputHasher(plan.inputs) if options.hash_inputs else None
     sha, size = write_gguf(out, plan, workers, hasher, options.progress)
-    inputs = hasher.result()
+    inputs = hasher.result() if hasher else tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.inputs)
     return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs)
 
 
@@ -3203,6 +3204,8 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
 
 def fork_json(report: Report, source: str) -> str:
     """The pin of a conversion as JSON text: the output's sha256 and size, every input's, the source."""
+    if any(i.sha256 is None for i in report.inputs):
+        raise ValueError("a pin needs the inputs' sha256: convert with Options(hash_inputs=True)")
     doc = {
         "tool": f"bankml_convert {__version__}",
         "reference": REFERENCE,
@@ -4539,8 +4542,11 @@ def _command_parser() -> argparse.ArgumentParser:
 
 def _options(args: argparse.Namespace) -> Options:
     show = getattr(args, "dry_run", None) is False and not getattr(args, "quiet", False) and sys.stderr.isatty()
+    # The inputs are hashed when something shows their sha256 (the pin, --json); a plain
+    # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
+    pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
     return Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card,
-                   progress=ProgressLine(sys.stderr) if show else None)
+                   progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned)
 
 
 class ProgressLine:
