@@ -1495,7 +1495,6 @@ def parameter_count(plan: list[PlannedTensor]) -> int:
     return sum(t.source.n_elements for t in plan)
 
 
-# >>> kernels
 # ---------------------------------------------------------------------------------------------
 # Kernels: tensor bytes from one float format to another, bit for bit as torch and numpy convert
 # them in llama.cpp's converter; a simple exact form per conversion and a fast one that must agree.
@@ -1923,6 +1922,9 @@ def f16_to_f32(data) -> bytes:
 def f32_to_f32(data) -> bytes:
     """F32 -> F32: the identity."""
     return simple_f32_to_f32(data)
+
+
+# --- BF16 and Q8_0 outputs.
 # Element and block rules: one value's or one block's output from its input bits, literally as
 # gguf-py's numpy code computes it.  These define the semantics; the fast kernels must agree.
 
@@ -2039,37 +2041,19 @@ def q8_0_block(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
 # Simple conversions: element by element / block by block through the rules above.  The
 # reference for the fast kernels, and the path a big-endian host takes.
 
-def _q_lanes(data, typecode: str, width: int) -> array:
-    view = memoryview(data).cast("B")
-    if len(view) % width:
-        raise ValueError(f"{len(view)} bytes is not a whole number of {width}-byte elements")
-    lanes = array(typecode)
-    lanes.frombytes(view)
-    if sys.byteorder != "little":
-        lanes.byteswap()
-    return lanes
-
-
-def _little_endian(lanes: array) -> bytes:
-    if sys.byteorder != "little":
-        lanes = array(lanes.typecode, lanes)
-        lanes.byteswap()
-    return lanes.tobytes()
-
-
 def _f32_bits_of(data, src_dtype: str) -> array:
     """array('I') of the float32 bits gguf-py quantizes for little-endian src_dtype data."""
     if src_dtype == "F32":
-        return _q_lanes(data, "I", 4)
+        return _lanes(data, "I", 4)
     if src_dtype == "BF16":     # torch's .to(torch.float32): the 16 bits become the high half
-        return array("I", (h << 16 for h in _q_lanes(data, "H", 2)))
+        return array("I", (h << 16 for h in _lanes(data, "H", 2)))
     if src_dtype == "F16":      # numpy's astype(np.float32): exact, NaN payloads kept
-        return array("I", map(f32_bits_from_f16_bits, _q_lanes(data, "H", 2)))
+        return array("I", map(f32_bits_from_f16_bits, _lanes(data, "H", 2)))
     raise ValueError(f"no kernel from {src_dtype}")
 
 
 def simple_to_bf16(data, src_dtype: str) -> bytes:
-    return _little_endian(array("H", map(bf16_bits_from_f32_bits, _f32_bits_of(data, src_dtype))))
+    return _little_endian_bytes(array("H", map(bf16_bits_from_f32_bits, _f32_bits_of(data, src_dtype))))
 
 
 def simple_to_q8_0(data, src_dtype: str, lanes: Optional[int] = None) -> bytes:
@@ -2435,11 +2419,7 @@ def _rounded_up_in_float32(products: bytes, magnitudes: bytes) -> bytes:
 # little-endian host, the simple ones elsewhere.
 
 def _q_chunked(data, width: int, kernel, chunk_elems: int = CHUNK_ELEMS) -> bytes:
-    view = memoryview(data).cast("B")
-    if len(view) % width:
-        raise ValueError(f"{len(view)} bytes is not a whole number of {width}-byte elements")
-    step = width * chunk_elems
-    return b"".join(kernel(view[i:i + step].tobytes()) for i in range(0, len(view), step))
+    return b"".join(_pieces(_byte_view(data, width), width * chunk_elems, kernel))
 
 
 def _whole_blocks(data, width: int) -> None:
@@ -2503,7 +2483,6 @@ QUANT_KERNELS = {
     ("F16", GGML_Q8_0): f16_to_q8_0,
     ("F32", GGML_Q8_0): f32_to_q8_0,
 }
-# <<< kernels
 
 
 # ---------------------------------------------------------------------------------------------
