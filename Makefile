@@ -1,7 +1,7 @@
 # bankml_convert: the converter needs only python3; `make oracle` also sets up llama.cpp's reference.
 PYTHON ?= python3
 
-.PHONY: test example oracle bench clean
+.PHONY: test example oracle bench fuzz clean
 
 test:
 	$(PYTHON) -S test_bankml_convert.py
@@ -25,6 +25,14 @@ oracle:
 BENCH_ARGS ?= --rounds 3 --scale 3 --json build/bench/bench.json
 bench:
 	$(PYTHON) oracle/bench.py $(BENCH_ARGS)
+
+# The fuzz campaign of issue 5: 100,000 mutated model directories (fixed seed), each must convert
+# or refuse in one line, never crash, never leave a .part or write elsewhere. About 45 minutes on
+# two cores; FUZZ_ARGS="--inputs 2000" for a quick run.
+FUZZ_ARGS ?= --inputs 100000 --seed 1 --workers 2
+fuzz:
+	mkdir -p build/fuzz
+	$(PYTHON) oracle/fuzz.py $(FUZZ_ARGS) --report build/fuzz/report.json --progress build/fuzz/progress
 
 clean:
 	rm -rf build

@@ -218,18 +218,29 @@ def model_part_names(model_dir: Path) -> tuple[list[str], Path | None]:
             if not isinstance(part, str) or not _is_plain_file_name(part):
                 raise Refusal(f"model.safetensors.index.json maps {tensor!r} to {part!r}, "
                               f"which is not a file name inside the model directory")
-        return sorted(set(weight_map.values())), index
-    try:
-        names = sorted(n for n in os.listdir(model_dir)
-                       if n.startswith("model") and n.endswith(".safetensors"))
-    except OSError as e:
-        raise Refusal(f"cannot list {model_dir}: {e.strerror or e}") from None
+        listed = set(weight_map.values())
+        # llama.cpp silently skips weights in files the index does not name; a stale or extra
+        # shard is more likely a mistake than something to drop without a word.
+        unlisted = sorted(n for n in _safetensors_files(model_dir) if n not in listed)
+        if unlisted:
+            raise Refusal(f"{unlisted[0]} is in the model directory but not in "
+                          f"model.safetensors.index.json; llama.cpp would ignore its tensors: "
+                          f"remove the file or add its tensors to the index")
+        return sorted(listed), index
+    names = _safetensors_files(model_dir)
     if not names:
         bins = [n for n in os.listdir(model_dir) if n.endswith((".bin", ".pt", ".pth", ".gguf"))]
         hint = (f" (found {', '.join(sorted(bins)[:3])}: save the model with safetensors, "
                 f"e.g. save_pretrained(..., safe_serialization=True))") if bins else ""
         raise Refusal(f"no model*.safetensors in {model_dir}{hint}")
     return names, None
+
+
+def _safetensors_files(model_dir: Path) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(model_dir) if n.startswith("model") and n.endswith(".safetensors"))
+    except OSError as e:
+        raise Refusal(f"cannot list {model_dir}: {e.strerror or e}") from None
 
 
 def _is_plain_file_name(name: str) -> bool:

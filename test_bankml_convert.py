@@ -439,6 +439,150 @@ class RefusesWhatItWouldNotReproduce(Workspace):
 
 
 # ---------------------------------------------------------------------------------------------
+# Hostile and broken inputs, full disks and interrupts: a clear refusal, nothing lost, nothing
+# half-written (project issue 5).
+# ---------------------------------------------------------------------------------------------
+
+def rewrite_safetensors_header(path: Path, change) -> None:
+    """Rewrite a safetensors header through change(dict) -> dict, keeping the data bytes."""
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.dumps(change(json.loads(data[8:8 + n]))).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + n:])
+
+
+class HostileInputs(Workspace):
+    def test_a_header_that_is_not_utf8_is_refused(self):
+        d = self.case("bf16")
+        path = d / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[9] = 0xFF
+        path.write_bytes(bytes(data))
+        self.assertRefuses(d, "not UTF-8")
+
+    def test_a_header_that_is_not_json_is_refused(self):
+        d = self.case("bf16")
+        path = d / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[8] = ord("[") if data[8] != ord("[") else ord("x")
+        data[9] = ord("x")
+        path.write_bytes(bytes(data))
+        self.assertRefuses(d, "header")
+
+    def test_a_header_that_is_not_an_object_is_refused(self):
+        header = b"[1, 2, 3]     "
+        path = self.tmp / "list.safetensors"
+        path.write_bytes(struct.pack("<Q", len(header)) + header)
+        with self.assertRaisesRegex(bc.Refusal, "must be a JSON object"):
+            bc.read_safetensors_header(path)
+
+    def test_offsets_past_the_end_are_refused(self):
+        d = self.case("bf16")
+
+        def stretch(h):
+            h["model.norm.weight"]["data_offsets"][1] += 1 << 40
+            return h
+        rewrite_safetensors_header(d / "model.safetensors", stretch)
+        self.assertRefuses(d, "model.norm.weight")
+
+    def test_an_index_naming_a_path_outside_the_directory_is_refused(self):
+        for target in ("../elsewhere.safetensors", "/etc/passwd", "sub/model.safetensors"):
+            with self.subTest(target=target):
+                d = self.case("sharded-3")
+                edit_json(d / "model.safetensors.index.json",
+                          lambda i: i["weight_map"].update({"model.norm.weight": target}))
+                self.assertRefuses(d, "not a file name inside the model directory")
+
+    def test_a_tensor_in_two_shards_is_refused(self):
+        d = self.case("sharded-3")
+        shutil.copy(d / "model-00003-of-00003.safetensors", d / "model-00004-of-00004.safetensors")
+        edit_json(d / "model.safetensors.index.json",
+                  lambda i: i["weight_map"].update({"extra": "model-00004-of-00004.safetensors"}))
+        self.assertRefuses(d, "is in both")
+
+    def test_a_tensor_the_index_puts_in_the_wrong_shard_is_refused(self):
+        d = self.case("sharded-3")
+        edit_json(d / "model.safetensors.index.json",
+                  lambda i: i["weight_map"].update({"model.norm.weight": "model-00001-of-00003.safetensors"}))
+        self.assertRefuses(d, "puts 'model.norm.weight' in")
+
+    def test_a_shard_the_index_does_not_name_is_refused(self):
+        d = self.case("sharded-3")
+        shutil.copy(d / "model-00003-of-00003.safetensors", d / "model-00004-of-00004.safetensors")
+        self.assertRefuses(d, "model-00004-of-00004.safetensors is in the model directory but not in")
+
+    def test_a_hugging_face_cache_snapshot_of_symlinks_converts(self):
+        src = self.case("sharded-3")
+        snapshot = self.tmp / "models--org--name" / "snapshots" / "abc123" / src.name
+        blobs = self.tmp / "models--org--name" / "blobs"
+        snapshot.mkdir(parents=True)
+        blobs.mkdir()
+        for f in src.iterdir():
+            blob = blobs / hashlib.sha256(f.name.encode()).hexdigest()
+            shutil.copy(f, blob)
+            (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
+        r = bc.convert(snapshot, self.tmp / "cache.gguf")
+        self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
+        r.out.unlink()
+
+    def test_output_onto_the_model_directory_is_refused(self):
+        d = self.case("bf16")
+        p = self.run_tool(d, "-o", d)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("is a directory", p.stderr)
+
+    def test_a_file_size_limit_mid_write_removes_the_part_and_keeps_the_old_output(self):
+        for workers in ("1", "2"):
+            with self.subTest(workers=workers):
+                d = self.case("bf16")
+                out = self.tmp / "limited.gguf"
+                out.write_bytes(b"previous")
+                code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (3_000_000, 3_000_000)); "
+                        "import bankml_convert as bc; "
+                        f"r = bc.convert(sys.argv[1], sys.argv[2], bc.Options(workers={workers}))")
+                p = subprocess.run([sys.executable, "-c", code, str(d), str(out)], capture_output=True,
+                                   text=True, cwd=ROOT, timeout=120)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn("Refusal", p.stderr)
+                self.assertIn("nothing was written", p.stderr)
+                self.assertEqual(out.read_bytes(), b"previous")
+                self.assertEqual(list(self.tmp.glob("*.part")), [])
+                out.unlink()
+
+    def test_sigterm_and_sigint_mid_write_remove_the_part_without_a_traceback(self):
+        d = self.case("shape-360m-instruct")
+        for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+            with self.subTest(signal=sig.name):
+                out = self.tmp / "interrupted.gguf"
+                p = subprocess.Popen([*TOOL, str(d), "-o", str(out), "--outtype", "q8_0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                part = self.tmp / "interrupted.gguf.part"
+                deadline = time.monotonic() + 30
+                while not part.exists() and time.monotonic() < deadline and p.poll() is None:
+                    time.sleep(0.01)
+                p.send_signal(sig)
+                stdout, stderr = p.communicate(timeout=60)
+                self.assertEqual(p.returncode, code, stderr)
+                self.assertIn("interrupted", stderr)
+                self.assertNotIn("Traceback", stderr)
+                self.assertFalse(part.exists())
+                self.assertFalse(out.exists())
+
+    def test_zero_attention_heads_are_refused(self):
+        d = self.case("bf16")
+        edit_json(d / "config.json", lambda c: c.update(num_attention_heads=0))
+        self.assertRefuses(d, "num_attention_heads")
+
+    def test_nan_and_inf_in_every_source_dtype_convert_as_llama_cpp(self):
+        # The bf16, f16 and f32 cases carry ±0, ±inf, NaNs (signalling too), f16 overflow and
+        # subnormal ties in their embeddings, Q/K and norms; their golden runs pin the results.
+        for name in ("bf16", "f16", "f32", "bf16-q8_0", "f32-bf16"):
+            self.assertIn(name, GOLDEN)
+        self.assertTrue(make_models.CASES_BY_NAME["f32"].special_values)
+
+
+# ---------------------------------------------------------------------------------------------
 # The command line and the pin.
 # ---------------------------------------------------------------------------------------------
 
