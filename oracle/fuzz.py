@@ -19,15 +19,33 @@ A partial output is any input that leaves the work directory different from befo
 but the output file of a success (a .part, an output after a refusal, a changed input).  The last
 line is ``fuzz: N inputs, C crashes (U unique), P partial outputs, S successes, R refusals``; the
 exit status is 1 if there was a crash or a partial output.  Standard library only.
+
+    python3 oracle/fuzz.py --gguf --inputs N --seed S [--workers W] [--report F] [--progress F] [--coverage]
+    python3 oracle/fuzz.py --gguf --seed S --replay INDEX [--only K] [--keep DIR] [--shrink]
+
+--gguf fuzzes the GGUF side instead: small valid GGUF files (most written with the converter's own
+gguf_header, one converted from a tiny model) get one to three mutations -- bytes, counts, lengths,
+type tags, dims and offsets set to boundary values, truncation, kv and tensor edits, alignment keys,
+duplicate keys, nested arrays -- and each mutant goes through read_gguf, describe_gguf,
+inspect_gguf_lines, inspect_gguf_json (full and not), diff_files(mutant, base), diff_gguf(base,
+mutant), diff_gguf(mutant, its twin with one byte changed) and verify(mutant, pin of the base).  Every call must return or raise GGUFError / Refusal with a
+one-line message; anything else, a call running past --timeout (10 s) or a MemoryError past
+--memory-mb is a crash.  A contract violation is a call that returned but broke its docstring's
+promise: diff empty iff byte-identical, diff_files' exit code, verify held iff identical, one line
+per output line, inspect --json strict JSON.  The last line is ``fuzz: N inputs, C crashes
+(U unique), V contract violations (W unique), A accepted, R rejected``; exit 1 on either finding.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
+import math
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -1507,6 +1525,1354 @@ def run_replay(args) -> int:
     return 1 if o.kind == "crash" or o.leftovers else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# GGUF mode (--gguf): mutated GGUF files through the reader and everything built on it (the
+# listings, inspect --json, diff, verify).  Each call must return or raise GGUFError / Refusal.
+# ---------------------------------------------------------------------------------------------
+
+# The fuzzer keeps its own copy of the format's numbers instead of trusting the reader's tables:
+# a mutation must be able to say "type 13" without the reader's opinion of what 13 is.
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+(T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY,
+ T_UINT64, T_INT64, T_FLOAT64) = range(13)
+SCALAR_SIZES = {T_UINT8: 1, T_INT8: 1, T_UINT16: 2, T_INT16: 2, T_UINT32: 4, T_INT32: 4, T_FLOAT32: 4,
+                T_BOOL: 1, T_UINT64: 8, T_INT64: 8, T_FLOAT64: 8}
+SCALAR_FMTS = {T_UINT8: "B", T_INT8: "b", T_UINT16: "H", T_INT16: "h", T_UINT32: "I", T_INT32: "i",
+               T_FLOAT32: "f", T_BOOL: "B", T_UINT64: "Q", T_INT64: "q", T_FLOAT64: "d"}
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
+
+
+# --- Base files: small valid GGUFs, most written with the converter's own writer
+# --- (gguf_header / encode_value / KV), one converted from a tiny model directory.
+
+@dataclass
+class GBase:
+    name: str
+    path: Path
+    pin: Path          # a FORK.json whose output is this file, for verify()
+
+
+def _tensor_bytes(name: str, n: int) -> bytes:
+    return random.Random(f"gguf-base/{name}").randbytes(n)
+
+
+def _planned(name: str, ggml_type: int, dims: tuple[int, ...]) -> bc.PlannedTensor:
+    """A tensor for bc.gguf_header: only its name, type, dims and byte count matter there."""
+    nbytes = bc.ggml_nbytes(ggml_type, math.prod(dims))
+    src = bc.SourceTensor(name, "F32", tuple(reversed(dims)), Path("."), 0, nbytes)
+    return bc.PlannedTensor(name, src, ggml_type, dims, 0)
+
+
+def written_gguf(kvs: list, tensors: list) -> bytes:
+    """A GGUF as bankml_convert writes one: its header, then each tensor's bytes padded to 32."""
+    data = b"".join(_tensor_bytes(t.name, t.nbytes) + bytes(bc.padding(t.nbytes)) for t in tensors)
+    return bc.gguf_header(kvs, tensors) + data
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", U32.pack(bits))[0]
+
+
+def every_type_gguf() -> bytes:
+    """One key of every scalar type, an array of every element type, and four small tensors."""
+    KV = bc.KV
+    kvs = [
+        KV("general.architecture", T_STRING, "llama"), KV("general.alignment", T_UINT32, 32),
+        KV("t.u8", T_UINT8, 7), KV("t.i8", T_INT8, -3), KV("t.u16", T_UINT16, 65535),
+        KV("t.i16", T_INT16, -2), KV("t.u32", T_UINT32, 4000000000), KV("t.i32", T_INT32, -7),
+        KV("t.f32", T_FLOAT32, 0.1), KV("t.f32.nan", T_FLOAT32, _f32(0x7FC00001)),
+        KV("t.f32.negzero", T_FLOAT32, -0.0), KV("t.bool", T_BOOL, True), KV("t.bool.false", T_BOOL, False),
+        KV("t.str", T_STRING, "h\u00e9llo \U0001f4a5 \u4e16"), KV("t.str.empty", T_STRING, ""),
+        KV("t.u64", T_UINT64, 2**64 - 1), KV("t.i64", T_INT64, -2**63), KV("t.f64", T_FLOAT64, -1.5e300),
+        KV("a.u8", T_UINT8, [0, 1, 255], True), KV("a.i8", T_INT8, [-128, 127], True),
+        KV("a.u16", T_UINT16, [1, 2], True), KV("a.i16", T_INT16, [-1], True),
+        KV("a.u32", T_UINT32, [3, 4, 5], True), KV("a.i32", T_INT32, [-5, 0, 5], True),
+        KV("a.f32", T_FLOAT32, [0.5, -0.0, float("inf")], True), KV("a.bool", T_BOOL, [True, False], True),
+        KV("a.str", T_STRING, ["a", "", "\u00e9\u00e9", "<|im_end|>"], True),
+        KV("a.u64", T_UINT64, [2**63], True), KV("a.i64", T_INT64, [-1, 1], True),
+        KV("a.f64", T_FLOAT64, [1e-310, float("nan")], True), KV("a.empty", T_UINT8, [], True),
+    ]
+    tensors = [_planned("t.f32", GGML_F32, (4, 2)), _planned("t.f16", GGML_F16, (8,)),
+               _planned("t.q8_0", GGML_Q8_0, (32, 2)), _planned("t.bf16", GGML_BF16, (3,))]
+    return written_gguf(kvs, tensors)
+
+
+def llama_tiny_gguf() -> bytes:
+    """The keys a converted Llama carries, with a ten-token vocabulary and three tensors."""
+    KV = bc.KV
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "\u0120", "\u0120a", "ab", "\u010a", "c"]
+    kvs = [
+        KV("general.architecture", T_STRING, "llama"), KV("general.type", T_STRING, "model"),
+        KV("general.name", T_STRING, "Tiny"), KV("general.size_label", T_STRING, "1K"),
+        KV("llama.block_count", T_UINT32, 1), KV("llama.context_length", T_UINT32, 2048),
+        KV("llama.embedding_length", T_UINT32, 8), KV("llama.feed_forward_length", T_UINT32, 16),
+        KV("llama.attention.head_count", T_UINT32, 2), KV("llama.attention.head_count_kv", T_UINT32, 1),
+        KV("llama.rope.freq_base", T_FLOAT32, 100000.0),
+        KV("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, 1e-5),
+        KV("general.file_type", T_UINT32, 1), KV("llama.vocab_size", T_UINT32, len(tokens)),
+        KV("general.quantization_version", T_UINT32, 2), KV("tokenizer.ggml.model", T_STRING, "gpt2"),
+        KV("tokenizer.ggml.pre", T_STRING, "smollm"), KV("tokenizer.ggml.tokens", T_STRING, tokens, True),
+        KV("tokenizer.ggml.token_type", T_INT32, [3, 3, 3] + [1] * 7, True),
+        KV("tokenizer.ggml.merges", T_STRING, ["a b", "\u0120 a"], True),
+        KV("tokenizer.ggml.bos_token_id", T_UINT32, 1), KV("tokenizer.ggml.eos_token_id", T_UINT32, 2),
+        KV("tokenizer.ggml.add_bos_token", T_BOOL, False),
+        KV("tokenizer.chat_template", T_STRING, "{% for m in messages %}\n{{ m['content'] }}\n{% endfor %}"),
+    ]
+    tensors = [_planned("token_embd.weight", GGML_F16, (8, 10)), _planned("output_norm.weight", GGML_F32, (8,)),
+               _planned("blk.0.attn_q.weight", GGML_Q8_0, (32, 8))]
+    return written_gguf(kvs, tensors)
+
+
+def kv_only_gguf() -> bytes:
+    KV = bc.KV
+    return written_gguf([KV("general.architecture", T_STRING, "llama"), KV("general.name", T_STRING, "kv only"),
+                         KV("x.u32", T_UINT32, 1), KV("x.strs", T_STRING, ["x", "y"], True)], [])
+
+
+def block_types_gguf() -> bytes:
+    """One tensor of every ggml type the reader knows, one block (one row) each."""
+    tensors = [GTensor(f"t.{name.lower()}".encode(), [block, 1] if block > 1 else [3, 2], code, 0)
+               for code, (name, block, _) in sorted(bc.GGML_TYPES.items())]
+    m = GModel(b"GGUF", 3, [gkv(b"general.architecture", T_STRING, str_payload(b"llama"))], tensors, b"")
+    return encode_model(relayout(m, random.Random("block-types")))
+
+
+def odd_shapes_gguf() -> bytes:
+    """Shapes a converter never writes but the format allows: zero elements, four dims, ne0 = 1."""
+    tensors = [GTensor(b"zero", [0], GGML_F32, 0), GTensor(b"zero.2d", [5, 0], GGML_F16, 0),
+               GTensor(b"four.dims", [1, 2, 1, 3], GGML_F32, 0), GTensor(b"column", [1, 7], GGML_BF16, 0),
+               GTensor(b"scalar", [], GGML_F32, 0), GTensor(b"zero.q8", [32, 0], GGML_Q8_0, 0)]
+    kvs = [gkv(b"general.architecture", T_STRING, str_payload(b"odd"))]
+    return encode_model(relayout(GModel(b"GGUF", 3, kvs, tensors, b""), random.Random("odd-shapes")))
+
+
+def realigned(data: bytes, alignment: int) -> bytes:
+    """data (a valid GGUF) laid out again for another general.alignment."""
+    m = walk(data).model
+    kvs = [kv for kv in m.kvs if kv.key != b"general.alignment"]
+    kvs.insert(0, gkv(b"general.alignment", T_UINT32, U32.pack(alignment)))
+    return encode_model(relayout(GModel(m.magic, m.version, kvs, m.tensors, m.data), random.Random(alignment)))
+
+
+# (name, weight): hand-built files take almost every input; the converted one parses 49,152
+# tokens and merges (about 0.2 s a read), so it gets few inputs and its mutations aim at the header.
+GGUF_BASES: tuple[tuple[str, float], ...] = (
+    ("every-type", 26), ("llama-tiny", 20), ("kv-only", 6), ("empty", 4), ("block-types", 12),
+    ("align-1", 8), ("align-256", 5), ("odd-shapes", 12), ("converted", 0.4),
+)
+
+
+def build_gguf_bases(root: Path) -> dict[str, GBase]:
+    """Every base file under root with its pin, each checked to read, and to diff as identical to itself."""
+    root.mkdir(parents=True, exist_ok=True)
+    every = every_type_gguf()
+    made = {"every-type": every, "llama-tiny": llama_tiny_gguf(), "kv-only": kv_only_gguf(),
+            "empty": written_gguf([], []), "block-types": block_types_gguf(),
+            "align-1": realigned(every, 1), "align-256": realigned(llama_tiny_gguf(), 256),
+            "odd-shapes": odd_shapes_gguf()}
+    bases = {}
+    for name, data in made.items():
+        path = root / f"{name}.gguf"
+        path.write_bytes(data)
+        report = bc.Report(path, hashlib.sha256(data).hexdigest(), len(data), 0, 0, 0, name, ())
+        bases[name] = GBase(name, path, _write_pin(path, report))
+    model = mm.make_case(mm.Case("fuzz-bf16", special_values=True, dims=TINY), root / "models")
+    path = root / "converted.gguf"
+    bases["converted"] = GBase("converted", path,
+                               _write_pin(path, bc.convert(model, path, bc.Options(workers=1))))
+    for b in bases.values():
+        bc.read_gguf(b.path)
+        assert bc.diff_gguf(b.path, b.path) == [], b.name
+        assert bc.verify(b.path, b.pin)[1], b.name
+    return bases
+
+
+def _write_pin(path: Path, report) -> Path:
+    pin = path.with_name(path.name + ".FORK.json")
+    pin.write_text(bc.fork_json(report, "oracle/fuzz.py --gguf base"), encoding="utf-8")
+    return pin
+
+
+# --- A lenient walk of a GGUF's fields, independent of the reader: where each count, length,
+# --- tag and offset sits (for targeted mutations) and, when it all decodes, an editable model.
+
+@dataclass
+class GField:
+    at: int
+    size: int
+    kind: str
+
+
+@dataclass
+class GKv:
+    key: bytes
+    vtype: int
+    payload: bytes     # everything after the type tag
+
+
+@dataclass
+class GTensor:
+    name: bytes
+    dims: list
+    gtype: int
+    offset: int
+
+
+@dataclass
+class GModel:
+    magic: bytes
+    version: int
+    kvs: list
+    tensors: list
+    data: bytes        # from where the tensor data starts to the end of the file
+
+
+@dataclass
+class GWalk:
+    fields: list
+    model: Optional[GModel]   # None unless the header, every kv and every tensor info decoded
+    end: int                  # where the walk stopped (the end of the tensor infos if it got there)
+
+
+class _Short(Exception):
+    """The walk ran out of bytes or met a tag it cannot follow."""
+
+
+class _Walker:
+    def __init__(self, data: bytes):
+        self.data, self.pos, self.fields, self.record = data, 0, [], True
+
+    def take(self, n: int, kind: str) -> bytes:
+        if n > len(self.data) - self.pos:
+            raise _Short
+        if n and self.record:
+            self.fields.append(GField(self.pos, n, kind))
+        self.pos += n
+        return self.data[self.pos - n:self.pos]
+
+    def u32(self, kind: str) -> int:
+        return U32.unpack(self.take(4, kind))[0]
+
+    def u64(self, kind: str) -> int:
+        return U64.unpack(self.take(8, kind))[0]
+
+    def string(self, kind: str) -> bytes:
+        return self.take(self.u64(kind + "_len"), kind)
+
+    def value(self, vtype: int, depth: int) -> None:
+        if vtype in SCALAR_SIZES:
+            self.take(SCALAR_SIZES[vtype], "scalar")
+        elif vtype == T_STRING:
+            self.string("text")
+        elif vtype == T_ARRAY and depth < 3:
+            etype = self.u32("elem_type")
+            n = self.u64("array_len")
+            if n > len(self.data) - self.pos:
+                raise _Short
+            if etype in SCALAR_SIZES:
+                self.take(n * SCALAR_SIZES[etype], "array_data")
+                return
+            # 49,152 token strings would make as many fields; a sample of them is enough to aim at
+            was = self.record
+            for i in range(n):
+                self.record = was and (i < 16 or i >= n - 16 or i % 1009 == 0)
+                self.value(etype, depth + 1)
+            self.record = was
+        else:
+            raise _Short
+
+
+def walk(data: bytes) -> GWalk:
+    w = _Walker(data)
+    try:
+        magic = w.take(4, "magic")
+        version = w.u32("version")
+        n_tensors = w.u64("tensor_count")
+        n_kv = w.u64("kv_count")
+        if n_kv > len(data) or n_tensors > len(data):
+            raise _Short
+        kvs = []
+        for _ in range(n_kv):
+            key = w.string("key")
+            vtype = w.u32("type")
+            start = w.pos
+            w.value(vtype, 0)
+            kvs.append(GKv(key, vtype, data[start:w.pos]))
+        tensors = []
+        for _ in range(n_tensors):
+            name = w.string("tname")
+            n_dims = w.u32("n_dims")
+            if n_dims > 16:
+                raise _Short
+            dims = [w.u64("dim") for _ in range(n_dims)]
+            tensors.append(GTensor(name, dims, w.u32("ggml_type"), w.u64("data_offset")))
+    except _Short:
+        return GWalk(w.fields, None, w.pos)
+    start = w.pos + (-w.pos % layout_alignment(kvs))
+    return GWalk(w.fields, GModel(magic, version, kvs, tensors, data[start:]), w.pos)
+
+
+_BASE_WALKS: dict[int, tuple[bytes, GWalk]] = {}
+
+
+def base_walk(data: bytes) -> GWalk:
+    """walk(data) of a base file, computed once per process: the converted base takes 0.2 s."""
+    hit = _BASE_WALKS.get(id(data))
+    if hit is None or hit[0] is not data:
+        hit = _BASE_WALKS[id(data)] = (data, walk(data))
+    return hit[1]
+
+
+def layout_alignment(kvs: list) -> int:
+    """The alignment a file with these kvs is laid out for; 32 when the key is absent or unusable.
+
+    Capped at 64 KiB: a mutant declaring 2**31 must not make the fuzzer write 2 GB of padding.
+    """
+    for kv in kvs:
+        if kv.key == b"general.alignment":
+            if kv.vtype == T_UINT32 and len(kv.payload) == 4:
+                a = U32.unpack(kv.payload)[0]
+                if 0 < a <= 1 << 16 and not a & (a - 1):
+                    return a
+            return 32
+    return 32
+
+
+def gkv(key: bytes, vtype: int, payload: bytes) -> GKv:
+    return GKv(key, vtype, payload)
+
+
+def str_payload(b: bytes) -> bytes:
+    return U64.pack(len(b)) + b
+
+
+def encode_model(m: GModel, n_tensors: Optional[int] = None, n_kv: Optional[int] = None) -> bytes:
+    parts = [m.magic, U32.pack(m.version), U64.pack(len(m.tensors) if n_tensors is None else n_tensors),
+             U64.pack(len(m.kvs) if n_kv is None else n_kv)]
+    for kv in m.kvs:
+        parts += [str_payload(kv.key), U32.pack(kv.vtype), kv.payload]
+    for t in m.tensors:
+        parts += [str_payload(t.name), U32.pack(len(t.dims)), b"".join(U64.pack(d) for d in t.dims),
+                  U32.pack(t.gtype), U64.pack(t.offset)]
+    head = b"".join(parts)
+    return head + bytes(-len(head) % layout_alignment(m.kvs)) + m.data
+
+
+def tensor_nbytes(t: GTensor) -> Optional[int]:
+    """Bytes of t's data if it is small and well formed (None otherwise), from the format's block sizes."""
+    if t.gtype not in bc.GGML_TYPES or any(d > 1 << 20 for d in t.dims):
+        return None
+    _, block, size = bc.GGML_TYPES[t.gtype]
+    n = math.prod(t.dims)
+    if (t.dims[0] if t.dims else 1) % block or n // block * size > 1 << 20:
+        return None
+    return n // block * size
+
+
+def relayout(m: GModel, rng: random.Random) -> Optional[GModel]:
+    """m with every tensor's data placed in order and padded as gguf-py does: a file the reader
+    should accept (None if a tensor is too big or malformed to place); old bytes are kept."""
+    align = layout_alignment(m.kvs)
+    tensors, parts, at = [], [], 0
+    for t in m.tensors:
+        n = tensor_nbytes(t)
+        if n is None:
+            return None
+        old = m.data[t.offset:t.offset + n] if t.offset < len(m.data) else b""
+        body = old + rng.randbytes(n - len(old))
+        tensors.append(GTensor(t.name, list(t.dims), t.gtype, at))
+        parts += [body, bytes(-n % align)]
+        at += n + (-n % align)
+    return GModel(m.magic, m.version, [GKv(k.key, k.vtype, k.payload) for k in m.kvs], tensors, b"".join(parts))
+
+
+def copy_model(m: GModel) -> GModel:
+    return GModel(m.magic, m.version, [GKv(k.key, k.vtype, k.payload) for k in m.kvs],
+                  [GTensor(t.name, list(t.dims), t.gtype, t.offset) for t in m.tensors], m.data)
+
+
+# --- Value pools: boundary numbers for counts, lengths, tags and offsets; hostile keys, names,
+# --- strings and typed values for new or changed kv pairs.
+
+U64_VALUES = (0, 1, 2, 3, 7, 8, 13, 14, 24, 31, 32, 33, 255, 4096, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
+              2**53 + 1, 2**62, 2**63 - 1, 2**63, 2**64 - 32, 2**64 - 1, 1024**3, 1024**3 + 1)
+U32_VALUES = (0, 1, 2, 3, 4, 5, 8, 9, 12, 13, 31, 32, 255, 256, 2**16, 2**31 - 1, 2**31, 2**32 - 1)
+TYPE_TAGS = tuple(range(14)) + (255, 2**31, 2**32 - 1)
+GGML_CODES = tuple(range(44)) + (255, 2**31, 2**32 - 1)
+N_DIMS = (0, 1, 2, 3, 4, 5, 8, 2**31, 2**32 - 1)
+VERSIONS = (0, 1, 2, 3, 4, 0x03000000, 0x00030000, 2**32 - 1)
+MAGICS = (b"GGUF", b"GGML", b"gguf", b"FUGG", b"\x00\x00\x00\x00", b"GGJT", b"GGU\x00")
+KEYS = (b"general.alignment", b"", b"a", b"a\nb", b"a\rb", b"\xff", b"\xc3", b"\xed\xa0\x80", b"general.name",
+        b"general.architecture", b"x" * 300, "\u043a\u043b\u044e\u0447".encode(), b"k\x00", b"\x1b[2J",
+        b"tokenizer.ggml.tokens", b"general.alignment ", b"GENERAL.ALIGNMENT", b"\xef\xbb\xbfkey")
+NAMES = (b"", b"t", b"a\nb", b"\xff", b"\xc3\xa9", b"x" * 70000, b"token_embd.weight", b"\x00", "\u2028".encode())
+STRINGS = (b"", b"x", b"a\nb", b"\r\n", "\u00e9".encode(), "\U0001f4a5".encode(), b"\xff", b"\xc3",
+           b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\x80", b"\x00", b"\x1b[31mred", "\u2028".encode(),
+           b"x" * 70000, b"'\"\\")
+DIMS = ([], [0], [1], [0, 4], [4, 0], [3], [33], [31, 2], [256], [1, 1, 1, 1], [1, 1, 1, 1, 1], [2**31],
+        [2**32, 2**32], [2**62, 4], [2**63 - 1], [2**63], [2**64 - 1], [1, 2**63 - 1], [32, 2**40],
+        [2**21], [8, 2**61])
+# scalar bit patterns by size: zero, all ones, sign bit only, NaN / infinity / -0.0 for floats
+SCALAR_BITS = {1: (0, 1, 2, 0x7F, 0x80, 0xFF), 2: (0, 0xFFFF, 0x8000, 0x7C00, 0x7E01),
+               4: (0, 0xFFFFFFFF, 0x80000000, 0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000, 1, 0x7F7FFFFF),
+               8: (0, 2**64 - 1, 2**63, 0x7FF8000000000000, 0x7FF0000000000001, 0x7FF0000000000000, 1)}
+
+
+def scalar_payload(vtype: int, rng: random.Random) -> bytes:
+    size = SCALAR_SIZES[vtype]
+    return rng.choice(SCALAR_BITS[size]).to_bytes(size, "little")
+
+
+def array_payload(etype: int, elements: list[bytes], n: Optional[int] = None) -> bytes:
+    return U32.pack(etype) + U64.pack(len(elements) if n is None else n) + b"".join(elements)
+
+
+def element_payload(etype: int, rng: random.Random, depth: int = 0) -> bytes:
+    if etype in SCALAR_SIZES:
+        return scalar_payload(etype, rng)
+    if etype == T_STRING:
+        return str_payload(rng.choice(STRINGS[:-2]))
+    if etype == T_ARRAY and depth < 2:
+        inner = rng.choice((T_UINT8, T_STRING, T_ARRAY))
+        return array_payload(inner, [element_payload(inner, rng, depth + 1) for _ in range(rng.randrange(3))])
+    return rng.randbytes(rng.choice((0, 1, 4, 8)))
+
+
+def draw_gguf_value(rng: random.Random) -> tuple[int, bytes, str]:
+    """(type tag, payload, description) of a value for a new or changed kv."""
+    r = rng.random()
+    if r < 0.35:
+        vtype = rng.choice(tuple(SCALAR_SIZES))
+        payload = scalar_payload(vtype, rng)
+        return vtype, payload, f"type {vtype} bytes {payload.hex()}"
+    if r < 0.55:
+        s = rng.choice(STRINGS)
+        return T_STRING, str_payload(s), f"string {s[:20]!r}({len(s)} bytes)"
+    if r < 0.9:
+        etype = rng.choice(tuple(range(13)) + (T_ARRAY, T_ARRAY, 13, 2**32 - 1))
+        n = rng.choice((0, 1, 3, 100))
+        elements = [element_payload(etype, rng) for _ in range(n)]
+        claimed = rng.choice((None, None, None, n + 1, n - 1 if n else 2**64 - 1, 2**63))
+        return T_ARRAY, array_payload(etype, elements, claimed), \
+            f"array of type {etype}, {n} elements" + (f" claiming {claimed}" if claimed is not None else "")
+    vtype = rng.choice((13, 255, 2**31, 2**32 - 1))
+    payload = rng.randbytes(rng.choice((0, 1, 8)))
+    return vtype, payload, f"unknown type {vtype} with {len(payload)} bytes"
+
+
+# --- Mutations: each takes (rng, bytes, the base's context) and returns (new bytes, what it did),
+# --- or None when it does not apply (the input then draws another).  Raw ones damage bytes where
+# --- the walk says a field sits; model ones edit the decoded file and write it again.
+
+@dataclass
+class GCtx:
+    rng: random.Random
+    data: bytes
+    others: dict            # base name -> bytes, for splices
+    _walk: Optional[GWalk] = None
+
+    def walk(self) -> GWalk:
+        if self._walk is None:
+            self._walk = walk(self.data)
+        return self._walk
+
+
+FIELD_KINDS = (("tensor_count", 6), ("kv_count", 6), ("version", 2), ("magic", 1), ("key_len", 6),
+               ("text_len", 6), ("tname_len", 5), ("type", 8), ("elem_type", 6), ("array_len", 7),
+               ("n_dims", 6), ("dim", 8), ("ggml_type", 7), ("data_offset", 8), ("scalar", 4), ("key", 3),
+               ("text", 4), ("tname", 3), ("array_data", 2))
+
+
+def pick_field(ctx: GCtx, kinds=FIELD_KINDS) -> Optional[GField]:
+    fields = ctx.walk().fields
+    present = {f.kind for f in fields}
+    options = [(k, w) for k, w in kinds if k in present]
+    if not options:
+        return None
+    kind = weighted(ctx.rng, options)
+    return ctx.rng.choice([f for f in fields if f.kind == kind])
+
+
+def field_value(ctx: GCtx, f: GField) -> bytes:
+    """A replacement for field f of the same size: a boundary value or a neighbour of the old one."""
+    rng, old = ctx.rng, ctx.data[f.at:f.at + f.size]
+    if f.kind == "magic":
+        return rng.choice(MAGICS)
+    if f.kind in ("key", "text", "tname", "array_data"):
+        i = rng.randrange(f.size)
+        return old[:i] + bytes([rng.choice((0xFF, 0xC0, 0x80, 0xED, 0x00, 0x0A, old[i] ^ 0x40))]) + old[i + 1:]
+    if f.kind == "scalar":
+        return rng.choice(SCALAR_BITS[f.size]).to_bytes(f.size, "little")
+    if f.size == 4:
+        pool = {"type": TYPE_TAGS, "elem_type": TYPE_TAGS, "ggml_type": GGML_CODES, "n_dims": N_DIMS,
+                "version": VERSIONS}.get(f.kind, U32_VALUES)
+        return U32.pack(rng.choice(pool))
+    value = U64.unpack(old)[0]
+    after = len(ctx.data) - f.at - 8
+    near = (value + 1, value - 1, value * 2, value + 32, after, after + 1, len(ctx.data))
+    return U64.pack(max(0, min(2**64 - 1, rng.choice(U64_VALUES + near))))
+
+
+def m_field(ctx: GCtx):
+    f = pick_field(ctx)
+    if f is None:
+        return None
+    new = field_value(ctx, f)
+    old = ctx.data[f.at:f.at + f.size]
+    shown = (f"{int.from_bytes(old, 'little')} -> {int.from_bytes(new, 'little')}" if f.size in (4, 8)
+             and f.kind not in ("key", "text", "tname", "array_data", "magic", "scalar")
+             else f"{old[:16].hex()} -> {new[:16].hex()}")
+    return ctx.data[:f.at] + new + ctx.data[f.at + f.size:], f"{f.kind} field at byte {f.at}: {shown}"
+
+
+def m_length_past_end(ctx: GCtx):
+    f = pick_field(ctx, (("key_len", 3), ("text_len", 3), ("tname_len", 2), ("array_len", 3), ("kv_count", 1),
+                         ("tensor_count", 1)))
+    if f is None:
+        return None
+    after = len(ctx.data) - f.at - 8
+    value = max(0, after + ctx.rng.choice((-1, 0, 1, 2, 7, 8, 9, 1 << 20)))
+    return (ctx.data[:f.at] + U64.pack(value) + ctx.data[f.at + 8:],
+            f"{f.kind} at byte {f.at} set to {value} ({after} bytes follow the field)")
+
+
+def _boundary(ctx: GCtx) -> int:
+    """A position: mostly a field's start or end, sometimes anywhere."""
+    fields = ctx.walk().fields
+    if fields and chance(ctx.rng, 0.7):
+        f = ctx.rng.choice(fields)
+        return max(0, min(len(ctx.data), f.at + ctx.rng.choice((0, 0, f.size, f.size, 1, -1))))
+    return ctx.rng.randrange(len(ctx.data) + 1)
+
+
+def _header_biased(ctx: GCtx) -> int:
+    # Tensor data is opaque to the reader; most damage goes where the structure is.
+    end = ctx.walk().end
+    if chance(ctx.rng, 0.8) and end:
+        return ctx.rng.randrange(min(len(ctx.data), end + 64))
+    return ctx.rng.randrange(len(ctx.data))
+
+
+def m_flip(ctx: GCtx):
+    if not ctx.data:
+        return None
+    data, what = bytearray(ctx.data), []
+    for _ in range(ctx.rng.choice((1, 1, 2, 4))):
+        i = _header_biased(ctx)
+        b = ctx.rng.choice((0x00, 0xFF, 0x80, 0x7F, 0x0A, data[i] ^ (1 << ctx.rng.randrange(8)), ctx.rng.randrange(256)))
+        data[i] = b
+        what.append(f"{i}=0x{b:02x}")
+    return bytes(data), "bytes set: " + ", ".join(what)
+
+
+INSERTS = (b"\x00", b"\x00" * 4, b"\x00" * 8, b"\xff" * 8, b"\x01", b"GGUF", b"\x00" * 32, b"\x08" + b"\x00" * 7 + b"abcdefgh")
+
+
+def m_insert(ctx: GCtx):
+    at = _boundary(ctx)
+    junk = ctx.rng.choice(INSERTS + (ctx.rng.randbytes(ctx.rng.randrange(1, 17)),))
+    return ctx.data[:at] + junk + ctx.data[at:], f"inserted {junk[:16].hex()} ({len(junk)} bytes) at byte {at}"
+
+
+def m_delete(ctx: GCtx):
+    fields = ctx.walk().fields
+    if fields and chance(ctx.rng, 0.6):
+        f = ctx.rng.choice(fields)
+        start, end = f.at, f.at + f.size
+    else:
+        start = _header_biased(ctx) if ctx.data else 0
+        end = min(len(ctx.data), start + ctx.rng.randrange(1, 17))
+    return ctx.data[:start] + ctx.data[end:], f"deleted bytes {start}..{end}"
+
+
+def m_truncate(ctx: GCtx):
+    w = ctx.walk()
+    at = ctx.rng.choice((_boundary(ctx), _boundary(ctx), ctx.rng.randrange(len(ctx.data) + 1), w.end, w.end + 1,
+                         len(ctx.data) - 1, len(ctx.data) - 32, 0, 4, 8, 23, 24))
+    at = max(0, min(at, len(ctx.data)))
+    return ctx.data[:at], f"truncated to {at} of {len(ctx.data)} bytes"
+
+
+def m_append(ctx: GCtx):
+    extra = ctx.rng.choice((b"\x00", bytes(31), bytes(32), bytes(33), b"\xff" * 7, bytes(4096), b"GGUF",
+                            ctx.data[:64]))
+    return ctx.data + extra, f"{len(extra)} bytes appended"
+
+
+def m_fill(ctx: GCtx):
+    if not ctx.data:
+        return None
+    start = _header_biased(ctx)
+    end = min(len(ctx.data), start + ctx.rng.choice((2, 4, 8, 16, 64)))
+    b = ctx.rng.choice((0x00, 0xFF))
+    return ctx.data[:start] + bytes([b]) * (end - start) + ctx.data[end:], f"bytes {start}..{end} set to 0x{b:02x}"
+
+
+def m_splice(ctx: GCtx):
+    name = ctx.rng.choice(sorted(ctx.others))
+    other = ctx.others[name]
+    at = _boundary(ctx)
+    fields = base_walk(other).fields
+    f = ctx.rng.choice(fields) if fields else GField(0, 0, "")
+    return ctx.data[:at] + other[f.at:], f"bytes from {at} on replaced by {name}'s from byte {f.at}"
+
+
+def _model(ctx: GCtx) -> Optional[GModel]:
+    m = ctx.walk().model
+    return copy_model(m) if m is not None else None
+
+
+def _relaid(ctx: GCtx, m: GModel, p: float = 0.5) -> tuple[GModel, str]:
+    """m, laid out again (so that only the edit itself is wrong) with probability p."""
+    if chance(ctx.rng, p):
+        r = relayout(m, ctx.rng)
+        if r is not None:
+            return r, ", data laid out again"
+    return m, ""
+
+
+def m_kv_insert(ctx: GCtx):
+    m = _model(ctx)
+    if m is None:
+        return None
+    rng = ctx.rng
+    if m.kvs and chance(rng, 0.3):
+        src = rng.choice(m.kvs)
+        key = src.key
+        vtype, payload, what = (src.vtype, src.payload, "the same value") if chance(rng, 0.5) else draw_gguf_value(rng)
+    else:
+        key = rng.choice(KEYS)
+        vtype, payload, what = draw_gguf_value(rng)
+    at = rng.randrange(len(m.kvs) + 1)
+    m.kvs.insert(at, GKv(key, vtype, payload))
+    m, again = _relaid(ctx, m, 0.3)
+    return encode_model(m), f"kv {key[:40]!r} inserted at {at}: {what}{again}"
+
+
+def m_kv_edit(ctx: GCtx):
+    m = _model(ctx)
+    if m is None or not m.kvs:
+        return None
+    rng = ctx.rng
+    i = rng.randrange(len(m.kvs))
+    kv = m.kvs[i]
+    op = rng.choice(("delete", "swap", "value", "value", "retype", "rename", "move-to-end"))
+    if op == "delete":
+        del m.kvs[i]
+        what = f"kv {kv.key[:40]!r} deleted"
+    elif op == "swap" and len(m.kvs) > 1:
+        j = rng.randrange(len(m.kvs))
+        m.kvs[i], m.kvs[j] = m.kvs[j], m.kvs[i]
+        what = f"kvs {i} and {j} swapped"
+    elif op == "value":
+        kv.payload, what = _changed_payload(rng, kv)
+        what = f"kv {kv.key[:40]!r} value: {what}"
+    elif op == "rename":
+        kv.key = rng.choice(KEYS + (kv.key + b"x", kv.key[:-1], kv.key.upper()))
+        what = f"kv renamed {kv.key[:40]!r}"
+    elif op == "move-to-end":
+        m.kvs.append(m.kvs.pop(i))
+        what = f"kv {kv.key[:40]!r} moved to the end"
+    else:
+        kv.vtype, kv.payload, what = draw_gguf_value(rng)
+        what = f"kv {kv.key[:40]!r} retyped: {what}"
+    m, again = _relaid(ctx, m, 0.5)
+    return encode_model(m), what + again
+
+
+def _changed_payload(rng: random.Random, kv: GKv) -> tuple[bytes, str]:
+    """A neighbour of the kv's value in the same type, so the file stays readable but differs."""
+    p = kv.payload
+    if kv.vtype in SCALAR_SIZES:
+        new = scalar_payload(kv.vtype, rng)
+        return new, f"{p.hex()} -> {new.hex()}"
+    if kv.vtype == T_STRING:
+        s = p[8:]
+        new = rng.choice((s + b"x", s[:-1], b"", s.upper(), s + "\u00e9".encode(), b"x" + s[1:], s * 2))
+        return str_payload(new), f"string -> {new[:30]!r}"
+    if kv.vtype == T_ARRAY and len(p) >= 12:
+        etype, n = U32.unpack(p[:4])[0], U64.unpack(p[4:12])[0]
+        body = p[12:]
+        if etype in SCALAR_SIZES:
+            size = SCALAR_SIZES[etype]
+            op = rng.choice(("element", "shorter", "longer", "empty"))
+            if op == "element" and n:
+                i = rng.randrange(n)
+                body = body[:i * size] + scalar_payload(etype, rng) + body[(i + 1) * size:]
+                return array_payload(etype, [body], n), f"element {i} changed"
+            if op == "shorter" and n:
+                return array_payload(etype, [body[:-size]], n - 1), "last element dropped"
+            if op == "longer":
+                return array_payload(etype, [body, scalar_payload(etype, rng)], n + 1), "an element appended"
+            return array_payload(etype, [], 0), "emptied"
+        if etype == T_STRING:
+            return array_payload(etype, [body, str_payload(rng.choice(STRINGS[:-2]))], n + 1), "a string appended"
+    return p, "unchanged"
+
+
+def m_alignment(ctx: GCtx):
+    m = _model(ctx)
+    if m is None:
+        return None
+    rng = ctx.rng
+    kvs = [kv for kv in m.kvs if kv.key != b"general.alignment"]
+    r = rng.random()
+    if r < 0.75:
+        value = rng.choice((0, 1, 2, 3, 4, 8, 16, 24, 32, 64, 256, 4096, 65536, 2**31, 2**32 - 1))
+        kv, what = GKv(b"general.alignment", T_UINT32, U32.pack(value)), f"UINT32 {value}"
+    elif r < 0.9:
+        vtype = rng.choice((T_UINT64, T_INT32, T_UINT16, T_UINT8, T_FLOAT32, T_BOOL))
+        kv = GKv(b"general.alignment", vtype, struct.pack("<" + SCALAR_FMTS[vtype], 1 if vtype == T_BOOL else 32))
+        what = f"type {vtype} holding 32"
+    else:
+        kv = GKv(b"general.alignment", T_ARRAY, array_payload(T_UINT32, [U32.pack(32)]))
+        what = "an array [32]"
+    kvs.insert(rng.randrange(len(kvs) + 1), kv)
+    if chance(rng, 0.15):
+        kvs.insert(rng.randrange(len(kvs) + 1), GKv(b"general.alignment", T_UINT32, U32.pack(32)))
+        what += " and again as UINT32 32"
+    m.kvs = kvs
+    m, again = _relaid(ctx, m, 0.7)
+    return encode_model(m), f"general.alignment {what}{again}"
+
+
+def m_tensor(ctx: GCtx):
+    m = _model(ctx)
+    if m is None or not m.tensors:
+        return None
+    rng = ctx.rng
+    i = rng.randrange(len(m.tensors))
+    t = m.tensors[i]
+    op = weighted(rng, (("dims", 5), ("type", 4), ("offset", 5), ("name", 3), ("add", 3), ("delete", 2),
+                        ("reorder", 2), ("swap-offsets", 2)))
+    p = 0.5
+    if op == "dims":
+        t.dims = list(rng.choice(DIMS + (t.dims[::-1], t.dims + [1], t.dims[:-1], [d * 2 for d in t.dims])))
+        what = f"tensor {t.name[:30]!r} dims -> {t.dims}"
+    elif op == "type":
+        t.gtype = rng.choice(GGML_CODES)
+        what = f"tensor {t.name[:30]!r} type -> {t.gtype}"
+    elif op == "offset":
+        others = [u.offset for u in m.tensors]
+        t.offset = rng.choice(U64_VALUES + tuple(others) + (t.offset + 1, t.offset + 32, t.offset - 32 if t.offset >= 32 else 1,
+                                                          len(m.data), len(m.data) - 32, 2**64 - 32))
+        what, p = f"tensor {t.name[:30]!r} data offset -> {t.offset}", 0.0
+    elif op == "name":
+        t.name = rng.choice(NAMES + tuple(u.name for u in m.tensors) + (t.name + b"\xff",))
+        what, p = f"tensor renamed {t.name[:30]!r}", 0.0
+    elif op == "add":
+        m.tensors.insert(rng.randrange(len(m.tensors) + 1),
+                         GTensor(rng.choice((t.name + b".copy", t.name, b"new")), list(t.dims), t.gtype, t.offset))
+        what, p = f"tensor {t.name[:30]!r} listed again", 0.6
+    elif op == "delete":
+        del m.tensors[i]
+        what = f"tensor {t.name[:30]!r} deleted"
+    elif op == "reorder":
+        rng.shuffle(m.tensors)
+        what, p = "tensor infos shuffled, offsets kept", 0.0
+    else:
+        j = rng.randrange(len(m.tensors))
+        t.offset, m.tensors[j].offset = m.tensors[j].offset, t.offset
+        what, p = f"data offsets of tensors {i} and {j} swapped", 0.0
+    m, again = _relaid(ctx, m, p)
+    return encode_model(m), what + again
+
+
+def m_data(ctx: GCtx):
+    """Damage where the reader does not look but diff does: tensor bytes, padding, trailing bytes."""
+    m = _model(ctx)
+    if m is None:
+        return None
+    rng = ctx.rng
+    placed = [(t, tensor_nbytes(t)) for t in m.tensors]
+    placed = [(t, n) for t, n in placed if n and t.offset + n <= len(m.data)]
+    op = rng.choice(("tensor", "tensor", "special", "padding", "info-padding"))
+    data = bytearray(m.data)
+    if op in ("tensor", "special") and placed:
+        t, n = rng.choice(placed)
+        i = t.offset + rng.randrange(n)
+        if op == "tensor":
+            data[i] ^= 1 << rng.randrange(8)
+            what = f"tensor {t.name[:30]!r} data byte {i - t.offset} flipped"
+        else:
+            pattern = rng.choice((b"\x00\x80", b"\x00\x00\xc0\x7f", b"\x01\x7c", b"\x00\x00\x80\x7f", b"\x80"))
+            data[i:i + len(pattern)] = pattern
+            del data[len(m.data):]
+            what = f"tensor {t.name[:30]!r} data at {i - t.offset} set to {pattern.hex()}"
+    elif op == "padding" and placed:
+        t, n = rng.choice(placed)
+        end = t.offset + n
+        if end >= len(m.data) or data[end] != 0:
+            return None
+        data[end] = rng.choice((1, 0xFF))
+        what = f"padding after tensor {t.name[:30]!r} made nonzero"
+    else:
+        out = encode_model(m)
+        head_len, end = len(out) - len(m.data), walk(out).end
+        if end >= head_len:
+            return None
+        i = rng.randrange(end, head_len)
+        return out[:i] + b"\x01" + out[i + 1:], f"padding byte {i} after the tensor infos made nonzero"
+    m.data = bytes(data)
+    return encode_model(m), what
+
+
+def m_counts(ctx: GCtx):
+    """Header counts that disagree with what follows, by a little or a lot."""
+    m = _model(ctx)
+    if m is None:
+        return None
+    which = ctx.rng.choice(("tensor", "kv"))
+    real = len(m.tensors) if which == "tensor" else len(m.kvs)
+    value = ctx.rng.choice((real + 1, real - 1 if real else 1, 0, 2**63, 2**64 - 1, 2**31))
+    return (encode_model(m, n_tensors=value) if which == "tensor" else encode_model(m, n_kv=value),
+            f"{which} count {real} -> {value}")
+
+
+def m_big(ctx: GCtx):
+    """Large but legal values: long strings and arrays, many kvs or tensors, for hangs and memory."""
+    m = _model(ctx)
+    if m is None:
+        return None
+    rng = ctx.rng
+    op = rng.choice(("array", "strings", "kvs", "tensors", "string"))
+    if op == "array":
+        n = rng.choice((100000, 1000000))
+        kv, what = GKv(b"big.array", T_ARRAY, array_payload(T_UINT8, [bytes(n)])), f"UINT8 array of {n}"
+        m.kvs.append(kv)
+    elif op == "strings":
+        n = rng.choice((10000, 100000))
+        m.kvs.append(GKv(b"big.strings", T_ARRAY, array_payload(T_STRING, [str_payload(b"")] * n)))
+        what = f"array of {n} empty strings"
+    elif op == "kvs":
+        n = rng.choice((1000, 20000))
+        m.kvs += [GKv(b"k%d" % i, T_UINT8, b"\x00") for i in range(n)]
+        what = f"{n} kvs added"
+    elif op == "tensors":
+        n = rng.choice((1000, 10000))
+        m.tensors += [GTensor(b"z%d" % i, [0], GGML_F32, 0) for i in range(n)]
+        what = f"{n} empty tensors added"
+    else:
+        n = rng.choice((1 << 20, 4 << 20))
+        m.kvs.append(GKv(b"big.string", T_STRING, str_payload(b"\xc3\xa9" * (n // 2))))
+        what = f"a {n}-byte string"
+    m, again = _relaid(ctx, m, 0.8)
+    return encode_model(m), what + again
+
+
+GGUF_MUTATORS: tuple = (
+    (m_field, 22), (m_length_past_end, 7), (m_flip, 8), (m_insert, 5), (m_delete, 5), (m_truncate, 6),
+    (m_append, 2), (m_fill, 2), (m_splice, 2), (m_kv_insert, 9), (m_kv_edit, 9), (m_alignment, 6),
+    (m_tensor, 12), (m_data, 6), (m_counts, 3), (m_big, 1),
+)
+
+
+def build_gguf_input(seed: str, index: int, bases: dict[str, bytes],
+                     only: Optional[int] = None) -> tuple[bytes, str, list[str]]:
+    """Input `index` of `seed`: (mutant bytes, base name, mutation descriptions)."""
+    rng = random.Random(f"gguf/{seed}/{index}")
+    base = weighted(rng, GGUF_BASES)
+    n = rng.choice([1, 1, 1, 1, 2, 2, 3])
+    data = bases[base]
+    done = []
+    for k in range(n):
+        if only is not None and k != only:
+            continue
+        others = {b: d for b, d in bases.items() if b != "converted"}
+        ctx = GCtx(random.Random(f"gguf/{seed}/{index}/{k}"), data, others,
+                   base_walk(data) if data is bases[base] else None)
+        for _ in range(8):
+            result = weighted(ctx.rng, GGUF_MUTATORS)(ctx)
+            if result is not None:
+                data, what = result
+                done.append(f"[{k}] {what}")
+                break
+    return data, base, done
+
+
+# --- Running one input: every call on the mutant (and the base beside it), each under the time
+# --- limit; crashes are exceptions other than GGUFError/Refusal, violations are broken promises.
+
+@dataclass
+class GFinding:
+    call: str
+    kind: str              # crash | violation
+    signature: str
+    error_type: str
+    message: str
+    last_frame: str = ""
+    converter_frame: str = ""
+    traceback: str = ""
+
+
+@dataclass
+class GOutcome:
+    index: int
+    base: str
+    mutations: list
+    seconds: float
+    size: int
+    accepted: bool         # read_gguf returned
+    rejection: str         # read_gguf's GGUFError, if it raised one
+    findings: list
+
+
+def one_line(text: object) -> bool:
+    return isinstance(text, str) and bool(text.strip()) and "\n" not in text and "\r" not in text
+
+
+class _Calls:
+    """Runs the calls of one input and collects what went wrong."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.findings: list[GFinding] = []
+
+    def run(self, call: str, fn):
+        """(True, result) or (False, the GGUFError/Refusal); anything else is recorded as a crash."""
+        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        try:
+            result = fn()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            return True, result
+        except (bc.GGUFError, bc.Refusal) as e:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            text = e.reason if isinstance(e, bc.Refusal) else str(e)
+            if not one_line(text):
+                f = crash_fields(e)
+                etype = f"{type(e).__name__}(not one line)"
+                self.findings.append(GFinding(call, "crash", etype + " @ " + f["signature"].split(" @ ", 1)[1],
+                                              etype, repr(text)[:400], f["last_frame"], f["converter_frame"],
+                                              f["traceback"]))
+            return False, e
+        except (Exception, Timeout, MemoryError) as e:  # noqa: B014 - every other failure is a finding
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            f = crash_fields(e)
+            self.findings.append(GFinding(call, "crash", f["signature"], f["error_type"], f["message"],
+                                          f["last_frame"], f["converter_frame"], f["traceback"]))
+            return False, None
+
+    def violation(self, call: str, check: str, detail: str, owner: str = "") -> None:
+        """A broken promise; deduplicated by the check and the function that owns it (default: the call's)."""
+        owner = owner or call.split("(")[0]
+        self.findings.append(GFinding(call, "violation", f"violation: {check} @ {owner}",
+                                      "violation", f"{check}: {detail}"[:400]))
+
+    def lines(self, call: str, lines, owner: str) -> None:
+        """Output the command line prints one entry per line must hold one line each."""
+        bad = [s for s in lines if not isinstance(s, str) or "\n" in s or "\r" in s]
+        if bad:
+            self.violation(call, "an output line spans lines", repr(bad[0])[:200], owner)
+
+
+def twin_of(data: bytes, flip: tuple[int, int]) -> bytes:
+    """data with one byte changed: flip is (position, xor mask), the position taken modulo the size."""
+    if not data:
+        return b"\x00"
+    i = flip[0] % len(data)
+    return data[:i] + bytes([data[i] ^ flip[1]]) + data[i + 1:]
+
+
+def draw_flip(seed: str, index: int) -> tuple[int, int]:
+    rng = random.Random(f"gguf/{seed}/{index}/twin")
+    return rng.randrange(1 << 30), rng.randrange(1, 256)
+
+
+def run_gguf_input(mutant: Path, data: bytes, base: GBase, base_data: bytes, timeout: float,
+                   flip: tuple[int, int] = (0, 1)) -> tuple[bool, str, list]:
+    """Every call on one mutant: (read_gguf accepted it, its GGUFError if not, findings).
+
+    Besides the base, the mutant is diffed against its twin (the mutant with one byte changed
+    anywhere): the base never has gaps between tensors or odd padding, a mutant's twin does, which
+    is how the diff's last resort (naming the region of the first differing byte) gets reached.
+    """
+    c = _Calls(timeout)
+    identical = data == base_data
+    accepted, f = c.run("read_gguf(mutant)", lambda: bc.read_gguf(mutant))
+    rejection = str(f) if not accepted and isinstance(f, bc.GGUFError) else ""
+    if accepted:
+        for full in (False, True):
+            ok, lines = c.run(f"describe_gguf(f, full={full})", lambda: bc.describe_gguf(f, full))
+            if ok:
+                c.lines(f"describe_gguf(f, full={full})", lines, "describe_gguf")
+    ok, lines = c.run("inspect_gguf_lines(mutant)", lambda: bc.inspect_gguf_lines(mutant))
+    if ok:
+        c.lines("inspect_gguf_lines(mutant)", lines, "describe_gguf")
+    if ok != accepted:
+        c.violation("inspect_gguf_lines(mutant)", "disagrees with read_gguf", f"read ok={accepted}, inspect ok={ok}")
+    for full in (True, False):
+        call = f"inspect_gguf_json(mutant, full={full})"
+        ok, doc = c.run(call, lambda: bc.inspect_gguf_json(mutant, full=full))
+        if ok:
+            try:
+                json.dumps(doc, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                c.violation(call, "not strict JSON", str(e), "inspect_gguf_json")
+    ok, result = c.run("diff_files(mutant, base)", lambda: bc.diff_files(mutant, base.path))
+    if ok:
+        lines, code = result
+        c.lines("diff_files(mutant, base)", lines, "diff_gguf")
+        want = 0 if identical else (1 if accepted else 2)
+        if code != want or bool(lines) == identical:
+            c.violation("diff_files(mutant, base)", "exit code or emptiness",
+                        f"identical={identical} readable={accepted}: code {code}, {len(lines)} lines, want code {want}")
+    ok, lines = c.run("diff_gguf(base, mutant)", lambda: bc.diff_gguf(base.path, mutant))
+    if ok:
+        c.lines("diff_gguf(base, mutant)", lines, "diff_gguf")
+        if bool(lines) == identical:
+            c.violation("diff_gguf(base, mutant)", "[] iff byte-identical", f"identical={identical}, {len(lines)} lines")
+    twin = mutant.with_name("twin.gguf")
+    twin.write_bytes(twin_of(data, flip))
+    ok, lines = c.run("diff_gguf(mutant, twin)", lambda: bc.diff_gguf(mutant, twin))
+    if ok:
+        c.lines("diff_gguf(mutant, twin)", lines, "diff_gguf")
+        if not lines:
+            c.violation("diff_gguf(mutant, twin)", "[] iff byte-identical", f"one byte changed at {flip}, no lines")
+    ok, result = c.run("verify(mutant, pin)", lambda: bc.verify(mutant, base.pin))
+    if ok:
+        lines, held = result
+        c.lines("verify(mutant, pin)", lines, "verify")
+        if held != identical:
+            c.violation("verify(mutant, pin)", "held iff identical", f"identical={identical}, held={held}")
+    return accepted, rejection, c.findings
+
+
+def rejection_family(message: str) -> str:
+    """A GGUFError with its numbers and quoted names cut, for the histogram of checks that fired."""
+    text = re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", "'…'", message)
+    text = re.sub(r"b'…'", "'…'", text)
+    text = re.sub(r"0x[0-9a-f]+|(?<![A-Za-z_-])\d+", "N", text)
+    return text[:110]
+
+
+# --- The campaign: like the converter's, with inputs accepted or rejected by the reader and
+# --- unique findings by exception type and the converter's last frame.
+
+_GWORKER: dict = {}
+
+
+def _gguf_worker_init(seed: str, bases: dict, work: str, timeout: float, memory_mb: int) -> None:
+    limit_memory(memory_mb)
+    run = Path(tempfile.mkdtemp(prefix="run-", dir=work))
+    signal.signal(signal.SIGALRM, _alarm)
+    gb = {k: GBase(k, Path(p), Path(pin)) for k, (p, pin) in bases.items()}
+    _GWORKER.update(seed=seed, bases=gb, data={k: b.path.read_bytes() for k, b in gb.items()},
+                    mutant=run / "mutant.gguf", timeout=timeout)
+
+
+def _gguf_one(index: int, only: Optional[int] = None) -> GOutcome:
+    w = _GWORKER
+    signal.setitimer(signal.ITIMER_REAL, 120)  # a mutation that blocks must fail loudly too
+    data, base, done = build_gguf_input(w["seed"], index, w["data"], only)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    w["mutant"].write_bytes(data)
+    start = time.perf_counter()
+    accepted, rejection, findings = run_gguf_input(w["mutant"], data, w["bases"][base], w["data"][base], w["timeout"],
+                                                   draw_flip(w["seed"], index))
+    return GOutcome(index, base, done, time.perf_counter() - start, len(data), accepted, rejection, findings)
+
+
+def _gguf_worker_run(index: int) -> tuple[GOutcome, dict]:
+    outcome = _gguf_one(index)
+    minimal = {}
+    for f in outcome.findings:
+        if f.signature not in minimal:
+            minimal[f.signature] = _gguf_minimal(index, outcome, f.signature)
+    return outcome, minimal
+
+
+def _gguf_minimal(index: int, outcome: GOutcome, signature: str) -> Optional[int]:
+    """The one mutation that alone reproduces a finding, if there is one."""
+    ks = [int(m[1:m.index("]")]) for m in outcome.mutations]
+    if len(ks) < 2:
+        return ks[0] if ks else None
+    for k in ks:
+        o = _gguf_one(index, only=k)
+        if any(f.signature == signature for f in o.findings):
+            return k
+    return None
+
+
+class GgufCampaign:
+    def __init__(self, seed: str, total: int):
+        self.seed, self.total = seed, total
+        self.counts = Counter()
+        self.uniques: dict[str, Unique] = {}
+        self.rejections = Counter()
+        self.accepted_by_base = Counter()
+        self.inputs_by_base = Counter()
+        self.done = 0
+        self.bytes = 0
+        self.start = time.perf_counter()
+        self.slowest: list = []
+
+    def add(self, o: GOutcome, minimal: dict) -> list[str]:
+        """Count one input; the signatures it found for the first time."""
+        self.done += 1
+        self.bytes += o.size
+        self.inputs_by_base[o.base] += 1
+        self.counts["accepted" if o.accepted else "rejected"] += 1
+        if o.accepted:
+            self.accepted_by_base[o.base] += 1
+        elif o.rejection:
+            self.rejections[rejection_family(o.rejection)] += 1
+        self.slowest = sorted(self.slowest + [(round(o.seconds, 3), o.index, o.base)], reverse=True)[:10]
+        kinds = {f.kind for f in o.findings}
+        for kind in kinds:
+            self.counts[kind] += 1
+        new = []
+        for f in o.findings:
+            u = self.uniques.get(f.signature)
+            if u is None:
+                u = self.uniques[f.signature] = Unique(f.signature, f.error_type, f.message, f.last_frame,
+                                                       f.converter_frame, o.index, traceback=f.traceback)
+                new.append(f.signature)
+            u.count += 1
+            if len(u.examples) < 5 and all(e["index"] != o.index for e in u.examples):
+                k = minimal.get(f.signature)
+                u.examples.append({"index": o.index, "base": o.base, "call": f.call, "mutations": o.mutations,
+                                   "minimal_mutation": k, "message": f.message[:200],
+                                   "replay": self.replay(o.index, k)})
+        return new
+
+    def replay(self, index: int, only: Optional[int] = None) -> str:
+        extra = f" --only {only}" if only is not None else ""
+        return f"python3 oracle/fuzz.py --gguf --seed {self.seed} --replay {index}{extra}"
+
+    def rate(self) -> float:
+        return self.done / max(time.perf_counter() - self.start, 1e-9)
+
+    def unique(self, kind: str) -> int:
+        return sum(1 for u in self.uniques.values() if (u.error_type == "violation") == (kind == "violation"))
+
+    def line(self) -> str:
+        c = self.counts
+        return (f"fuzz: {self.done} inputs, {c['crash']} crashes ({self.unique('crash')} unique), "
+                f"{c['violation']} contract violations ({self.unique('violation')} unique), "
+                f"{c['accepted']} accepted, {c['rejected']} rejected")
+
+    def progress(self) -> str:
+        return (f"{time.strftime('%H:%M:%S')} {self.done}/{self.total} {self.rate():.1f} inputs/s | "
+                f"{self.line()}")
+
+    def report(self) -> dict:
+        return {
+            "mode": "gguf",
+            "command": " ".join([Path(sys.executable).name] + sys.argv),
+            "seed": self.seed, "inputs": self.done, "converter_sha256": CONVERTER_SHA256,
+            "seconds": round(time.perf_counter() - self.start, 1),
+            "inputs_per_second": round(self.rate(), 2), "mean_input_bytes": round(self.bytes / max(self.done, 1)),
+            "counts": dict(self.counts), "inputs_by_base": dict(self.inputs_by_base),
+            "accepted_by_base": dict(self.accepted_by_base),
+            "unique_findings": [asdict(u) for u in sorted(self.uniques.values(), key=lambda u: u.first_index)],
+            "rejection_families": self.rejections.most_common(200),
+            "slowest": self.slowest,
+        }
+
+
+def _gguf_init_args(args, bases: dict[str, GBase], work: Path) -> tuple:
+    return (args.seed, {k: (str(b.path), str(b.pin)) for k, b in bases.items()}, str(work),
+            args.timeout, args.memory_mb)
+
+
+def run_gguf_campaign(args) -> int:
+    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-gguf-", dir=args.workdir)).resolve()
+    bases = build_gguf_bases(work / "bases")
+    fingerprint = tree_fingerprint(work / "bases", with_hash=True)
+    camp = GgufCampaign(args.seed, args.inputs)
+    progress = Path(args.progress).resolve() if args.progress else None
+    report = Path(args.report).resolve() if args.report else None
+    if progress:
+        progress.write_text(f"{time.strftime('%H:%M:%S')} start: --gguf, seed {args.seed}, {args.inputs} inputs, "
+                            f"{args.workers} worker(s), work dir {work}\n", encoding="utf-8")
+    init = _gguf_init_args(args, bases, work)
+    indices = range(args.start, args.start + args.inputs)
+    tracer = LineCoverage() if args.coverage else None
+    if args.workers <= 1:
+        _gguf_worker_init(*init)
+        if tracer:
+            tracer.start()
+        results: Iterator = map(_gguf_worker_run, indices)
+        pool = None
+    else:
+        import multiprocessing
+        pool = multiprocessing.get_context("fork").Pool(args.workers, _gguf_worker_init, init)
+        results = pool.imap_unordered(_gguf_worker_run, indices, chunksize=16)
+    try:
+        for outcome, minimal in results:
+            new = camp.add(outcome, minimal)
+            if new and not args.quiet:
+                for sig in new:
+                    u = camp.uniques[sig]
+                    print(f"new finding #{list(camp.uniques).index(sig) + 1} at input {outcome.index}: {sig}: "
+                          f"{u.message[:120]!r}",
+                          file=sys.stderr, flush=True)
+            if camp.done % args.every == 0 or new:
+                if progress:
+                    with open(progress, "a", encoding="utf-8", errors="backslashreplace") as f:
+                        f.write(camp.progress() + "\n")
+                if report:
+                    write_atomically(report, json.dumps(camp.report(), indent=2, ensure_ascii=True))
+    finally:
+        if tracer:
+            tracer.stop()
+        if pool is not None:
+            pool.terminate()
+    changed = tree_fingerprint(work / "bases", with_hash=True) != fingerprint
+    doc = camp.report()
+    if tracer:
+        doc["coverage"] = tracer.summary()
+        for line in tracer.lines():
+            print(line)
+    if report:
+        write_atomically(report, json.dumps(doc, indent=2, ensure_ascii=True))
+    for u in sorted(camp.uniques.values(), key=lambda u: u.first_index):
+        ex = u.examples[0]
+        print(f"{'violation' if u.error_type == 'violation' else 'crash'} {u.signature} x{u.count}: "
+              f"{u.error_type}: {u.message[:100]!r}\n"
+              f"    in {ex['call']}, last frame {u.last_frame}; first input {u.first_index}: {ex['mutations']}\n"
+              f"    replay: {ex['replay']}")
+    if changed:
+        print("a base file changed: a call wrote through the files it reads")
+    print(f"throughput: {camp.rate():.1f} inputs/s over {time.perf_counter() - camp.start:.0f} s "
+          f"(mean input {doc['mean_input_bytes']} bytes)")
+    if progress:
+        with open(progress, "a", encoding="utf-8") as f:
+            f.write(camp.progress() + " (done)\n")
+    if not args.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    print(camp.line())
+    return 1 if camp.counts["crash"] or camp.counts["violation"] or changed else 0
+
+
+# --- Coverage (--coverage, one worker): which lines of the reader, the listings, the diff and
+# --- verify the campaign executed, from a trace function that only follows bankml_convert frames.
+
+class LineCoverage:
+    FUNCTIONS = ("read_gguf", "inspect_gguf_lines", "inspect_gguf_json", "kv_json", "_json_scalar",
+                 "trailing_bytes", "verify", "read_pin", "_pinned_file", "_output_checks", "diff_files")
+
+    def __init__(self):
+        self.hit: set[int] = set()
+        self.file = bc.__file__
+
+    def _trace(self, frame, event, arg):
+        if frame.f_code.co_filename != self.file:
+            return None
+        self.hit.add(frame.f_lineno)
+        return self._local
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.hit.add(frame.f_lineno)
+        return self._local
+
+    def start(self) -> None:
+        sys.settrace(self._trace)
+
+    def stop(self) -> None:
+        sys.settrace(None)
+
+    def targets(self) -> dict[str, set[int]]:
+        """Executable lines of every function in the 'Reading GGUF' section and of FUNCTIONS."""
+        source = Path(self.file).read_text(encoding="utf-8").splitlines()
+        start = next(i for i, s in enumerate(source, 1) if s.startswith("# Reading GGUF"))
+        end = next(i for i, s in enumerate(source, 1) if i > start and s.startswith("# Around the file"))
+        out: dict[str, set[int]] = {}
+        for obj in list(vars(bc).values()):
+            if inspect.isfunction(obj):
+                fns = [obj]
+            elif inspect.isclass(obj) and obj.__module__ == bc.__name__:
+                fns = [v for v in vars(obj).values() if inspect.isfunction(v)]
+            else:
+                continue
+            for fn in fns:
+                code = fn.__code__
+                if code.co_filename != self.file:
+                    continue
+                if start <= code.co_firstlineno < end or fn.__name__ in self.FUNCTIONS:
+                    out[fn.__qualname__] = {ln for _, _, ln in code.co_lines()
+                                            if ln is not None and ln != code.co_firstlineno}
+        return out
+
+    def summary(self) -> dict:
+        t = self.targets()
+        total = sum(len(v) for v in t.values())
+        missed = {k: sorted(v - self.hit) for k, v in t.items() if v - self.hit}
+        return {"functions": len(t), "lines": total, "executed": total - sum(len(v) for v in missed.values()),
+                "missed": missed}
+
+    def lines(self) -> list[str]:
+        s = self.summary()
+        out = [f"coverage: {s['executed']} of {s['lines']} lines in {s['functions']} reader/diff/verify functions"]
+        for fn, lines in sorted(s["missed"].items()):
+            out.append(f"  not executed: {fn}: lines {', '.join(map(str, lines))}")
+        return out
+
+
+
+# --- Replaying one input: the mutations, every call's result and the tracebacks; --shrink cuts
+# --- the mutant down, byte range by byte range, to a smaller file with the same finding.
+
+def shrink_gguf(data: bytes, signature: str, path: Path, base: GBase, base_data: bytes, timeout: float,
+                flip: tuple[int, int], budget: float = 120.0) -> bytes:
+    """A shorter mutant that still produces `signature` (ddmin-style chunk removal, time-bounded)."""
+    def keeps(candidate: bytes) -> bool:
+        path.write_bytes(candidate)
+        found = run_gguf_input(path, candidate, base, base_data, timeout, flip)[2]
+        return any(f.signature == signature for f in found)
+
+    deadline = time.perf_counter() + budget
+    parts = 2
+    while len(data) > 1 and time.perf_counter() < deadline:
+        chunk = max(1, len(data) // parts)
+        for start in range(0, len(data), chunk):
+            candidate = data[:start] + data[start + chunk:]
+            if keeps(candidate):
+                data, parts = candidate, max(parts - 1, 2)
+                break
+        else:
+            if chunk == 1:
+                break
+            parts = min(len(data), parts * 2)
+    path.write_bytes(data)
+    return data
+
+
+def run_gguf_replay(args) -> int:
+    work = Path(args.keep or tempfile.mkdtemp(prefix="bankml-fuzz-gguf-replay-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    bases = build_gguf_bases(work / "bases")
+    _gguf_worker_init(*_gguf_init_args(args, bases, work))
+    data, base, done = build_gguf_input(args.seed, args.replay, _GWORKER["data"], args.only)
+    mutant = work / "mutant.gguf"
+    mutant.write_bytes(data)
+    print(f"input {args.replay} of seed {args.seed} (--gguf): base {base}, {len(data)} bytes")
+    for m in done:
+        print(f"  {m}")
+    start = time.perf_counter()
+    flip = draw_flip(args.seed, args.replay)
+    accepted, rejection, findings = run_gguf_input(mutant, data, bases[base], _GWORKER["data"][base], args.timeout,
+                                                   flip)
+    print(f"read_gguf: {'accepted' if accepted else 'rejected: ' + rejection} ({time.perf_counter() - start:.2f} s "
+          f"for every call)")
+    for f in findings:
+        print(f"{f.kind} in {f.call}: {f.signature}: {f.message}")
+        if f.traceback:
+            print(f.traceback)
+    if args.shrink and findings:
+        small = shrink_gguf(data, findings[0].signature, work / "minimal.gguf", bases[base],
+                            _GWORKER["data"][base], args.timeout, flip)
+        print(f"shrunk to {len(small)} bytes with the same {findings[0].signature!r} (base {base}):")
+        print(f"  {small!r}")
+    if args.keep:
+        print(f"mutant kept as {mutant}" + (f", shrunk as {work / 'minimal.gguf'}" if args.shrink and findings else ""))
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if findings else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
     p.add_argument("--inputs", type=int, default=2000, help="how many inputs (default 2000)")
@@ -1516,7 +2882,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--report", help="JSON report: unique crashes with reproducers, partial outputs, refusal histogram")
     p.add_argument("--progress", help="append a progress line here every --every inputs and on each new crash")
     p.add_argument("--every", type=int, default=200, help="progress interval in inputs (default 200)")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds before an input counts as a hang (default 20)")
+    p.add_argument("--timeout", type=float,
+                   help="seconds before an input (with --gguf: one call) counts as a hang (default 20; --gguf 10)")
     p.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per process (default 2048; 0: none)")
     p.add_argument("--workdir", help="where the temporary work directory goes (default: the system temp dir)")
     p.add_argument("--keep-work", action="store_true", help="do not delete the work directory")
@@ -1526,10 +2893,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--directed", action="store_true",
                    help="run the hand-made hostile inputs (DIRECTED) instead of a random campaign")
     p.add_argument("--quiet", action="store_true", help="no line per new crash on stderr")
+    p.add_argument("--gguf", action="store_true",
+                   help="fuzz the GGUF reader, listings, diff and verify with mutated GGUF files instead")
+    p.add_argument("--coverage", action="store_true",
+                   help="with --gguf and one worker: report the reader/diff/verify lines never executed")
+    p.add_argument("--shrink", action="store_true",
+                   help="with --gguf --replay: cut the mutant down to a smaller file with the same finding")
     args = p.parse_args(argv)
+    if args.timeout is None:
+        args.timeout = 10.0 if args.gguf else 20.0
+    if args.gguf and args.directed:
+        p.error("--directed is for the converter mode")
+    if args.coverage and (not args.gguf or args.workers > 1):
+        p.error("--coverage needs --gguf and --workers 1")
     # Messages quote hostile input (lone surrogates included); printing them must not fail.
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(errors="backslashreplace")
+    if args.gguf:
+        return run_gguf_replay(args) if args.replay is not None else run_gguf_campaign(args)
     if args.replay is not None:
         return run_replay(args)
     if args.directed:
