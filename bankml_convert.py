@@ -243,6 +243,14 @@ def _safetensors_files(model_dir: Path) -> list[str]:
         raise Refusal(f"cannot list {model_dir}: {e.strerror or e}") from None
 
 
+def _is_file(path: Path) -> bool:
+    """Whether path is a file; a name the file system cannot even look up is not one."""
+    try:
+        return path.is_file()
+    except OSError:     # ENAMETOOLONG, ELOOP: pathlib ignores only "does not exist" errors
+        return False
+
+
 def _is_plain_file_name(name: str) -> bool:
     return (name not in ("", ".", "..") and "/" not in name and "\\" not in name
             and "\0" not in name and not os.path.isabs(name))
@@ -261,7 +269,7 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
     files: list[Path] = [index] if index else []
     for part in part_names:
         path = model_dir / part
-        if not path.is_file():
+        if not _is_file(path):
             raise Refusal(f"model.safetensors.index.json names {part}, which is missing; "
                           f"the download is incomplete")
         files.append(path)
@@ -2831,7 +2839,11 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     """Decide everything llama.cpp would write for model_dir, or raise a Refusal."""
     if "\0" in str(model_dir):
         raise Refusal("the model directory's path contains a NUL byte")
-    if not model_dir.is_dir():
+    try:
+        is_dir = model_dir.is_dir()
+    except OSError as e:    # a name too long for the file system, a loop of symlinks, ...
+        raise Refusal(f"{model_dir} cannot be opened: {e.strerror or e}") from None
+    if not is_dir:
         raise Refusal(f"{model_dir} is not a directory")
     out_type(options.outtype)       # an unknown type is refused before anything is read
     refuse_model_card(model_dir, options)

@@ -494,6 +494,16 @@ class HostileInputs(Workspace):
                           lambda i: i["weight_map"].update({"model.norm.weight": target}))
                 self.assertRefuses(d, "not a file name inside the model directory")
 
+    def test_an_index_naming_a_file_too_long_for_the_file_system_is_refused(self):
+        d = self.case("sharded-3")
+        edit_json(d / "model.safetensors.index.json",
+                  lambda i: i["weight_map"].update({"model.norm.weight": "x" * 5000}))
+        self.assertRefuses(d, "which is missing")
+
+    def test_a_model_directory_name_too_long_for_the_file_system_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "cannot be opened|not a directory"):
+            bc.convert(self.tmp / ("x" * 5000), self.tmp / "long.gguf")
+
     def test_a_tensor_in_two_shards_is_refused(self):
         d = self.case("sharded-3")
         shutil.copy(d / "model-00003-of-00003.safetensors", d / "model-00004-of-00004.safetensors")
