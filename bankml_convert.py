@@ -3593,6 +3593,12 @@ def _dims_text(dims: list[int]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
+def shown_name(name: str) -> str:
+    """A key or tensor name as a listing shows it: as it is, or quoted when it holds line breaks
+    or other unprintable characters (which could otherwise forge entries in the listing)."""
+    return name if str(name).isprintable() else repr(name)
+
+
 def describe_gguf(f: GGUFFile, full: bool = False) -> list[str]:
     """A gguf-dump-like listing: the header, every kv with its type, every tensor's layout."""
     lines = [
@@ -3602,10 +3608,10 @@ def describe_gguf(f: GGUFFile, full: bool = False) -> list[str]:
         f"* {len(f.kvs)} key/value pairs",
     ]
     for n, kv in enumerate(f.kvs, 1):
-        lines.append(f"  {n:5}: {_type_label(kv.vtype):10} {kv.key} = {_value_text(kv, full)}")
+        lines.append(f"  {n:5}: {_type_label(kv.vtype):10} {shown_name(kv.key)} = {_value_text(kv, full)}")
     lines.append(f"* {len(f.tensors)} tensors (shape in ggml order, ne0 first)")
     for n, t in enumerate(f.tensors, 1):
-        lines.append(f"  {n:5}: {t.ggml_type:7} {_dims_text(t.dims):24} {t.name}  "
+        lines.append(f"  {n:5}: {t.ggml_type:7} {_dims_text(t.dims):24} {shown_name(t.name)}  "
                      f"data+{t.offset_in_data} (file {t.file_offset}) {t.nbytes} bytes")
     _, tail_start, tail_end = filler_regions(f)[-1]
     if tail_end > tail_start:
@@ -4169,7 +4175,7 @@ def inspect_dir_lines(path, options: Options) -> list[str]:
     lines.append(f"* {len(ins.declared)} tensors (shape as stored, rows first)"
                  + (" -> GGUF name, type, shape in ggml order" if ins.plan is not None else ""))
     for n, t in enumerate(ins.declared, 1):
-        line = f"  {n:5}: {t.dtype:5} {_shape_text(t.shape):18} {t.name}"
+        line = f"  {n:5}: {shown_name(str(t.dtype)):5} {_shape_text(t.shape):18} {shown_name(t.name)}"
         if ins.is_dir:
             line += f"  ({t.file})"
         g = planned.get((t.file, t.name))

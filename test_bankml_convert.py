@@ -1937,6 +1937,15 @@ class RefusalTest(TempDirCase):
 # ---------------------------------------------------------------------------------------------
 # The diff: each kind of difference is reported where it is, identical files give nothing.
 
+class ListingShowsUnprintableNamesQuoted(unittest.TestCase):
+    def test_a_key_with_a_line_break_cannot_forge_a_listing_entry(self):
+        blob = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 3) + b"a\nb" + struct.pack("<II", 4, 1)
+        f = bc.parse_gguf(blob, len(blob))
+        lines = bc.describe_gguf(f)
+        self.assertTrue(all("\n" not in line for line in lines))
+        self.assertIn("'a\\nb' = 1", "\n".join(lines))
+
+
 class DiffTest(TempDirCase):
     def diff(self, a: bytes, b: bytes) -> list[str]:
         return bc.diff_gguf(self.write("a.gguf", a), self.write("b.gguf", b))
