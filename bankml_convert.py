@@ -901,7 +901,7 @@ _SMOLLM_ADDED_TOKENS = "acb314029db4098fc949790c48e687dcc57a0af2e0a5eabdb63c11e1
 _BYTE_LEVEL = "ByteLevel(add_prefix_space=false,trim_offsets=true,use_regex=true)"
 
 # Measured with `oracle/.ref/venv/bin/python oracle/vocab_oracle.py --chkhsh DIR` (recorded in
-# oracle/recorded/vocab.json; parts/test_vocab.py checks these against it). Both SmolLM shapes give
+# oracle/recorded/vocab.json; test_bankml_convert.py checks these against it). Both SmolLM shapes give
 # llama.cpp's "smollm" chkhsh: transformers 5's GPT2Tokenizer rebuilds a ByteLevel-only pipeline, so
 # the Digits step the Hub files list never reaches the hash (and SmolLM's merges join no digits).
 KNOWN_TOKENIZERS: tuple[KnownTokenizer, ...] = (
@@ -980,7 +980,7 @@ def known_pre(vm_sha256: str, shape: TokenizerShape) -> str:
         f"vocab_merges_sha256={vm_sha256} shape={tuple(shape)!r}. Measure it with "
         "`oracle/.ref/venv/bin/python oracle/vocab_oracle.py --chkhsh DIR`; if llama.cpp maps the "
         "chkhsh to a pre name whose output this converter reproduces, add "
-        "(pre, vocab_merges_sha256, shape, chkhsh) to KNOWN_TOKENIZERS in parts/vocab.py")
+        "(pre, vocab_merges_sha256, shape, chkhsh) to KNOWN_TOKENIZERS in bankml_convert.py")
 
 
 # Reading the tokenizer files the way llama.cpp and transformers do.

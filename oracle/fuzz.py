@@ -1411,7 +1411,7 @@ def _out_missing_dir(name: str) -> Callable[[Ctx], None]:
     return edit
 
 
-# (label, edit of the fuzz-bf16 base); each is one finding of parts/fuzz_findings.md or a near miss.
+# (label, edit of the fuzz-bf16 base); each is one finding of the first campaigns (now a refusal with a test) or a near miss.
 DIRECTED: tuple[tuple[str, Callable[[Ctx], None]], ...] = (
     ("tokenizer.json pre_tokenizer nested 400 lists deep",
      _edit_json("tokenizer.json", _set("pre_tokenizer", _nested_list(400)))),

@@ -15,9 +15,9 @@ Recorded: the sha256 of llama.cpp's output bytes for
   (a) all 65,536 BF16 patterns -> F16 and -> F32,
   (b) all 65,536 F16 patterns -> F32 (and -> F16, the identity),
   (c) a deterministic F32 sample of 3.46M patterns -> F16 (and -> F32, the identity),
-plus tables of named special inputs and their outputs for parts/test_kernels.py.
+plus tables of named special inputs and their outputs for test_bankml_convert.py.
 
-The F32 sample is built by the stdlib code below (parts/test_kernels.py re-implements it and checks the
+The F32 sample is built by the stdlib code below (test_bankml_convert.py re-implements it and checks the
 sha256 of the input bytes recorded here): four parts, concatenated in this order,
   uniform:  2**20 patterns, the little-endian bytes of a SHA-256 counter-mode stream
             (block i = sha256(SEED + b"/uniform/" + i as 8 little-endian bytes)),

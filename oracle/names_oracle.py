@@ -7,10 +7,10 @@ Run in the reference venv with the reference's gguf-py on the path:
 
 For every id in oracle/names_ids.txt it asks gguf-py for ``Metadata.id_to_title``,
 ``Metadata.get_model_id_components`` (at several parameter totals) and the general.* naming keys a
-conversion would write, and compares them with ours. "Ours" is ``bankml_convert`` from /work/main when
-it has the naming functions, else parts/names.py (set BANKML_NAMES_FROM=parts to force the latter).
+conversion would write, and compares them with ours. "Ours" is ``bankml_convert`` from the
+repository root.
 Prints every disagreement and ``names: N ids, D disagreements``; exits 1 if D > 0.
-``--record`` also writes oracle/recorded/names.json (gguf-py's answers only) for parts/test_names.py.
+``--record`` also writes oracle/recorded/names.json (gguf-py's answers only) for test_bankml_convert.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 MAIN = HERE.parent
 IDS_FILE = HERE / "names_ids.txt"
 RECORD_FILE = HERE / "recorded" / "names.json"
-NAMING_FUNCTIONS = ("id_to_title", "size_label", "model_id_components", "naming_kvs")
 
 # Totals at which components are compared: unknown (0), SmolLM2-135M, TinyLlama-1.1B, and a
 # SmolLM2-sized LoRA adapter (gguf-py signals adapters with a negative total).
@@ -60,20 +59,12 @@ def read_ids(path: Path) -> list[str]:
 
 
 def our_module():
-    if os.environ.get("BANKML_NAMES_FROM") != "parts":
-        sys.path.insert(0, str(MAIN))
-        try:
-            mod = importlib.import_module("bankml_convert")
-            if all(hasattr(mod, f) for f in NAMING_FUNCTIONS):
-                return mod
-        except ImportError:
-            pass
-        finally:
-            sys.path.remove(str(MAIN))
-    spec = importlib.util.spec_from_file_location("names", MAIN / "parts" / "names.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """bankml_convert itself, from the repository root."""
+    sys.path.insert(0, str(MAIN))
+    try:
+        return importlib.import_module("bankml_convert")
+    finally:
+        sys.path.remove(str(MAIN))
 
 
 # ---------------------------------------------------------------------------------------------

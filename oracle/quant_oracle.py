@@ -13,7 +13,7 @@ Run it with the reference venv (oracle/.ref/venv/bin/python); it runs llama.cpp'
   quant_oracle.py            print the recorded quantities
   quant_oracle.py --record   write them to oracle/recorded/quant.json
 
-Inputs (stdlib only, so that parts/test_quant_kernels.py imports these functions and checks the
+Inputs (stdlib only, so that test_bankml_convert.py imports these functions and checks the
 recorded input sha256s before comparing outputs):
   - the 65,536 16-bit patterns in order, and SHUFFLES permutations of them (sorted by a key from
     the stream "shuffle/<i>"), read as BF16 and as F16, in blocks of 32 consecutive values;

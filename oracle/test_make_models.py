@@ -1,6 +1,6 @@
 """Tests of oracle/make_models.py, the generator of test model directories (stdlib only).
 
-Run: python3 -m unittest parts/test_make_models.py   (from the repository root)
+Run: python3 -m unittest oracle/test_make_models.py   (from the repository root; make test runs it too)
 """
 
 import hashlib

@@ -10,10 +10,10 @@ Run it with the reference venv (oracle/.ref/venv/bin/python); it runs llama.cpp'
   vocab_oracle.py --record          both, for every case of CASES, into oracle/recorded/vocab.json
 
 --record assembles each case of CASES in a temporary directory from the fixture folders and records
-which files (and their sha256) it used, so parts/test_vocab.py can rebuild the same directory.
+which files (and their sha256) it used, so test_bankml_convert.py can rebuild the same directory.
 
 Value hashes: sha256 of json.dumps(value, ensure_ascii=False, separators=(",", ":")) in UTF-8, the same
-canonical form parts/test_vocab.py applies to our values.
+canonical form test_bankml_convert.py applies to our values.
 """
 from __future__ import annotations
 
