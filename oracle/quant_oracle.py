@@ -52,6 +52,10 @@ from array import array
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import kernels_oracle  # noqa: E402  (its loading of tensors as llama.cpp does; stdlib at import)
+
 REF = Path(os.environ.get(
     "BANKML_REF", HERE / ".ref" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
 RECORDED = HERE / "recorded" / "quant.json"
@@ -290,32 +294,8 @@ BF16_SPECIALS = (
 
 # --- llama.cpp's path, in the reference venv.
 
-def import_reference():
-    sys.path[:0] = [str(REF / "gguf-py"), str(REF)]
-    import numpy as np
-    import torch
-    import gguf
-    from conversion.base import LazyTorchTensor
-    return np, torch, gguf, LazyTorchTensor
-
-
-class Reference:
-    def __init__(self, scratch: Path):
-        self.np, self.torch, self.gguf, self.LazyTorchTensor = import_reference()
-        self.scratch = scratch
-        self.files = 0
-
-    def loaded(self, data: bytes, dtype: str, shape: tuple[int, ...]):
-        """The tensor prepare_tensors gets for `data` stored as safetensors dtype `dtype`."""
-        self.files += 1
-        path = self.scratch / f"tensor{self.files}.bin"
-        path.write_bytes(b"\0" * 8 + data)
-        utility = self.gguf.utility
-        local = utility.LocalTensor(dtype, shape, utility.LocalTensorRange(path, 8, len(data)))
-        tensor = self.LazyTorchTensor.from_local_tensor(local)
-        if tensor.dtype not in (self.torch.float16, self.torch.float32):
-            tensor = tensor.to(self.torch.float32)
-        return tensor
+class Reference(kernels_oracle.Reference):
+    """Data loaded exactly as llama.cpp loads it (kernels_oracle's), then gguf-py's quantize."""
 
     def quantized(self, data: bytes, dtype: str, out_type: str, row: int = 32) -> bytes:
         """llama.cpp's bytes for `data` (rows of `row` values) written as out_type."""
