@@ -231,7 +231,10 @@ def tweak(rng: random.Random, value):
         return rng.choice([value + 1, value - 1, -value, value * 2, value // 2, 0, value * 1000,
                            float(value), str(value), True, value + 2**32])
     if isinstance(value, float):
-        return rng.choice([0.0, -value, value * 1e10, value * 1e-10, int(value), str(value),
+        # int() of an inf/NaN (a value an earlier mutation made) would stop the campaign itself;
+        # the list keeps its length so every other input's random draws stay as they were.
+        return rng.choice([0.0, -value, value * 1e10, value * 1e-10,
+                           int(value) if math.isfinite(value) else 0, str(value),
                            Raw("NaN"), Raw("Infinity")])
     if isinstance(value, str):
         return rng.choice(["", value + "x", value[:-1], value.upper(), value + "\n", value + "\ud800",
