@@ -287,14 +287,19 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         recorded = record_everything(Reference(Path(scratch)))
+    emit_record(recorded, RECORDED, args.record)
+    return 0
+
+
+def emit_record(recorded: dict, path: Path, to_file: bool) -> None:
+    """The record as indented JSON: written to path (--record) or shown on stdout."""
     text = json.dumps(recorded, indent=1) + "\n"
-    if args.record:
-        RECORDED.parent.mkdir(parents=True, exist_ok=True)
-        RECORDED.write_text(text, encoding="utf-8")
-        print(f"wrote {RECORDED}")
+    if to_file:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
     else:
         sys.stdout.write(text)
-    return 0
 
 
 if __name__ == "__main__":
