@@ -34,6 +34,7 @@ sys.path.insert(0, str(ORACLE))
 
 import bankml_convert as bc  # noqa: E402
 import make_models  # noqa: E402
+from oracle import inputs_digest  # noqa: E402  (the digest the oracle records per generated case)
 
 GOLDEN = json.loads((ORACLE / "recorded" / "golden.json").read_text(encoding="utf-8"))["runs"]
 TOOL = [sys.executable, str(ROOT / "bankml_convert.py")]
@@ -44,15 +45,6 @@ def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
-    return h.hexdigest()
-
-
-def inputs_digest(model_dir: Path) -> str:
-    """The same digest oracle.py records for a generated case: every file's name and sha256."""
-    h = hashlib.sha256()
-    for f in sorted(model_dir.iterdir()):
-        if f.is_file():
-            h.update(f"{f.name}\0{sha256_file(f)}\n".encode())
     return h.hexdigest()
 
 
