@@ -34,18 +34,10 @@ sys.path.insert(0, str(ORACLE))
 
 import bankml_convert as bc  # noqa: E402
 import make_models  # noqa: E402
-from oracle import inputs_digest  # noqa: E402  (the digest the oracle records per generated case)
+from oracle import inputs_digest, sha256_of as sha256_file  # noqa: E402  (as the oracle records them)
 
 GOLDEN = json.loads((ORACLE / "recorded" / "golden.json").read_text(encoding="utf-8"))["runs"]
 TOOL = [sys.executable, str(ROOT / "bankml_convert.py")]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Workspace(unittest.TestCase):
