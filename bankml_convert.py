@@ -1594,13 +1594,21 @@ def f32_bits_from_bf16_bits(bits: int) -> int:
     return bits << 16
 
 
-# --- Lookup tables for 16-bit sources, built once from the element rules.
-# --- They make the simple path fast enough for exhaustive tests and patch the fast path's odd lanes.
+# --- Lookup tables for 16-bit sources, equal to the element rules above for every pattern.
+# --- They patch the fast path's odd lanes; built with struct's binary16 codec, which rounds like
+# --- numpy (to nearest, ties to even, subnormals included), because the rules take ~50 ms a table.
 
 @lru_cache(maxsize=None)
 def bf16_to_f16_table() -> array:
     """array('H') of 65,536 entries: f16 bits for each bf16 bit pattern."""
-    return array("H", [f16_bits_from_f32_bits(b << 16) for b in range(1 << 16)])
+    below_overflow = 0x4780     # bf16 0x4780 is 65536: it and everything above round to infinity
+    magnitudes = array("f", array(_U32, range(0, below_overflow << 16, 1 << 16)).tobytes())
+    positive = array("H", struct.pack(f"<{below_overflow}e", *magnitudes))
+    if sys.byteorder != "little":
+        positive.byteswap()
+    positive.extend([0x7C00] * (0x7F81 - below_overflow))             # up to +infinity
+    positive.extend(f16_bits_from_f32_bits(b << 16) for b in range(0x7F81, 0x8000))    # NaNs
+    return positive + array("H", [h | 0x8000 for h in positive])
 
 
 @lru_cache(maxsize=None)
@@ -1611,7 +1619,14 @@ def _bf16_to_f16_list() -> list:
 @lru_cache(maxsize=None)
 def f16_to_f32_table() -> array:
     """array of 65,536 uint32 entries: f32 bits for each f16 bit pattern."""
-    return array(_U32, [f32_bits_from_f16_bits(h) for h in range(1 << 16)])
+    patterns = array("H", range(1 << 16))
+    if sys.byteorder != "little":
+        patterns.byteswap()
+    # struct unpacks NaNs without their payload: those 2,046 patterns take the rule.
+    table = array(_U32, array("f", struct.unpack("<65536e", patterns.tobytes())).tobytes())
+    for h in (*range(0x7C01, 0x8000), *range(0xFC01, 0x10000)):
+        table[h] = f32_bits_from_f16_bits(h)
+    return table
 
 
 # --- Simple conversions: element by element through the rules above.

@@ -2168,6 +2168,13 @@ class SixteenBitSourcesExhaustively(unittest.TestCase):
     def test_f16_to_f16_matches_numpy_for_every_pattern(self):
         self.assertEqual(sha256(bc.f16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f16"))
 
+    def test_bf16_to_f16_table_is_the_element_rule_for_every_pattern(self):
+        self.assertEqual(list(bc.bf16_to_f16_table()),
+                         [bc.f16_bits_from_f32_bits(b << 16) for b in range(1 << 16)])
+
+    def test_f16_to_f32_table_is_the_element_rule_for_every_pattern(self):
+        self.assertEqual(list(bc.f16_to_f32_table()), [bc.f32_bits_from_f16_bits(h) for h in range(1 << 16)])
+
     def test_bf16_to_f16_table_matches_torch_then_numpy(self):
         table = array("H", bc.bf16_to_f16_table())
         if sys.byteorder != "little":
