@@ -3061,44 +3061,97 @@ def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: Inp
                         progress=None) -> None:
     """Convert jobs in forked workers that pwrite straight into the output, and hash it in order.
 
-    Worker k takes every workers-th job, so all finish together; each reports a finished job on
-    a pipe, and this process hashes the output as soon as the next range in file order is
-    complete (reading it back from the page cache), so no second pass is needed at the end.
+    Workers take the next job from a queue this process keeps a few jobs ahead, so they finish
+    together whatever the jobs cost and finish roughly in file order; each reports a finished job on
+    a pipe, and this process hashes the output as soon as the next range in file order is complete
+    (reading it back from the page cache), so no second pass is needed at the end.  Meanwhile a
+    thread flushes what is hashed to disk, so the closing fsync has little left to wait for.
     A worker that fails reports why; any failure ends the others and raises here.
     """
     for build in (bf16_to_f16_table, f16_to_f32_table):
         build()     # once, before forking, rather than once per worker
     read_end, write_end = os.pipe()
+    todo = _JobQueue(len(jobs), ahead=2 * workers)
     pids = []
+    flusher = None
     try:
         for k in range(workers):
             pid = os.fork()
             if pid == 0:
                 os.close(read_end)
-                _worker(fd, jobs[k::workers], k, workers, write_end)
+                todo.close_sending()
+                _worker(fd, jobs, todo.receive_end, write_end)
             pids.append(pid)
         os.close(write_end)
         write_end = -1
+        todo.close_receiving()
         if hasher:
-            hasher.start()      # a thread only after forking: fork copies just the calling thread
-        _hash_as_done(fd, jobs, read_end, sha, progress)
+            hasher.start()      # threads only after forking: fork copies just the calling thread
+        flusher = _Flusher(fd)
+        _hash_as_done(fd, jobs, read_end, sha, todo, flusher, progress)
         failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
         pids = []
         if failed:
             raise Refusal("a conversion worker failed; nothing was written")
     finally:
+        todo.close_sending()
+        if flusher:
+            flusher.stop()
         for pid in pids:
             try:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
             except OSError:
                 pass
+        todo.close_receiving()
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
 
 
-def _worker(fd: int, jobs: list[Job], k: int, workers: int, report: int) -> None:
+class _JobQueue:
+    """Job numbers on a pipe, handed out a few ahead of the finished ones; workers read 4 bytes each.
+
+    A pipe delivers writes of up to PIPE_BUF bytes whole, so every read of 4 bytes is one number;
+    keeping only a few queued bounds the pipe whatever the number of jobs.
+    """
+
+    def __init__(self, n_jobs: int, ahead: int) -> None:
+        self.receive_end, self._send_end = os.pipe()
+        self._n_jobs = n_jobs
+        self._next = 0
+        self.hand_out(ahead)
+
+    def hand_out(self, count: int) -> None:
+        stop = min(self._n_jobs, self._next + count)
+        if self._next < stop:
+            os.write(self._send_end, b"".join(_DONE.pack(i) for i in range(self._next, stop)))
+            self._next = stop
+        if self._next == self._n_jobs:
+            self.close_sending()    # workers stop at the end of the pipe
+
+    def close_sending(self) -> None:
+        if self._send_end >= 0:
+            os.close(self._send_end)
+            self._send_end = -1
+
+    def close_receiving(self) -> None:
+        if self.receive_end >= 0:
+            os.close(self.receive_end)
+            self.receive_end = -1
+
+
+def _next_job(todo: int) -> int | None:
+    got = b""
+    while len(got) < 4:
+        more = os.read(todo, 4 - len(got))
+        if not more:
+            return None
+        got += more
+    return _DONE.unpack(got)[0]
+
+
+def _worker(fd: int, jobs: list[Job], todo: int, report: int) -> None:
     # A forked child: it must never return into the parent's stack, whatever happens.
     status = 1
     try:
@@ -3107,16 +3160,17 @@ def _worker(fd: int, jobs: list[Job], k: int, workers: int, report: int) -> None
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         files: dict[Path, int] = {}
         buffer = bytearray(max((j.src_len for j in jobs), default=0))
-        for i, job in enumerate(jobs):
+        while (i := _next_job(todo)) is not None:
+            job = jobs[i]
             path = job.tensor.source.path
             if path not in files:
                 files[path] = open(path, "rb", buffering=0)
-            data = b"".join(job_pieces(job, files[path], buffer))
-            if len(data) != job.out_len:
-                raise AssertionError(f"{job.tensor.name}: converted {len(data)} bytes, planned {job.out_len}")
-            if os.pwrite(fd, data, job.out_pos) != len(data):
-                raise OSError(28, "short write")
-            os.write(report, _DONE.pack(k + i * workers))
+            pieces = list(job_pieces(job, files[path], buffer))
+            if sum(map(len, pieces)) != job.out_len:
+                raise AssertionError(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
+                                     f"planned {job.out_len}")
+            _pwrite_all(fd, pieces, job.out_pos)
+            os.write(report, _DONE.pack(i))
         status = 0
     except BaseException as e:
         message = (e.reason if isinstance(e, Refusal) else
@@ -3129,7 +3183,57 @@ def _worker(fd: int, jobs: list[Job], k: int, workers: int, report: int) -> None
         os._exit(status)
 
 
-def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, progress=None) -> None:
+_IOV_MAX = 512      # well under every system's IOV_MAX (1024 on Linux)
+
+
+def _pwrite_all(fd: int, pieces: list, pos: int) -> None:
+    """Write pieces back to back at pos without joining them first."""
+    for first in range(0, len(pieces), _IOV_MAX):
+        group = pieces[first:first + _IOV_MAX]
+        size = sum(map(len, group))
+        if os.pwritev(fd, group, pos) != size:
+            raise OSError(28, "short write")
+        pos += size
+
+
+class _Flusher:
+    """Flushes the output to disk on a thread while it is still being written (fdatasync releases
+    the GIL), each time another FLUSH_BYTES are complete, so the closing fsync is short."""
+
+    FLUSH_BYTES = 64 << 20
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._wanted = threading.Event()
+        self._stopped = False
+        self._flushed_to = 0
+        self._thread = threading.Thread(target=self._run, name="bankml-flush", daemon=True)
+        self._thread.start()
+
+    def written_to(self, end: int) -> None:
+        if end - self._flushed_to >= self.FLUSH_BYTES:
+            self._flushed_to = end
+            self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._stopped:
+                return
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                return      # the closing fsync reports what is wrong
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wanted.set()
+        self._thread.join()
+
+
+def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, flusher: _Flusher,
+                  progress=None) -> None:
     done = bytearray(len(jobs))
     next_job = 0
     hashed = jobs[0].out_pos if jobs else 0
@@ -3146,6 +3250,7 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, progress=None) -> 
                 raise Refusal(f"converting failed: {pending[4:].decode('utf-8', 'replace')}")
             done[i] = 1
             pending = pending[4:]
+            todo.hand_out(1)
         while next_job < len(jobs) and done[next_job]:
             job = jobs[next_job]
             end = job.out_pos + job.out_len + job.pad_after
@@ -3155,6 +3260,7 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, progress=None) -> 
             sha.update(view)
             hashed = end
             next_job += 1
+            flusher.written_to(hashed)
             if progress:
                 progress(end, gguf_size(jobs), job.tensor.name)
 

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import unittest
+from unittest import mock
 from array import array
 from functools import lru_cache
 from pathlib import Path
@@ -135,6 +136,29 @@ class ParallelAndSequentialWriting(Workspace):
                 self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
                 self.assertEqual(sha256_file(r.out), GOLDEN["sharded-3"]["sha256"])
                 r.out.unlink()
+
+    def test_job_queue_hands_out_every_job_once_a_few_ahead_then_ends(self):
+        todo = bc._JobQueue(10, ahead=3)
+        try:
+            self.assertEqual([bc._next_job(todo.receive_end) for _ in range(3)], [0, 1, 2])
+            todo.hand_out(1)
+            self.assertEqual(bc._next_job(todo.receive_end), 3)
+            todo.hand_out(100)
+            rest = []
+            while (i := bc._next_job(todo.receive_end)) is not None:
+                rest.append(i)
+            self.assertEqual(rest, list(range(4, 10)))
+        finally:
+            todo.close_sending()
+            todo.close_receiving()
+
+    def test_workers_flush_the_output_to_disk_while_writing_it(self):
+        d = self.case("sharded-3")
+        with mock.patch.object(bc._Flusher, "FLUSH_BYTES", 1 << 20), \
+                mock.patch.object(bc.os, "fdatasync", wraps=os.fdatasync) as fdatasync:
+            r = bc.convert(d, self.tmp / "flushed.gguf", bc.Options(workers=2))
+        self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
+        self.assertGreaterEqual(fdatasync.call_count, 1)     # 8 MB hashed, a flush asked each MiB
 
     def test_a_source_that_shrinks_mid_conversion_leaves_nothing(self):
         for workers in (1, 2):
