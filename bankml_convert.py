@@ -941,9 +941,12 @@ KNOWN_TOKENIZERS: tuple[KnownTokenizer, ...] = (
 def vocab_merges_sha256(tokens: list[str], merges: list[str]) -> str:
     """sha256 of every token in id order, each followed by a newline, a blank line, then every
     merge as "a b" and a newline."""
-    h = hashlib.sha256("".join(f"{t}\n" for t in tokens).encode("utf-8"))
-    h.update(b"\n")
-    h.update("".join(f"{m}\n" for m in merges).encode("utf-8"))
+    h = hashlib.sha256()
+    for lines in (tokens, merges):
+        if lines:
+            h.update("\n".join(lines).encode("utf-8") + b"\n")
+        if lines is tokens:
+            h.update(b"\n")
     return h.hexdigest()
 
 
@@ -1023,6 +1026,8 @@ def base_vocab(tokenizer_json: dict) -> list[str]:
     vocab = tokenizer_json["model"].get("vocab")
     if not isinstance(vocab, dict):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
+    if set(map(type, vocab.values())) <= {int} and list(vocab.values()) == list(range(len(vocab))):
+        return list(vocab)     # the usual file: ids 0..n-1 in order
     by_id: dict[int, str] = {}
     for token, tid in vocab.items():
         if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
@@ -1141,9 +1146,8 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
     if from_config is not None and sorted(from_config) != sorted(from_json):
         raise Refusal("tokenizer_config.json added_tokens_decoder and tokenizer.json added_tokens differ; "
                          "not reproduced")
-    index = {i: t for i, t in enumerate(vocab)}
     for t in from_json:
-        if index.get(t.id) != t.content:
+        if not (0 <= t.id < len(vocab) and vocab[t.id] == t.content):
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
@@ -1170,7 +1174,10 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tu
                          "llama.cpp's assertion fails")
     control = {t.id for t in added}
     tokens = list(vocab) + [f"[PAD{i}]" for i in range(len(vocab), vocab_size)]
-    types = [CONTROL if i in control else NORMAL for i in range(len(vocab))] + [UNUSED] * (vocab_size - len(vocab))
+    types = [NORMAL] * len(vocab) + [UNUSED] * (vocab_size - len(vocab))
+    for i in control:
+        if 0 <= i < len(vocab):
+            types[i] = CONTROL
     return tokens, types
 
 
@@ -2658,6 +2665,9 @@ _TYPE_NAMES = {GGUF_UINT8: "uint8", GGUF_INT8: "int8", GGUF_UINT16: "uint16", GG
                GGUF_UINT64: "uint64", GGUF_INT64: "int64", GGUF_FLOAT64: "float64"}
 
 
+_U64_LE = struct.Struct("<Q")
+
+
 def encode_string(s: str) -> bytes:
     """A GGUF string: u64 byte length, then UTF-8 (gguf-py's _pack_val)."""
     if not isinstance(s, str):
@@ -2680,11 +2690,15 @@ def encode_value(kv: KV) -> bytes:
         return struct.pack("<I", kv.vtype) + _encode_scalar(kv.vtype, kv.value)
     parts = [struct.pack("<IIQ", GGUF_ARRAY, kv.vtype, len(kv.value))]
     if kv.vtype == GGUF_STRING:
-        if not all(type(v) is str for v in kv.value):
+        if not set(map(type, kv.value)) <= {str}:
             raise TypeError("expected an array of strings")
-        # One pass of C-level joins: the vocabulary's ~100,000 strings dominate the header.
-        encoded = [v.encode("utf-8") for v in kv.value]
-        parts.append(b"".join(b for e in encoded for b in (len(e).to_bytes(8, "little"), e)))
+        # Lengths and strings interleaved by slice assignment, all at C level: the vocabulary's
+        # ~100,000 strings dominate the header.
+        encoded = list(map(str.encode, kv.value))
+        pieces = [b""] * (2 * len(encoded))
+        pieces[0::2] = map(_U64_LE.pack, map(len, encoded))
+        pieces[1::2] = encoded
+        parts.append(b"".join(pieces))
     else:
         parts.append(struct.pack(f"<{len(kv.value)}{_SCALAR_FORMATS[kv.vtype][-1]}", *kv.value))
     return b"".join(parts)

@@ -750,6 +750,17 @@ class Rules(unittest.TestCase):
         kv.array("a", bc.GGUF_STRING, [])
         self.assertEqual(len(kv), 0)
 
+    def test_a_string_array_is_type_count_then_length_prefixed_utf8(self):
+        kv = bc.KV("t", bc.GGUF_STRING, ["a", "", "Ġé"], array=True)
+        expected = (struct.pack("<IIQ", bc.GGUF_ARRAY, bc.GGUF_STRING, 3) + struct.pack("<Q", 1) + b"a"
+                    + struct.pack("<Q", 0) + struct.pack("<Q", 4) + "Ġé".encode("utf-8"))
+        self.assertEqual(bc.encode_value(kv), expected)
+
+    def test_a_string_array_holding_anything_but_strings_is_refused(self):
+        for value in ([1], ["a", None], ["a", b"b"]):
+            with self.subTest(value=value), self.assertRaises(bc.Refusal):
+                bc.gguf_header([bc.KV("t", bc.GGUF_STRING, value, array=True)], [])
+
     def test_norms_and_vectors_stay_f32_matrices_take_the_output_type(self):
         for name in ("f16", "bf16", "q8_0", "f32"):
             out = bc.OUT_TYPES[name]
@@ -1188,6 +1199,21 @@ class PreTokenizerIdentification(VocabCaseDirs):
     def test_vocab_merges_sha256_is_tokens_blank_line_merges(self):
         expected = hashlib.sha256("a\nĠb\n\na Ġb\n".encode("utf-8")).hexdigest()
         self.assertEqual(bc.vocab_merges_sha256(["a", "Ġb"], ["a Ġb"]), expected)
+
+    def test_vocab_merges_sha256_of_empty_lists_is_the_lone_blank_line(self):
+        self.assertEqual(bc.vocab_merges_sha256([], []), hashlib.sha256(b"\n").hexdigest())
+        self.assertEqual(bc.vocab_merges_sha256(["a"], []), hashlib.sha256(b"a\n\n").hexdigest())
+
+    def test_base_vocab_lists_tokens_in_id_order_whatever_the_file_order(self):
+        in_order = {"model": {"vocab": {"a": 0, "b": 1, "c": 2}}}
+        shuffled = {"model": {"vocab": {"c": 2, "a": 0, "b": 1}}}
+        self.assertEqual(bc.base_vocab(in_order), ["a", "b", "c"])
+        self.assertEqual(bc.base_vocab(shuffled), ["a", "b", "c"])
+
+    def test_base_vocab_refuses_boolean_duplicate_and_missing_ids(self):
+        for vocab in ({"a": False, "b": True}, {"a": 0, "b": 0}, {"a": 0, "b": 2}, {"a": 0, "b": 1.0}):
+            with self.subTest(vocab=vocab), self.assertRaises(bc.Refusal):
+                bc.base_vocab({"model": {"vocab": vocab}})
 
     def test_pair_merges_are_joined_with_spaces_inside_parts_as_u0120(self):
         tj = {"model": {"merges": [["a", "b c"], ["Ġ", "t"]]}}
