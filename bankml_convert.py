@@ -36,7 +36,6 @@ import threading
 import time
 from array import array
 from codecs import utf_32_le_decode as _utf_32_le_decode
-from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
 from operator import mul
@@ -72,8 +71,7 @@ SAFETENSORS_DTYPES = {"BF16": 2, "F16": 2, "F32": 4}
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class SourceTensor:
+class SourceTensor(NamedTuple):
     """One tensor of a safetensors file: where its bytes are and what they are."""
     name: str
     dtype: str
@@ -335,8 +333,7 @@ _CONFIG_ALIASES = ("n_layers", "n_layer", "num_layers", "n_ctx", "n_positions", 
                    "moe_router_activation_func", "expert_selection_fn")
 
 
-@dataclass(frozen=True)
-class LlamaParams:
+class LlamaParams(NamedTuple):
     """The hyperparameters llama.cpp writes for a Llama model, as transformers' LlamaConfig fills them."""
     block_count: int
     context_length: int
@@ -441,8 +438,7 @@ GGUF_UINT8, GGUF_INT8, GGUF_UINT16, GGUF_INT16, GGUF_UINT32, GGUF_INT32, GGUF_FL
 GGUF_BOOL, GGUF_STRING, GGUF_ARRAY, GGUF_UINT64, GGUF_INT64, GGUF_FLOAT64 = range(7, 13)
 
 
-@dataclass(frozen=True)
-class KV:
+class KV(NamedTuple):
     """One metadata key as written: its GGUF type (element type for arrays) and value."""
     key: str
     vtype: int
@@ -837,8 +833,7 @@ ADD_KEYS = {
 }
 
 
-@dataclass(frozen=True)
-class Vocab:
+class Vocab(NamedTuple):
     tokens: list[str]                     # id order, [PAD{i}] for ids the vocabulary lacks
     toktypes: list[int]                   # NORMAL / CONTROL / UNUSED per token
     merges: list[str]                     # "a b", as SpecialVocab reads them
@@ -1352,8 +1347,7 @@ def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
     return n_elements // per_block * block_bytes
 
 
-@dataclass(frozen=True)
-class OutType:
+class OutType(NamedTuple):
     """An --outtype: the GGML type of its matrices and the general.file_type llama.cpp writes."""
     name: str           # as on the command line
     file_type: int      # LlamaFileType, written as general.file_type
@@ -1428,8 +1422,7 @@ _BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
 _DROPPED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 
 
-@dataclass(frozen=True)
-class PlannedTensor:
+class PlannedTensor(NamedTuple):
     """One GGUF tensor: its name, source, GGML type, dims (GGML order) and row permutation."""
     name: str
     source: SourceTensor
@@ -1694,16 +1687,14 @@ def simple_f32_to_f32(data) -> bytes:
 # --- Fast chunk kernels: one chunk as one big integer, a few whole-chunk operations, then the lanes
 # --- the formula does not cover patched from the rules/tables.  All assume a little-endian host.
 
-@dataclass(frozen=True)
-class _Masks16:
+class _Masks16(NamedTuple):
     """Per-lane constants, repeated over n 16-bit lanes."""
     low12: int
     exponent_bit4: int
     sign: int
 
 
-@dataclass(frozen=True)
-class _Masks32:
+class _Masks32(NamedTuple):
     """Per-lane constants, repeated over n 32-bit lanes."""
     bit0: int           # 0x00000001
     rebias_round: int   # (16 << 23) + 0x0fff
@@ -2317,8 +2308,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
 # multiplication per block.  Everything the block's maximum decides (d's float16, N, E_m) comes
 # from tables over the 32,768 possible maxima.
 
-@dataclass(frozen=True)
-class _Bf16Maxima:
+class _Bf16Maxima(NamedTuple):
     """Per possible block maximum (|bf16| bits): what its block needs (multiplier None: the block rule)."""
     scales: list        # float16(d), 2 little-endian bytes
     multipliers: list   # N << (E_m + e_id - 259 + 7): makes Y * multiplier = x * id * 2**40 exactly
@@ -2567,8 +2557,7 @@ def permuted_rows(rows: int, n_head: int) -> list[int]:
             for h in range(n_head) for j in range(half) for i in range(2)]
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """A run of whole rows of one tensor: converted on its own, written at a known offset."""
     tensor: PlannedTensor
     first_row: int
@@ -2803,8 +2792,7 @@ _SMALL_INPUTS = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "added_tokens.json", "vocab.json", "merges.txt", "README.md")
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """How to convert: the output type, llama.cpp's --model-name, and whether a model card may be ignored."""
     outtype: str = "f16"
     model_name: str | None = None
@@ -2814,15 +2802,13 @@ class Options:
     hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
 
 
-@dataclass(frozen=True)
-class InputFile:
+class InputFile(NamedTuple):
     name: str
     size: int
     sha256: str | None      # None when Options.hash_inputs was False
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
     """What a conversion wrote (path, sha256, size, counts, general.name) and every input it read."""
     out: Path
     sha256: str
@@ -2834,8 +2820,7 @@ class Report:
     inputs: tuple[InputFile, ...]
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """Everything decided before a byte is written: metadata, tensors, and the files they come from."""
     kvs: list[KV]
     tensors: list[PlannedTensor]
@@ -3437,8 +3422,7 @@ class GGUFError(ValueError):
     """The file is not a GGUF v3 this reader accepts; the message says why and at which byte."""
 
 
-@dataclass
-class StoredKV:
+class StoredKV(NamedTuple):
     key: str
     vtype: Any  # a value type name ("UINT32", "STRING", ...) or ("array", element type name)
     value: Any  # int, float, bool, str, or a list of them for arrays
@@ -3446,8 +3430,7 @@ class StoredKV:
     nbytes: int = 0  # size of the whole record: key, type, value
 
 
-@dataclass
-class TensorInfo:
+class TensorInfo(NamedTuple):
     name: str
     dims: list[int]  # ggml order (ne0 first, the fastest-varying), as stored
     ggml_type: str
@@ -3457,8 +3440,7 @@ class TensorInfo:
     info_offset: int = 0  # where this tensor's info record starts in the file
 
 
-@dataclass
-class GGUFFile:
+class GGUFFile(NamedTuple):
     version: int
     kvs: list[StoredKV]
     tensors: list[TensorInfo]
@@ -3649,21 +3631,23 @@ def _read_tensor_infos(cur: _Cursor, count: int) -> list[tuple[TensorInfo, int]]
 
 
 def _place_tensors(infos: list[tuple[TensorInfo, int]], data_start: int, alignment: int,
-                   file_size: int) -> int:
-    """Set each tensor's file offset after checking its data lies in the file; the data's end."""
+                   file_size: int) -> tuple[list[TensorInfo], int]:
+    """Each tensor with its file offset, checked to lie in the file; and the data's end."""
+    placed = []
     data_end = data_start
     for info, offset_at in infos:
         if info.offset_in_data % alignment:
             raise _fail(offset_at, f"tensor {info.name!r}: data offset {info.offset_in_data} is not a "
                                    f"multiple of the alignment {alignment}")
-        info.file_offset = data_start + info.offset_in_data
+        info = info._replace(file_offset=data_start + info.offset_in_data)
+        placed.append(info)
         # ggml's loader reads each tensor with its padding, so the padding must be in the file too
         end = info.file_offset + ggml_pad(info.nbytes, alignment)
         if end > file_size:
             raise _fail(offset_at, f"tensor {info.name!r}: data [{info.file_offset}, {end}) including "
                                    f"padding runs past the end of the file ({file_size} bytes)")
         data_end = max(data_end, end)
-    return data_end
+    return placed, data_end
 
 
 def parse_gguf(buf: Any, size: int, path: str = "") -> GGUFFile:
@@ -3688,9 +3672,8 @@ def parse_gguf(buf: Any, size: int, path: str = "") -> GGUFFile:
     if infos and data_start > size:
         raise _fail(info_end, f"truncated padding before tensor data: data starts at {data_start}, "
                               f"file has {size} bytes")
-    data_end = _place_tensors(infos, data_start, alignment, size)
-    return GGUFFile(version, kvs, [info for info, _ in infos], alignment, data_start, size,
-                    info_end, path, data_end)
+    tensors, data_end = _place_tensors(infos, data_start, alignment, size)
+    return GGUFFile(version, kvs, tensors, alignment, data_start, size, info_end, path, data_end)
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -3760,8 +3743,7 @@ def describe_gguf(f: GGUFFile, full: bool = False) -> list[str]:
 CHUNK = 1 << 20
 
 
-@dataclass
-class RangeDiff:
+class RangeDiff(NamedTuple):
     first: int | None  # first differing byte, relative to the ranges' starts (None: equal)
     differing_bytes: int
     differing_units: int  # elements (or blocks) of `unit` bytes with any byte different
@@ -4239,8 +4221,7 @@ def weight_files(model_dir: Path) -> list[Path]:
         return sorted(p for p in model_dir.glob("*.safetensors") if p.is_file())
 
 
-@dataclass(frozen=True)
-class Inspection:
+class Inspection(NamedTuple):
     """A model directory or safetensors file: what it declares, and what converting it would give."""
     path: Path
     is_dir: bool
@@ -4364,8 +4345,7 @@ def planned_size(plan: Plan) -> int:
     return len(plan.header) + sum(t.nbytes + padding(t.nbytes) for t in plan.tensors)
 
 
-@dataclass(frozen=True)
-class DryRun:
+class DryRun(NamedTuple):
     plan: Plan
     out: Path           # with {ftype} filled in, as convert would write it
     replaces: bool      # an existing file at out would be replaced
@@ -4430,8 +4410,7 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
 
 # Verifying: a GGUF (and optionally the directory it came from) against the pin fork_json wrote.
 
-@dataclass(frozen=True)
-class Pin:
+class Pin(NamedTuple):
     """What a FORK.json promises: the output file and every input file, by size and sha256."""
     output: InputFile
     inputs: tuple[InputFile, ...]
