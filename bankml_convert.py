@@ -40,7 +40,7 @@ from functools import lru_cache
 from itertools import repeat
 from operator import mul
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 __version__ = "0.1.0"
 
@@ -2851,8 +2851,18 @@ def refuse_model_card(model_dir: Path, options: Options) -> None:
                       "result then differs from llama.cpp's) or move README.md away")
 
 
-def plan_conversion(model_dir: Path, options: Options) -> Plan:
-    """Decide everything llama.cpp would write for model_dir, or raise a Refusal."""
+class TensorPlan(NamedTuple):
+    """The tensor side of a plan, decided from config.json and the safetensors headers alone: enough
+    to start converting tensor data while the vocabulary is still being read."""
+    config: dict
+    params: LlamaParams
+    tensors: list[PlannedTensor]
+    inputs: list[Path]
+    outtype: OutType
+
+
+def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
+    """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
     if "\0" in str(model_dir):
         raise Refusal("the model directory's path contains a NUL byte")
     try:
@@ -2871,6 +2881,13 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
     sources, weight_files = index_tensors(model_dir)
     out = out_type(options.outtype, sources)
     tensors = plan_tensors(sources, params, out)
+    small = [model_dir / n for n in _SMALL_INPUTS if (model_dir / n).is_file()]
+    return TensorPlan(config, params, tensors, small + weight_files, out)
+
+
+def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan | None = None) -> Plan:
+    """Decide everything llama.cpp would write for model_dir, or raise a Refusal."""
+    config, params, tensors, inputs, out = tensor_plan or plan_tensor_data(model_dir, options)
     vocab = tokenizer_vocab(model_dir, config, params.vocab_size)
     n_params = parameter_count(tensors)
 
@@ -2902,8 +2919,7 @@ def plan_conversion(model_dir: Path, options: Options) -> Plan:
 
     kvs = kv.items()
     name = next((k.value for k in kvs if k.key == "general.name"), "")
-    small = [model_dir / n for n in _SMALL_INPUTS if (model_dir / n).is_file()]
-    return Plan(kvs, tensors, small + weight_files, n_params, name, gguf_header(kvs, tensors), out)
+    return Plan(kvs, tensors, inputs, n_params, name, gguf_header(kvs, tensors), out)
 
 
 def tokenizer_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
@@ -2971,6 +2987,15 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | No
     The .part is created exclusively, so two conversions to one output cannot interleave; on any
     failure or interrupt it is removed and an existing OUT is left as it was.
     """
+    sha, size, _ = write_gguf_while_planning(out, plan.tensors, lambda: plan, workers, hasher, progress)
+    return sha, size
+
+
+def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_plan: Callable[[], Plan],
+                              workers: int = 1, hasher: InputHasher | None = None,
+                              progress=None) -> tuple[str, int, Plan]:
+    """write_gguf for a plan that finish_plan() completes (it must keep `tensors`); workers start
+    converting tensor data before it is called, so the vocabulary is read while they work."""
     part = out.with_name(out.name + ".part")
     try:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -2979,17 +3004,14 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | No
                       f"killed; remove {part.name} if no conversion is running") from None
     except OSError as e:
         raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
-    jobs = data_jobs(plan.tensors, len(plan.header))
-    size = gguf_size(jobs) or len(plan.header)
     try:
         with open(fd, "wb", buffering=0) as f:
-            if workers > 1 and len(jobs) > 1:
-                f.write(plan.header)
-                os.ftruncate(fd, size)      # the padding between tensors is these zeros
-                sha = hashlib.sha256(plan.header)
-                _convert_in_workers(fd, jobs, workers, sha, hasher, progress)
-                sha = sha.hexdigest()
+            unplaced = data_jobs(tensors, 0)
+            if workers > 1 and len(unplaced) > 1:
+                plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress)
             else:
+                plan = finish_plan()
+                jobs = data_jobs(plan.tensors, len(plan.header))
                 if hasher:
                     hasher.start()
                 w = HashingWriter(f)
@@ -3000,6 +3022,7 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | No
                 except BaseException:
                     w.abort()
                     raise
+            size = gguf_size(data_jobs(plan.tensors, len(plan.header))) or len(plan.header)
             if os.fstat(fd).st_size != size:
                 raise AssertionError(f"wrote {os.fstat(fd).st_size} bytes, planned {size}")
             os.fsync(fd)
@@ -3012,7 +3035,7 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | No
         if isinstance(e, OSError):
             raise Refusal(f"writing {out} failed: {e.strerror or e}; nothing was written") from None
         raise
-    return sha, size
+    return sha, size, plan
 
 
 def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None:
@@ -3056,19 +3079,23 @@ def gguf_size(jobs: list[Job]) -> int:
     return jobs[-1].out_pos + jobs[-1].out_len + jobs[-1].pad_after if jobs else 0
 
 
-def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: InputHasher | None,
-                        progress=None) -> None:
-    """Convert jobs in forked workers that pwrite straight into the output, and hash it in order.
+def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], Plan], workers: int,
+                        hasher: InputHasher | None, progress=None) -> tuple[Plan, str]:
+    """Convert jobs in forked workers that pwrite straight into the output, and hash it in order;
+    the finished plan and the output's sha256.
 
-    Workers take the next job from a queue this process keeps a few jobs ahead, so they finish
-    together whatever the jobs cost and finish roughly in file order; each reports a finished job on
-    a pipe, and this process hashes the output as soon as the next range in file order is complete
-    (reading it back from the page cache), so no second pass is needed at the end.  Meanwhile a
-    thread flushes what is hashed to disk, so the closing fsync has little left to wait for.
-    A worker that fails reports why; any failure ends the others and raises here.
+    The workers start before the plan is finished: until the header's size (so where the tensor
+    data starts) is known they keep what they convert, up to _EARLY_BYTES each, while this process
+    reads the vocabulary.  Then they take the next job from a queue this process keeps a few jobs
+    ahead, so they finish together whatever the jobs cost and roughly in file order; each reports a
+    finished job on a pipe, and this process hashes the output as soon as the next range in file
+    order is complete (reading it back from the page cache), so no second pass is needed at the end.
+    Meanwhile a thread flushes what is hashed to disk, so the closing fsync has little left to wait
+    for.  A worker that fails reports why; any failure ends the others and raises here.
     """
     read_end, write_end = os.pipe()
-    todo = _JobQueue(len(jobs), ahead=2 * workers)
+    start_read, start_write = os.pipe()
+    todo = _JobQueue(len(unplaced), ahead=workers * (2 + _EARLY_BYTES // CHUNK_BYTES))
     pids = []
     flusher = None
     try:
@@ -3076,12 +3103,21 @@ def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: Inp
             pid = os.fork()
             if pid == 0:
                 os.close(read_end)
+                os.close(start_write)
                 todo.close_sending()
-                _worker(fd, jobs, todo.receive_end, write_end)
+                _worker(fd, unplaced, todo.receive_end, write_end, start_read)
             pids.append(pid)
-        os.close(write_end)
-        write_end = -1
+        for end in (write_end, start_read):
+            os.close(end)
+        write_end = start_read = -1
         todo.close_receiving()
+        plan = finish_plan()
+        jobs = data_jobs(plan.tensors, len(plan.header))
+        if os.pwrite(fd, plan.header, 0) != len(plan.header):
+            raise OSError(28, "short write")
+        os.ftruncate(fd, gguf_size(jobs))      # the padding between tensors is these zeros
+        os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
+        sha = hashlib.sha256(plan.header)
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread
         flusher = _Flusher(fd)
@@ -3090,6 +3126,7 @@ def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: Inp
         pids = []
         if failed:
             raise Refusal("a conversion worker failed; nothing was written")
+        return plan, sha.hexdigest()
     finally:
         todo.close_sending()
         if flusher:
@@ -3101,9 +3138,15 @@ def _convert_in_workers(fd: int, jobs: list[Job], workers: int, sha, hasher: Inp
             except OSError:
                 pass
         todo.close_receiving()
-        os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
+        for end in (read_end, write_end, start_read, start_write):
+            if end >= 0:
+                os.close(end)
+
+
+# Converted bytes a worker keeps while the header's size is unknown: about what it converts while the
+# vocabulary of a 49,152-token model is read, bounded so memory stays flat whatever the model.
+_EARLY_BYTES = 16 << 20
+_DATA_START = struct.Struct("<Q")
 
 
 class _JobQueue:
@@ -3113,11 +3156,15 @@ class _JobQueue:
     keeping only a few queued bounds the pipe whatever the number of jobs.
     """
 
+    # 512 bytes, POSIX's smallest PIPE_BUF: every write arrives whole and fits any pipe, so handing
+    # out never blocks on workers that are waiting for this process.
+    MAX_AHEAD = 128
+
     def __init__(self, n_jobs: int, ahead: int) -> None:
         self.receive_end, self._send_end = os.pipe()
         self._n_jobs = n_jobs
         self._next = 0
-        self.hand_out(ahead)
+        self.hand_out(min(ahead, self.MAX_AHEAD))
 
     def hand_out(self, count: int) -> None:
         stop = min(self._n_jobs, self._next + count)
@@ -3148,7 +3195,7 @@ def _next_job(todo: int) -> int | None:
     return _DONE.unpack(got)[0]
 
 
-def _worker(fd: int, jobs: list[Job], todo: int, report: int) -> None:
+def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) -> None:
     # A forked child: it must never return into the parent's stack, whatever happens.
     status = 1
     try:
@@ -3156,9 +3203,12 @@ def _worker(fd: int, jobs: list[Job], todo: int, report: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent handles interrupts
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         files: dict[Path, int] = {}
-        buffer = bytearray(max((j.src_len for j in jobs), default=0))
+        buffer = bytearray(max((j.src_len for j in unplaced), default=0))
+        data_start = None
+        kept: list[tuple[int, list]] = []       # converted before data_start was known
+        kept_bytes = 0
         while (i := _next_job(todo)) is not None:
-            job = jobs[i]
+            job = unplaced[i]
             path = job.tensor.source.path
             if path not in files:
                 files[path] = open(path, "rb", buffering=0)
@@ -3166,8 +3216,21 @@ def _worker(fd: int, jobs: list[Job], todo: int, report: int) -> None:
             if sum(map(len, pieces)) != job.out_len:
                 raise AssertionError(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                      f"planned {job.out_len}")
-            _pwrite_all(fd, pieces, job.out_pos)
-            os.write(report, _DONE.pack(i))
+            kept.append((i, pieces))
+            kept_bytes += job.out_len
+            if data_start is None:
+                data_start = _data_start(start, wait=kept_bytes >= _EARLY_BYTES)
+                if data_start is None:
+                    continue
+            for n, done in kept:
+                _pwrite_all(fd, done, data_start + unplaced[n].out_pos)
+                os.write(report, _DONE.pack(n))
+            kept, kept_bytes = [], 0
+        if kept:
+            data_start = _data_start(start, wait=True) if data_start is None else data_start
+            for n, done in kept:
+                _pwrite_all(fd, done, data_start + unplaced[n].out_pos)
+                os.write(report, _DONE.pack(n))
         status = 0
     except BaseException as e:
         message = (e.reason if isinstance(e, Refusal) else
@@ -3178,6 +3241,18 @@ def _worker(fd: int, jobs: list[Job], todo: int, report: int) -> None:
             pass
     finally:
         os._exit(status)
+
+
+def _data_start(start: int, wait: bool) -> int | None:
+    """Where the tensor data starts, once the parent has written the header; None if not yet."""
+    os.set_blocking(start, wait)
+    try:
+        got = os.read(start, _DATA_START.size)
+    except BlockingIOError:
+        return None
+    if len(got) != _DATA_START.size:
+        raise Refusal("the conversion stopped before its header was written")
+    return _DATA_START.unpack(got)[0]
 
 
 _IOV_MAX = 512      # well under every system's IOV_MAX (1024 on Linux)
@@ -3310,12 +3385,14 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     """
     options = options or Options()
     model_dir = Path(model_dir)
-    plan = plan_conversion(model_dir, options)
-    out = templated_output(Path(out), plan.outtype)
-    check_output_path(out, model_dir, plan.inputs)
+    tensor_plan = plan_tensor_data(model_dir, options)
+    out = templated_output(Path(out), tensor_plan.outtype)
+    check_output_path(out, model_dir, tensor_plan.inputs)
     workers = options.workers if options.workers is not None else default_workers()
-    hasher = InputHasher(plan.inputs) if options.hash_inputs else None
-    sha, size = write_gguf(out, plan, workers, hasher, options.progress)
+    hasher = InputHasher(tensor_plan.inputs) if options.hash_inputs else None
+    sha, size, plan = write_gguf_while_planning(
+        out, tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
+        workers, hasher, options.progress)
     inputs = hasher.result() if hasher else tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.inputs)
     return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs)
 

@@ -160,6 +160,32 @@ class ParallelAndSequentialWriting(Workspace):
         self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
         self.assertGreaterEqual(fdatasync.call_count, 1)     # 8 MB hashed, a flush asked each MiB
 
+    def test_workers_started_before_a_vocabulary_refusal_leave_nothing_and_no_process(self):
+        d = self.case("bf16")
+        edit_json(d / "tokenizer.json", lambda t: t["model"].update(merges=t["model"]["merges"][:-1]))
+        out = self.tmp / "early-refused.gguf"
+        with self.assertRaisesRegex(bc.Refusal, "unknown tokenizer"):
+            bc.convert(d, out, bc.Options(workers=2))
+        self.assertEqual([p.name for p in self.tmp.glob("early-refused*")], [])
+        with self.assertRaises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)      # every worker was reaped
+
+    def test_workers_keep_or_wait_until_the_header_size_is_known(self):
+        d = self.case("sharded-3")
+        slow_plan = bc.plan_conversion
+
+        def plan_slowly(*args):
+            time.sleep(0.3)     # the workers run out of room or jobs before the header exists
+            return slow_plan(*args)
+
+        for early_bytes in (1, 1 << 40):    # wait at once / keep every job until the header
+            with self.subTest(early_bytes=early_bytes), \
+                    mock.patch.object(bc, "_EARLY_BYTES", early_bytes), \
+                    mock.patch.object(bc, "plan_conversion", plan_slowly):
+                r = bc.convert(d, self.tmp / f"early{early_bytes}.gguf", bc.Options(workers=2))
+                self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
+                self.assertEqual(sha256_file(r.out), GOLDEN["sharded-3"]["sha256"])
+
     def test_a_source_that_shrinks_mid_conversion_leaves_nothing(self):
         for workers in (1, 2):
             with self.subTest(workers=workers):
