@@ -2994,8 +2994,9 @@ def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | No
 def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_plan: Callable[[], Plan],
                               workers: int = 1, hasher: InputHasher | None = None,
                               progress=None) -> tuple[str, int, Plan]:
-    """write_gguf for a plan that finish_plan() completes (it must keep `tensors`); workers start
-    converting tensor data before it is called, so the vocabulary is read while they work."""
+    """write_gguf for a plan that finish_plan() completes (it must keep `tensors`); (sha256, size,
+    plan).  With workers, they start converting tensor data before finish_plan() is called, so the
+    vocabulary is read while they work."""
     part = out.with_name(out.name + ".part")
     try:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
