@@ -22,6 +22,7 @@ Library use::
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import itertools
 import json
@@ -3094,11 +3095,15 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     Meanwhile a thread flushes what is hashed to disk, so the closing fsync has little left to wait
     for.  A worker that fails reports why; any failure ends the others and raises here.
     """
+    _build_tables_for(unplaced)     # once, while the second core is idle, rather than in each worker
     read_end, write_end = os.pipe()
     start_read, start_write = os.pipe()
     todo = _JobQueue(len(unplaced), ahead=workers * (2 + _EARLY_BYTES // CHUNK_BYTES))
     pids = []
     flusher = None
+    # Frozen objects are never visited by this process's collector, which would otherwise write to
+    # every page the workers share with it, and pay a copy-on-write fault for each.
+    gc.freeze()
     try:
         for k in range(workers):
             pid = os.fork()
@@ -3142,6 +3147,15 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         for end in (read_end, write_end, start_read, start_write):
             if end >= 0:
                 os.close(end)
+        gc.unfreeze()
+
+
+def _build_tables_for(jobs: list[Job]) -> None:
+    conversions = {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs}
+    if ("BF16", GGML_F16) in conversions:
+        _bf16_to_f16_list()
+    if ("F16", GGML_F32) in conversions:
+        f16_to_f32_table()
 
 
 # Converted bytes a worker keeps while the header's size is unknown: about what it converts while the
@@ -3201,6 +3215,7 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
     status = 1
     try:
         import signal
+        gc.disable()        # a worker makes no reference cycles; collecting would only copy pages
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent handles interrupts
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         files: dict[Path, int] = {}

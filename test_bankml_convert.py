@@ -9,6 +9,7 @@ the command that produced it); nothing here needs more than the standard library
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -136,6 +137,13 @@ class ParallelAndSequentialWriting(Workspace):
                 self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
                 self.assertEqual(sha256_file(r.out), GOLDEN["sharded-3"]["sha256"])
                 r.out.unlink()
+
+    def test_converting_in_workers_leaves_the_garbage_collector_as_it_was(self):
+        d = self.case("sharded-3")
+        self.assertTrue(gc.isenabled())
+        bc.convert(d, self.tmp / "gc.gguf", bc.Options(workers=2))
+        self.assertTrue(gc.isenabled())
+        self.assertEqual(gc.get_freeze_count(), 0)
 
     def test_job_queue_hands_out_every_job_once_a_few_ahead_then_ends(self):
         todo = bc._JobQueue(10, ahead=3)
