@@ -3286,9 +3286,14 @@ def _pwrite_all(fd: int, pieces: list, pos: int) -> None:
 
 class _Flusher:
     """Flushes the output to disk on a thread while it is still being written (fdatasync releases
-    the GIL), each time another FLUSH_BYTES are complete, so the closing fsync is short."""
+    the GIL), each time another FLUSH_BYTES are complete, so the closing fsync is short.
 
-    FLUSH_BYTES = 64 << 20
+    Small steps write back in the shadow of the conversion: on the full-size model, 8 MiB steps
+    took 0.86 s where 64 MiB steps took 0.93 s (medians of 8); the workers' writes wait less on
+    each flush.  A request made while a flush runs joins the next one, so a slow disk gets fewer,
+    larger flushes by itself."""
+
+    FLUSH_BYTES = 8 << 20
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
