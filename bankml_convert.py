@@ -3102,8 +3102,11 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     pids = []
     flusher = None
     # Frozen objects are never visited by this process's collector, which would otherwise write to
-    # every page the workers share with it, and pay a copy-on-write fault for each.
-    gc.freeze()
+    # every page the workers share with it, and pay a copy-on-write fault for each.  A caller's own
+    # frozen objects are left as they are.
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.freeze()
     try:
         for k in range(workers):
             pid = os.fork()
@@ -3118,6 +3121,8 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         write_end = start_read = -1
         todo.close_receiving()
         plan = finish_plan()
+        if data_jobs(plan.tensors, 0) != unplaced:
+            raise AssertionError("the finished plan's tensors are not those being converted")
         jobs = data_jobs(plan.tensors, len(plan.header))
         if os.pwrite(fd, plan.header, 0) != len(plan.header):
             raise OSError(28, "short write")
@@ -3147,7 +3152,8 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         for end in (read_end, write_end, start_read, start_write):
             if end >= 0:
                 os.close(end)
-        gc.unfreeze()
+        if froze:
+            gc.unfreeze()
 
 
 def _build_tables_for(jobs: list[Job]) -> None:
