@@ -2973,6 +2973,13 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path]) -> None
         raise Refusal(f"the output's directory {parent} does not exist")
     if out.is_dir():
         raise Refusal(f"the output {out} is a directory; name a file such as {out / 'model-F16.gguf'}")
+    if out.is_symlink():
+        # A loop of links is refused (the error names it); since Python 3.13 only a strict
+        # resolve reports one.  A dangling link is replaced by the output, as before.
+        try:
+            out.resolve(strict=True)
+        except FileNotFoundError:
+            pass
     target = out.resolve()
     if target == model_dir.resolve():
         raise Refusal("the output would replace the model directory")
