@@ -3249,17 +3249,11 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
             kept_bytes += job.out_len
             if data_start is None:
                 data_start = _data_start(start, wait=kept_bytes >= _EARLY_BYTES)
-                if data_start is None:
-                    continue
-            for n, done in kept:
-                _pwrite_all(fd, done, data_start + unplaced[n].out_pos)
-                os.write(report, _DONE.pack(n))
-            kept, kept_bytes = [], 0
-        if kept:
-            data_start = _data_start(start, wait=True) if data_start is None else data_start
-            for n, done in kept:
-                _pwrite_all(fd, done, data_start + unplaced[n].out_pos)
-                os.write(report, _DONE.pack(n))
+            if data_start is not None:
+                _write_kept(fd, unplaced, kept, data_start, report)
+                kept, kept_bytes = [], 0
+        if kept:    # the jobs ran out before the header's size arrived
+            _write_kept(fd, unplaced, kept, _data_start(start, wait=True), report)
         status = 0
     except BaseException as e:
         message = (e.reason if isinstance(e, Refusal) else
@@ -3270,6 +3264,13 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
             pass
     finally:
         os._exit(status)
+
+
+def _write_kept(fd: int, unplaced: list[Job], kept: list[tuple[int, list]], data_start: int,
+                report: int) -> None:
+    for n, pieces in kept:
+        _pwrite_all(fd, pieces, data_start + unplaced[n].out_pos)
+        os.write(report, _DONE.pack(n))
 
 
 def _data_start(start: int, wait: bool) -> int | None:
