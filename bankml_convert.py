@@ -31,6 +31,7 @@ import mmap
 import os
 import queue
 import re
+import select
 import struct
 import sys
 import threading
@@ -3274,12 +3275,15 @@ def _write_kept(fd: int, unplaced: list[Job], kept: list[tuple[int, list]], data
 
 
 def _data_start(start: int, wait: bool) -> int | None:
-    """Where the tensor data starts, once the parent has written the header; None if not yet."""
-    os.set_blocking(start, wait)
-    try:
-        got = os.read(start, _DATA_START.size)
-    except BlockingIOError:
+    """Where the tensor data starts, once the parent has written the header; None if not yet.
+
+    Polled with select, not by making the pipe non-blocking: that flag belongs to the pipe, which
+    every worker shares, so one worker's poll would turn another's wait into a poll.  The parent
+    writes one copy per worker, so a readable pipe always still holds this worker's.
+    """
+    if not select.select([start], [], [], None if wait else 0)[0]:
         return None
+    got = os.read(start, _DATA_START.size)
     if len(got) != _DATA_START.size:
         raise Refusal("the conversion stopped before its header was written")
     return _DATA_START.unpack(got)[0]

@@ -161,6 +161,23 @@ class ParallelAndSequentialWriting(Workspace):
             todo.close_sending()
             todo.close_receiving()
 
+    def test_data_start_is_polled_without_touching_the_shared_pipe_s_flags(self):
+        r, w = os.pipe()
+        try:
+            self.assertIsNone(bc._data_start(r, wait=False))
+            self.assertTrue(os.get_blocking(r))     # another worker may be waiting on it
+            os.write(w, bc._DATA_START.pack(1234) * 2)
+            self.assertEqual(bc._data_start(r, wait=False), 1234)
+            self.assertEqual(bc._data_start(r, wait=True), 1234)
+            os.close(w)
+            w = -1
+            with self.assertRaisesRegex(bc.Refusal, "before its header"):
+                bc._data_start(r, wait=True)
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+
     def test_workers_flush_the_output_to_disk_while_writing_it(self):
         d = self.case("sharded-3")
         with mock.patch.object(bc._Flusher, "FLUSH_BYTES", 1 << 20), \
