@@ -10,9 +10,12 @@ writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.g
 directories, pins the result (sha256 of the output and of every input) and refuses, with the reason,
 anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
-The file reads top to bottom the way the data flows: read the directory -> decide (architecture,
+The file reads top to bottom the way the data flows: read the directory -> decide (family,
 refusals, metadata, names, vocabulary, tensor plan) -> convert (numeric kernels, tensor data) ->
 write (GGUF) -> pin; then reading GGUF back (inspect, verify, diff) and the command line.
+A new model family is one entry of FAMILIES plus its functions; a new tokenizer kind, one entry of
+TOKENIZER_KINDS plus its functions; a new output type, one entry of OUT_TYPES plus its kernels.
+Nothing else changes for them: the deciding, writing and reading code reach them through the tables.
 Library use::
 
     from bankml_convert import convert, Options, fork_json, Refusal
@@ -297,12 +300,147 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Deciding: what llama.cpp would make of the directory -- architecture, hyperparameters, the
+# Deciding: what llama.cpp would make of the directory -- its family, hyperparameters, the
 # metadata in its order, and the tensor plan -- or a Refusal saying why it would not be the same.
 # ---------------------------------------------------------------------------------------------
 
-# Keys that make llama.cpp take a path this file does not reproduce (multimodal wrappers, MoE,
-# quantized checkpoints, EAGLE-3 drafts, extra hyperparameters it would write).
+# Files besides the tokenizer's that can change the output; each one present is pinned as an input.
+_MODEL_FILES = ("config.json", "generation_config.json")
+_CARD_FILES = ("README.md",)
+
+
+class Options(NamedTuple):
+    """How to convert: the output type, llama.cpp's --model-name, and whether a model card may be ignored."""
+    outtype: str = "f16"
+    model_name: str | None = None
+    ignore_model_card: bool = False
+    workers: int | None = None      # processes converting in parallel; None: one per core where safe
+    progress: Any = None            # called as progress(bytes_done, bytes_total, tensor_name)
+    hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
+
+
+class InputFile(NamedTuple):
+    name: str
+    size: int
+    sha256: str | None      # None when Options.hash_inputs was False
+
+
+class Report(NamedTuple):
+    """What a conversion wrote (path, sha256, size, counts, general.name), every input it read, and
+    the options that decided its bytes (so a pin can say how to make the file again)."""
+    out: Path
+    sha256: str
+    bytes: int
+    tensors: int
+    kv: int
+    params: int
+    name: str
+    inputs: tuple[InputFile, ...]
+    options: Options = Options()
+    outtype: str = ""       # --outtype as decided ("auto" resolved)
+
+
+class TensorPlan(NamedTuple):
+    """The tensor side of a plan, decided from config.json and the safetensors headers alone: enough
+    to start converting tensor data while the vocabulary is still being read."""
+    config: dict
+    family: Family
+    params: Any             # the family's hyperparameters (LlamaParams for Llama)
+    tensors: list[PlannedTensor]
+    inputs: list[Path]
+    outtype: OutType
+    tokenizer: TokenizerKind
+
+
+class Plan(NamedTuple):
+    """Everything decided before a byte is written: metadata, tensors, and the files they come from."""
+    kvs: list[KV]
+    tensors: list[PlannedTensor]
+    inputs: list[Path]
+    params: int
+    name: str
+    header: bytes       # everything before the tensor data, already encoded
+    outtype: OutType    # --outtype, with auto decided
+
+
+def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
+    """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
+    if "\0" in str(model_dir):
+        raise Refusal("the model directory's path contains a NUL byte")
+    try:
+        is_dir = model_dir.is_dir()
+    except OSError as e:    # a name too long for the file system, a loop of symlinks, ...
+        raise Refusal(f"{model_dir} cannot be opened: {e.strerror or e}") from None
+    if not is_dir:
+        raise Refusal(f"{model_dir} is not a directory")
+    out_type(options.outtype)       # an unknown type is refused before anything is read
+    refuse_model_card(model_dir, options)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise Refusal(f"no config.json in {model_dir}; is this a Hugging Face model directory?")
+    config = read_json_object(config_path)
+    family = family_of(config)
+    refuse_config(config)
+    params = family.params(config)
+    sources, weight_files = index_tensors(model_dir)
+    out = out_type(options.outtype, sources)
+    tensors = plan_tensors(sources, family, params, out)
+    tokenizer = tokenizer_kind(model_dir)
+    small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
+    return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer)
+
+
+def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan | None = None) -> Plan:
+    """Decide everything llama.cpp would write for model_dir, or raise a Refusal.
+
+    The keys below are in the order llama.cpp's converter adds them: ModelBase's general.* keys,
+    the family's set_gguf_parameters, the quantization version, then its set_vocab."""
+    config, family, params, tensors, inputs, out, tokenizer = tensor_plan or plan_tensor_data(model_dir, options)
+    vocab = tokenizer.vocab(model_dir, config, params.vocab_size)
+    n_params = parameter_count(tensors)
+
+    kv = KvList()
+    kv.string("general.architecture", family.gguf_arch)
+    kv.string("general.type", "model")
+    for s in sampling_kvs(load_generation_config(model_dir)):
+        kv.set(s.key, s.vtype, s.value)
+    name_or_path = config.get("_name_or_path")
+    for key, value in naming_kvs(name_or_path if isinstance(name_or_path, str) else None,
+                                 model_dir.name, options.model_name, n_params, n_params, 0, 0):
+        kv.string(key, value)
+    for h in family.hparam_kvs(params, out.file_type):
+        kv.set(h.key, h.vtype, h.value)
+    kv.uint32("general.quantization_version", 2)
+    for t in family.vocab_kvs(params, vocab, tokenizer.kvs(vocab)):
+        kv.set(t.key, t.vtype, t.value, t.array)
+
+    kvs = kv.items()
+    name = next((k.value for k in kvs if k.key == "general.name"), "")
+    return Plan(kvs, tensors, inputs, n_params, name, gguf_header(kvs, tensors), out)
+
+
+def refuse_model_card(model_dir: Path, options: Options) -> None:
+    """Refuse a README.md with YAML front matter unless told to ignore it.
+
+    llama.cpp copies a model card's licence, tags, languages, base models and datasets into the
+    GGUF; a README without front matter (first line not ``---``) adds nothing, so it is accepted.
+    """
+    card = model_dir / "README.md"
+    if options.ignore_model_card or not card.is_file():
+        return
+    try:
+        first = card.read_bytes().split(b"\n", 1)[0].rstrip(b"\r")
+    except OSError as e:
+        raise Refusal(f"cannot read README.md: {e.strerror or e}") from None
+    if first == b"---":
+        raise Refusal("README.md has a model card (YAML front matter); llama.cpp would copy its "
+                      "licence, tags, base models and datasets into the GGUF, which bankml_convert "
+                      "does not reproduce: pass --ignore-model-card to convert without it (the "
+                      "result then differs from llama.cpp's) or move README.md away")
+
+
+# Keys that make llama.cpp take a path this file does not reproduce, whatever the family
+# (multimodal wrappers, MoE, quantized checkpoints, EAGLE-3 drafts).
 _CONFIG_REFUSALS = {
     "text_config": "a multimodal wrapper config (text_config)",
     "llm_config": "a multimodal wrapper config (llm_config)",
@@ -320,8 +458,8 @@ _CONFIG_REFUSALS = {
     "n_group": "grouped experts (n_group)",
     "topk_group": "grouped experts (topk_group)",
 }
-# Alternative spellings llama.cpp's find_hparam would pick up before (or besides) the Llama names,
-# writing other values or extra keys.
+# Alternative spellings llama.cpp's find_hparam (shared by every text model) would pick up before
+# (or besides) a family's own names, writing other values or extra keys.
 _CONFIG_ALIASES = ("n_layers", "n_layer", "num_layers", "n_ctx", "n_positions", "max_length",
                    "max_sequence_length", "model_max_length", "n_embd", "dim",
                    "prefix_dense_intermediate_size", "dense_intermediate_size", "n_inner",
@@ -335,34 +473,8 @@ _CONFIG_ALIASES = ("n_layers", "n_layer", "num_layers", "n_ctx", "n_positions", 
                    "moe_router_activation_func", "expert_selection_fn")
 
 
-class LlamaParams(NamedTuple):
-    """The hyperparameters llama.cpp writes for a Llama model, as transformers' LlamaConfig fills them."""
-    block_count: int
-    context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rope_freq_base: float
-    rms_norm_eps: float
-    head_dim: int
-    vocab_size: int
-
-
-def llama_params(config: dict) -> LlamaParams:
-    """The Llama hyperparameters of config.json, or a Refusal for anything llama.cpp would treat otherwise.
-
-    llama.cpp reads config.json through transformers' ``AutoConfig(...).to_dict()``, so a key
-    config.json leaves out takes LlamaConfig's default (rms_norm_eps 1e-6, rope_theta 10000,
-    num_key_value_heads = num_attention_heads, head_dim = hidden_size // num_attention_heads).
-    """
-    architectures = config.get("architectures")
-    arch = architectures[0] if isinstance(architectures, list) and architectures else None
-    if arch != "LlamaForCausalLM":
-        raise Refusal(f"architecture {arch!r} is not LlamaForCausalLM; bankml_convert reproduces "
-                      f"llama.cpp only for Llama models: use llama.cpp's convert_hf_to_gguf.py for the rest")
-    if config.get("model_type", "llama") != "llama":
-        raise Refusal(f"model_type {config.get('model_type')!r} is not 'llama'")
+def refuse_config(config: dict) -> None:
+    """Refuse what llama.cpp's shared TextModel code would treat differently in any family."""
     for key, what in _CONFIG_REFUSALS.items():
         if key in config:
             raise Refusal(f"config.json describes {what}; llama.cpp converts it differently and "
@@ -374,65 +486,27 @@ def llama_params(config: dict) -> LlamaParams:
     if config.get("is_causal") is False:
         raise Refusal("config.json sets is_causal: false (a bidirectional model); llama.cpp writes "
                       "llama.attention.causal for it, which bankml_convert does not reproduce")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
-    _refuse_rope_scaling(config)
-
-    def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
-        value = config.get(key, default)
-        if value is None:
-            value = default
-        if type(value) is not int or not minimum <= value < 2**31:
-            raise Refusal(f"config.json: {key} is {value!r}; expected a whole number "
-                          f"from {minimum} to {2**31 - 1}")
-        return value
-
-    def number(key: str, default: float) -> float:
-        value = config.get(key, default)
-        if value is None:
-            value = default
-        if type(value) not in (int, float) or not 0 < value < 3.4e38:
-            raise Refusal(f"config.json: {key} is {value!r}; expected a positive number")
-        return value
-
-    hidden = integer("hidden_size", 4096)
-    heads = integer("num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
-                      f"{heads}; transformers rejects such a config and llama.cpp then reads it raw")
-    kv_heads = integer("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
-                      f"num_key_value_heads {kv_heads}")
-    rope = config.get("rope_parameters") or {}
-    return LlamaParams(
-        block_count=integer("num_hidden_layers", 32),
-        context_length=integer("max_position_embeddings", 2048),
-        embedding_length=hidden,
-        feed_forward_length=integer("intermediate_size", 11008),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=number("rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=number("rms_norm_eps", 1e-6),
-        head_dim=integer("head_dim", hidden // heads),
-        vocab_size=integer("vocab_size", 32000),
-    )
 
 
-def _refuse_rope_scaling(config: dict) -> None:
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = config.get(key)
-        if rope is None:
-            continue
-        if not isinstance(rope, dict):
-            raise Refusal(f"config.json: {key} must be an object or null")
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
-        if kind != "default" or extra:
-            raise Refusal(f"config.json: {key} asks for rope scaling ({kind!r}"
-                          f"{', ' + ', '.join(extra) if extra else ''}); llama.cpp writes rope "
-                          f"factors for it that bankml_convert does not reproduce")
+def config_integer(config: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
+    """config.json's whole number at key (the config class's default when absent or null), or a Refusal."""
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if type(value) is not int or not minimum <= value < 2**31:
+        raise Refusal(f"config.json: {key} is {value!r}; expected a whole number "
+                      f"from {minimum} to {2**31 - 1}")
+    return value
+
+
+def config_number(config: dict, key: str, default: float) -> float:
+    """config.json's positive float32-sized number at key (default when absent or null), or a Refusal."""
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if type(value) not in (int, float) or not 0 < value < 3.4e38:
+        raise Refusal(f"config.json: {key} is {value!r}; expected a positive number")
+    return value
 
 
 # GGUF value types (gguf-py's GGUFValueType); arrays carry their element type.
@@ -549,6 +623,224 @@ def load_generation_config(model_dir: Path) -> dict:
         raise Refusal("generation_config.json must hold a JSON object")
     return {}
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Model families: one Family entry per HF architecture name, holding everything that differs
+# between families; the rest of the file reaches a family only through its entry.
+# ---------------------------------------------------------------------------------------------
+# To add a family: write its functions (hyperparameters, keys, shapes) after the Llama ones, one
+# Family(...) entry, and its architecture names in FAMILIES -- as llama.cpp registers one ModelBase
+# subclass per architecture.  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
+
+class Family(NamedTuple):
+    """How llama.cpp converts one model family, as data and the family's own functions."""
+    name: str                           # for messages: "Llama"
+    architectures: tuple[str, ...]      # config.json architectures[0] values llama.cpp maps to it
+    model_type: str                     # the model_type transformers pairs with them
+    gguf_arch: str                      # general.architecture, and its keys' prefix
+    params: Callable[[dict], Any]       # config.json -> hyperparameters (with the config class's defaults), or a Refusal
+    hparam_kvs: Callable[[Any, int], list[KV]]      # (params, general.file_type) -> set_gguf_parameters' keys, in order
+    vocab_kvs: Callable[[Any, Any, list[KV]], list[KV]]     # (params, Vocab, tokenizer keys) -> set_vocab's keys, in order
+    top_tensors: dict[str, str]         # HF name -> GGUF name, outside the blocks
+    block_tensors: dict[str, str]       # name after "model.layers.N." -> name after "blk.N."
+    optional_tensors: frozenset[str]    # GGUF names a complete checkpoint may lack
+    dropped_suffixes: tuple[str, ...]   # buffers llama.cpp drops before mapping names
+    shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
+    permute_heads: Callable[[str, Any], int]        # (GGUF name, params) -> heads of the Q/K row permutation, or 0
+
+
+def family_of(config: dict) -> Family:
+    """The Family of config.json's architecture, or a Refusal naming the ones reproduced."""
+    architectures = config.get("architectures")
+    arch = architectures[0] if isinstance(architectures, list) and architectures else None
+    family = FAMILIES.get(arch) if isinstance(arch, str) else None
+    if family is None:
+        names = sorted({f.name for f in FAMILIES.values()})
+        raise Refusal(f"architecture {arch!r} is not {' or '.join(FAMILIES)}; bankml_convert reproduces "
+                      f"llama.cpp only for {', '.join(names)} models: use llama.cpp's convert_hf_to_gguf.py "
+                      f"for the rest")
+    if config.get("model_type", family.model_type) != family.model_type:
+        raise Refusal(f"model_type {config.get('model_type')!r} is not {family.model_type!r}")
+    return family
+
+
+# Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2 and every plain LlamaForCausalLM.
+
+class LlamaParams(NamedTuple):
+    """The hyperparameters llama.cpp writes for a Llama model, as transformers' LlamaConfig fills them."""
+    block_count: int
+    context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rope_freq_base: float
+    rms_norm_eps: float
+    head_dim: int
+    vocab_size: int
+
+
+def llama_params(config: dict) -> LlamaParams:
+    """The Llama hyperparameters of config.json, or a Refusal for anything llama.cpp would treat otherwise.
+
+    llama.cpp reads config.json through transformers' ``AutoConfig(...).to_dict()``, so a key
+    config.json leaves out takes LlamaConfig's default (rms_norm_eps 1e-6, rope_theta 10000,
+    num_key_value_heads = num_attention_heads, head_dim = hidden_size // num_attention_heads).
+    """
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
+    _refuse_rope_scaling(config)
+    hidden = config_integer(config, "hidden_size", 4096)
+    heads = config_integer(config, "num_attention_heads", 32)
+    if hidden % heads:
+        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
+                      f"{heads}; transformers rejects such a config and llama.cpp then reads it raw")
+    kv_heads = config_integer(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
+                      f"num_key_value_heads {kv_heads}")
+    rope = config.get("rope_parameters") or {}
+    params = LlamaParams(
+        block_count=config_integer(config, "num_hidden_layers", 32),
+        context_length=config_integer(config, "max_position_embeddings", 2048),
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", 11008),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+        head_dim=config_integer(config, "head_dim", hidden // heads),
+        vocab_size=config_integer(config, "vocab_size", 32000),
+    )
+    if params.vocab_size == 32016:
+        # LlamaModel.set_vocab tests only the size, whatever the tokenizer.
+        raise Refusal("vocab_size 32016: llama.cpp adds CodeLlama's infill tokens; not supported")
+    return params
+
+
+def _refuse_rope_scaling(config: dict) -> None:
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise Refusal(f"config.json: {key} must be an object or null")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
+        if kind != "default" or extra:
+            raise Refusal(f"config.json: {key} asks for rope scaling ({kind!r}"
+                          f"{', ' + ', '.join(extra) if extra else ''}); llama.cpp writes rope "
+                          f"factors for it that bankml_convert does not reproduce")
+
+
+def llama_hparam_kvs(p: LlamaParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys, then LlamaModel's own (general.file_type falls between)."""
+    return [
+        KV("llama.block_count", GGUF_UINT32, p.block_count),
+        KV("llama.context_length", GGUF_UINT32, p.context_length),
+        KV("llama.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV("llama.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV("llama.attention.head_count", GGUF_UINT32, p.head_count),
+        KV("llama.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV("llama.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV("llama.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV("llama.attention.key_length", GGUF_UINT32, p.head_dim),
+        KV("llama.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV("general.file_type", GGUF_UINT32, file_type),
+        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
+        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+    ]
+
+
+def llama_vocab_kvs(p: LlamaParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+    """LlamaModel.set_vocab: add_space_prefix before any tokenizer path, then the path's keys."""
+    kv = KvList()
+    if v.add_space_prefix is not None:
+        kv.bool("tokenizer.ggml.add_space_prefix", v.add_space_prefix)
+    for t in tokenizer_kvs:
+        kv.set(t.key, t.vtype, t.value, t.array)
+    # "Apply to granite small models only" in llama.cpp, but it tests only the vocabulary size,
+    # so every 49,152-token Llama (SmolLM, SmolLM2) gets it, after SpecialVocab's keys; a key set
+    # before keeps its position and takes the value False.
+    if p.vocab_size == 49152:
+        kv.bool("tokenizer.ggml.add_bos_token", False)
+    return kv.items()
+
+
+# HF LlamaForCausalLM tensor names -> GGUF names (gguf-py's TensorNameMap for MODEL_ARCH.LLAMA).
+_LLAMA_TOP_TENSORS = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LLAMA_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def llama_shape(gguf_name: str, p: LlamaParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a Llama tensor must have for the config llama.cpp writes."""
+    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
+    kind = gguf_name.split(".")[-2]
+    return {
+        "token_embd": (p.vocab_size, p.embedding_length),
+        "output": (p.vocab_size, p.embedding_length),
+        "output_norm": (p.embedding_length,),
+        "attn_norm": (p.embedding_length,),
+        "ffn_norm": (p.embedding_length,),
+        "attn_q": (q_rows, p.embedding_length),
+        "attn_k": (kv_rows, p.embedding_length),
+        "attn_v": (kv_rows, p.embedding_length),
+        "attn_output": (p.embedding_length, q_rows),
+        "ffn_gate": (p.feed_forward_length, p.embedding_length),
+        "ffn_up": (p.feed_forward_length, p.embedding_length),
+        "ffn_down": (p.embedding_length, p.feed_forward_length),
+    }[kind]
+
+
+def llama_permute_heads(gguf_name: str, p: LlamaParams) -> int:
+    """LlamaModel.modify_tensors permutes Q and K rows from HF's rotate-half order to GGML's
+    interleaved one, per head: Q with the attention heads, K with the KV heads."""
+    if gguf_name.endswith("attn_q.weight"):
+        heads = p.head_count
+    elif gguf_name.endswith("attn_k.weight"):
+        heads = p.head_count_kv
+    else:
+        return 0
+    if p.head_dim % 2:
+        raise Refusal(f"head_dim {p.head_dim} is odd; llama.cpp's Q/K permutation needs it even")
+    return heads
+
+
+LLAMA = Family(
+    name="Llama",
+    architectures=("LlamaForCausalLM",),
+    model_type="llama",
+    gguf_arch="llama",
+    params=llama_params,
+    hparam_kvs=llama_hparam_kvs,
+    vocab_kvs=llama_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_LLAMA_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings: llama.cpp writes none
+    # Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
+    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
+    shape=llama_shape,
+    permute_heads=llama_permute_heads,
+)
+
+# HF architecture name -> Family: the one place a family is registered.
+FAMILIES: dict[str, Family] = {arch: f for f in (LLAMA,) for arch in f.architectures}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -808,9 +1100,11 @@ def naming_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional[
 
 
 # ---------------------------------------------------------------------------------------------
-# Vocabulary: the tokenizer.* keys llama.cpp writes for a byte-level BPE tokenizer (its gpt2 path
-# through transformers 5.18), reproduced from the JSON files for the shapes measured by the oracle.
+# Vocabulary: the tokenizer.* keys llama.cpp writes, one TokenizerKind per vocabulary path it takes
+# (today its gpt2 path through transformers 5.18, for the byte-level BPE shapes the oracle measured).
 # ---------------------------------------------------------------------------------------------
+# To add a tokenizer kind: its reading functions, one TokenizerKind(...) entry, and its place in
+# TOKENIZER_KINDS (at the end of this section) in the order llama.cpp tries its paths.
 
 # gguf-py's TokenType values; a BPE vocabulary uses only these three.
 NORMAL, CONTROL, UNUSED = 1, 3, 5
@@ -844,16 +1138,13 @@ class Vocab(NamedTuple):
     add_flags: list[tuple[str, bool]]     # SpecialVocab.add_special_token, insertion order
     chat_template: Optional[str]          # None: no key; "" is skipped by add_string too
     add_space_prefix: Optional[bool]      # tokenizer_config.json add_prefix_space, when not null
-    llama_add_bos_false: bool             # LlamaModel.set_vocab's rule for 49,152-token vocabularies
     model: str = "gpt2"
 
 
-def vocab_kvs(v: Vocab) -> list[KV]:
-    """Every tokenizer.* key llama.cpp writes for ``v``, in file order."""
+def bpe_kvs(v: Vocab) -> list[KV]:
+    """The tokenizer.* keys llama.cpp's gpt2 path writes for ``v``, in file order (the family's
+    set_vocab adds its own around them)."""
     kv = KvList()
-    # LlamaModel.set_vocab writes add_prefix_space before it picks a tokenizer path at all.
-    if v.add_space_prefix is not None:
-        kv.bool("tokenizer.ggml.add_space_prefix", v.add_space_prefix)
     kv.string("tokenizer.ggml.model", v.model)
     kv.string("tokenizer.ggml.pre", v.pre)
     kv.array("tokenizer.ggml.tokens", GGUF_STRING, list(v.tokens))
@@ -867,11 +1158,6 @@ def vocab_kvs(v: Vocab) -> list[KV]:
             kv.bool(ADD_KEYS[typ], flag)
     if v.chat_template is not None:
         kv.string("tokenizer.chat_template", v.chat_template)
-    # "Apply to granite small models only" in llama.cpp, but it tests only the vocabulary size,
-    # so every 49,152-token Llama (SmolLM, SmolLM2) gets it, after SpecialVocab's keys; a key set
-    # before keeps its position and takes the value False.
-    if v.llama_add_bos_false:
-        kv.bool("tokenizer.ggml.add_bos_token", False)
     return kv.items()
 
 
@@ -1267,11 +1553,11 @@ def chat_template(d: Path, tokenizer_config: dict) -> Optional[str]:
         return None  # SpecialVocab stops before the template without a tokenizer_config.json
     alt: object = None
     if (d / "chat_template.jinja").is_file():
-        alt = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        alt = read_text(d / "chat_template.jinja")
         if list((d / "additional_chat_templates").glob("*.jinja")):
             raise Refusal("additional_chat_templates/: llama.cpp writes named chat templates; not supported")
     elif (d / "chat_template.json").is_file():
-        alt = read_json(d / "chat_template.json").get("chat_template")  # type: ignore[union-attr]
+        alt = read_json_object(d / "chat_template.json").get("chat_template")
     template = tokenizer_config.get("chat_template", alt)
     if isinstance(template, list):
         raise Refusal("a list of chat templates: llama.cpp writes named chat templates; not supported")
@@ -1282,6 +1568,16 @@ def chat_template(d: Path, tokenizer_config: dict) -> Optional[str]:
 
 def optional_json(path: Path) -> Optional[object]:
     return read_json(path) if path.is_file() else None
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; a Refusal naming the file if it cannot be read as such."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise Refusal(f"{path.name} is not UTF-8 (byte {e.start})") from None
 
 
 def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
@@ -1297,6 +1593,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
     refuse_other_paths(d, tokenizer_json, tokenizer_config)
     assert tokenizer_json is not None
+    refuse_malformed(tokenizer_json, tokenizer_config)
     add_prefix_space = tokenizer_config.get("add_prefix_space")
     if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
         raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
@@ -1308,11 +1605,12 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     special_tokens_map = optional_json(d / "special_tokens_map.json")
     added = added_vocab(tokenizer_json, tokenizer_config, vocab,
                         special_tokens_map if isinstance(special_tokens_map, dict) else None)
-    shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
+    try:
+        shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
+    except RecursionError:
+        raise Refusal("tokenizer.json's pre-tokenizer or post-processor is nested too deeply") from None
     pre = known_pre(vocab_merges_sha256(vocab, merges), shape)
 
-    if vocab_size == 32016:
-        raise Refusal("vocab_size 32016: llama.cpp adds CodeLlama's infill tokens; not supported")
     tokens, toktypes = token_list(vocab, added, vocab_size)
     return Vocab(
         tokens=tokens,
@@ -1323,8 +1621,90 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         add_flags=flags,
         chat_template=chat_template(d, tokenizer_config),
         add_space_prefix=add_prefix_space,
-        llama_add_bos_false=vocab_size == 49152,
     )
+
+
+def refuse_malformed(tokenizer_json: dict, tokenizer_config: dict) -> None:
+    """Refuse tokenizer files whose parts the gpt2 path reads are not the JSON shapes transformers
+    writes (every other part is checked where it is read); transformers or llama.cpp would fail."""
+    def bad(where: str, what: str) -> Refusal:
+        return Refusal(f"{where} is not {what}; transformers cannot load such a tokenizer")
+
+    added = tokenizer_json.get("added_tokens")
+    if added is not None and not isinstance(added, list):
+        raise bad("tokenizer.json added_tokens", "a list")
+    for i, t in enumerate(added or ()):
+        if not (isinstance(t, dict) and type(t.get("id")) is int and isinstance(t.get("content"), str)):
+            raise bad(f"tokenizer.json added_tokens[{i}]", "an object with an integer id and a string content")
+    decoder = tokenizer_config.get("added_tokens_decoder")
+    if decoder is not None:
+        if not isinstance(decoder, dict):
+            raise bad("tokenizer_config.json added_tokens_decoder", "an object")
+        for key, t in decoder.items():
+            if not (key.isascii() and key.isdigit() and isinstance(t, dict) and isinstance(t.get("content"), str)):
+                raise bad(f"tokenizer_config.json added_tokens_decoder[{key!r}]",
+                          "a token id mapped to an object with a string content")
+    post = tokenizer_json.get("post_processor")
+    if not post:
+        return
+    processors = post.get("processors", [post]) if isinstance(post, dict) else None
+    if not isinstance(processors, list) or not all(isinstance(p, dict) for p in processors):
+        raise bad("tokenizer.json post_processor", "a processor object or a Sequence of them")
+    for proc in processors:
+        for part in ("single", "pair"):
+            items = proc.get(part, [])
+            if not isinstance(items, list) or not all(_is_template_piece(item) for item in items):
+                raise bad(f"tokenizer.json post_processor {part}", "a list of Sequence or SpecialToken pieces")
+
+
+def _is_template_piece(item: object) -> bool:
+    if not (isinstance(item, dict) and len(item) == 1):
+        return False
+    (kind, body), = item.items()
+    if kind == "Sequence":
+        return isinstance(body, dict)
+    return kind == "SpecialToken" and isinstance(body, dict) and isinstance(body.get("id"), str)
+
+
+# The tokenizer kinds: llama.cpp's vocabulary paths, as data.
+
+class TokenizerKind(NamedTuple):
+    """One vocabulary path of llama.cpp: when it is taken, what it reads (and so pins), what it writes."""
+    model: str                                  # tokenizer.ggml.model
+    files: tuple[str, ...]                      # the files it may read; each one present is pinned
+    taken: Callable[[Path], bool]               # whether llama.cpp takes this path for the directory
+    vocab: Callable[[Path, dict, int], Vocab]   # (directory, config.json, vocab_size) -> Vocab, or a Refusal
+    kvs: Callable[[Vocab], list[KV]]            # the tokenizer.* keys it writes, in order
+
+
+def _always(model_dir: Path) -> bool:
+    # The gpt2 path is llama.cpp's last resort: taken whenever the paths before it were not, and
+    # what it cannot read is refused by bpe_vocab with the reason.
+    return True
+
+
+BPE = TokenizerKind(
+    model="gpt2",
+    # vocab.json and merges.txt are not read here, but transformers would fall back to them.
+    files=("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+           "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt"),
+    taken=_always,
+    vocab=bpe_vocab,
+    kvs=bpe_kvs,
+)
+
+# In the order LlamaModel.set_vocab tries its paths (SentencePiece, then llama_hf, then gpt2).
+TOKENIZER_KINDS: tuple[TokenizerKind, ...] = (BPE,)
+
+
+def tokenizer_kind(model_dir: Path) -> TokenizerKind:
+    """The vocabulary path llama.cpp takes for model_dir."""
+    return next(k for k in TOKENIZER_KINDS if k.taken(model_dir))
+
+
+# Every small file some path may read: what `verify --inputs` expects a pin to name when present.
+_SMALL_INPUTS = tuple(dict.fromkeys(_MODEL_FILES + tuple(f for k in TOKENIZER_KINDS for f in k.files)
+                                    + _CARD_FILES))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1402,26 +1782,7 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
 # Types llama.cpp's converter offers that bankml_convert does not reproduce.
 _OUT_TYPES_REFUSED = ("tq1_0", "tq2_0")
 
-# HF LlamaForCausalLM tensor names -> GGUF names (gguf-py's TensorNameMap for MODEL_ARCH.LLAMA).
-_TOP_TENSORS = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_BLOCK_TENSORS = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
 _BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
-# Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
-_DROPPED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 
 
 class PlannedTensor(NamedTuple):
@@ -1437,73 +1798,48 @@ class PlannedTensor(NamedTuple):
         return ggml_nbytes(self.ggml_type, self.source.n_elements)
 
 
-def gguf_tensor_name(hf_name: str, block_count: int) -> str | None:
-    """The GGUF name llama.cpp gives an HF Llama tensor, or None if it has none."""
-    if hf_name in _TOP_TENSORS:
-        return _TOP_TENSORS[hf_name]
+def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | None:
+    """The GGUF name llama.cpp gives an HF tensor of the family, or None if it has none."""
+    if hf_name in family.top_tensors:
+        return family.top_tensors[hf_name]
     m = _BLOCK_NAME.fullmatch(hf_name)
-    if m and int(m.group(1)) < block_count and m.group(2) in _BLOCK_TENSORS:
-        return f"blk.{m.group(1)}.{_BLOCK_TENSORS[m.group(2)]}"
+    if m and int(m.group(1)) < block_count and m.group(2) in family.block_tensors:
+        return f"blk.{m.group(1)}.{family.block_tensors[m.group(2)]}"
     return None
 
 
-def expected_shape(gguf_name: str, p: LlamaParams) -> tuple[int, ...]:
-    """The HF shape (rows first) a Llama tensor must have for the config llama.cpp writes."""
-    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
-    kind = gguf_name.split(".")[-2]
-    return {
-        "token_embd": (p.vocab_size, p.embedding_length),
-        "output": (p.vocab_size, p.embedding_length),
-        "output_norm": (p.embedding_length,),
-        "attn_norm": (p.embedding_length,),
-        "ffn_norm": (p.embedding_length,),
-        "attn_q": (q_rows, p.embedding_length),
-        "attn_k": (kv_rows, p.embedding_length),
-        "attn_v": (kv_rows, p.embedding_length),
-        "attn_output": (p.embedding_length, q_rows),
-        "ffn_gate": (p.feed_forward_length, p.embedding_length),
-        "ffn_up": (p.feed_forward_length, p.embedding_length),
-        "ffn_down": (p.embedding_length, p.feed_forward_length),
-    }[kind]
-
-
-def plan_tensors(sources: list[SourceTensor], p: LlamaParams, out: OutType) -> list[PlannedTensor]:
+def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType) -> list[PlannedTensor]:
     """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal."""
     plan: list[PlannedTensor] = []
     for src in sources:
-        if src.name.endswith(_DROPPED_SUFFIXES):
+        if src.name.endswith(family.dropped_suffixes):
             continue
-        name = gguf_tensor_name(src.name, p.block_count)
+        name = gguf_tensor_name(family, src.name, p.block_count)
         if name is None:
-            raise Refusal(f"tensor {src.name!r} is not one llama.cpp maps for a Llama model with "
-                          f"{p.block_count} layers; bankml_convert converts plain LlamaForCausalLM weights only")
-        want = expected_shape(name, p)
+            raise Refusal(f"tensor {src.name!r} is not one llama.cpp maps for a {family.name} model with "
+                          f"{p.block_count} layers; bankml_convert converts plain "
+                          f"{' or '.join(family.architectures)} weights only")
+        want = family.shape(name, p)
         if src.shape != want:
             raise Refusal(f"tensor {src.name!r} has shape {list(src.shape)}, but config.json "
                           f"implies {list(want)}")
-        heads = 0
-        if name.endswith("attn_q.weight"):
-            heads = p.head_count
-        elif name.endswith("attn_k.weight"):
-            heads = p.head_count_kv
-        if heads and p.head_dim % 2:
-            raise Refusal(f"head_dim {p.head_dim} is odd; llama.cpp's Q/K permutation needs it even")
         plan.append(PlannedTensor(name, src, tensor_type(name, src.shape, out),
-                                  tuple(reversed(src.shape)), heads))
-    _refuse_incomplete(plan, p)
+                                  tuple(reversed(src.shape)), family.permute_heads(name, p)))
+    _refuse_incomplete(plan, family, p.block_count)
     return plan
 
 
-def _refuse_incomplete(plan: list[PlannedTensor], p: LlamaParams) -> None:
+def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: int) -> None:
     # llama.cpp would write a model missing a tensor without complaint, and llama.cpp's loader
     # would then fail on it; saying so now is kinder than a file that cannot load.
-    # Planned names are unique and all needed but output.weight, so counting finds what is
+    # Planned names are unique and all needed but the optional ones, so counting finds what is
     # missing without listing every needed name (config.json may claim billions of layers).
-    names = {t.name for t in plan}
-    n_missing = 2 + len(_BLOCK_TENSORS) * p.block_count - len(names - {"output.weight"})
+    names = {t.name for t in plan} - family.optional_tensors
+    top = [n for n in family.top_tensors.values() if n not in family.optional_tensors]
+    n_missing = len(top) + len(family.block_tensors) * block_count - len(names)
     if n_missing:
-        needed = itertools.chain(("token_embd.weight", "output_norm.weight"), (
-            f"blk.{b}.{n}" for b in range(p.block_count) for n in _BLOCK_TENSORS.values()))
+        needed = itertools.chain(top, (
+            f"blk.{b}.{n}" for b in range(block_count) for n in family.block_tensors.values()))
         first = next(n for n in needed if n not in names)
         raise Refusal(f"the model has no tensor {first}"
                       f"{f' (and {n_missing - 1} more)' if n_missing > 1 else ''}; "
@@ -2788,150 +3124,6 @@ class HashingWriter:
 # only when complete, and a Report of what was written and read.
 # ---------------------------------------------------------------------------------------------
 
-# Small files whose bytes can change the output; each one present is pinned as an input.
-_SMALL_INPUTS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                 "added_tokens.json", "vocab.json", "merges.txt", "README.md")
-
-
-class Options(NamedTuple):
-    """How to convert: the output type, llama.cpp's --model-name, and whether a model card may be ignored."""
-    outtype: str = "f16"
-    model_name: str | None = None
-    ignore_model_card: bool = False
-    workers: int | None = None      # processes converting in parallel; None: one per core where safe
-    progress: Any = None            # called as progress(bytes_done, bytes_total, tensor_name)
-    hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
-
-
-class InputFile(NamedTuple):
-    name: str
-    size: int
-    sha256: str | None      # None when Options.hash_inputs was False
-
-
-class Report(NamedTuple):
-    """What a conversion wrote (path, sha256, size, counts, general.name) and every input it read."""
-    out: Path
-    sha256: str
-    bytes: int
-    tensors: int
-    kv: int
-    params: int
-    name: str
-    inputs: tuple[InputFile, ...]
-
-
-class Plan(NamedTuple):
-    """Everything decided before a byte is written: metadata, tensors, and the files they come from."""
-    kvs: list[KV]
-    tensors: list[PlannedTensor]
-    inputs: list[Path]
-    params: int
-    name: str
-    header: bytes       # everything before the tensor data, already encoded
-    outtype: OutType    # --outtype, with auto decided
-
-
-def refuse_model_card(model_dir: Path, options: Options) -> None:
-    """Refuse a README.md with YAML front matter unless told to ignore it.
-
-    llama.cpp copies a model card's licence, tags, languages, base models and datasets into the
-    GGUF; a README without front matter (first line not ``---``) adds nothing, so it is accepted.
-    """
-    card = model_dir / "README.md"
-    if options.ignore_model_card or not card.is_file():
-        return
-    try:
-        first = card.read_bytes().split(b"\n", 1)[0].rstrip(b"\r")
-    except OSError as e:
-        raise Refusal(f"cannot read README.md: {e.strerror or e}") from None
-    if first == b"---":
-        raise Refusal("README.md has a model card (YAML front matter); llama.cpp would copy its "
-                      "licence, tags, base models and datasets into the GGUF, which bankml_convert "
-                      "does not reproduce: pass --ignore-model-card to convert without it (the "
-                      "result then differs from llama.cpp's) or move README.md away")
-
-
-class TensorPlan(NamedTuple):
-    """The tensor side of a plan, decided from config.json and the safetensors headers alone: enough
-    to start converting tensor data while the vocabulary is still being read."""
-    config: dict
-    params: LlamaParams
-    tensors: list[PlannedTensor]
-    inputs: list[Path]
-    outtype: OutType
-
-
-def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
-    """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
-    if "\0" in str(model_dir):
-        raise Refusal("the model directory's path contains a NUL byte")
-    try:
-        is_dir = model_dir.is_dir()
-    except OSError as e:    # a name too long for the file system, a loop of symlinks, ...
-        raise Refusal(f"{model_dir} cannot be opened: {e.strerror or e}") from None
-    if not is_dir:
-        raise Refusal(f"{model_dir} is not a directory")
-    out_type(options.outtype)       # an unknown type is refused before anything is read
-    refuse_model_card(model_dir, options)
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise Refusal(f"no config.json in {model_dir}; is this a Hugging Face model directory?")
-    config = read_json_object(config_path)
-    params = llama_params(config)
-    sources, weight_files = index_tensors(model_dir)
-    out = out_type(options.outtype, sources)
-    tensors = plan_tensors(sources, params, out)
-    small = [model_dir / n for n in _SMALL_INPUTS if (model_dir / n).is_file()]
-    return TensorPlan(config, params, tensors, small + weight_files, out)
-
-
-def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan | None = None) -> Plan:
-    """Decide everything llama.cpp would write for model_dir, or raise a Refusal."""
-    config, params, tensors, inputs, out = tensor_plan or plan_tensor_data(model_dir, options)
-    vocab = tokenizer_vocab(model_dir, config, params.vocab_size)
-    n_params = parameter_count(tensors)
-
-    kv = KvList()
-    kv.string("general.architecture", "llama")
-    kv.string("general.type", "model")
-    for s in sampling_kvs(load_generation_config(model_dir)):
-        kv.set(s.key, s.vtype, s.value)
-    name_or_path = config.get("_name_or_path")
-    for key, value in naming_kvs(name_or_path if isinstance(name_or_path, str) else None,
-                                 model_dir.name, options.model_name, n_params, n_params, 0, 0):
-        kv.string(key, value)
-    kv.uint32("llama.block_count", params.block_count)
-    kv.uint32("llama.context_length", params.context_length)
-    kv.uint32("llama.embedding_length", params.embedding_length)
-    kv.uint32("llama.feed_forward_length", params.feed_forward_length)
-    kv.uint32("llama.attention.head_count", params.head_count)
-    kv.uint32("llama.attention.head_count_kv", params.head_count_kv)
-    kv.float32("llama.rope.freq_base", params.rope_freq_base)
-    kv.float32("llama.attention.layer_norm_rms_epsilon", params.rms_norm_eps)
-    kv.uint32("llama.attention.key_length", params.head_dim)
-    kv.uint32("llama.attention.value_length", params.head_dim)
-    kv.uint32("general.file_type", out.file_type)
-    kv.uint32("llama.vocab_size", params.vocab_size)
-    kv.uint32("llama.rope.dimension_count", params.head_dim)
-    kv.uint32("general.quantization_version", 2)
-    for t in vocab_kvs(vocab):
-        kv.set(t.key, t.vtype, t.value, t.array)
-
-    kvs = kv.items()
-    name = next((k.value for k in kvs if k.key == "general.name"), "")
-    return Plan(kvs, tensors, inputs, n_params, name, gguf_header(kvs, tensors), out)
-
-
-def tokenizer_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
-    """The vocabulary of model_dir; tokenizer files too malformed to read are refused, not crashed on."""
-    try:
-        return bpe_vocab(model_dir, config, vocab_size)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
-        raise Refusal(f"the tokenizer files are malformed ({type(e).__name__}: {e})") from None
-
-
 def out_type(name: str, sources: list[SourceTensor] | None = None) -> OutType:
     """The OutType for an --outtype name ("auto" decided from the sources), or a Refusal."""
     if name in OUT_TYPES:
@@ -3433,7 +3625,8 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
         out, tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
         workers, hasher, options.progress)
     inputs = hasher.result() if hasher else tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.inputs)
-    return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs)
+    return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs,
+                  options, plan.outtype.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3451,6 +3644,11 @@ def fork_json(report: Report, source: str) -> str:
         "source": source,
         "output": {"name": report.out.name, "bytes": report.bytes, "sha256": report.sha256},
         "general.name": report.name,
+        # The options that decide the bytes ("auto" recorded as what it chose), so that a pinned
+        # file can be made again with the same command.
+        "options": {"outtype": report.outtype or report.options.outtype,
+                    "model_name": report.options.model_name,
+                    "ignore_model_card": report.options.ignore_model_card},
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
     # ensure_ascii: a file name that is not valid UTF-8 reaches here with surrogate escapes,

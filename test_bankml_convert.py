@@ -253,6 +253,42 @@ class ExampleModel(Workspace):
 
 
 # ---------------------------------------------------------------------------------------------
+# The tables: a family, a tokenizer kind, an output type is one entry; the pin says how a file was made.
+# ---------------------------------------------------------------------------------------------
+
+class Seams(Workspace):
+    def test_a_family_registered_under_another_architecture_converts_through_its_entry_alone(self):
+        d = self.case("bf16")
+        edit_json(d / "config.json", lambda c: c.update(architectures=["MyLlamaForCausalLM"]))
+        mine = bc.LLAMA._replace(architectures=("MyLlamaForCausalLM",))
+        with mock.patch.dict(bc.FAMILIES, {"MyLlamaForCausalLM": mine}):
+            r = bc.convert(d, self.tmp / "mine.gguf", bc.Options())
+        self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
+
+    def test_a_coding_error_while_reading_the_vocabulary_is_not_a_refusal(self):
+        d, out = self.case("bf16"), self.tmp / "bug" / "x.gguf"
+        out.parent.mkdir()
+        with mock.patch.object(bc, "base_vocab", side_effect=KeyError("a bug")):
+            with self.assertRaises(KeyError):
+                bc.convert(d, out, bc.Options())
+        self.assertEqual(list(out.parent.iterdir()), [])
+
+    def test_malformed_added_tokens_are_refused_naming_the_part(self):
+        d = self.case("bf16")
+        edit_json(d / "tokenizer.json", lambda t: t.update(added_tokens={"<|im_start|>": 1}))
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.plan_conversion(d, bc.Options())
+        self.assertEqual(cm.exception.reason, "tokenizer.json added_tokens is not a list; transformers "
+                                              "cannot load such a tokenizer")
+
+    def test_the_pin_records_the_options_that_decide_the_bytes_with_auto_resolved(self):
+        r = bc.convert(ROOT / "example" / "smollm2-tiny", self.tmp / "pinned-auto.gguf",
+                       bc.Options(outtype="auto", model_name="mindx merged"))
+        self.assertEqual(json.loads(bc.fork_json(r, "example"))["options"],
+                         {"outtype": "bf16", "model_name": "mindx merged", "ignore_model_card": False})
+
+
+# ---------------------------------------------------------------------------------------------
 # Refusals: each names its reason, exits 2 and leaves nothing behind.
 # ---------------------------------------------------------------------------------------------
 
@@ -841,10 +877,10 @@ class Rules(unittest.TestCase):
         self.assertEqual(bc.auto_out_type([((4, 4), "F32")]).name, "f16")
 
     def test_hf_names_map_to_gguf_names_below_the_block_count(self):
-        self.assertEqual(bc.gguf_tensor_name("model.layers.1.mlp.down_proj.weight", 2), "blk.1.ffn_down.weight")
-        self.assertEqual(bc.gguf_tensor_name("lm_head.weight", 2), "output.weight")
-        self.assertIsNone(bc.gguf_tensor_name("model.layers.2.mlp.down_proj.weight", 2))
-        self.assertIsNone(bc.gguf_tensor_name("model.layers.01.mlp.down_proj.weight", 2))
+        self.assertEqual(bc.gguf_tensor_name(bc.LLAMA, "model.layers.1.mlp.down_proj.weight", 2), "blk.1.ffn_down.weight")
+        self.assertEqual(bc.gguf_tensor_name(bc.LLAMA, "lm_head.weight", 2), "output.weight")
+        self.assertIsNone(bc.gguf_tensor_name(bc.LLAMA, "model.layers.2.mlp.down_proj.weight", 2))
+        self.assertIsNone(bc.gguf_tensor_name(bc.LLAMA, "model.layers.01.mlp.down_proj.weight", 2))
 
     def test_missing_config_values_take_llama_config_defaults(self):
         config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
@@ -1180,11 +1216,14 @@ class VocabCaseDirs(unittest.TestCase):
 
     def vocab(self, d: Path):
         config = self.config(d)
-        return bc.bpe_vocab(d, config, bc.llama_params(config).vocab_size if config else 32000)
+        return bc.bpe_vocab(d, config, bc.llama_params(config).vocab_size)
 
     def our_kvs(self, d: Path) -> list[tuple[str, str, str]]:
-        v = self.vocab(d)
-        return [(kv.key, vocab_type_tag(kv), value_sha256(kv.value)) for kv in bc.vocab_kvs(v)]
+        """The tokenizer keys a Llama model with d's config.json gets: the family's set_vocab
+        around the BPE path's keys."""
+        v, params = self.vocab(d), bc.llama_params(self.config(d))
+        return [(kv.key, vocab_type_tag(kv), value_sha256(kv.value))
+                for kv in bc.LLAMA.vocab_kvs(params, v, bc.BPE.kvs(v))]
 
     def assert_keys_as_llama_cpp(self, name: str) -> None:
         expected = [(e["key"], e["type"], e["sha256"]) for e in VOCAB_RECORD["cases"][name]["kvs"]]
