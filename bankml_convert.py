@@ -49,6 +49,11 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequ
 
 __version__ = "0.1.0"
 
+# The API: what the README documents.  Everything else may change between versions; the tests
+# reach into it, callers should not.
+__all__ = ["convert", "Options", "Report", "InputFile", "Refusal", "fork_json", "verify", "dry_run",
+           "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
+
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
 
 

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import random
+import re
 import os
 import shutil
 import signal
@@ -257,6 +258,16 @@ class ExampleModel(Workspace):
 # ---------------------------------------------------------------------------------------------
 
 class Seams(Workspace):
+    def test_the_api_is_declared_and_holds_what_the_readme_imports(self):
+        readme = (ROOT / "README.md").read_text(encoding="utf-8")
+        imported = re.findall(r"^from bankml_convert import (.+)$", readme, re.MULTILINE)
+        self.assertTrue(imported)
+        for line in imported:
+            for name in line.split(", "):
+                self.assertIn(name, bc.__all__)
+        for name in bc.__all__:
+            self.assertTrue(hasattr(bc, name), name)
+
     def test_a_family_registered_under_another_architecture_converts_through_its_entry_alone(self):
         d = self.case("bf16")
         edit_json(d / "config.json", lambda c: c.update(architectures=["MyLlamaForCausalLM"]))
