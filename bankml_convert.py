@@ -465,9 +465,6 @@ class KvList:
     def uint32(self, key: str, value: int) -> None:
         self.set(key, GGUF_UINT32, value)
 
-    def int32(self, key: str, value: int) -> None:
-        self.set(key, GGUF_INT32, value)
-
     def float32(self, key: str, value: float) -> None:
         self.set(key, GGUF_FLOAT32, value)
 
@@ -3936,13 +3933,20 @@ def _header_lines(fa: GGUFFile, fb: GGUFFile) -> list[str]:
     return lines
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, ..."""
+    if n % 100 in (11, 12, 13):
+        return f"{n}th"
+    return f"{n}{({1: 'st', 2: 'nd', 3: 'rd'}).get(n % 10, 'th')}"
+
+
 def _order_line(what: str, names_a: list[str], names_b: list[str]) -> list[str]:
     common = set(names_a) & set(names_b)
     seq_a = [n for n in names_a if n in common]
     seq_b = [n for n in names_b if n in common]
     for i, (x, y) in enumerate(zip(seq_a, seq_b)):
         if x != y:
-            return [f"{what} order differs: the {i + 1}th shared one is {x!r} in A, {y!r} in B"]
+            return [f"{what} order differs: the {ordinal(i + 1)} shared one is {x!r} in A, {y!r} in B"]
     return []
 
 
@@ -4175,10 +4179,6 @@ def _diff_mapped(a_path: str, ma: Any, a_size: int, b_path: str, mb: Any, b_size
         lines.append(f"files differ first at byte {first}: in A {region_at(fa, first)}; "
                      f"in B {region_at(fb, first)}")
     return lines
-
-
-# Command line, for looking at files by hand: `dump FILE [--full]` and `diff A B`.
-# Exit codes: 0 fine/identical, 1 files differ, 2 unreadable or bad usage.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4630,7 +4630,7 @@ def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]
 # Diffing two GGUF files.
 
 def diff_files(a, b) -> tuple[list[str], int]:
-    """gguf_read's structural diff and the exit code: 0 identical, 1 different, 2 unreadable.
+    """diff_gguf's lines and the exit code: 0 identical, 1 different, 2 unreadable.
 
     Identical bytes are identical whatever they hold; files that differ are unreadable when either
     is not a GGUF the reader accepts, since the diff then cannot say what differs.

@@ -2095,7 +2095,12 @@ class DiffTest(TempDirCase):
     def test_kv_order_difference_is_reported(self):
         lines = self.diff(gguf_bytes([("a", "UINT8", 1), ("b", "UINT8", 2)]),
                           gguf_bytes([("b", "UINT8", 2), ("a", "UINT8", 1)]))
-        self.assertEqual(lines, ["kv order differs: the 1th shared one is 'a' in A, 'b' in B"])
+        self.assertEqual(lines, ["kv order differs: the 1st shared one is 'a' in A, 'b' in B"])
+
+    def test_ordinals_read_as_english(self):
+        self.assertEqual([bc.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)],
+                         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd",
+                          "101st", "111th", "112th"])
 
     def test_string_array_difference_gives_length_and_first_index(self):
         toks = [f"t{i}" for i in range(1000)]
