@@ -3642,13 +3642,36 @@ def _read_value(cur: _Cursor, type_code: int, key: str, type_at: int) -> tuple[A
         raise _fail(n_at, f"truncated kv {key!r}: array of {n} {ename} needs at least {n * least} bytes, "
                           f"{cur.remaining()} left")
     if ename == "STRING":
-        return ("array", ename), [cur.string(f"kv {key!r} element {i}") for i in range(n)]
+        return ("array", ename), _strings(cur, n, key)
     fmt = SCALAR_FORMATS[ename]
     start = cur.pos
     values = list(struct.unpack(f"<{n}{fmt}", cur.take(n * least, f"kv {key!r} array")))
     if ename == "BOOL":
         values = _bools(values, key, start)
     return ("array", ename), values
+
+
+def _strings(cur: _Cursor, n: int, key: str) -> list[str]:
+    """n strings of an array. A vocabulary's ~100,000 strings dominate a model's header, so the
+    common case builds no message; anything unusual is read again by cur.string, which says what."""
+    buf, pos, size = cur.buf, cur.pos, cur.size
+    values: list[str] = []
+    for i in range(n):
+        if size - pos >= 8:
+            length = _U64_LE.unpack_from(buf, pos)[0]
+            start = pos + 8
+            if length <= min(size - start, GGUF_MAX_STRING_LENGTH):
+                try:
+                    values.append(str(buf[start:start + length], "utf-8"))
+                    pos = start + length
+                    continue
+                except UnicodeDecodeError:
+                    pass
+        cur.pos = pos
+        values.append(cur.string(f"kv {key!r} element {i}"))
+        pos = cur.pos
+    cur.pos = pos
+    return values
 
 
 def _scalar_value(cur: _Cursor, vname: str, key: str) -> Any:

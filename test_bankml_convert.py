@@ -1961,6 +1961,15 @@ class RefusalTest(TempDirCase):
         raw = pack_str("k") + struct.pack("<IIQ", 9, 8, 1000) + pack_str("a")
         refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "truncated kv 'k'")
 
+    def test_a_bad_string_in_an_array_is_named_by_its_index(self):
+        head = pack_str("k") + struct.pack("<IIQ", 9, 8, 2) + pack_str("ok")
+        cases = [(pack_str(b"\xc3("), "kv 'k' element 1 is not valid UTF-8"),
+                 (struct.pack("<Q", 2**40), "kv 'k' element 1 length 1099511627776 exceeds gguf's maximum"),
+                 (struct.pack("<Q", 1000) + b"x", "truncated kv 'k' element 1: needs 1000 bytes")]
+        for tail, message in cases:
+            with self.subTest(message=message):
+                refusal(self, gguf_bytes(raw_kvs=head + tail, n_kv=1), message)
+
     def test_unknown_value_type_is_refused(self):
         raw = pack_str("k") + struct.pack("<I", 13) + bytes(8)
         refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "unknown value type 13")
