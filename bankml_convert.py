@@ -4415,35 +4415,36 @@ def _by_source(plan: Optional[Plan]) -> dict[tuple[str, str], PlannedTensor]:
 
 
 def inspect_dir_lines(path, options: Options) -> list[str]:
-    """inspect_path for people: a summary, the verdict, and one line per declared tensor."""
-    ins = inspect_path(path, options)
-    n_files = len({t.file for t in ins.declared}) + len(ins.unreadable)
-    dtypes = ", ".join(f"{d} {n}" for d, n in dtype_counts(ins.declared).items())
-    what = f"model directory {ins.path}: {n_files} safetensors file(s)," if ins.is_dir \
-        else f"safetensors file {ins.path}:"
-    lines = [f"{what} {len(ins.declared)} tensors{f' ({dtypes})' if dtypes else ''}"]
-    lines += [f"unreadable: {reason}" for reason in ins.unreadable]
-    if ins.plan is not None:
-        p = ins.plan
-        lines.append(f"converts to {p.name!r}: {len(p.tensors)} tensors, {len(p.kvs)} metadata keys, "
-                     f"{p.params:,} parameters, {planned_size(p):,} bytes "
+    """inspect_dir_json for people: a summary, the verdict, and one line per declared tensor.
+
+    Rendered from the JSON document, so the two cannot tell different stories.
+    """
+    doc = inspect_dir_json(path, options)
+    is_dir, converts = doc["format"] == "directory", "general.name" in doc
+    n_files = len({t["file"] for t in doc["tensors"]}) + len(doc["unreadable"])
+    dtypes = ", ".join(f"{d} {n}" for d, n in doc["dtypes"].items())
+    what = f"model directory {doc['path']}: {n_files} safetensors file(s)," if is_dir \
+        else f"safetensors file {doc['path']}:"
+    lines = [f"{what} {doc['tensor_count']} tensors{f' ({dtypes})' if dtypes else ''}"]
+    lines += [f"unreadable: {reason}" for reason in doc["unreadable"]]
+    if converts:
+        lines.append(f"converts to {doc['general.name']!r}: {doc['gguf_tensor_count']} tensors, "
+                     f"{doc['kv_count']} metadata keys, {doc['params']:,} parameters, {doc['bytes']:,} bytes "
                      f"(--dry-run lists the metadata)")
-    elif ins.refusal is not None:
-        lines.append(f"refuse: {ins.refusal}")
-    elif not ins.is_dir:
+    elif doc["refusal"] is not None:
+        lines.append(f"refuse: {doc['refusal']}")
+    elif not is_dir:
         lines.append("the header is consistent with the file")
-    planned = _by_source(ins.plan)
-    lines.append(f"* {len(ins.declared)} tensors (shape as stored, rows first)"
-                 + (" -> GGUF name, type, shape in ggml order" if ins.plan is not None else ""))
-    for n, t in enumerate(ins.declared, 1):
-        line = f"  {n:5}: {shown_name(str(t.dtype)):5} {_shape_text(t.shape):18} {shown_name(t.name)}"
-        if ins.is_dir:
-            line += f"  ({t.file})"
-        g = planned.get((t.file, t.name))
-        if g is not None:
-            line += (f"  -> {g.name} {GGML_TYPES[g.ggml_type].name} {_shape_text(g.dims)}"
-                     f"{' (Q/K rows permuted)' if g.permute_heads else ''}")
-        elif ins.plan is not None:
+    lines.append(f"* {doc['tensor_count']} tensors (shape as stored, rows first)"
+                 + (" -> GGUF name, type, shape in ggml order" if converts else ""))
+    for n, t in enumerate(doc["tensors"], 1):
+        line = f"  {n:5}: {shown_name(t['dtype']):5} {_shape_text(t['shape']):18} {shown_name(t['name'])}"
+        if is_dir:
+            line += f"  ({t['file']})"
+        if t.get("gguf_name"):
+            line += (f"  -> {t['gguf_name']} {t['gguf_type']} {_shape_text(t['gguf_shape'])}"
+                     f"{' (Q/K rows permuted)' if t['permuted'] else ''}")
+        elif converts:
             line += "  -> not written (llama.cpp drops it)"
         lines.append(line)
     return lines
