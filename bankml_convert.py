@@ -587,23 +587,23 @@ class KvList:
     def __init__(self) -> None:
         self._items: dict[str, KV] = {}
 
-    def set(self, key: str, vtype: int, value: object, array: bool = False) -> None:
+    def set(self, key: str, vtype: GGUFValueType, value: object, array: bool = False) -> None:
         self._items[key] = KV(key, vtype, value, array)
 
     def string(self, key: str, value: str | None) -> None:
         if value:
-            self.set(key, GGUF_STRING, value)
+            self.set(key, GGUFValueType.STRING, value)
 
     def uint32(self, key: str, value: int) -> None:
-        self.set(key, GGUF_UINT32, value)
+        self.set(key, GGUFValueType.UINT32, value)
 
     def float32(self, key: str, value: float) -> None:
-        self.set(key, GGUF_FLOAT32, value)
+        self.set(key, GGUFValueType.FLOAT32, value)
 
     def bool(self, key: str, value: bool) -> None:
-        self.set(key, GGUF_BOOL, value)
+        self.set(key, GGUFValueType.BOOL, value)
 
-    def array(self, key: str, vtype: int, values: list) -> None:
+    def array(self, key: str, vtype: GGUFValueType, values: list) -> None:
         if values:
             self.set(key, vtype, values, array=True)
 
