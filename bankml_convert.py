@@ -72,6 +72,151 @@ class Refusal(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
+# The GGUF format: its fixed numbers, value types, GGML tensor types with their blocks, the
+# key/value record and the data layout, declared once for the writer, the reader and the listings.
+# ---------------------------------------------------------------------------------------------
+
+from enum import IntEnum  # noqa: E402  (kept beside the one class that needs it)
+
+# From gguf-py/gguf/constants.py and ggml/src/gguf.cpp of the pinned llama.cpp.
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+GGUF_DEFAULT_ALIGNMENT = 32     # a file may set another in general.alignment; gguf-py writes none
+HEADER_SIZE = 24                # magic, version u32, tensor count u64, kv count u64
+GGML_MAX_DIMS = 4
+_U64_LE = struct.Struct("<Q")   # every string's length, and most counts
+
+
+class GGUFValueType(IntEnum):
+    """The type tag of a metadata value, with gguf-py's names (the listings show them)."""
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9       # followed by its elements' type tag and count; gguf has no arrays of arrays
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# The struct format of each fixed-size value. BOOL packs with "?" as gguf-py's does (anything true
+# is written as 1); the reader looks at the byte itself, so that a 2 cannot pass for true.
+SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+# The spellings the metadata code uses (GGUFValueType.X is the one to use in new code).
+(GGUF_UINT8, GGUF_INT8, GGUF_UINT16, GGUF_INT16, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL,
+ GGUF_STRING, GGUF_ARRAY, GGUF_UINT64, GGUF_INT64, GGUF_FLOAT64) = GGUFValueType
+# sampling_kvs names a type in its refusals so; vtype.name.lower() says the same.
+_TYPE_NAMES = {t: t.name.lower() for t in GGUFValueType}
+
+
+class KV(NamedTuple):
+    """One metadata key and its value: as planned for writing, or as read from a file.
+
+    One record serves both, so a dry run and an inspect of its output show the same thing. A key
+    read from a file also says where its record is; a planned one has offset and nbytes 0.
+    """
+    key: str
+    vtype: GGUFValueType    # the value's type; for an array, its elements' type
+    value: object           # int, float, bool, str, or for an array a list of them
+    array: bool = False
+    offset: int = 0         # where the record (its key's length) starts in the file
+    nbytes: int = 0         # the whole record: key, type tag(s), value
+
+
+class GGMLType(NamedTuple):
+    """A tensor type: its name and the block it is stored in (gguf-py's GGML_QUANT_SIZES)."""
+    name: str
+    block: int      # elements per block
+    size: int       # bytes per block
+
+
+QK_K = 256
+# code -> type, as gguf-py's GGMLQuantizationType. Codes missing from the table (4, 5, 31-33,
+# 36-38) are types ggml has removed; the reader refuses a file using one.
+GGML_TYPES = {
+    0: GGMLType("F32", 1, 4),
+    1: GGMLType("F16", 1, 2),
+    2: GGMLType("Q4_0", 32, 2 + 16),
+    3: GGMLType("Q4_1", 32, 2 + 2 + 16),
+    6: GGMLType("Q5_0", 32, 2 + 4 + 16),
+    7: GGMLType("Q5_1", 32, 2 + 2 + 4 + 16),
+    8: GGMLType("Q8_0", 32, 2 + 32),
+    9: GGMLType("Q8_1", 32, 2 + 2 + 32),
+    10: GGMLType("Q2_K", 256, 2 + 2 + QK_K // 16 + QK_K // 4),
+    11: GGMLType("Q3_K", 256, 2 + QK_K // 4 + QK_K // 8 + 12),
+    12: GGMLType("Q4_K", 256, 2 + 2 + QK_K // 2 + 12),
+    13: GGMLType("Q5_K", 256, 2 + 2 + QK_K // 2 + QK_K // 8 + 12),
+    14: GGMLType("Q6_K", 256, 2 + QK_K // 2 + QK_K // 4 + QK_K // 16),
+    15: GGMLType("Q8_K", 256, 4 + QK_K + QK_K // 8),
+    16: GGMLType("IQ2_XXS", 256, 2 + QK_K // 4),
+    17: GGMLType("IQ2_XS", 256, 2 + QK_K // 4 + QK_K // 32),
+    18: GGMLType("IQ3_XXS", 256, 2 + QK_K // 4 + QK_K // 8),
+    19: GGMLType("IQ1_S", 256, 2 + QK_K // 8 + QK_K // 16),
+    20: GGMLType("IQ4_NL", 32, 2 + 16),
+    21: GGMLType("IQ3_S", 256, 2 + QK_K // 4 + QK_K // 8 + QK_K // 32 + 4),
+    22: GGMLType("IQ2_S", 256, 2 + QK_K // 4 + QK_K // 16),
+    23: GGMLType("IQ4_XS", 256, 2 + 2 + QK_K // 2 + QK_K // 64),
+    24: GGMLType("I8", 1, 1),
+    25: GGMLType("I16", 1, 2),
+    26: GGMLType("I32", 1, 4),
+    27: GGMLType("I64", 1, 8),
+    28: GGMLType("F64", 1, 8),
+    29: GGMLType("IQ1_M", 256, QK_K // 8 + QK_K // 16 + QK_K // 32),
+    30: GGMLType("BF16", 1, 2),
+    34: GGMLType("TQ1_0", 256, 2 + 4 * 13),
+    35: GGMLType("TQ2_0", 256, 2 + 64),
+    39: GGMLType("MXFP4", 32, 1 + 16),
+    40: GGMLType("NVFP4", 64, 4 + 32),
+    41: GGMLType("Q1_0", 128, 2 + 16),
+    42: GGMLType("Q2_0", 64, 2 + 16),
+}
+# The types the converter writes.
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
+QK8_0 = GGML_TYPES[GGML_Q8_0].block
+# Views of GGML_TYPES in the shapes the tensor plan and its tests were written against.
+GGML_TYPE_NAMES = {code: t.name for code, t in GGML_TYPES.items()}
+GGML_BLOCKS = {code: (t.block, t.size) for code, t in GGML_TYPES.items()}
+
+
+def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
+    """Bytes of a tensor of n_elements in ggml_type (whole blocks; rows are whole blocks)."""
+    t = GGML_TYPES[ggml_type]
+    if n_elements % t.block:
+        raise ValueError(f"{n_elements} elements is not a whole number of {t.name} blocks")
+    return n_elements // t.block * t.size
+
+
+def padding(n: int, alignment: int = GGUF_DEFAULT_ALIGNMENT) -> int:
+    """How many zero bytes bring n up to a multiple of alignment."""
+    return -n % alignment
+
+
+class DataLayout(NamedTuple):
+    offsets: list[int]  # each tensor's offset from the start of the tensor data
+    size: int           # the tensor data's size, the last tensor's padding included
+
+
+def tensor_data_layout(sizes: Iterable[int], alignment: int = GGUF_DEFAULT_ALIGNMENT) -> DataLayout:
+    """Where gguf-py puts tensors of these sizes: in order, each padded to the alignment."""
+    offsets, at = [], 0
+    for n in sizes:
+        offsets.append(at)
+        at += n + padding(n, alignment)
+    return DataLayout(offsets, at)
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading the directory: JSON files and safetensors headers, each checked against the file.
 # Nothing here decides what the model is; it only says what the files hold.
 # ---------------------------------------------------------------------------------------------
@@ -514,19 +659,6 @@ def config_number(config: dict, key: str, default: float) -> float:
     return value
 
 
-# GGUF value types (gguf-py's GGUFValueType); arrays carry their element type.
-GGUF_UINT8, GGUF_INT8, GGUF_UINT16, GGUF_INT16, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32 = range(7)
-GGUF_BOOL, GGUF_STRING, GGUF_ARRAY, GGUF_UINT64, GGUF_INT64, GGUF_FLOAT64 = range(7, 13)
-
-
-class KV(NamedTuple):
-    """One metadata key as written: its GGUF type (element type for arrays) and value."""
-    key: str
-    vtype: int
-    value: object
-    array: bool = False
-
-
 class KvList:
     """Metadata in llama.cpp's order: gguf-py keeps it in a dict, so a key set twice keeps its
     first position and takes the later value, and add_string/add_array skip empty values."""
@@ -534,26 +666,23 @@ class KvList:
     def __init__(self) -> None:
         self._items: dict[str, KV] = {}
 
-    def set(self, key: str, vtype: int, value: object, array: bool = False) -> None:
+    def set(self, key: str, vtype: GGUFValueType, value: object, array: bool = False) -> None:
         self._items[key] = KV(key, vtype, value, array)
 
     def string(self, key: str, value: str | None) -> None:
         if value:
-            self.set(key, GGUF_STRING, value)
+            self.set(key, GGUFValueType.STRING, value)
 
     def uint32(self, key: str, value: int) -> None:
-        self.set(key, GGUF_UINT32, value)
-
-    def int32(self, key: str, value: int) -> None:
-        self.set(key, GGUF_INT32, value)
+        self.set(key, GGUFValueType.UINT32, value)
 
     def float32(self, key: str, value: float) -> None:
-        self.set(key, GGUF_FLOAT32, value)
+        self.set(key, GGUFValueType.FLOAT32, value)
 
     def bool(self, key: str, value: bool) -> None:
-        self.set(key, GGUF_BOOL, value)
+        self.set(key, GGUFValueType.BOOL, value)
 
-    def array(self, key: str, vtype: int, values: list) -> None:
+    def array(self, key: str, vtype: GGUFValueType, values: list) -> None:
         if values:
             self.set(key, vtype, values, array=True)
 
@@ -1716,23 +1845,6 @@ _SMALL_INPUTS = tuple(dict.fromkeys(_MODEL_FILES + tuple(f for k in TOKENIZER_KI
 # Tensor plan: which tensors llama.cpp writes, under which names, in which types and order,
 # checked against the config; no tensor data is read here.
 # ---------------------------------------------------------------------------------------------
-
-# gguf-py's GGMLQuantizationType values.
-GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
-GGML_TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q8_0: "Q8_0", GGML_BF16: "BF16"}
-# gguf-py's GGML_QUANT_SIZES: (elements per block, bytes per block).
-GGML_BLOCKS = {GGML_F32: (1, 4), GGML_F16: (1, 2), GGML_Q8_0: (32, 34), GGML_BF16: (1, 2)}
-QK8_0 = 32
-
-
-def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
-    """Bytes of a tensor of n_elements in ggml_type (whole blocks; rows are whole blocks)."""
-    per_block, block_bytes = GGML_BLOCKS[ggml_type]
-    if n_elements % per_block:
-        raise ValueError(f"{n_elements} elements is not a whole number of "
-                         f"{GGML_TYPE_NAMES[ggml_type]} blocks")
-    return n_elements // per_block * block_bytes
-
 
 class OutType(NamedTuple):
     """An --outtype: the GGML type of its matrices and the general.file_type llama.cpp writes."""
@@ -2985,43 +3097,28 @@ def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
 # data aligned to 32 bytes -- streamed to OUT.part, hashed as written, renamed when complete.
 # ---------------------------------------------------------------------------------------------
 
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSION = 3
-GGUF_ALIGNMENT = 32
-_SCALAR_FORMATS = {GGUF_UINT8: "<B", GGUF_INT8: "<b", GGUF_UINT16: "<H", GGUF_INT16: "<h",
-                   GGUF_UINT32: "<I", GGUF_INT32: "<i", GGUF_FLOAT32: "<f", GGUF_BOOL: "?",
-                   GGUF_UINT64: "<Q", GGUF_INT64: "<q", GGUF_FLOAT64: "<d"}
-_TYPE_NAMES = {GGUF_UINT8: "uint8", GGUF_INT8: "int8", GGUF_UINT16: "uint16", GGUF_INT16: "int16",
-               GGUF_UINT32: "uint32", GGUF_INT32: "int32", GGUF_FLOAT32: "float32",
-               GGUF_BOOL: "bool", GGUF_STRING: "string", GGUF_ARRAY: "array",
-               GGUF_UINT64: "uint64", GGUF_INT64: "int64", GGUF_FLOAT64: "float64"}
-
-
-_U64_LE = struct.Struct("<Q")
-
-
 def encode_string(s: str) -> bytes:
     """A GGUF string: u64 byte length, then UTF-8 (gguf-py's _pack_val)."""
     if not isinstance(s, str):
         raise TypeError(f"expected a string, got {type(s).__name__}")
     b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
+    return _U64_LE.pack(len(b)) + b
 
 
 def _encode_scalar(vtype: int, value: object) -> bytes:
-    if vtype == GGUF_STRING:
+    if vtype == GGUFValueType.STRING:
         return encode_string(value)
     # struct packs exactly as gguf-py does (it uses struct too), including float32 rounding and
     # accepting a bool where an int is asked; what struct rejects stopped llama.cpp too.
-    return struct.pack(_SCALAR_FORMATS[vtype], value)
+    return struct.pack(SCALAR_FORMATS[vtype], value)
 
 
 def encode_value(kv: KV) -> bytes:
     """The bytes of one metadata value after its key: type tag, then the value."""
     if not kv.array:
         return struct.pack("<I", kv.vtype) + _encode_scalar(kv.vtype, kv.value)
-    parts = [struct.pack("<IIQ", GGUF_ARRAY, kv.vtype, len(kv.value))]
-    if kv.vtype == GGUF_STRING:
+    parts = [struct.pack("<IIQ", GGUFValueType.ARRAY, kv.vtype, len(kv.value))]
+    if kv.vtype == GGUFValueType.STRING:
         if not set(map(type, kv.value)) <= {str}:
             raise TypeError("expected an array of strings")
         # Lengths and strings interleaved by slice assignment, all at C level: the vocabulary's
@@ -3032,13 +3129,8 @@ def encode_value(kv: KV) -> bytes:
         pieces[1::2] = encoded
         parts.append(b"".join(pieces))
     else:
-        parts.append(struct.pack(f"<{len(kv.value)}{_SCALAR_FORMATS[kv.vtype][-1]}", *kv.value))
+        parts.append(struct.pack(f"<{len(kv.value)}{SCALAR_FORMATS[kv.vtype][1:]}", *kv.value))
     return b"".join(parts)
-
-
-def padding(n: int, align: int = GGUF_ALIGNMENT) -> int:
-    """How many zero bytes bring n up to a multiple of align."""
-    return -n % align
 
 
 def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
@@ -3049,13 +3141,12 @@ def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
             parts.append(encode_string(kv.key))
             parts.append(encode_value(kv))
         except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as e:
-            raise Refusal(f"{kv.key} cannot be written as {_TYPE_NAMES[kv.vtype]} ({e}); llama.cpp's "
-                          f"converter stops on it too") from None
-    offset = 0
-    for t in tensors:
+            raise Refusal(f"{kv.key} cannot be written as {GGUFValueType(kv.vtype).name.lower()} ({e}); "
+                          f"llama.cpp's converter stops on it too") from None
+    offsets = tensor_data_layout(t.nbytes for t in tensors).offsets
+    for t, offset in zip(tensors, offsets):
         parts.append(encode_string(t.name))
         parts.append(struct.pack(f"<I{len(t.dims)}QIQ", len(t.dims), *t.dims, t.ggml_type, offset))
-        offset += t.nbytes + padding(t.nbytes)
     head = b"".join(parts)
     return head + bytes(padding(len(head)))
 
@@ -3666,71 +3757,10 @@ def fork_json(report: Report, source: str) -> str:
 # before anything is read), a listing, and a structural diff that names the first difference.
 # ---------------------------------------------------------------------------------------------
 
-# The numbers the format fixes: magic, version, value types, ggml tensor types and their blocks.
-# Taken from gguf-py/gguf/constants.py and ggml/src/gguf.cpp of the pinned llama.cpp.
-
-GGUF_DEFAULT_ALIGNMENT = 32
-GGML_MAX_DIMS = 4
 # gguf.cpp refuses longer strings and arrays whatever the file size; gguf-py mirrors the limits.
 GGUF_MAX_STRING_LENGTH = 1024 * 1024 * 1024
 GGUF_MAX_ARRAY_ELEMENTS = 1024 * 1024 * 1024
 INT64_MAX = (1 << 63) - 1
-HEADER_SIZE = 24  # magic, version u32, tensor count u64, kv count u64
-
-VALUE_TYPE_NAMES: dict[int, str] = {
-    0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32",
-    7: "BOOL", 8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64",
-}
-VALUE_TYPE_CODES: dict[str, int] = {name: code for code, name in VALUE_TYPE_NAMES.items()}
-# struct format character of each fixed-size value type (little-endian is applied by the caller)
-SCALAR_FORMATS: dict[str, str] = {
-    "UINT8": "B", "INT8": "b", "UINT16": "H", "INT16": "h", "UINT32": "I", "INT32": "i",
-    "FLOAT32": "f", "BOOL": "B", "UINT64": "Q", "INT64": "q", "FLOAT64": "d",
-}
-
-QK_K = 256
-# code -> (name, elements per block, bytes per block), as GGML_QUANT_SIZES. Codes missing from the
-# table (4, 5, 31-33, 36-38) are types ggml has removed; a file using one is refused.
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 2 + 16),
-    3: ("Q4_1", 32, 2 + 2 + 16),
-    6: ("Q5_0", 32, 2 + 4 + 16),
-    7: ("Q5_1", 32, 2 + 2 + 4 + 16),
-    8: ("Q8_0", 32, 2 + 32),
-    9: ("Q8_1", 32, 2 + 2 + 32),
-    10: ("Q2_K", 256, 2 + 2 + QK_K // 16 + QK_K // 4),
-    11: ("Q3_K", 256, 2 + QK_K // 4 + QK_K // 8 + 12),
-    12: ("Q4_K", 256, 2 + 2 + QK_K // 2 + 12),
-    13: ("Q5_K", 256, 2 + 2 + QK_K // 2 + QK_K // 8 + 12),
-    14: ("Q6_K", 256, 2 + QK_K // 2 + QK_K // 4 + QK_K // 16),
-    15: ("Q8_K", 256, 4 + QK_K + QK_K // 8),
-    16: ("IQ2_XXS", 256, 2 + QK_K // 4),
-    17: ("IQ2_XS", 256, 2 + QK_K // 4 + QK_K // 32),
-    18: ("IQ3_XXS", 256, 2 + QK_K // 4 + QK_K // 8),
-    19: ("IQ1_S", 256, 2 + QK_K // 8 + QK_K // 16),
-    20: ("IQ4_NL", 32, 2 + 16),
-    21: ("IQ3_S", 256, 2 + QK_K // 4 + QK_K // 8 + QK_K // 32 + 4),
-    22: ("IQ2_S", 256, 2 + QK_K // 4 + QK_K // 16),
-    23: ("IQ4_XS", 256, 2 + 2 + QK_K // 2 + QK_K // 64),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, QK_K // 8 + QK_K // 16 + QK_K // 32),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 2 + 4 * 13),
-    35: ("TQ2_0", 256, 2 + 64),
-    39: ("MXFP4", 32, 1 + 16),
-    40: ("NVFP4", 64, 4 + 32),
-    41: ("Q1_0", 128, 2 + 16),
-    42: ("Q2_0", 64, 2 + 16),
-}
-GGML_TYPE_BY_NAME: dict[str, tuple[int, int, int]] = {
-    name: (code, block, size) for code, (name, block, size) in GGML_TYPES.items()
-}
 # element formats for showing a differing element's value; block types are shown as raw bytes
 ELEMENT_FORMATS: dict[str, str] = {
     "F32": "<f", "F16": "<e", "F64": "<d", "I8": "<b", "I16": "<h", "I32": "<i", "I64": "<q",
@@ -3741,27 +3771,23 @@ class GGUFError(ValueError):
     """The file is not a GGUF v3 this reader accepts; the message says why and at which byte."""
 
 
-class StoredKV(NamedTuple):
-    key: str
-    vtype: Any  # a value type name ("UINT32", "STRING", ...) or ("array", element type name)
-    value: Any  # int, float, bool, str, or a list of them for arrays
-    offset: int  # where the record (its key's length) starts in the file
-    nbytes: int = 0  # size of the whole record: key, type, value
-
-
 class TensorInfo(NamedTuple):
     name: str
     dims: list[int]  # ggml order (ne0 first, the fastest-varying), as stored
-    ggml_type: str
+    ggml_type: int  # a code of GGML_TYPES
     offset_in_data: int
     nbytes: int
     file_offset: int  # data_start + offset_in_data
     info_offset: int = 0  # where this tensor's info record starts in the file
 
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type].name
+
 
 class GGUFFile(NamedTuple):
     version: int
-    kvs: list[StoredKV]
+    kvs: list[KV]
     tensors: list[TensorInfo]
     alignment: int
     data_start: int
@@ -3769,10 +3795,6 @@ class GGUFFile(NamedTuple):
     info_end: int = 0  # end of the last tensor info record; padding follows up to data_start
     path: str = ""
     data_end: int = 0  # end of the last tensor's data and its padding (data_start if no tensors)
-
-
-def ggml_pad(n: int, alignment: int) -> int:
-    return (n + alignment - 1) // alignment * alignment
 
 
 # Reading: a bounds-checked cursor over the mapped file, then header, kv, tensor infos, layout.
@@ -3799,11 +3821,11 @@ class _Cursor:
         return raw
 
     def scalar(self, fmt: str, what: str) -> Any:
-        return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt), what))[0]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
 
     def string(self, what: str) -> str:
         start = self.pos
-        n = self.scalar("Q", f"{what} length")
+        n = self.scalar("<Q", f"{what} length")
         if n > GGUF_MAX_STRING_LENGTH:
             raise _fail(start, f"{what} length {n} exceeds gguf's maximum {GGUF_MAX_STRING_LENGTH}")
         raw = self.take(n, what)
@@ -3823,47 +3845,77 @@ def _open_bytes(path: str) -> tuple[Any, int, Any]:
     return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), size, fh
 
 
-def _read_value(cur: _Cursor, type_code: int, key: str, type_at: int) -> tuple[Any, Any]:
-    vname = VALUE_TYPE_NAMES.get(type_code)
-    if vname is None:
-        raise _fail(type_at, f"kv {key!r}: unknown value type {type_code}")
-    if vname == "STRING":
-        return vname, cur.string(f"kv {key!r} string")
-    if vname != "ARRAY":
-        return vname, _scalar_value(cur, vname, key)
+def _value_type(cur: _Cursor, what: str, unknown: str) -> GGUFValueType:
+    at = cur.pos
+    code = cur.scalar("<I", what)
+    try:
+        return GGUFValueType(code)
+    except ValueError:
+        raise _fail(at, f"{unknown} {code}") from None
+
+
+def _read_value(cur: _Cursor, key: str) -> tuple[GGUFValueType, Any, bool]:
+    """A value's type (its elements' for an array), the value, and whether it is an array."""
+    vtype = _value_type(cur, f"kv {key!r} type", f"kv {key!r}: unknown value type")
+    if vtype == GGUFValueType.STRING:
+        return vtype, cur.string(f"kv {key!r} string"), False
+    if vtype != GGUFValueType.ARRAY:
+        return vtype, _scalar_value(cur, vtype, key), False
     elem_at = cur.pos
-    elem_code = cur.scalar("I", f"kv {key!r} array element type")
-    ename = VALUE_TYPE_NAMES.get(elem_code)
-    if ename is None:
-        raise _fail(elem_at, f"kv {key!r}: unknown array element type {elem_code}")
-    if ename == "ARRAY":
+    elem = _value_type(cur, f"kv {key!r} array element type",
+                       f"kv {key!r}: unknown array element type")
+    if elem == GGUFValueType.ARRAY:
         # gguf.cpp refuses nested arrays, so llama.cpp could not load such a file
         raise _fail(elem_at, f"kv {key!r}: array of arrays is not supported by gguf")
     n_at = cur.pos
-    n = cur.scalar("Q", f"kv {key!r} array length")
+    n = cur.scalar("<Q", f"kv {key!r} array length")
     if n > GGUF_MAX_ARRAY_ELEMENTS:
         raise _fail(n_at, f"kv {key!r}: array length {n} exceeds gguf's maximum {GGUF_MAX_ARRAY_ELEMENTS}")
-    least = 8 if ename == "STRING" else struct.calcsize(SCALAR_FORMATS[ename])
+    least = 8 if elem == GGUFValueType.STRING else struct.calcsize(SCALAR_FORMATS[elem])
     if n * least > cur.remaining():
-        raise _fail(n_at, f"truncated kv {key!r}: array of {n} {ename} needs at least {n * least} bytes, "
+        raise _fail(n_at, f"truncated kv {key!r}: array of {n} {elem.name} needs at least {n * least} bytes, "
                           f"{cur.remaining()} left")
-    if ename == "STRING":
-        return ("array", ename), [cur.string(f"kv {key!r} element {i}") for i in range(n)]
-    fmt = SCALAR_FORMATS[ename]
+    if elem == GGUFValueType.STRING:
+        return elem, _strings(cur, n, key), True
     start = cur.pos
-    values = list(struct.unpack(f"<{n}{fmt}", cur.take(n * least, f"kv {key!r} array")))
-    if ename == "BOOL":
-        values = _bools(values, key, start)
-    return ("array", ename), values
+    raw = cur.take(n * least, f"kv {key!r} array")
+    if elem == GGUFValueType.BOOL:
+        return elem, _bools(raw, key, start), True
+    return elem, list(struct.unpack(f"<{n}{SCALAR_FORMATS[elem][1:]}", raw)), True
 
 
-def _scalar_value(cur: _Cursor, vname: str, key: str) -> Any:
+def _strings(cur: _Cursor, n: int, key: str) -> list[str]:
+    """n strings of an array. A vocabulary's ~100,000 strings dominate a model's header, so the
+    common case builds no message; anything unusual is read again by cur.string, which says what."""
+    buf, pos, size = cur.buf, cur.pos, cur.size
+    values: list[str] = []
+    for i in range(n):
+        if size - pos >= 8:
+            length = _U64_LE.unpack_from(buf, pos)[0]
+            start = pos + 8
+            if length <= min(size - start, GGUF_MAX_STRING_LENGTH):
+                try:
+                    values.append(str(buf[start:start + length], "utf-8"))
+                    pos = start + length
+                    continue
+                except UnicodeDecodeError:
+                    pass
+        cur.pos = pos
+        values.append(cur.string(f"kv {key!r} element {i}"))
+        pos = cur.pos
+    cur.pos = pos
+    return values
+
+
+def _scalar_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
     at = cur.pos
-    value = cur.scalar(SCALAR_FORMATS[vname], f"kv {key!r} {vname} value")
-    return _bools([value], key, at)[0] if vname == "BOOL" else value
+    what = f"kv {key!r} {vtype.name} value"
+    if vtype == GGUFValueType.BOOL:
+        return _bools(cur.take(1, what), key, at)[0]
+    return cur.scalar(SCALAR_FORMATS[vtype], what)
 
 
-def _bools(raw: list[int], key: str, at: int) -> list[bool]:
+def _bools(raw: bytes, key: str, at: int) -> list[bool]:
     # gguf writers emit only 0 and 1; any other byte would read as true yet not round-trip, and
     # would hide a byte difference behind an equal value
     for i, b in enumerate(raw):
@@ -3872,12 +3924,12 @@ def _bools(raw: list[int], key: str, at: int) -> list[bool]:
     return [b == 1 for b in raw]
 
 
-def _read_kvs(cur: _Cursor, count: int) -> list[StoredKV]:
+def _read_kvs(cur: _Cursor, count: int) -> list[KV]:
     # the smallest record: 8-byte key length, a 1-byte key, 4-byte type, a 1-byte value
     if count * 14 > cur.remaining():
         raise _fail(cur.pos, f"truncated kv section: {count} kv pairs need at least {count * 14} bytes, "
                              f"{cur.remaining()} left")
-    kvs: list[StoredKV] = []
+    kvs: list[KV] = []
     seen: dict[str, int] = {}
     for _ in range(count):
         start = cur.pos
@@ -3887,19 +3939,17 @@ def _read_kvs(cur: _Cursor, count: int) -> list[StoredKV]:
         if key in seen:
             raise _fail(start, f"duplicate kv key {key!r} (first at byte {seen[key]})")
         seen[key] = start
-        type_at = cur.pos
-        code = cur.scalar("I", f"kv {key!r} type")
-        vtype, value = _read_value(cur, code, key, type_at)
-        kvs.append(StoredKV(key, vtype, value, start, cur.pos - start))
+        vtype, value, array = _read_value(cur, key)
+        kvs.append(KV(key, vtype, value, array, start, cur.pos - start))
     return kvs
 
 
-def _alignment_of(kvs: list[StoredKV]) -> int:
+def _alignment_of(kvs: list[KV]) -> int:
     for kv in kvs:
         if kv.key == "general.alignment":
             # gguf.cpp and gguf-py both insist on a UINT32 power of two
-            if kv.vtype != "UINT32":
-                raise _fail(kv.offset, f"general.alignment must be UINT32, is {_type_label(kv.vtype)}")
+            if kv.array or kv.vtype != GGUFValueType.UINT32:
+                raise _fail(kv.offset, f"general.alignment must be UINT32, is {_type_label(kv)}")
             if kv.value == 0 or kv.value & (kv.value - 1):
                 raise _fail(kv.offset, f"general.alignment {kv.value} is not a power of two")
             return kv.value
@@ -3914,7 +3964,7 @@ def _read_tensor_info(cur: _Cursor, seen: dict[str, int]) -> tuple[TensorInfo, i
         raise _fail(start, f"duplicate tensor name {name!r} (first at byte {seen[name]})")
     seen[name] = start
     n_dims_at = cur.pos
-    n_dims = cur.scalar("I", f"tensor {name!r} dimension count")
+    n_dims = cur.scalar("<I", f"tensor {name!r} dimension count")
     if n_dims > GGML_MAX_DIMS:
         raise _fail(n_dims_at, f"tensor {name!r} has {n_dims} dimensions, ggml allows {GGML_MAX_DIMS}")
     dims_at = cur.pos
@@ -3923,20 +3973,20 @@ def _read_tensor_info(cur: _Cursor, seen: dict[str, int]) -> tuple[TensorInfo, i
         if d > INT64_MAX:  # ggml holds ne as int64
             raise _fail(dims_at + 8 * j, f"tensor {name!r} dimension {j} = {d} does not fit int64")
     type_at = cur.pos
-    code = cur.scalar("I", f"tensor {name!r} type")
+    code = cur.scalar("<I", f"tensor {name!r} type")
     if code not in GGML_TYPES:
         raise _fail(type_at, f"tensor {name!r}: unknown ggml type {code}")
-    type_name, block, type_size = GGML_TYPES[code]
+    ggml = GGML_TYPES[code]
     ne0 = dims[0] if dims else 1
-    if ne0 % block:
-        raise _fail(type_at, f"tensor {name!r}: {type_name} needs rows of whole {block}-element blocks, "
+    if ne0 % ggml.block:
+        raise _fail(type_at, f"tensor {name!r}: {ggml.name} needs rows of whole {ggml.block}-element blocks, "
                              f"ne0 is {ne0}")
     n_elements = 1
     for d in dims:
         n_elements *= d
     offset_at = cur.pos
-    offset = cur.scalar("Q", f"tensor {name!r} data offset")
-    info = TensorInfo(name, dims, type_name, offset, n_elements // block * type_size, 0, start)
+    offset = cur.scalar("<Q", f"tensor {name!r} data offset")
+    info = TensorInfo(name, dims, code, offset, ggml_nbytes(code, n_elements), 0, start)
     return info, offset_at
 
 
@@ -3961,7 +4011,7 @@ def _place_tensors(infos: list[tuple[TensorInfo, int]], data_start: int, alignme
         info = info._replace(file_offset=data_start + info.offset_in_data)
         placed.append(info)
         # ggml's loader reads each tensor with its padding, so the padding must be in the file too
-        end = info.file_offset + ggml_pad(info.nbytes, alignment)
+        end = info.file_offset + info.nbytes + padding(info.nbytes, alignment)
         if end > file_size:
             raise _fail(offset_at, f"tensor {info.name!r}: data [{info.file_offset}, {end}) including "
                                    f"padding runs past the end of the file ({file_size} bytes)")
@@ -3969,30 +4019,35 @@ def _place_tensors(infos: list[tuple[TensorInfo, int]], data_start: int, alignme
     return placed, data_end
 
 
-def parse_gguf(buf: Any, size: int, path: str = "") -> GGUFFile:
-    """The GGUFFile in `buf` (bytes or an mmap of `size` bytes); GGUFError if it is not valid."""
+def parse_gguf(buf: Any, size: int, path: str = "", *, file_size: int | None = None) -> GGUFFile:
+    """The GGUFFile in `buf` (bytes or an mmap of `size` bytes); GGUFError if it is not valid.
+
+    With file_size, buf holds only the first `size` bytes of a file that long (a planned file's
+    header, its tensor data not written yet); nothing past them is read.
+    """
+    file_size = size if file_size is None else file_size
     cur = _Cursor(buf, size)
     magic = cur.take(4, "header (magic)")
     if magic != GGUF_MAGIC:
         raise _fail(0, f"bad magic {magic!r}, expected {GGUF_MAGIC!r}")
-    version = cur.scalar("I", "header (version)")
+    version = cur.scalar("<I", "header (version)")
     if version != GGUF_VERSION:
         if version & 0xFFFF == 0:
             raise _fail(4, f"GGUF version field reads {version:#010x}: a big-endian file? "
                            f"only little-endian version {GGUF_VERSION} is supported")
         raise _fail(4, f"GGUF version {version}, only version {GGUF_VERSION} is supported")
-    n_tensors = cur.scalar("Q", "header (tensor count)")
-    n_kv = cur.scalar("Q", "header (kv count)")
+    n_tensors = cur.scalar("<Q", "header (tensor count)")
+    n_kv = cur.scalar("<Q", "header (kv count)")
     kvs = _read_kvs(cur, n_kv)
     alignment = _alignment_of(kvs)
     infos = _read_tensor_infos(cur, n_tensors)
     info_end = cur.pos
-    data_start = ggml_pad(info_end, alignment)
-    if infos and data_start > size:
+    data_start = info_end + padding(info_end, alignment)
+    if infos and data_start > file_size:
         raise _fail(info_end, f"truncated padding before tensor data: data starts at {data_start}, "
-                              f"file has {size} bytes")
-    tensors, data_end = _place_tensors(infos, data_start, alignment, size)
-    return GGUFFile(version, kvs, tensors, alignment, data_start, size, info_end, path, data_end)
+                              f"file has {file_size} bytes")
+    tensors, data_end = _place_tensors(infos, data_start, alignment, file_size)
+    return GGUFFile(version, kvs, tensors, alignment, data_start, file_size, info_end, path, data_end)
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -4008,8 +4063,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
 # Showing values: short, unambiguous renderings of kv values, types and tensor shapes.
 # Long strings and arrays are cut so one line stays one line; `full` shows them whole.
 
-def _type_label(vtype: Any) -> str:
-    return f"[{vtype[1]}]" if isinstance(vtype, tuple) else vtype
+def _type_label(kv: KV) -> str:
+    return f"[{kv.vtype.name}]" if kv.array else kv.vtype.name
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -4017,8 +4072,8 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _value_text(kv: StoredKV, full: bool = False) -> str:
-    if isinstance(kv.vtype, tuple):
+def _value_text(kv: KV, full: bool = False) -> str:
+    if kv.array:
         shown = kv.value if full else kv.value[:6]
         items = ", ".join(repr(v) if full else _short(v, 40) for v in shown)
         more = "" if len(shown) == len(kv.value) else ", ..."
@@ -4026,7 +4081,7 @@ def _value_text(kv: StoredKV, full: bool = False) -> str:
     return repr(kv.value) if full else _short(kv.value)
 
 
-def _dims_text(dims: list[int]) -> str:
+def _shape_text(dims: Iterable[int]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
@@ -4036,20 +4091,29 @@ def shown_name(name: str) -> str:
     return name if str(name).isprintable() else repr(name)
 
 
+def _kv_listing(kvs: list[KV], full: bool = False) -> list[str]:
+    """The keys of a listing (inspect's and the dry run's): how many, then each with type and value."""
+    return [f"* {len(kvs)} key/value pairs"] + [
+        f"  {n:5}: {_type_label(kv):10} {shown_name(kv.key)} = {_value_text(kv, full)}"
+        for n, kv in enumerate(kvs, 1)]
+
+
+def _tensor_listing(tensors: list[TensorInfo], notes: Sequence[str] = ()) -> list[str]:
+    """The tensors of a listing: how many, then each one's type, shape and place (and its note)."""
+    return [f"* {len(tensors)} tensors (shape in ggml order, ne0 first)"] + [
+        f"  {n:5}: {t.type_name:7} {_shape_text(t.dims):24} {shown_name(t.name)}  "
+        f"data+{t.offset_in_data} (file {t.file_offset}) {t.nbytes} bytes{notes[n - 1] if notes else ''}"
+        for n, t in enumerate(tensors, 1)]
+
+
 def describe_gguf(f: GGUFFile, full: bool = False) -> list[str]:
     """A gguf-dump-like listing: the header, every kv with its type, every tensor's layout."""
     lines = [
         f"GGUF v{f.version} (little-endian): {len(f.kvs)} kv, {len(f.tensors)} tensors, "
         f"alignment {f.alignment}, file size {f.file_size}",
         f"tensor info ends at {f.info_end}, tensor data at {f.data_start}..{f.data_end}",
-        f"* {len(f.kvs)} key/value pairs",
     ]
-    for n, kv in enumerate(f.kvs, 1):
-        lines.append(f"  {n:5}: {_type_label(kv.vtype):10} {shown_name(kv.key)} = {_value_text(kv, full)}")
-    lines.append(f"* {len(f.tensors)} tensors (shape in ggml order, ne0 first)")
-    for n, t in enumerate(f.tensors, 1):
-        lines.append(f"  {n:5}: {t.ggml_type:7} {_dims_text(t.dims):24} {shown_name(t.name)}  "
-                     f"data+{t.offset_in_data} (file {t.file_offset}) {t.nbytes} bytes")
+    lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors)
     _, tail_start, tail_end = filler_regions(f)[-1]
     if tail_end > tail_start:
         lines.append(f"* {tail_end - tail_start} trailing bytes after the tensor data")
@@ -4139,13 +4203,20 @@ def _header_lines(fa: GGUFFile, fb: GGUFFile) -> list[str]:
     return lines
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, ..."""
+    if n % 100 in (11, 12, 13):
+        return f"{n}th"
+    return f"{n}{({1: 'st', 2: 'nd', 3: 'rd'}).get(n % 10, 'th')}"
+
+
 def _order_line(what: str, names_a: list[str], names_b: list[str]) -> list[str]:
     common = set(names_a) & set(names_b)
     seq_a = [n for n in names_a if n in common]
     seq_b = [n for n in names_b if n in common]
     for i, (x, y) in enumerate(zip(seq_a, seq_b)):
         if x != y:
-            return [f"{what} order differs: the {i + 1}th shared one is {x!r} in A, {y!r} in B"]
+            return [f"{what} order differs: the {ordinal(i + 1)} shared one is {x!r} in A, {y!r} in B"]
     return []
 
 
@@ -4163,11 +4234,11 @@ def _string_diff(a: str, b: str) -> str:
             f"A=...{_short(a[lo:i + 30], 50)} B=...{_short(b[lo:i + 30], 50)}")
 
 
-def _kv_value_line(ka: StoredKV, kb: StoredKV, ma: Any, mb: Any) -> str:
-    label = f"kv {ka.key!r} ({_type_label(ka.vtype)})"
-    if isinstance(ka.vtype, tuple):
+def _kv_value_line(ka: KV, kb: KV, ma: Any, mb: Any) -> str:
+    label = f"kv {ka.key!r} ({_type_label(ka)})"
+    if ka.array:
         return f"{label}: {_array_diff(ka, kb, ma, mb)}"
-    if ka.vtype == "STRING":
+    if ka.vtype == GGUFValueType.STRING:
         return f"{label}: {_string_diff(ka.value, kb.value)}"
     if ka.value == kb.value or ka.value != ka.value:  # -0.0 vs 0.0, or NaN payloads
         size = struct.calcsize(SCALAR_FORMATS[ka.vtype])
@@ -4177,14 +4248,14 @@ def _kv_value_line(ka: StoredKV, kb: StoredKV, ma: Any, mb: Any) -> str:
     return f"{label}: A={ka.value!r} B={kb.value!r}"
 
 
-def _array_diff(ka: StoredKV, kb: StoredKV, ma: Any, mb: Any) -> str:
+def _array_diff(ka: KV, kb: KV, ma: Any, mb: Any) -> str:
     xs, ys = ka.value, kb.value
     head = f"length A={len(xs)} B={len(ys)}"
-    if ka.vtype[1] == "STRING":
+    if ka.vtype == GGUFValueType.STRING:
         i = _first_index(xs, ys)
     else:
         # compare the stored bytes, so -0.0 against 0.0 or NaN payloads are found too
-        size = struct.calcsize(SCALAR_FORMATS[ka.vtype[1]])
+        size = struct.calcsize(SCALAR_FORMATS[ka.vtype])
         pa, pb = ka.offset + ka.nbytes - len(xs) * size, kb.offset + kb.nbytes - len(ys) * size
         d = compare_ranges(ma, pa, mb, pb, min(len(xs), len(ys)) * size)
         i = d.first // size if d.first is not None else (None if len(xs) == len(ys) else min(len(xs), len(ys)))
@@ -4202,20 +4273,20 @@ def _kv_lines(fa: GGUFFile, fb: GGUFFile, ma: Any, mb: Any) -> list[str]:
     for ka in fa.kvs:
         kb = by_b.get(ka.key)
         if kb is None:
-            lines.append(f"kv {ka.key!r} ({_type_label(ka.vtype)}): only in A = {_value_text(ka)}")
-        elif ka.vtype != kb.vtype:
-            lines.append(f"kv {ka.key!r}: type A={_type_label(ka.vtype)} B={_type_label(kb.vtype)} "
+            lines.append(f"kv {ka.key!r} ({_type_label(ka)}): only in A = {_value_text(ka)}")
+        elif (ka.vtype, ka.array) != (kb.vtype, kb.array):
+            lines.append(f"kv {ka.key!r}: type A={_type_label(ka)} B={_type_label(kb)} "
                          f"(A={_value_text(ka)}, B={_value_text(kb)})")
         elif ma[ka.offset:ka.offset + ka.nbytes] != mb[kb.offset:kb.offset + kb.nbytes]:
             lines.append(_kv_value_line(ka, kb, ma, mb))
     for kb in fb.kvs:
         if kb.key not in keys_a:
-            lines.append(f"kv {kb.key!r} ({_type_label(kb.vtype)}): only in B = {_value_text(kb)}")
+            lines.append(f"kv {kb.key!r} ({_type_label(kb)}): only in B = {_value_text(kb)}")
     return lines + _order_line("kv", [kv.key for kv in fa.kvs], [kv.key for kv in fb.kvs])
 
 
 def _element_text(t: TensorInfo, byte_in_tensor: int) -> str:
-    _, block, size = GGML_TYPE_BY_NAME[t.ggml_type]
+    _, block, size = GGML_TYPES[t.ggml_type]
     unit = byte_in_tensor // size
     if block > 1:
         return f"block {unit} (elements {unit * block}..{unit * block + block - 1})"
@@ -4228,12 +4299,12 @@ def _element_text(t: TensorInfo, byte_in_tensor: int) -> str:
 
 def _element_values(ta: TensorInfo, tb: TensorInfo, byte_in_tensor: int, ma: Any, mb: Any) -> str:
     t = ta
-    _, _, size = GGML_TYPE_BY_NAME[t.ggml_type]
+    size = GGML_TYPES[t.ggml_type].size
     at = byte_in_tensor // size * size
     ra = bytes(ma[ta.file_offset + at:ta.file_offset + at + size])
     rb = bytes(mb[tb.file_offset + at:tb.file_offset + at + size])
-    fmt = ELEMENT_FORMATS.get(t.ggml_type)
-    if t.ggml_type == "BF16":
+    fmt = ELEMENT_FORMATS.get(t.type_name)
+    if t.ggml_type == GGML_BF16:
         as_f32 = [struct.unpack("<f", b"\x00\x00" + r)[0] for r in (ra, rb)]
         return f"A={as_f32[0]!r} B={as_f32[1]!r} (bytes A={ra.hex()} B={rb.hex()})"
     if fmt is None:
@@ -4242,7 +4313,7 @@ def _element_values(ta: TensorInfo, tb: TensorInfo, byte_in_tensor: int, ma: Any
 
 
 def _tensor_data_line(ta: TensorInfo, tb: TensorInfo, ma: Any, mb: Any) -> list[str]:
-    _, block, size = GGML_TYPE_BY_NAME[ta.ggml_type]
+    _, block, size = GGML_TYPES[ta.ggml_type]
     d = compare_ranges(ma, ta.file_offset, mb, tb.file_offset, ta.nbytes, size)
     if d.first is None:
         return []
@@ -4250,7 +4321,7 @@ def _tensor_data_line(ta: TensorInfo, tb: TensorInfo, ma: Any, mb: Any) -> list[
     what = "blocks" if block > 1 else "elements"
     where = (f"file byte {ta.file_offset + d.first}" if ta.file_offset == tb.file_offset
              else f"file byte A={ta.file_offset + d.first} B={tb.file_offset + d.first}")
-    return [f"tensor {ta.name!r} ({ta.ggml_type} {_dims_text(ta.dims)}): data differ in {d.differing_units} "
+    return [f"tensor {ta.name!r} ({ta.type_name} {_shape_text(ta.dims)}): data differ in {d.differing_units} "
             f"of {units} {what} ({d.differing_bytes} of {ta.nbytes} bytes); first at byte {d.first} of the "
             f"tensor ({where}), {_element_text(ta, d.first)}: {_element_values(ta, tb, d.first, ma, mb)}"]
 
@@ -4263,12 +4334,12 @@ def _tensor_lines(fa: GGUFFile, fb: GGUFFile, ma: Any, mb: Any) -> list[str]:
     for ta in fa.tensors:
         tb = by_b.get(ta.name)
         if tb is None:
-            lines.append(f"tensor {ta.name!r} ({ta.ggml_type} {_dims_text(ta.dims)}): only in A")
+            lines.append(f"tensor {ta.name!r} ({ta.type_name} {_shape_text(ta.dims)}): only in A")
             continue
         if ta.ggml_type != tb.ggml_type:
-            lines.append(f"tensor {ta.name!r}: type A={ta.ggml_type} B={tb.ggml_type}")
+            lines.append(f"tensor {ta.name!r}: type A={ta.type_name} B={tb.type_name}")
         if ta.dims != tb.dims:
-            lines.append(f"tensor {ta.name!r}: shape A={_dims_text(ta.dims)} B={_dims_text(tb.dims)}")
+            lines.append(f"tensor {ta.name!r}: shape A={_shape_text(ta.dims)} B={_shape_text(tb.dims)}")
         delta = tb.offset_in_data - ta.offset_in_data
         if delta != shift:
             lines.append(f"tensor {ta.name!r}: data offset A={ta.offset_in_data} B={tb.offset_in_data} "
@@ -4278,7 +4349,7 @@ def _tensor_lines(fa: GGUFFile, fb: GGUFFile, ma: Any, mb: Any) -> list[str]:
             lines += _tensor_data_line(ta, tb, ma, mb)
     for tb in fb.tensors:
         if tb.name not in names_a:
-            lines.append(f"tensor {tb.name!r} ({tb.ggml_type} {_dims_text(tb.dims)}): only in B")
+            lines.append(f"tensor {tb.name!r} ({tb.type_name} {_shape_text(tb.dims)}): only in B")
     return lines + _order_line("tensor", [t.name for t in fa.tensors], [t.name for t in fb.tensors])
 
 
@@ -4380,10 +4451,6 @@ def _diff_mapped(a_path: str, ma: Any, a_size: int, b_path: str, mb: Any, b_size
     return lines
 
 
-# Command line, for looking at files by hand: `dump FILE [--full]` and `diff A B`.
-# Exit codes: 0 fine/identical, 1 files differ, 2 unreadable or bad usage.
-
-
 # ---------------------------------------------------------------------------------------------
 # Around the file: what a GGUF, a safetensors file or a model directory holds, what a conversion
 # would write (dry run), whether a GGUF still matches its pin, and the --json results.
@@ -4392,39 +4459,6 @@ def _diff_mapped(a_path: str, ma: Any, a_size: int, b_path: str, mb: Any, b_size
 # Without --full a value is cut to this much: enough to recognise it, little enough to read.
 SHOWN_ELEMENTS = 8
 SHOWN_CHARS = 200
-
-
-class ShownKV(NamedTuple):
-    """A metadata key as the GGUF reader gives it back: its type as ("array", element) or a name."""
-    key: str
-    vtype: object
-    value: object
-
-
-def stored_value(type_name: str, value: object) -> object:
-    """A planned value as it reads back from the file.
-
-    FLOAT32 is written as four bytes, so what the file holds is the nearest float32, not the
-    double in the plan (1e-05 reads back as 9.999999747378752e-06); struct packs a bool where an
-    integer is asked, which reads back as 0 or 1.
-    """
-    if type_name == "FLOAT32":
-        return struct.unpack("<f", struct.pack("<f", value))[0]
-    if type_name == "FLOAT64":
-        return float(value)
-    if type_name == "BOOL":
-        return bool(value)
-    if type_name == "STRING":
-        return value
-    return int(value)
-
-
-def shown_planned_kv(kv: KV) -> ShownKV:
-    """A planned key in the reader's terms, so a dry run and an inspect of its output agree."""
-    name = VALUE_TYPE_NAMES[kv.vtype]
-    if kv.array:
-        return ShownKV(kv.key, ("array", name), [stored_value(name, v) for v in kv.value])
-    return ShownKV(kv.key, name, stored_value(name, kv.value))
 
 
 def _json_scalar(value: object, full: bool) -> tuple[object, bool]:
@@ -4436,29 +4470,29 @@ def _json_scalar(value: object, full: bool) -> tuple[object, bool]:
     return value, False
 
 
-def kv_json(kv, full: bool = False) -> dict:
-    """One metadata key as JSON (anything with .key/.vtype/.value as the reader gives them).
+def kv_json(kv: KV, full: bool = False) -> dict:
+    """One metadata key as JSON.
 
     Arrays keep their first SHOWN_ELEMENTS elements and strings their first SHOWN_CHARS
     characters unless full; "truncated" says whether anything was cut, "length" what the whole is.
     """
-    if isinstance(kv.vtype, tuple):
+    if kv.array:
         shown = kv.value if full else kv.value[:SHOWN_ELEMENTS]
         pairs = [_json_scalar(v, full) for v in shown]
-        return {"key": kv.key, "type": "ARRAY", "element_type": kv.vtype[1], "length": len(kv.value),
+        return {"key": kv.key, "type": "ARRAY", "element_type": kv.vtype.name, "length": len(kv.value),
                 "value": [v for v, _ in pairs],
                 "truncated": len(shown) < len(kv.value) or any(cut for _, cut in pairs)}
     value, cut = _json_scalar(kv.value, full)
-    entry = {"key": kv.key, "type": kv.vtype, "value": value}
-    if kv.vtype == "STRING":
+    entry = {"key": kv.key, "type": kv.vtype.name, "value": value}
+    if kv.vtype == GGUFValueType.STRING:
         entry.update(length=len(kv.value), truncated=cut)
     return entry
 
 
-def tensor_json(name: str, type_name: str, dims, offset: int, file_offset: int, nbytes: int) -> dict:
+def tensor_json(t: TensorInfo) -> dict:
     """One GGUF tensor as JSON: shape in ggml order (ne0 first), offset from the start of the data."""
-    return {"name": name, "type": type_name, "shape": list(dims), "offset": offset,
-            "file_offset": file_offset, "bytes": nbytes}
+    return {"name": t.name, "type": t.type_name, "shape": list(t.dims), "offset": t.offset_in_data,
+            "file_offset": t.file_offset, "bytes": t.nbytes}
 
 
 def trailing_bytes(f) -> int:
@@ -4482,8 +4516,7 @@ def inspect_gguf_json(path, full: bool = False) -> dict:
         "bytes": f.file_size, "data_start": f.data_start, "trailing_bytes": trailing_bytes(f),
         "kv_count": len(f.kvs), "tensor_count": len(f.tensors),
         "kvs": [kv_json(kv, full) for kv in f.kvs],
-        "tensors": [tensor_json(t.name, t.ggml_type, t.dims, t.offset_in_data, t.file_offset, t.nbytes)
-                    for t in f.tensors],
+        "tensors": [tensor_json(t) for t in f.tensors],
     }
 
 
@@ -4584,40 +4617,37 @@ def _by_source(plan: Optional[Plan]) -> dict[tuple[str, str], PlannedTensor]:
     return {(t.source.path.name, t.source.name): t for t in plan.tensors}
 
 
-def _shape_text(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
 def inspect_dir_lines(path, options: Options) -> list[str]:
-    """inspect_path for people: a summary, the verdict, and one line per declared tensor."""
-    ins = inspect_path(path, options)
-    n_files = len({t.file for t in ins.declared}) + len(ins.unreadable)
-    dtypes = ", ".join(f"{d} {n}" for d, n in dtype_counts(ins.declared).items())
-    what = f"model directory {ins.path}: {n_files} safetensors file(s)," if ins.is_dir \
-        else f"safetensors file {ins.path}:"
-    lines = [f"{what} {len(ins.declared)} tensors{f' ({dtypes})' if dtypes else ''}"]
-    lines += [f"unreadable: {reason}" for reason in ins.unreadable]
-    if ins.plan is not None:
-        p = ins.plan
-        lines.append(f"converts to {p.name!r}: {len(p.tensors)} tensors, {len(p.kvs)} metadata keys, "
-                     f"{p.params:,} parameters, {planned_size(p):,} bytes "
+    """inspect_dir_json for people: a summary, the verdict, and one line per declared tensor.
+
+    Rendered from the JSON document, so the two cannot tell different stories.
+    """
+    doc = inspect_dir_json(path, options)
+    is_dir, converts = doc["format"] == "directory", "general.name" in doc
+    n_files = len({t["file"] for t in doc["tensors"]}) + len(doc["unreadable"])
+    dtypes = ", ".join(f"{d} {n}" for d, n in doc["dtypes"].items())
+    what = f"model directory {doc['path']}: {n_files} safetensors file(s)," if is_dir \
+        else f"safetensors file {doc['path']}:"
+    lines = [f"{what} {doc['tensor_count']} tensors{f' ({dtypes})' if dtypes else ''}"]
+    lines += [f"unreadable: {reason}" for reason in doc["unreadable"]]
+    if converts:
+        lines.append(f"converts to {doc['general.name']!r}: {doc['gguf_tensor_count']} tensors, "
+                     f"{doc['kv_count']} metadata keys, {doc['params']:,} parameters, {doc['bytes']:,} bytes "
                      f"(--dry-run lists the metadata)")
-    elif ins.refusal is not None:
-        lines.append(f"refuse: {ins.refusal}")
-    elif not ins.is_dir:
+    elif doc["refusal"] is not None:
+        lines.append(f"refuse: {doc['refusal']}")
+    elif not is_dir:
         lines.append("the header is consistent with the file")
-    planned = _by_source(ins.plan)
-    lines.append(f"* {len(ins.declared)} tensors (shape as stored, rows first)"
-                 + (" -> GGUF name, type, shape in ggml order" if ins.plan is not None else ""))
-    for n, t in enumerate(ins.declared, 1):
-        line = f"  {n:5}: {shown_name(str(t.dtype)):5} {_shape_text(t.shape):18} {shown_name(t.name)}"
-        if ins.is_dir:
-            line += f"  ({t.file})"
-        g = planned.get((t.file, t.name))
-        if g is not None:
-            line += (f"  -> {g.name} {GGML_TYPE_NAMES[g.ggml_type]} {_shape_text(g.dims)}"
-                     f"{' (Q/K rows permuted)' if g.permute_heads else ''}")
-        elif ins.plan is not None:
+    lines.append(f"* {doc['tensor_count']} tensors (shape as stored, rows first)"
+                 + (" -> GGUF name, type, shape in ggml order" if converts else ""))
+    for n, t in enumerate(doc["tensors"], 1):
+        line = f"  {n:5}: {shown_name(t['dtype']):5} {_shape_text(t['shape']):18} {shown_name(t['name'])}"
+        if is_dir:
+            line += f"  ({t['file']})"
+        if t.get("gguf_name"):
+            line += (f"  -> {t['gguf_name']} {t['gguf_type']} {_shape_text(t['gguf_shape'])}"
+                     f"{' (Q/K rows permuted)' if t['permuted'] else ''}")
+        elif converts:
             line += "  -> not written (llama.cpp drops it)"
         lines.append(line)
     return lines
@@ -4632,7 +4662,7 @@ def inspect_dir_json(path, options: Options) -> dict:
         row = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "file": t.file}
         g = planned.get((t.file, t.name))
         if ins.plan is not None:
-            row.update(gguf_name=g and g.name, gguf_type=g and GGML_TYPE_NAMES[g.ggml_type],
+            row.update(gguf_name=g and g.name, gguf_type=g and GGML_TYPES[g.ggml_type].name,
                        gguf_shape=g and list(g.dims), permuted=bool(g and g.permute_heads))
         tensors.append(row)
     # For a directory "refusal" says why the converter refuses it; for a single file, why its
@@ -4650,18 +4680,16 @@ def inspect_dir_json(path, options: Options) -> dict:
 
 # Dry run: everything convert decides, shown without reading tensor data or writing a byte.
 
-def tensor_offsets(tensors: list[PlannedTensor]) -> list[int]:
-    """Each tensor's offset from the start of the data: gguf-py pads every tensor to the alignment."""
-    offsets, at = [], 0
-    for t in tensors:
-        offsets.append(at)
-        at += t.nbytes + padding(t.nbytes)
-    return offsets
-
-
 def planned_size(plan: Plan) -> int:
     """The size of the GGUF a plan writes: the header, then every tensor padded to the alignment."""
-    return len(plan.header) + sum(t.nbytes + padding(t.nbytes) for t in plan.tensors)
+    return len(plan.header) + tensor_data_layout(t.nbytes for t in plan.tensors).size
+
+
+def planned_gguf(plan: Plan) -> GGUFFile:
+    """The GGUF a plan writes, as the reader will read it: its header read back, so that a dry run
+    shows keys and tensors exactly as inspect of the output will (float32 values rounded, bools
+    as written)."""
+    return parse_gguf(plan.header, len(plan.header), file_size=planned_size(plan))
 
 
 class DryRun(NamedTuple):
@@ -4680,50 +4708,42 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     return DryRun(plan, target, target.exists())
 
 
-def _planned_tensor_json(t: PlannedTensor, offset: int, data_start: int) -> dict:
-    row = tensor_json(t.name, GGML_TYPE_NAMES[t.ggml_type], t.dims, offset, data_start + offset, t.nbytes)
-    row["source"] = {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
-                     "file": t.source.path.name, "permuted": bool(t.permute_heads)}
-    return row
+def _source_note(t: PlannedTensor) -> str:
+    src = t.source
+    return (f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
+            f"{' Q/K rows permuted' if t.permute_heads else ''}")
+
+
+def _source_json(t: PlannedTensor) -> dict:
+    return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
+            "file": t.source.path.name, "permuted": bool(t.permute_heads)}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:
     """A dry run as one JSON object; "kvs" and "tensors" read as inspect_gguf_json of the output will."""
     p = d.plan
-    data_start = len(p.header)
+    f = planned_gguf(p)
     return {
         "ok": True, "dry_run": True, "exit": 0, "out": str(d.out), "replaces": d.replaces,
-        "bytes": planned_size(p), "data_start": data_start, "general.name": p.name, "params": p.params,
-        "kv_count": len(p.kvs), "tensor_count": len(p.tensors),
-        "kvs": [kv_json(shown_planned_kv(kv), full) for kv in p.kvs],
-        "tensors": [_planned_tensor_json(t, o, data_start) for t, o in zip(p.tensors, tensor_offsets(p.tensors))],
-        "inputs": [f.name for f in p.inputs],
+        "bytes": f.file_size, "data_start": f.data_start, "general.name": p.name, "params": p.params,
+        "kv_count": len(f.kvs), "tensor_count": len(f.tensors),
+        "kvs": [kv_json(kv, full) for kv in f.kvs],
+        "tensors": [dict(tensor_json(t), source=_source_json(planned)) for t, planned in zip(f.tensors, p.tensors)],
+        "inputs": [i.name for i in p.inputs],
     }
 
 
 def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
     """A dry run for people; key and tensor lines read as inspect's of the output will."""
     p = d.plan
-    data_start = len(p.header)
-    size = planned_size(p)
+    f = planned_gguf(p)
     lines = [
-        f"dry run: would write {d.out}{' (replacing it)' if d.replaces else ''}: {size:,} bytes "
-        f"(header {data_start:,}, tensor data {size - data_start:,}); nothing was written",
+        f"dry run: would write {d.out}{' (replacing it)' if d.replaces else ''}: {f.file_size:,} bytes "
+        f"(header {f.data_start:,}, tensor data {f.file_size - f.data_start:,}); nothing was written",
         f"general.name {p.name!r}, {p.params:,} parameters",
-        f"* {len(p.kvs)} key/value pairs",
     ]
-    for n, kv in enumerate(p.kvs, 1):
-        shown = shown_planned_kv(kv)
-        label = f"[{shown.vtype[1]}]" if isinstance(shown.vtype, tuple) else shown.vtype
-        lines.append(f"  {n:5}: {label:10} {kv.key} = {_value_text(shown, full)}")
-    lines.append(f"* {len(p.tensors)} tensors (shape in ggml order, ne0 first)")
-    for n, (t, offset) in enumerate(zip(p.tensors, tensor_offsets(p.tensors)), 1):
-        src = t.source
-        lines.append(f"  {n:5}: {GGML_TYPE_NAMES[t.ggml_type]:7} {_shape_text(t.dims):24} {t.name}  "
-                     f"data+{offset} (file {data_start + offset}) {t.nbytes} bytes"
-                     f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
-                     f"{' Q/K rows permuted' if t.permute_heads else ''}")
-    lines.append(f"* {len(p.inputs)} inputs: {', '.join(f.name for f in p.inputs)}")
+    lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors, [_source_note(t) for t in p.tensors])
+    lines.append(f"* {len(p.inputs)} inputs: {', '.join(i.name for i in p.inputs)}")
     return lines
 
 
@@ -4833,7 +4853,7 @@ def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]
 # Diffing two GGUF files.
 
 def diff_files(a, b) -> tuple[list[str], int]:
-    """gguf_read's structural diff and the exit code: 0 identical, 1 different, 2 unreadable.
+    """diff_gguf's lines and the exit code: 0 identical, 1 different, 2 unreadable.
 
     Identical bytes are identical whatever they hold; files that differ are unreadable when either
     is not a GGUF the reader accepts, since the diff then cannot say what differs.

@@ -1784,7 +1784,14 @@ class AroundCommandLine(AroundWorkspace):
 
 # ---------------------------------------------------------------------------------------------
 # A tiny GGUF writer: raw pieces, so the refusal tests can build files gguf-py would never write.
-# Values are given with their type name, arrays as ("array", element type name).
+# Values are given with their type name, arrays as ("array", element type name). It keeps its own
+# copy of the format's numbers, so a wrong number in bankml's tables cannot cancel out.
+
+VALUE_TYPES = {"UINT8": (0, "<B"), "INT8": (1, "<b"), "UINT16": (2, "<H"), "INT16": (3, "<h"),
+               "UINT32": (4, "<I"), "INT32": (5, "<i"), "FLOAT32": (6, "<f"), "BOOL": (7, "<?"),
+               "STRING": (8, ""), "ARRAY": (9, ""), "UINT64": (10, "<Q"), "INT64": (11, "<q"),
+               "FLOAT64": (12, "<d")}
+GGML_CODES = {"F32": 0, "F16": 1, "Q8_0": 8}
 
 
 def pack_str(s: str | bytes) -> bytes:
@@ -1796,25 +1803,25 @@ def pack_payload(vtype, value) -> bytes:
     if isinstance(vtype, tuple):
         elem = vtype[1]
         body = b"".join(pack_payload(elem, v) for v in value)
-        return struct.pack("<IQ", bc.VALUE_TYPE_CODES[elem], len(value)) + body
+        return struct.pack("<IQ", VALUE_TYPES[elem][0], len(value)) + body
     if vtype == "STRING":
         return pack_str(value)
-    return struct.pack("<" + bc.SCALAR_FORMATS[vtype], value)
+    return struct.pack(VALUE_TYPES[vtype][1], value)
 
 
 def pack_kv(key, vtype, value) -> bytes:
-    code = bc.VALUE_TYPE_CODES["ARRAY" if isinstance(vtype, tuple) else vtype]
+    code = VALUE_TYPES["ARRAY" if isinstance(vtype, tuple) else vtype][0]
     return pack_str(key) + struct.pack("<I", code) + pack_payload(vtype, value)
 
 
 def pack_tensor_info(name, dims, type_name, offset) -> bytes:
-    code = bc.GGML_TYPE_BY_NAME[type_name][0] if isinstance(type_name, str) else type_name
+    code = GGML_CODES[type_name] if isinstance(type_name, str) else type_name
     return (pack_str(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
             + struct.pack("<IQ", code, offset))
 
 
 def pad_to(blob: bytes, alignment: int) -> bytes:
-    return blob + bytes(bc.ggml_pad(len(blob), alignment) - len(blob))
+    return blob + bytes(-len(blob) % alignment)
 
 
 def gguf_bytes(kvs=(), tensors=(), alignment=32, version=3, magic=b"GGUF", raw_kvs=b"",
@@ -1826,7 +1833,7 @@ def gguf_bytes(kvs=(), tensors=(), alignment=32, version=3, magic=b"GGUF", raw_k
         at = offsets[i] if offsets else offset
         infos += pack_tensor_info(name, dims, type_name, at)
         data += pad_to(payload, alignment)
-        offset += bc.ggml_pad(len(payload), alignment)
+        offset += len(pad_to(payload, alignment))
     count = len(kvs) if n_kv is None else n_kv
     head = magic + struct.pack("<IQQ", version, len(tensors), count) + kv_blob + infos
     return pad_to(head, alignment) + data
@@ -1868,6 +1875,11 @@ def small_file() -> bytes:
                        ("x.toks", ("array", "STRING"), ["<s>", "ab"])], SMALL_TENSORS)
 
 
+def written_as(kv: bc.KV) -> tuple:
+    """A key the reader returned, in this writer's terms: (key, type name or ("array", name), value)."""
+    return kv.key, ("array", kv.vtype.name) if kv.array else kv.vtype.name, kv.value
+
+
 def refusal(test: unittest.TestCase, blob: bytes, *fragments: str) -> str:
     with test.assertRaises(bc.GGUFError) as ctx:
         bc.parse_gguf(blob, len(blob))
@@ -1894,16 +1906,38 @@ class TempDirCase(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
+# The format's layout: gguf-py pads every tensor's data to the alignment.
+
+class LayoutTest(unittest.TestCase):
+    def test_each_tensor_is_padded_to_the_alignment(self):
+        self.assertEqual(bc.tensor_data_layout([24, 8, 68]), ([0, 32, 64], 160))
+        self.assertEqual(bc.tensor_data_layout([24, 64, 1], 64), ([0, 64, 128], 192))
+        self.assertEqual(bc.tensor_data_layout([]), ([], 0))
+
+    def test_padding_brings_a_size_to_a_multiple_of_the_alignment(self):
+        self.assertEqual([bc.padding(n) for n in (0, 1, 31, 32, 33)], [0, 31, 1, 0, 31])
+        self.assertEqual(bc.padding(5, 8), 3)
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading: values and tensor infos come back as written.
 
 class ReadTest(TempDirCase):
     def test_every_scalar_type_round_trips(self):
         f = bc.read_gguf(self.write("s.gguf", gguf_bytes(EVERY_SCALAR)))
-        self.assertEqual([(kv.key, kv.vtype, kv.value) for kv in f.kvs], EVERY_SCALAR)
+        self.assertEqual([written_as(kv) for kv in f.kvs], EVERY_SCALAR)
 
     def test_every_array_type_round_trips(self):
         f = bc.read_gguf(self.write("a.gguf", gguf_bytes(EVERY_ARRAY)))
-        self.assertEqual([(kv.key, kv.vtype, kv.value) for kv in f.kvs], EVERY_ARRAY)
+        self.assertEqual([written_as(kv) for kv in f.kvs], EVERY_ARRAY)
+
+    def test_a_written_key_reads_back_as_the_same_record(self):
+        T = bc.GGUFValueType
+        planned = [bc.KV("a", T.UINT32, 7), bc.KV("b", T.FLOAT32, 0.5), bc.KV("c", T.BOOL, True),
+                   bc.KV("d", T.STRING, ["x", "ü"], True), bc.KV("e", T.INT32, [-1, 2], True)]
+        head = bc.gguf_header(planned, [])
+        read = bc.parse_gguf(head, len(head)).kvs
+        self.assertEqual([kv._replace(offset=0, nbytes=0) for kv in read], planned)
 
     def test_kv_offsets_and_sizes_cover_their_records(self):
         blob = gguf_bytes(EVERY_SCALAR)
@@ -1914,7 +1948,7 @@ class ReadTest(TempDirCase):
     def test_tensor_infos_are_read_with_their_layout(self):
         blob = small_file()
         f = bc.parse_gguf(blob, len(blob))
-        self.assertEqual([(t.name, t.dims, t.ggml_type, t.offset_in_data, t.nbytes) for t in f.tensors],
+        self.assertEqual([(t.name, t.dims, t.type_name, t.offset_in_data, t.nbytes) for t in f.tensors],
                          [("w.f32", [3, 2], "F32", 0, 24), ("w.f16", [4], "F16", 32, 8),
                           ("w.q8", [32, 2], "Q8_0", 64, 68)])
         self.assertEqual(f.data_start % 32, 0)
@@ -2010,6 +2044,15 @@ class RefusalTest(TempDirCase):
     def test_array_longer_than_the_file_is_refused(self):
         raw = pack_str("k") + struct.pack("<IIQ", 9, 8, 1000) + pack_str("a")
         refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "truncated kv 'k'")
+
+    def test_a_bad_string_in_an_array_is_named_by_its_index(self):
+        head = pack_str("k") + struct.pack("<IIQ", 9, 8, 2) + pack_str("ok")
+        cases = [(pack_str(b"\xc3("), "kv 'k' element 1 is not valid UTF-8"),
+                 (struct.pack("<Q", 2**40), "kv 'k' element 1 length 1099511627776 exceeds gguf's maximum"),
+                 (struct.pack("<Q", 1000) + b"x", "truncated kv 'k' element 1: needs 1000 bytes")]
+        for tail, message in cases:
+            with self.subTest(message=message):
+                refusal(self, gguf_bytes(raw_kvs=head + tail, n_kv=1), message)
 
     def test_unknown_value_type_is_refused(self):
         raw = pack_str("k") + struct.pack("<I", 13) + bytes(8)
@@ -2145,7 +2188,12 @@ class DiffTest(TempDirCase):
     def test_kv_order_difference_is_reported(self):
         lines = self.diff(gguf_bytes([("a", "UINT8", 1), ("b", "UINT8", 2)]),
                           gguf_bytes([("b", "UINT8", 2), ("a", "UINT8", 1)]))
-        self.assertEqual(lines, ["kv order differs: the 1th shared one is 'a' in A, 'b' in B"])
+        self.assertEqual(lines, ["kv order differs: the 1st shared one is 'a' in A, 'b' in B"])
+
+    def test_ordinals_read_as_english(self):
+        self.assertEqual([bc.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)],
+                         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd",
+                          "101st", "111th", "112th"])
 
     def test_string_array_difference_gives_length_and_first_index(self):
         toks = [f"t{i}" for i in range(1000)]

@@ -2582,11 +2582,11 @@ def walk_disagreement(f, w: GWalk) -> str:
     if m is None:
         return "the walk cannot decode a file the reader accepted"
     mine = [(kv.key.decode("utf-8", "replace"), _walked_type(kv)) for kv in m.kvs]
-    theirs = [(kv.key, kv.vtype) for kv in f.kvs]
+    theirs = [(kv.key, ("array", kv.vtype.name) if kv.array else kv.vtype.name) for kv in f.kvs]
     if mine != theirs:
         return f"kvs: walk {mine[:3]}..., reader {theirs[:3]}..."
     mine_t = [(t.name.decode("utf-8", "replace"), list(t.dims), t.gtype, t.offset) for t in m.tensors]
-    theirs_t = [(t.name, list(t.dims), bc.GGML_TYPE_BY_NAME[t.ggml_type][0], t.offset_in_data) for t in f.tensors]
+    theirs_t = [(t.name, list(t.dims), t.ggml_type, t.offset_in_data) for t in f.tensors]
     if mine_t != theirs_t:
         return f"tensors: walk {mine_t[:2]}..., reader {theirs_t[:2]}..."
     if f.info_end != w.end:
@@ -2610,7 +2610,7 @@ def gguf_cpp_refusal(f) -> str:
         # gguf.cpp: each offset must be the padded size of the tensors before it, in info order
         if t.offset_in_data != at:
             return "tensor data offsets are not contiguous in info order"
-        at += bc.ggml_pad(t.nbytes, f.alignment)
+        at += t.nbytes + bc.padding(t.nbytes, f.alignment)
     return ""
 
 
