@@ -35,12 +35,14 @@ import os
 import queue
 import re
 import select
+import shlex
 import struct
 import sys
 import threading
 import time
 from array import array
 from codecs import utf_32_le_decode as _utf_32_le_decode
+from enum import IntEnum
 from functools import lru_cache
 from itertools import repeat
 from operator import mul
@@ -75,8 +77,6 @@ class Refusal(Exception):
 # The GGUF format: its fixed numbers, value types, GGML tensor types with their blocks, the
 # key/value record and the data layout, declared once for the writer, the reader and the listings.
 # ---------------------------------------------------------------------------------------------
-
-from enum import IntEnum  # noqa: E402  (kept beside the one class that needs it)
 
 # From gguf-py/gguf/constants.py and ggml/src/gguf.cpp of the pinned llama.cpp.
 GGUF_MAGIC = b"GGUF"
@@ -4750,10 +4750,12 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
 # Verifying: a GGUF (and optionally the directory it came from) against the pin fork_json wrote.
 
 class Pin(NamedTuple):
-    """What a FORK.json promises: the output file and every input file, by size and sha256."""
+    """What a FORK.json promises: the output file and every input file, by size and sha256, and
+    the command that makes the output again from them ("" for pins written before it was kept)."""
     output: InputFile
     inputs: tuple[InputFile, ...]
     source: str
+    command: str = ""
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -4783,8 +4785,26 @@ def read_pin(path) -> Pin:
     if len(set(names)) != len(names):
         raise Refusal(f"{path.name}: an input is listed twice")
     source = doc.get("source")
-    return Pin(_pinned_file(doc.get("output"), "output", path.name), pinned,
-               source if isinstance(source, str) else "")
+    source = source if isinstance(source, str) else ""
+    output = _pinned_file(doc.get("output"), "output", path.name)
+    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name))
+
+
+def _remaking_command(options: object, source: str, out_name: str, pin_name: str) -> str:
+    """The command line that writes the pinned output again from the pinned inputs."""
+    if options is None:
+        return ""
+    if not (isinstance(options, dict) and options.get("outtype") in OUT_TYPES
+            and isinstance(options.get("model_name"), (str, type(None)))
+            and isinstance(options.get("ignore_model_card"), bool)):
+        raise Refusal(f"{pin_name}: \"options\" must hold outtype (one of {', '.join(OUT_TYPES)}), "
+                      f"model_name (a string or null) and ignore_model_card (true or false)")
+    words = ["bankml_convert.py", source or "DIR", "-o", out_name, "--outtype", options["outtype"]]
+    if options["model_name"] is not None:
+        words += ["--model-name", options["model_name"]]
+    if options["ignore_model_card"]:
+        words.append("--ignore-model-card")
+    return shlex.join(words)
 
 
 def _output_checks(actual: InputFile, pinned: InputFile) -> list[tuple[bool, str]]:
@@ -5080,9 +5100,12 @@ def _failed(command: str, reason: str, as_json: bool = False) -> int:
 def _verify(args: argparse.Namespace) -> int:
     try:
         lines, held = verify(args.gguf, args.fork, args.inputs)
+        pin = read_pin(args.fork)
     except Refusal as e:
         return _failed("verify", e.reason)
     _print_lines(lines)
+    if held and pin.command:
+        print(f"made by: {shown_name(pin.command)}")
     return 0 if held else 1
 
 

@@ -292,6 +292,23 @@ class Seams(Workspace):
         self.assertEqual(cm.exception.reason, "tokenizer.json added_tokens is not a list; transformers "
                                               "cannot load such a tokenizer")
 
+    def test_verify_says_the_command_that_makes_the_pinned_file_again(self):
+        out, pin = self.tmp / "again.gguf", self.tmp / "again.FORK.json"
+        self.assertEqual(cli(ROOT / "example" / "smollm2-tiny", "-o", out, "--outtype", "auto",
+                             "--model-name", "mindx gen39", "--fork", pin, "--source", "example").code, 0)
+        r = cli("verify", out, pin)
+        self.assertEqual(r.code, 0)
+        self.assertEqual(r.out.splitlines()[-1], "made by: bankml_convert.py example -o again.gguf "
+                                                 "--outtype bf16 --model-name 'mindx gen39'")
+
+    def test_a_pin_whose_options_are_malformed_is_refused(self):
+        out, pin = self.tmp / "malformed.gguf", self.tmp / "malformed.FORK.json"
+        self.assertEqual(cli(ROOT / "example" / "smollm2-tiny", "-o", out, "--fork", pin).code, 0)
+        edit_json(pin, lambda doc: doc["options"].update(outtype="q4_k"))
+        r = cli("verify", out, pin)
+        self.assertEqual(r.code, 2)
+        self.assertIn('malformed.FORK.json: "options" must hold outtype', r.err)
+
     def test_the_pin_records_the_options_that_decide_the_bytes_with_auto_resolved(self):
         r = bc.convert(ROOT / "example" / "smollm2-tiny", self.tmp / "pinned-auto.gguf",
                        bc.Options(outtype="auto", model_name="mindx merged"))
@@ -1564,7 +1581,8 @@ class VerifyCommand(AroundWorkspace):
     def test_verify_of_the_pinned_file_holds(self):
         r = cli("verify", self.gguf, self.pin)
         self.assertEqual(r.code, 0, r)
-        self.assertEqual([l.split()[:2] for l in r.out.splitlines()], [["ok", "size"], ["ok", "sha256"]])
+        self.assertEqual([l.split()[:2] for l in r.out.splitlines()],
+                         [["ok", "size"], ["ok", "sha256"], ["made", "by:"]])
 
     def test_verify_of_a_file_with_one_byte_flipped_fails_naming_sha256(self):
         tampered = self.copy_of_output()
