@@ -1689,38 +1689,12 @@ def simple_f32_to_f32(data) -> bytes:
 # --- Fast chunk kernels: one chunk as one big integer, a few whole-chunk operations, then the lanes
 # --- the formula does not cover patched from the rules/tables.  All assume a little-endian host.
 
-class _Masks16(NamedTuple):
-    """Per-lane constants, repeated over n 16-bit lanes."""
-    low12: int
-    exponent_bit4: int
-    sign: int
-
-
-class _Masks32(NamedTuple):
-    """Per-lane constants, repeated over n 32-bit lanes."""
-    bit0: int           # 0x00000001
-    rebias_round: int   # (16 << 23) + 0x0fff
-    result: int         # 0x7fff0000
-    sign32: int         # 0x80000000
-    low15: int          # 0x00007fff
-    sign16: int         # 0x00008000
-    f16_bias: int       # 112 << 23
-
-
-def _repeated(lane: int, width: int, n: int) -> int:
-    return int.from_bytes(lane.to_bytes(width, "little") * n, "little")
-
-
-@lru_cache(maxsize=16)
-def _masks16(n: int) -> _Masks16:
-    return _Masks16(_repeated(0x0FFF, 2, n), _repeated(0x0800, 2, n), _repeated(0x8000, 2, n))
-
-
-@lru_cache(maxsize=16)
-def _masks32(n: int) -> _Masks32:
-    return _Masks32(_repeated(1, 4, n), _repeated((16 << 23) + 0x0FFF, 4, n), _repeated(0x7FFF0000, 4, n),
-                    _repeated(0x80000000, 4, n), _repeated(0x7FFF, 4, n), _repeated(0x8000, 4, n),
-                    _repeated(112 << 23, 4, n))
+# A chunk's lane constants are made once per chunk length and kept: a job's chunks all have the same
+# length but its last, and the BF16 -> Q8_0 kernel alone uses 13 constants a length.
+@lru_cache(maxsize=64)
+def _lane_constant(value: int, width: int, n: int) -> int:
+    """value repeated over n lanes of `width` bytes, as one integer."""
+    return int.from_bytes(value.to_bytes(width, "little") * n, "little")
 
 
 def _byte_classes(lane_class) -> bytes:
@@ -1764,11 +1738,11 @@ def _bf16_to_f16_chunk(chunk: bytes):
             return bytes(2 * n)
         table = _bf16_to_f16_list()
         return struct.pack(f"<{n}H", *[table[lane] for lane in struct.unpack(f"<{n}H", chunk)])
-    m = _masks16(n)
     x = int.from_bytes(chunk, "little")
     # exponents 113..142 become f16 exponents 1..30 by flipping exponent bit 4 of the low five
     # bits (e - 112 == (e & 31) ^ 16 there); the 7 mantissa bits move up 3; nothing can carry.
-    out = (((x & m.low12) ^ m.exponent_bit4) << 3 | (x & m.sign)).to_bytes(2 * n, "little")
+    out = (((x & _lane_constant(0x0FFF, 2, n)) ^ _lane_constant(0x0800, 2, n)) << 3
+           | (x & _lane_constant(0x8000, 2, n))).to_bytes(2 * n, "little")
     if not runs:
         return out
     patched = bytearray(out)
@@ -1792,21 +1766,21 @@ def _f32_to_f16_chunk(chunk: bytes):
             return bytes(2 * n)
         values = array("f", chunk)
         if large:
-            for i in _marked(classes, 2):
+            for i in _positions(classes, 2):
                 values[i] = 0.0
         patched = bytearray(struct.pack(f"<{n}e", *values))
         if large:
             _patch_large_f32(patched, chunk, classes)
         return patched
-    m = _masks32(n)
     x = int.from_bytes(chunk, "little")
     # For exponents 113..142: adding 16 to the exponent leaves e - 112 in its low five bits, and
     # 0x0fff plus the last kept mantissa bit carries into that bit exactly when round-to-nearest-even
     # rounds up (a carry out of the mantissa increments the exponent: to infinity past 65504).  The
     # result, bits 13..27, moves up to bits 16..30 beside the sign.  Only a lane with exponent 239
     # or more and its sign set can carry into the next lane: both are patched.
-    rounded = x + m.rebias_round + ((x >> 13) & m.bit0)
-    wide = (((rounded << 3) & m.result) | (x & m.sign32)).to_bytes(4 * n, "little")
+    rounded = x + _lane_constant((16 << 23) + 0x0FFF, 4, n) + ((x >> 13) & _lane_constant(1, 4, n))
+    wide = (((rounded << 3) & _lane_constant(0x7FFF0000, 4, n))
+            | (x & _lane_constant(0x80000000, 4, n))).to_bytes(4 * n, "little")
     try:
         # 32-bit lanes read two bytes late hold the 16-bit results in their low halves, which the
         # codecs narrow to 16 bits at C speed.  Results in the surrogate range (-1024..-128) refuse,
@@ -1835,7 +1809,7 @@ def _patch_large_f32(patched: bytearray, chunk: bytes, classes: bytes) -> None:
     lanes_out = memoryview(patched).cast("H")
     lanes_in = memoryview(chunk).cast(_U32)
     n = len(lanes_in)
-    for i in _marked(classes, 2):
+    for i in _positions(classes, 2):
         bits = lanes_in[i]
         if 0x477FF000 <= bits & 0x7FFFFFFF <= 0x7F800000:
             lanes_out[i] = (bits >> 16) & 0x8000 | 0x7C00   # 65520 up to infinity
@@ -1845,7 +1819,8 @@ def _patch_large_f32(patched: bytearray, chunk: bytes, classes: bytes) -> None:
             lanes_out[i + 1] = f16_bits_from_f32_bits(lanes_in[i + 1])
 
 
-def _marked(classes: bytes, marker: int) -> Iterator[int]:
+def _positions(classes: bytes, marker: int) -> Iterator[int]:
+    """The indices of `marker` in `classes`, in order."""
     i = classes.find(marker)
     while i >= 0:
         yield i
@@ -1882,10 +1857,10 @@ def _f16_to_f32_chunk(chunk: bytes):
         if chunk.count(0) == len(chunk):
             return bytes(4 * n)
         return array(_U32, [table[lane] for lane in lanes_in]).tobytes()
-    m = _masks32(n)
     x = int.from_bytes(text.encode("utf-32-le"), "little")
     # normal f16 lanes: exponent + 112, mantissa up 13, sign from bit 15 to bit 31; no carries.
-    out = ((((x & m.low15) << 13) + m.f16_bias) | ((x & m.sign16) << 16)).to_bytes(4 * n, "little")
+    out = ((((x & _lane_constant(0x7FFF, 4, n)) << 13) + _lane_constant(112 << 23, 4, n))
+           | ((x & _lane_constant(0x8000, 4, n)) << 16)).to_bytes(4 * n, "little")
     if not runs:
         return out
     patched = bytearray(out)
@@ -2134,21 +2109,6 @@ _TOP_EXPONENTS = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))
 _WITHOUT_SIGN = bytes(b & 0x7F for b in range(256))
 
 
-def _positions(classes: bytes, marker: bytes) -> list:
-    """Indices of `marker` in `classes`."""
-    found, i = [], classes.find(marker)
-    while i >= 0:
-        found.append(i)
-        i = classes.find(marker, i + 1)
-    return found
-
-
-@lru_cache(maxsize=32)
-def _lane_constant(value: int, width: int, n: int) -> int:
-    """value repeated over n lanes of `width` bytes, as one integer."""
-    return int.from_bytes(value.to_bytes(width, "little") * n, "little")
-
-
 # --- BF16
 
 def _f32_to_bf16_chunk(chunk: bytes) -> bytes:
@@ -2157,7 +2117,7 @@ def _f32_to_bf16_chunk(chunk: bytes) -> bytes:
     nans = []
     if odd.count(1):
         lanes = memoryview(chunk).cast("I")
-        nans = [i for i in _positions(odd, b"\x01") if lanes[i] & 0x7FFFFFFF > 0x7F800000]
+        nans = [i for i in _positions(odd, 1) if lanes[i] & 0x7FFFFFFF > 0x7F800000]
         if nans:
             # a negative NaN is the only float32 whose rounding increment could carry out of its lane
             cleared = bytearray(chunk)
@@ -2183,7 +2143,7 @@ def _bf16_to_bf16_chunk(chunk: bytes) -> bytes:
         return chunk
     out = bytearray(chunk)
     lanes = memoryview(out).cast("H")
-    for i in _positions(odd, b"\x01"):
+    for i in _positions(odd, 1):
         if lanes[i] & 0x7FFF > 0x7F80:
             lanes[i] |= 0x0040      # a NaN made quiet; every other bf16 comes back as it was
     return bytes(out)
@@ -2197,22 +2157,34 @@ def _f16_to_bf16_chunk(chunk: bytes) -> bytes:
 # Blocks are handled column-wise: column j holds the j-th value of every block in the chunk, so
 # per-block quantities (the maximum, d, id) line up lane for lane with every column.
 
+def _lanewise_max(columns: list[int], lane_bits: int, n: int) -> int:
+    """The lane-wise maximum of big integers of n lanes of lane_bits bits each, every lane's top bit 0.
+
+    A few whole-integer operations compare all lanes at once.  With each lane's top bit set as a
+    guard, (a | guard) - b is 2**(lane_bits - 1) + a - b in every lane: it keeps the guard where
+    a >= b, and where a < b it clears the guard but never borrows from the next lane.  Then
+    ge - (ge >> (lane_bits - 1)) turns each kept guard into a mask of its lane's other bits, and
+    b ^ ((a ^ b) & mask) takes a under the mask and b elsewhere.  Columns are merged pairwise.
+    """
+    top = lane_bits - 1
+    guard = _lane_constant(1 << top, lane_bits >> 3, n)
+    while len(columns) > 1:
+        pairs = len(columns) >> 1
+        merged = []
+        for a, b in zip(columns[:pairs], columns[pairs:2 * pairs]):
+            ge = ((a | guard) - b) & guard
+            merged.append(b ^ ((a ^ b) & (ge - (ge >> top))))
+        columns = merged + columns[2 * pairs:]
+    return columns[0]
+
+
 def _block_max_abs_bits(abs_bits: array, nb: int) -> bytes:
     """Each block's largest |x| as float32 bits (nb lanes); no NaNs present, so this is numpy's max.
 
-    Non-negative float32 bits order like their values, so a lane-wise integer maximum does: with
-    the lanes' top bit (always 0 here) as a guard, (a | guard) - b keeps the guard iff a >= b.
+    Non-negative float32 bits order like their values, so their lane-wise integer maximum is it.
     """
-    guard = _lane_constant(0x80000000, 4, nb)
-    cols = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
-    while len(cols) > 1:
-        half = len(cols) >> 1
-        nxt = []
-        for a, b in zip(cols[:half], cols[half:]):
-            ge = ((a | guard) - b) & guard
-            nxt.append(b ^ ((a ^ b) & (ge - (ge >> 31))))
-        cols = nxt
-    return cols[0].to_bytes(4 * nb, "little")
+    columns = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
+    return _lanewise_max(columns, 32, nb).to_bytes(4 * nb, "little")
 
 
 def _magnitude_classes() -> list[tuple[bytes, bytes, bytes]]:
@@ -2264,7 +2236,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     nan_blocks = []
     if odd.count(1):
         bits = memoryview(chunk).cast("I")
-        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, b"\x01") if bits[i] & 0x7FFFFFFF > 0x7F800000})
+        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if bits[i] & 0x7FFFFFFF > 0x7F800000})
         if nan_blocks:
             # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
             cleared = bytearray(chunk)
@@ -2373,19 +2345,10 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     absolute = bytearray(chunk)
     absolute[1::2] = chunk[1::2].translate(_WITHOUT_SIGN)
     column_view = memoryview(absolute).cast("H")
-    columns = [column_view[j::QK8_0].tobytes() for j in range(QK8_0)]
+    columns = [int.from_bytes(column_view[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
 
-    # each block's largest |x| (guard bit 15: |bf16| < 2**15; NaN bits order above everything)
-    guard = _lane_constant(0x8000, 2, nb)
-    tops = [int.from_bytes(c, "little") for c in columns]
-    while len(tops) > 1:
-        half = len(tops) >> 1
-        nxt = []
-        for a, b in zip(tops[:half], tops[half:]):
-            ge = ((a | guard) - b) & guard
-            nxt.append(b ^ ((a ^ b) & (ge - (ge >> 15))))
-        tops = nxt
-    maxima = array("H", tops[0].to_bytes(2 * nb, "little"))
+    # each block's largest |x|: |bf16| bits are below 2**15, and NaN bits order above all others
+    maxima = array("H", _lanewise_max(columns, 16, nb).to_bytes(2 * nb, "little"))
     multipliers = list(map(tables.multipliers.__getitem__, maxima))
     odd_blocks = [b for b, mul_ in enumerate(multipliers) if mul_ is None] if None in multipliers else []
     for b in odd_blocks:
@@ -2400,12 +2363,16 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     wide[0::6] = y[0::2]
     wide[1::6] = y[1::2]
 
-    # per block: Y * multiplier + 2**39; |q| = floor(x * id + 1/2) is then each lane's 6th byte
-    blocks = [wide[i:i + 6 * QK8_0] for i in range(0, 6 * n, 6 * QK8_0)]
-    half = _lane_constant(1 << 39, 6, QK8_0)
-    products = b"".join(map(int.to_bytes, map(int.__add__, map(mul, map(int.from_bytes, blocks, repeat("little")),
-                                                                  multipliers), repeat(half)),
-                            repeat(6 * QK8_0), repeat("little")))
+    # per block: Y * multiplier is x * id in units of 2**-40; adding one half, 2**39, to every lane
+    # leaves |q| = floor(x * id + 1/2) in each lane's 6th byte.  Chained maps: one block a step, at
+    # C speed.
+    block_bytes = 6 * QK8_0
+    one_half = _lane_constant(1 << 39, 6, QK8_0)
+    block_lanes = [wide[i:i + block_bytes] for i in range(0, 6 * n, block_bytes)]
+    blocks = map(int.from_bytes, block_lanes, repeat("little"))
+    scaled = map(mul, blocks, multipliers)
+    rounded = map(int.__add__, scaled, repeat(one_half))
+    products = b"".join(map(int.to_bytes, rounded, repeat(block_bytes), repeat("little")))
     magnitudes = products[5::6]
     if b"\xff" in products[4::6]:
         magnitudes = _rounded_up_in_float32(products, magnitudes)
