@@ -1520,8 +1520,9 @@ def parameter_count(plan: list[PlannedTensor]) -> int:
 # them in llama.cpp's converter; a simple exact form per conversion and a fast one that must agree.
 # ---------------------------------------------------------------------------------------------
 
-# Elements per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
-# that the chunk's big integers stay in cache.
+# Values per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
+# that the chunk's big integers stay in cache.  A multiple of every block size (Q8_0's 32).  Not
+# CHUNK_BYTES, the input of one job, which is a 1 MiB unit of work and is cut into these chunks.
 CHUNK_ELEMS = 1 << 14
 
 # The fast path reads and patches lanes through native-order memoryviews; a big-endian host takes
@@ -1782,9 +1783,12 @@ def _f32_to_f16_chunk(chunk: bytes):
     wide = (((rounded << 3) & _lane_constant(0x7FFF0000, 4, n))
             | (x & _lane_constant(0x80000000, 4, n))).to_bytes(4 * n, "little")
     try:
-        # 32-bit lanes read two bytes late hold the 16-bit results in their low halves, which the
-        # codecs narrow to 16 bits at C speed.  Results in the surrogate range (-1024..-128) refuse,
-        # and take the array path.
+        # Each 32-bit lane holds its 16-bit result in its high half; read two bytes late, every lane
+        # holds it in its low half, with the next lane's zero low half above: the result 0x3c00 (1.0)
+        # is stored 00 00 00 3c, read from its third byte as 00 3c 00 00, the code point U+3C00, which
+        # UTF-16 encodes as 00 3c.  So the codecs narrow the lanes at C speed, the last result's two
+        # bytes appended.  Results 0xd800..0xdfff (-128.0 ... -511.75) are surrogates, which UTF-32
+        # refuses: such a chunk takes the array path.
         text, _ = _utf_32_le_decode(memoryview(wide)[2:], "strict", False)
         out = text.encode("utf-16-le") + wide[-2:]
     except UnicodeDecodeError:
@@ -1960,7 +1964,24 @@ def _bits_from_float32(x: float) -> int:
 
 
 def rounded_to_f32(x: float) -> float:
-    """x rounded to the nearest float32 (ties to even), as float32 arithmetic's result (module docstring)."""
+    """x rounded to the nearest float32 (ties to even): for x a float64 product or quotient of float32
+    values, exactly what float32 arithmetic gives, as numpy's float32 ufuncs compute it.
+
+    The Q8_0 rules and kernels compute in Python's float64 and round each result to float32; that
+    rounding twice is exact is proved here.  A product of two float32s has at most 48 significant
+    bits and lies within float64's normal range, so float64 holds it exactly: it is rounded once.
+    For a quotient q = x / y of finite float32s (d = max / 127, id = 1 / d), scale x and y by powers
+    of two to integer significands X, Y in [2**23, 2**24) (subnormals too), so that q is X / Y, in
+    (1/2, 2), times a power of two 2**e.  The float32 midpoints, where rounding to float32 changes
+    its result (and the overflow threshold, and subnormal midpoints: q < 2**-126 makes e <= -126),
+    are in that frame multiples of 2**-25: M / 2**25 with M an integer.  Unless X / Y is one,
+        |X / Y - M / 2**25| = |2**25 * X - M * Y| / (2**25 * Y) >= 1 / (2**25 * Y) > 2**-49,
+    while rounding X / Y to float64 (never subnormal: |q| > 2**-278) moves it by at most 2**-53.
+    So the float64 quotient lies strictly on the same side of every float32 midpoint as q does, and
+    rounds to the same float32.  If X / Y is a midpoint, it has at most 26 significant bits, float64
+    holds it exactly, and the tie is broken as float32 breaks it.  (The general result: rounding to
+    p' bits, then to p, is exact for +, -, *, / when p' >= 2p + 2; here 53 >= 50.)
+    """
     try:
         return _F32.unpack(_F32.pack(x))[0]
     except OverflowError:   # struct refuses what rounds past the largest float32: that is infinity
@@ -2248,7 +2269,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
     maxima = array("f", _block_max_abs_bits(array("I", absolute), nb))
     # d = max / 127 and id = 1 / d in float32: float64 division, then array('f') rounds once more,
-    # which is exact (see the module docstring); 1/d beyond float32's range becomes inf there too.
+    # which is exact (proved in rounded_to_f32); 1/d beyond float32's range becomes inf there too.
     d = array("f", [m / 127.0 for m in maxima])
     inverse = array("f", [1.0 / v if v else 0.0 for v in d]).tolist()
     try:
@@ -2489,6 +2510,9 @@ QUANT_KERNELS = {
 # read through one reused buffer, Q/K rows reordered as llama.cpp's permute does.
 # ---------------------------------------------------------------------------------------------
 
+# About this many input bytes make a job, the unit of reading, converting and writing: enough that
+# a job's fixed costs (a read, a job number handed out, a report) vanish, few enough that the read
+# buffers and the converted output held at once stay small whatever the tensor.
 CHUNK_BYTES = 1 << 20
 
 

@@ -2496,8 +2496,8 @@ class FastEqualsSimple(unittest.TestCase):
                 self.assert_same(conversion, units.tobytes())
 
     def test_f32_results_in_the_surrogate_range_convert(self):
-        # f16 results 0xd800..0xdfff are -128..-1023.5
-        values = [-128.0, -300.25, -1023.5, 0.5, -700.0] * 300
+        # f16 results 0xd800..0xdfff are -128.0 ... -511.75; -127.9375 and -512.0 are just outside
+        values = [-128.0, -300.25, -511.75, 0.5, -200.125, -127.9375, -512.0] * 300
         self.assert_same("f32_to_f16", struct.pack(f"<{len(values)}f", *values))
 
     def test_negative_huge_f32_lanes_do_not_disturb_their_neighbours(self):
