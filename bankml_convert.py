@@ -1518,6 +1518,8 @@ def parameter_count(plan: list[PlannedTensor]) -> int:
 # ---------------------------------------------------------------------------------------------
 # Kernels: tensor bytes from one float format to another, bit for bit as torch and numpy convert
 # them in llama.cpp's converter; a simple exact form per conversion and a fast one that must agree.
+# To add an output type: one OUT_TYPES entry plus its kernels -- a rule from float32 bits in
+# _FROM_F32_BITS and one fast kernel per source dtype in CONVERSIONS.
 # ---------------------------------------------------------------------------------------------
 
 # Values per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
@@ -1632,8 +1634,7 @@ def f16_to_f32_table() -> array:
     return table
 
 
-# --- Simple conversions: element by element through the rules above.
-# --- The reference the fast path is tested against (and the path a big-endian host takes).
+# --- Buffers as arrays of little-endian lanes, for the simple conversions (see _FROM_F32_BITS).
 
 def _lanes(data, typecode: str, width: int) -> array:
     """The little-endian lanes of `data` as an array of unsigned integers."""
@@ -1660,31 +1661,6 @@ def _byte_view(data, width: int) -> memoryview:
     if len(view) % width:
         raise ValueError(f"{len(view)} bytes is not a whole number of {width}-byte elements")
     return view
-
-
-def simple_bf16_to_f16(data) -> bytes:
-    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits,
-                                               map(f32_bits_from_bf16_bits, _lanes(data, "H", 2)))))
-
-
-def simple_f32_to_f16(data) -> bytes:
-    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits, _lanes(data, _U32, 4))))
-
-
-def simple_f16_to_f16(data) -> bytes:
-    return bytes(_byte_view(data, 2))
-
-
-def simple_bf16_to_f32(data) -> bytes:
-    return _little_endian_bytes(array(_U32, map(f32_bits_from_bf16_bits, _lanes(data, "H", 2))))
-
-
-def simple_f16_to_f32(data) -> bytes:
-    return _little_endian_bytes(array(_U32, map(f32_bits_from_f16_bits, _lanes(data, "H", 2))))
-
-
-def simple_f32_to_f32(data) -> bytes:
-    return bytes(_byte_view(data, 4))
 
 
 # --- Fast chunk kernels: one chunk as one big integer, a few whole-chunk operations, then the lanes
@@ -1880,62 +1856,6 @@ def _copy_chunk(chunk: bytes):
     return chunk
 
 
-# --- Public entry points: whole buffers, or chunk by chunk for streaming writers.
-# --- An iterator yields bytes or bytearray pieces whose concatenation is the whole-buffer result.
-
-def _pieces(view: memoryview, step: int, kernel) -> Iterator[bytes]:
-    for start in range(0, len(view), step):
-        yield kernel(view[start:start + step].tobytes())
-
-
-def _chunked(width: int, kernel, simple):
-    def chunks(data, chunk_elems: int = CHUNK_ELEMS) -> Iterator[bytes]:
-        """Convert `data` CHUNK_ELEMS elements at a time; refuses a partial element at once."""
-        if chunk_elems < 1:
-            raise ValueError("chunk_elems must be positive")
-        view = _byte_view(data, width)
-        return _pieces(view, width * chunk_elems, kernel if _LITTLE_ENDIAN_HOST else simple)
-    return chunks
-
-
-iter_bf16_to_f16 = _chunked(2, _bf16_to_f16_chunk, simple_bf16_to_f16)
-iter_f32_to_f16 = _chunked(4, _f32_to_f16_chunk, simple_f32_to_f16)
-iter_f16_to_f16 = _chunked(2, _copy_chunk, simple_f16_to_f16)
-iter_bf16_to_f32 = _chunked(2, _bf16_to_f32_chunk, simple_bf16_to_f32)
-iter_f16_to_f32 = _chunked(2, _f16_to_f32_chunk, simple_f16_to_f32)
-iter_f32_to_f32 = _chunked(4, _copy_chunk, simple_f32_to_f32)
-
-
-def bf16_to_f16(data) -> bytes:
-    """BF16 -> F16 as torch .to(float32) then numpy astype(float16): one round-to-nearest-even."""
-    return b"".join(iter_bf16_to_f16(data))
-
-
-def f32_to_f16(data) -> bytes:
-    """F32 -> F16 as numpy astype(float16)."""
-    return b"".join(iter_f32_to_f16(data))
-
-
-def f16_to_f16(data) -> bytes:
-    """F16 -> F16: astype(float16, copy=False) on float16 data is the identity."""
-    return simple_f16_to_f16(data)
-
-
-def bf16_to_f32(data) -> bytes:
-    """BF16 -> F32 as torch .to(float32): exact."""
-    return b"".join(iter_bf16_to_f32(data))
-
-
-def f16_to_f32(data) -> bytes:
-    """F16 -> F32 as numpy astype(float32): exact, NaN payloads kept."""
-    return b"".join(iter_f16_to_f32(data))
-
-
-def f32_to_f32(data) -> bytes:
-    """F32 -> F32: the identity."""
-    return simple_f32_to_f32(data)
-
-
 # --- BF16 and Q8_0 outputs.
 # Element and block rules: one value's or one block's output from its input bits, literally as
 # gguf-py's numpy code computes it.  These define the semantics; the fast kernels must agree.
@@ -2067,62 +1987,50 @@ def q8_0_block(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
     return f16_bits_from_f32_bits(_bits_from_float32(d)).to_bytes(2, "little") + qs
 
 
-# Simple conversions: element by element / block by block through the rules above.  The
-# reference for the fast kernels, and the path a big-endian host takes.
+# --- Simple conversions: a source's float32 bits, then the output type's rule value by value (block
+# --- by block).  The exact form of every conversion (Conversion.simple): the reference the fast
+# --- kernels are tested against, and the path a big-endian host takes.
 
 def _f32_bits_of(data, src_dtype: str) -> array:
-    """array('I') of the float32 bits gguf-py quantizes for little-endian src_dtype data."""
+    """The float32 bits llama.cpp's converter works on for little-endian src_dtype data, exactly."""
     if src_dtype == "F32":
-        return _lanes(data, "I", 4)
+        return _lanes(data, _U32, 4)
     if src_dtype == "BF16":     # torch's .to(torch.float32): the 16 bits become the high half
-        return array("I", (h << 16 for h in _lanes(data, "H", 2)))
+        return array(_U32, map(f32_bits_from_bf16_bits, _lanes(data, "H", 2)))
     if src_dtype == "F16":      # numpy's astype(np.float32): exact, NaN payloads kept
-        return array("I", map(f32_bits_from_f16_bits, _lanes(data, "H", 2)))
+        return array(_U32, map(f32_bits_from_f16_bits, _lanes(data, "H", 2)))
     raise ValueError(f"no kernel from {src_dtype}")
 
 
-def simple_to_bf16(data, src_dtype: str) -> bytes:
-    return _little_endian_bytes(array("H", map(bf16_bits_from_f32_bits, _f32_bits_of(data, src_dtype))))
+def _f32_bytes(bits: array) -> bytes:
+    return _little_endian_bytes(bits)
 
 
-def simple_to_q8_0(data, src_dtype: str, lanes: Optional[int] = None) -> bytes:
-    bits = _f32_bits_of(data, src_dtype)
+def _f16_bytes(bits: array) -> bytes:
+    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits, bits)))
+
+
+def _bf16_bytes(bits: array) -> bytes:
+    return _little_endian_bytes(array("H", map(bf16_bits_from_f32_bits, bits)))
+
+
+def q8_0_blocks(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
+    """Q8_0 blocks of float32 bit patterns, block by block (a NaN block's maximum as for `lanes`)."""
     if len(bits) % QK8_0:
         raise ValueError(f"{len(bits)} values is not a whole number of Q8_0 blocks")
     return b"".join(q8_0_block(bits[i:i + QK8_0], lanes) for i in range(0, len(bits), QK8_0))
 
 
-def simple_f32_to_bf16(data) -> bytes:
-    return simple_to_bf16(data, "F32")
-
-
-def simple_bf16_to_bf16(data) -> bytes:
-    return simple_to_bf16(data, "BF16")
-
-
-def simple_f16_to_bf16(data) -> bytes:
-    return simple_to_bf16(data, "F16")
-
-
-def simple_f32_to_q8_0(data) -> bytes:
-    return simple_to_q8_0(data, "F32")
-
-
-def simple_bf16_to_q8_0(data) -> bytes:
-    return simple_to_q8_0(data, "BF16")
-
-
-def simple_f16_to_q8_0(data) -> bytes:
-    return simple_to_q8_0(data, "F16")
+# Each output type's rule: its bytes from the float32 bits of the values.  F16 from F16 goes
+# through float32 too, which is exact: numpy's astype(float16) of float16 data is the identity.
+_FROM_F32_BITS = {GGML_F32: _f32_bytes, GGML_F16: _f16_bytes, GGML_BF16: _bf16_bytes, GGML_Q8_0: q8_0_blocks}
 
 
 # ---------------------------------------------------------------------------------------------
 # Fast kernels: whole chunks at C speed -- big-integer lanes ("SWAR"), bytes.translate lookups and
 # array('f') for float32 rounding -- with the rare odd lanes or blocks taken by the rules above.
-# They assume a little-endian host (the public entry points check).
+# They assume a little-endian host (the entry points, converted_pieces and converted_bytes, check).
 # ---------------------------------------------------------------------------------------------
-
-# CHUNK_ELEMS (above) is a multiple of QK8_0, so Q8_0 chunks hold whole blocks.
 
 # 1 for a float's top byte (sign << 7 | exponent >> 1) whose exponent is 254 or 255: infinities,
 # NaNs and the largest finite floats; the only lanes whose bits can need a rule of their own.
@@ -2171,7 +2079,7 @@ def _bf16_to_bf16_chunk(chunk: bytes) -> bytes:
 
 
 def _f16_to_bf16_chunk(chunk: bytes) -> bytes:
-    return _f32_to_bf16_chunk(f16_to_f32(chunk))
+    return _f32_to_bf16_chunk(_f16_to_f32_chunk(chunk))
 
 
 # --- Q8_0
@@ -2435,74 +2343,82 @@ def _rounded_up_in_float32(products: bytes, magnitudes: bytes) -> bytes:
     return bytes(fixed)
 
 
-# Public entry points: whole buffers in, bytes out; the fast kernels chunk by chunk on a
-# little-endian host, the simple ones elsewhere.
-
-def _q_chunked(data, width: int, kernel, chunk_elems: int = CHUNK_ELEMS) -> bytes:
-    return b"".join(_pieces(_byte_view(data, width), width * chunk_elems, kernel))
+def _f16_q8_0_chunk(chunk: bytes) -> bytes:
+    return _q8_0_chunk(_f16_to_f32_chunk(chunk))
 
 
-def _whole_blocks(data, width: int) -> None:
-    if memoryview(data).nbytes % (width * QK8_0):
-        raise ValueError(f"{memoryview(data).nbytes // width} values is not a whole number of Q8_0 blocks")
+# --- The conversions: every (source dtype, GGML type) pair, its exact and its fast form, and the
+# --- two entry points to them, whole buffers and chunk by chunk for streaming writers.
+
+class Conversion(NamedTuple):
+    """One source dtype to one GGML type, in two forms that agree byte for byte."""
+    src_dtype: str
+    ggml_type: int
+    # The fast form: one chunk of whole values (whole blocks) to its output, bytes or bytearray;
+    # a little-endian host only.
+    fast: Callable[[bytes], Any]
+    # Cached tables the fast form builds on first use: built before forking, so workers share them.
+    tables: tuple[Callable[[], Any], ...] = ()
+
+    @property
+    def width(self) -> int:
+        """Bytes per source value."""
+        return SAFETENSORS_DTYPES[self.src_dtype]
+
+    def simple(self, data) -> bytes:
+        """The exact form: the whole buffer through the element (block) rules, as llama.cpp upcasts
+        the source to float32 (exactly) and converts from there."""
+        return _FROM_F32_BITS[self.ggml_type](_f32_bits_of(data, self.src_dtype))
 
 
-def f32_to_bf16(data) -> bytes:
-    """F32 -> BF16 as gguf-py's BF16.quantize: NaNs made quiet, round to nearest even."""
+CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
+    # F32: torch's exact upcast of BF16, numpy's astype of F16 (NaN payloads kept)
+    Conversion("BF16", GGML_F32, _bf16_to_f32_chunk),
+    Conversion("F16", GGML_F32, _f16_to_f32_chunk, (f16_to_f32_table,)),
+    Conversion("F32", GGML_F32, _copy_chunk),
+    # F16: numpy's astype(float16) of that float32, one round-to-nearest-even
+    Conversion("BF16", GGML_F16, _bf16_to_f16_chunk, (_bf16_to_f16_list,)),
+    Conversion("F16", GGML_F16, _copy_chunk),
+    Conversion("F32", GGML_F16, _f32_to_f16_chunk),
+    # BF16: gguf-py's BF16.quantize, NaNs made quiet, round to nearest even
+    Conversion("BF16", GGML_BF16, _bf16_to_bf16_chunk),
+    Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
+    Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
+    # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks)
+    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk, (_bf16_maxima,)),
+    Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),
+    Conversion("F32", GGML_Q8_0, _q8_0_chunk),
+)}
+
+
+def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: int = CHUNK_ELEMS) -> Iterator:
+    """Little-endian src_dtype values in ggml_type, exactly as llama.cpp converts them, in pieces
+    (bytes or bytearray) of chunk_elems values each; a partial value or block is refused at once.
+
+    A streaming writer takes the pieces as they come, which keeps the output's memory warm
+    instead of faulting in a fresh buffer for the whole result.
+    """
+    conversion = CONVERSIONS[(src_dtype, ggml_type)]
+    per_block = GGML_BLOCKS[ggml_type][0]
+    if chunk_elems < 1 or chunk_elems % per_block:
+        raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPE_NAMES[ggml_type]} blocks")
+    view = _byte_view(data, conversion.width)
+    if len(view) // conversion.width % per_block:
+        raise ValueError(f"{len(view) // conversion.width} values is not a whole number of "
+                         f"{GGML_TYPE_NAMES[ggml_type]} blocks")
     if not _LITTLE_ENDIAN_HOST:
-        return simple_f32_to_bf16(data)
-    return _q_chunked(data, 4, _f32_to_bf16_chunk)
+        return iter((conversion.simple(view),))
+    return _pieces(view, conversion.width * chunk_elems, conversion.fast)
 
 
-def bf16_to_bf16(data) -> bytes:
-    """BF16 -> BF16 through torch's float32 and gguf-py's BF16: the identity, except NaNs made quiet."""
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_bf16_to_bf16(data)
-    return _q_chunked(data, 2, _bf16_to_bf16_chunk)
+def converted_bytes(data, src_dtype: str, ggml_type: int) -> bytes:
+    """converted_pieces(data, src_dtype, ggml_type) joined: the whole buffer converted."""
+    return b"".join(converted_pieces(data, src_dtype, ggml_type))
 
 
-def f16_to_bf16(data) -> bytes:
-    """F16 -> BF16: numpy's exact float32 upcast, then gguf-py's BF16 rounding."""
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_f16_to_bf16(data)
-    return _q_chunked(data, 2, _f16_to_bf16_chunk)
-
-
-def f32_to_q8_0(data) -> bytes:
-    """F32 -> Q8_0 as gguf-py's Q8_0.quantize (rows are whole blocks, so the data is too)."""
-    _whole_blocks(data, 4)
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_f32_to_q8_0(data)
-    return _q_chunked(data, 4, _q8_0_chunk)
-
-
-def bf16_to_q8_0(data) -> bytes:
-    """BF16 -> Q8_0: torch's exact float32 upcast, then gguf-py's Q8_0."""
-    _whole_blocks(data, 2)
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_bf16_to_q8_0(data)
-    return _q_chunked(data, 2, _bf16_q8_0_chunk)
-
-
-def f16_to_q8_0(data) -> bytes:
-    """F16 -> Q8_0: numpy's exact float32 upcast, then gguf-py's Q8_0."""
-    _whole_blocks(data, 2)
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_f16_to_q8_0(data)
-    return _q_chunked(data, 2, lambda chunk: _q8_0_chunk(f16_to_f32(chunk)))
-
-
-# What the main file's kernel(src_dtype, ggml_type) adds for these output types; Q8_0 kernels need
-# whole blocks per call (llama.cpp's rows are whole blocks, and chunks of whole rows or of a
-# multiple of 32 elements keep them whole).
-QUANT_KERNELS = {
-    ("BF16", GGML_BF16): bf16_to_bf16,
-    ("F16", GGML_BF16): f16_to_bf16,
-    ("F32", GGML_BF16): f32_to_bf16,
-    ("BF16", GGML_Q8_0): bf16_to_q8_0,
-    ("F16", GGML_Q8_0): f16_to_q8_0,
-    ("F32", GGML_Q8_0): f32_to_q8_0,
-}
+def _pieces(view: memoryview, step: int, fast) -> Iterator:
+    for start in range(0, len(view), step):
+        yield fast(view[start:start + step].tobytes())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2514,28 +2430,6 @@ QUANT_KERNELS = {
 # a job's fixed costs (a read, a job number handed out, a report) vanish, few enough that the read
 # buffers and the converted output held at once stay small whatever the tensor.
 CHUNK_BYTES = 1 << 20
-
-
-def kernel(src_dtype: str, ggml_type: int):
-    """The streaming conversion of little-endian src_dtype bytes to ggml_type, exactly as llama.cpp.
-
-    It yields the converted bytes in pieces; streaming them keeps the output's memory warm
-    instead of faulting in a fresh buffer per chunk.
-    """
-    return {
-        ("BF16", GGML_F16): iter_bf16_to_f16,
-        ("F16", GGML_F16): iter_f16_to_f16,
-        ("F32", GGML_F16): iter_f32_to_f16,
-        ("BF16", GGML_F32): iter_bf16_to_f32,
-        ("F16", GGML_F32): iter_f16_to_f32,
-        ("F32", GGML_F32): iter_f32_to_f32,
-        **{key: _whole(f) for key, f in QUANT_KERNELS.items()},
-    }[(src_dtype, ggml_type)]
-
-
-def _whole(convert):
-    # The BF16 and Q8_0 kernels return their whole result; as a stream it is one piece.
-    return lambda data: (convert(data),)
 
 
 def permuted_rows(rows: int, n_head: int) -> list[int]:
@@ -2605,7 +2499,6 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
 def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
     """The converted bytes of one job, in pieces, its source read from f through buffer."""
     t = job.tensor
-    convert = kernel(t.source.dtype, t.ggml_type)
     data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
     if t.permute_heads:
         rows_per_head = _row_count(t.source) // t.permute_heads
@@ -2614,7 +2507,7 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for first_row_of_head in range(0, job.rows, rows_per_head)
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
-    yield from convert(data)
+    yield from converted_pieces(data, t.source.dtype, t.ggml_type)
 
 
 def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
@@ -3156,11 +3049,9 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
 
 
 def _build_tables_for(jobs: list[Job]) -> None:
-    conversions = {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs}
-    if ("BF16", GGML_F16) in conversions:
-        _bf16_to_f16_list()
-    if ("F16", GGML_F32) in conversions:
-        f16_to_f32_table()
+    for key in {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs}:
+        for build in CONVERSIONS[key].tables:
+            build()
 
 
 # Converted bytes a worker keeps while the header's size is unknown: about what it converts while the
