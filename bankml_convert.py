@@ -1350,19 +1350,32 @@ def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
 
 
 class OutType(NamedTuple):
-    """An --outtype: the GGML type of its matrices and the general.file_type llama.cpp writes."""
+    """An --outtype: general.file_type, the file name's label, and which GGML type each tensor gets."""
     name: str           # as on the command line
     file_type: int      # LlamaFileType, written as general.file_type
     label: str          # the {ftype} of a templated file name: LlamaFileType's name after its first "_"
     matrix_type: int    # GGML type of 2-D weights
+    # GGML type of a matrix whose rows (numpy's last axis) are not whole blocks of matrix_type: gguf-py
+    # raises QuantError and prepare_tensors writes it in this type instead; None where blocks are of 1.
+    partial_rows_type: Optional[int] = None
+    # GGML type of 1-D tensors and every *_norm.weight (most ggml kernels take norms only in F32).
+    vector_type: int = GGML_F32
 
 
+# To add an output type: one entry here (its GGML type and block size in GGML_BLOCKS) plus its
+# kernels, one per source dtype, in CONVERSIONS (after the fast kernels).
 OUT_TYPES = {
     "f32": OutType("f32", 0, "F32", GGML_F32),        # ALL_F32
     "f16": OutType("f16", 1, "F16", GGML_F16),        # MOSTLY_F16
     "bf16": OutType("bf16", 32, "BF16", GGML_BF16),   # MOSTLY_BF16
-    "q8_0": OutType("q8_0", 7, "Q8_0", GGML_Q8_0),    # MOSTLY_Q8_0
+    "q8_0": OutType("q8_0", 7, "Q8_0", GGML_Q8_0, partial_rows_type=GGML_F16),     # MOSTLY_Q8_0
 }
+
+
+def outtype_help(default: str) -> str:
+    """--outtype's help: the output types above, then auto."""
+    names = [f"{name} (the default)" if name == default else name for name in OUT_TYPES]
+    return f"{', '.join(names)}, or auto (llama.cpp's default: bf16 or f16 from the first 16-bit matrix)"
 
 
 def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
@@ -1387,16 +1400,14 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """The GGML type llama.cpp writes a Llama tensor in (hf_shape: rows first, as in safetensors).
 
-    1-D tensors and every ``*_norm.weight`` stay F32 (most ggml kernels take norms only in F32).
-    Matrices get the output type's type, except that Q8_0 needs each row (numpy's last axis) to be
-    whole blocks of 32: gguf-py raises QuantError otherwise and prepare_tensors writes that tensor
-    as F16 instead, leaving general.file_type at MOSTLY_Q8_0.  That is the only QuantError case
-    (BF16 has blocks of 1).
+    1-D tensors and every ``*_norm.weight`` take the output type's vector type, and matrices its
+    matrix type, unless their rows are not whole blocks of it: those take its partial_rows_type,
+    while general.file_type stays the output type's (Q8_0's blocks of 32 are the only blocks above 1).
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
-        return GGML_F32
-    if out.matrix_type == GGML_Q8_0 and hf_shape[-1] % QK8_0:
-        return GGML_F16
+        return out.vector_type
+    if hf_shape[-1] % GGML_BLOCKS[out.matrix_type][0]:
+        return out.partial_rows_type
     return out.matrix_type
 
 # Types llama.cpp's converter offers that bankml_convert does not reproduce.
@@ -4591,9 +4602,7 @@ A model directory named like a command is given as a path: {prog} ./inspect -o O
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--outtype", default="f16", metavar="TYPE",
-                   help="f32, f16 (the default), bf16, q8_0, or auto (llama.cpp's default: bf16 or f16 "
-                        "from the first 16-bit matrix)")
+    p.add_argument("--outtype", default="f16", metavar="TYPE", help=outtype_help("f16"))
     p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
     p.add_argument("--ignore-model-card", action="store_true",
                    help="convert although README.md has a model card (the result then differs from llama.cpp's)")

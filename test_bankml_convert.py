@@ -2699,29 +2699,46 @@ class Q8_0Blocks(unittest.TestCase):
 # --- The output types: the table against the reference's rules.
 
 class OutputTypeRules(unittest.TestCase):
-    def test_out_types_file_types_and_labels(self):
-        for name, rec in QUANT_RECORD["rules"]["out_types"].items():
-            out = bc.OUT_TYPES[name]
-            self.assertEqual((out.file_type, out.label), (rec["file_type"], rec["label"]), name)
+    def test_out_types_are_the_recorded_ones_with_their_file_types_and_labels(self):
+        recorded = QUANT_RECORD["rules"]["out_types"]
+        self.assertEqual(set(bc.OUT_TYPES), set(recorded))
+        for name, out in bc.OUT_TYPES.items():
+            self.assertEqual((out.name, out.file_type, out.label),
+                             (name, recorded[name]["file_type"], recorded[name]["label"]), name)
 
     def test_ggml_types_and_block_sizes(self):
         for name, rec in QUANT_RECORD["rules"]["ggml_types"].items():
-            ggml = {v: k for k, v in bc.GGML_TYPE_NAMES.items()}[name]
+            ggml = GGML_TYPE_OF_NAME[name]
             self.assertEqual(ggml, rec["id"], name)
             self.assertEqual(list(bc.GGML_BLOCKS[ggml]), rec["block"], name)
 
     def test_matrix_type_where_gguf_py_raises_quant_error(self):
         for rec in QUANT_RECORD["rules"]["quant_error"]:
             out = bc.OUT_TYPES[rec["type"].lower()]
+            # the records are of matrices: llama.cpp keeps 1-D tensors in F32 without quantizing them
+            self.assertGreaterEqual(len(rec["shape"]), 2, rec)
             got = bc.tensor_type("blk.0.attn_q.weight", rec["shape"], out)
-            if len(rec["shape"]) >= 2:
-                self.assertEqual(got, bc.GGML_F16 if rec["quant_error"] else out.matrix_type, rec)
+            # prepare_tensors writes F16 where gguf-py's quantize raises QuantError
+            self.assertEqual(got, bc.GGML_F16 if rec["quant_error"] else out.matrix_type, rec)
+
+    def test_types_with_blocks_of_more_than_one_fall_back_to_a_type_without_blocks(self):
+        blocked = [out for out in bc.OUT_TYPES.values() if bc.GGML_BLOCKS[out.matrix_type][0] > 1]
+        self.assertTrue(blocked)
+        for out in blocked:
+            self.assertEqual(bc.GGML_BLOCKS[out.partial_rows_type][0], 1, out.name)
 
     def test_norms_and_vectors_stay_f32(self):
         for out in bc.OUT_TYPES.values():
             self.assertEqual(bc.tensor_type("output_norm.weight", (576,), out), bc.GGML_F32)
             self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", (576,), out), bc.GGML_F32)
         self.assertEqual(bc.tensor_type("token_embd.weight", (49152, 576), bc.OUT_TYPES["f32"]), bc.GGML_F32)
+
+    def test_every_type_an_out_type_writes_has_a_conversion_from_every_source_dtype(self):
+        for out in bc.OUT_TYPES.values():
+            written = {out.matrix_type, out.vector_type} | ({out.partial_rows_type} - {None})
+            for ggml_type in written:
+                for src_dtype in bc.SAFETENSORS_DTYPES:
+                    self.assertIn((src_dtype, ggml_type), bc.CONVERSIONS, out.name)
 
     def test_auto_picks_what_llama_cpp_picked(self):
         for case in QUANT_RECORD["rules"]["auto"]:
