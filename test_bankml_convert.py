@@ -2649,7 +2649,7 @@ class FastEqualsSimple(unittest.TestCase):
                     bc.converted_pieces(bytes(width * block), *key, block + 1)
 
 
-# --- Q8_0 in particular: numpy's NaN rules and the integer path's coverage.
+# --- Q8_0 in particular: numpy's NaN rules, the integer path's coverage, random blocks of every kind.
 
 class Q8_0Blocks(unittest.TestCase):
     def test_bf16_integer_path_takes_every_maximum_with_normal_d_and_id(self):
@@ -2671,14 +2671,14 @@ class Q8_0Blocks(unittest.TestCase):
                              rec["bf16_patterns_q8_0_sha256"], lanes)
 
     def test_simd_width_from_cpu_flags(self):
-        found = {"AVX512_SKX": 16, "AVX2": 8}
-        recorded = QUANT_RECORD["reference"]["numpy_simd_found"]
-        expected = next((v for k, v in found.items() if k in recorded), 4)
-        skx = ["avx2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
-        self.assertEqual(bc.simd_f32_lanes(skx), 16)
-        self.assertEqual(bc.simd_f32_lanes(["avx2", "avx512f"]), 8)
-        self.assertEqual(bc.simd_f32_lanes(["sse4_2"]), 4)
-        self.assertEqual(expected, 16, "the record was made where numpy runs AVX512_SKX kernels")
+        # numpy's AVX512_SKX needs all five of these; the recorded numpy builds found, per width
+        # measured, the features whose /proc/cpuinfo flags are these
+        flags_of_feature = {"AVX2": ["avx2"],
+                            "AVX512_SKX": ["avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]}
+        for lanes, rec in QUANT_RECORD["q8_0_by_numpy_simd_lanes"].items():
+            flags = [flag for feature in rec["numpy_found"] for flag in flags_of_feature.get(feature, [])]
+            self.assertEqual(bc.simd_f32_lanes(flags), int(lanes), rec["numpy_found"])
+        self.assertEqual(bc.simd_f32_lanes(["avx2", "avx512f", "avx512cd"]), 8)   # AVX-512, not all of SKX
 
     def test_bf16_and_q8_0_kernels_across_chunk_boundaries_on_recorded_inputs(self):
         cases = (
@@ -2693,6 +2693,59 @@ class Q8_0Blocks(unittest.TestCase):
             want = simple(key, data)
             for chunk_elems in (32, 96, 1024, 1 << 14):
                 with self.subTest(conversion=conversion_name(key), chunk_elems=chunk_elems):
+                    self.assertEqual(b"".join(bc.converted_pieces(data, *key, chunk_elems)), want)
+
+    # Random blocks of each kind the kernels treat apart, in random order, cut into chunks at
+    # random block boundaries.  Values are built in each source format from sign, exponent, mantissa.
+    FORMATS = {"F32": (8, 23), "BF16": (8, 7), "F16": (5, 10)}     # exponent bits, mantissa bits
+    KINDS = ("normal", "zeros", "subnormals", "subnormals and the smallest normals", "the largest exponents",
+             "normal with NaNs", "normal with infinities", "normal with NaNs and infinities", "random bits")
+    rng = random.Random(20261201)
+
+    def block_bits(self, kind: str, exponent_bits: int, mantissa_bits: int) -> list[int]:
+        rng = self.rng
+        inf_nan = (1 << exponent_bits) - 1          # the exponent of infinities and NaNs
+
+        def value(exponent: int, mantissa: int) -> int:
+            sign = rng.getrandbits(1) << (exponent_bits + mantissa_bits)
+            return sign | (exponent << mantissa_bits) | mantissa
+
+        def values(exponents: list[int]) -> list[int]:
+            return [value(rng.choice(exponents), rng.getrandbits(mantissa_bits)) for _ in range(32)]
+
+        if kind == "random bits":
+            return [rng.getrandbits(1 + exponent_bits + mantissa_bits) for _ in range(32)]
+        if kind == "zeros":
+            return [value(0, 0) for _ in range(32)]
+        if kind == "subnormals":
+            return values([0])
+        if kind == "subnormals and the smallest normals":
+            return values([0, 0, 1, 2])
+        if kind == "the largest exponents":
+            return values([inf_nan - 1, inf_nan - 1, inf_nan - 2])
+        # normal values whose exponents spread around a random one: anything from all alike to far apart
+        center, spread = rng.randrange(1, inf_nan), rng.choice((0, 1, 3, 8, 30))
+        block = values([min(inf_nan - 1, max(1, center + d)) for d in range(-spread, spread + 1)])
+        if "NaNs" in kind:
+            for i in rng.sample(range(32), rng.randint(1, 3)):
+                block[i] = value(inf_nan, rng.getrandbits(mantissa_bits) or 1)
+        if "infinities" in kind:
+            for i in rng.sample(range(32), rng.randint(1, 3)):
+                block[i] = value(inf_nan, 0)
+        return block
+
+    def test_random_blocks_of_every_kind_across_chunk_boundaries(self):
+        for src_dtype, (exponent_bits, mantissa_bits) in self.FORMATS.items():
+            key = (src_dtype, bc.GGML_Q8_0)
+            width = bc.SAFETENSORS_DTYPES[src_dtype]
+            for round_ in range(3):
+                kinds = [self.rng.choice(self.KINDS) for _ in range(600)]
+                bits = [b for kind in kinds for b in self.block_bits(kind, exponent_bits, mantissa_bits)]
+                data = b"".join(b.to_bytes(width, "little") for b in bits)
+                want = simple(key, data)
+                chunk_elems = 32 * self.rng.randint(1, 700)
+                with self.subTest(conversion=conversion_name(key), round=round_, chunk_elems=chunk_elems):
+                    self.assertEqual(fast(key, data), want)
                     self.assertEqual(b"".join(bc.converted_pieces(data, *key, chunk_elems)), want)
 
 
@@ -2747,9 +2800,14 @@ class OutputTypeRules(unittest.TestCase):
             got = bc.auto_out_type((shape, dtype) for _, _, dtype, shape in ordered)
             self.assertEqual((got.file_type, got.label), (case["file_type"], case["label"]), case["name"])
 
-    def test_q8_0_bytes_per_tensor(self):
-        self.assertEqual(bc.ggml_nbytes(bc.GGML_Q8_0, 576 * 1536), 576 * 1536 // 32 * 34)
-        self.assertEqual(bc.ggml_nbytes(bc.GGML_BF16, 10), 20)
+    def test_every_conversion_writes_ggml_nbytes_of_its_values(self):
+        # the writer lays the file out by ggml_nbytes before anything is converted; the first 4,096
+        # values of every recorded input (whose whole conversion has the recorded sha256)
+        for row in recorded_outputs(with_parts=False):
+            width = bc.CONVERSIONS[row.key].width
+            data = row.data()[:4096 * width]
+            with self.subTest(conversion=conversion_name(row.key), input=row.input_name):
+                self.assertEqual(len(fast(row.key, data)), bc.ggml_nbytes(row.key[1], len(data) // width))
         with self.assertRaises(ValueError):
             bc.ggml_nbytes(bc.GGML_Q8_0, 33)
 
