@@ -2395,8 +2395,10 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("BF16", GGML_BF16, _bf16_to_bf16_chunk),
     Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
-    # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks)
-    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk, (_bf16_maxima,)),
+    # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
+    # worker builds its own BF16 maxima tables (about 30 ms): the parent's would be some 5 MiB more
+    # at its peak, which is the conversion's.
+    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
     Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_Q8_0, _q8_0_chunk),
 )}
