@@ -1847,19 +1847,32 @@ _SMALL_INPUTS = tuple(dict.fromkeys(_MODEL_FILES + tuple(f for k in TOKENIZER_KI
 # ---------------------------------------------------------------------------------------------
 
 class OutType(NamedTuple):
-    """An --outtype: the GGML type of its matrices and the general.file_type llama.cpp writes."""
+    """An --outtype: general.file_type, the file name's label, and which GGML type each tensor gets."""
     name: str           # as on the command line
     file_type: int      # LlamaFileType, written as general.file_type
     label: str          # the {ftype} of a templated file name: LlamaFileType's name after its first "_"
     matrix_type: int    # GGML type of 2-D weights
+    # GGML type of a matrix whose rows (numpy's last axis) are not whole blocks of matrix_type: gguf-py
+    # raises QuantError and prepare_tensors writes it in this type instead; None where blocks are of 1.
+    partial_rows_type: Optional[int] = None
+    # GGML type of 1-D tensors and every *_norm.weight (most ggml kernels take norms only in F32).
+    vector_type: int = GGML_F32
 
 
+# To add an output type: one entry here (its GGML type and block size in GGML_BLOCKS) plus its
+# kernels, one per source dtype, in CONVERSIONS (after the fast kernels).
 OUT_TYPES = {
     "f32": OutType("f32", 0, "F32", GGML_F32),        # ALL_F32
     "f16": OutType("f16", 1, "F16", GGML_F16),        # MOSTLY_F16
     "bf16": OutType("bf16", 32, "BF16", GGML_BF16),   # MOSTLY_BF16
-    "q8_0": OutType("q8_0", 7, "Q8_0", GGML_Q8_0),    # MOSTLY_Q8_0
+    "q8_0": OutType("q8_0", 7, "Q8_0", GGML_Q8_0, partial_rows_type=GGML_F16),     # MOSTLY_Q8_0
 }
+
+
+def outtype_help(default: str) -> str:
+    """--outtype's help: the output types above, then auto."""
+    names = [f"{name} (the default)" if name == default else name for name in OUT_TYPES]
+    return f"{', '.join(names)}, or auto (llama.cpp's default: bf16 or f16 from the first 16-bit matrix)"
 
 
 def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
@@ -1884,16 +1897,14 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """The GGML type llama.cpp writes a Llama tensor in (hf_shape: rows first, as in safetensors).
 
-    1-D tensors and every ``*_norm.weight`` stay F32 (most ggml kernels take norms only in F32).
-    Matrices get the output type's type, except that Q8_0 needs each row (numpy's last axis) to be
-    whole blocks of 32: gguf-py raises QuantError otherwise and prepare_tensors writes that tensor
-    as F16 instead, leaving general.file_type at MOSTLY_Q8_0.  That is the only QuantError case
-    (BF16 has blocks of 1).
+    1-D tensors and every ``*_norm.weight`` take the output type's vector type, and matrices its
+    matrix type, unless their rows are not whole blocks of it: those take its partial_rows_type,
+    while general.file_type stays the output type's (Q8_0's blocks of 32 are the only blocks above 1).
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
-        return GGML_F32
-    if out.matrix_type == GGML_Q8_0 and hf_shape[-1] % QK8_0:
-        return GGML_F16
+        return out.vector_type
+    if hf_shape[-1] % GGML_BLOCKS[out.matrix_type][0]:
+        return out.partial_rows_type
     return out.matrix_type
 
 # Types llama.cpp's converter offers that bankml_convert does not reproduce.
@@ -1971,10 +1982,13 @@ def parameter_count(plan: list[PlannedTensor]) -> int:
 # ---------------------------------------------------------------------------------------------
 # Kernels: tensor bytes from one float format to another, bit for bit as torch and numpy convert
 # them in llama.cpp's converter; a simple exact form per conversion and a fast one that must agree.
+# To add an output type: one OUT_TYPES entry plus its kernels -- a rule from float32 bits in
+# _FROM_F32_BITS and one fast kernel per source dtype in CONVERSIONS.
 # ---------------------------------------------------------------------------------------------
 
-# Elements per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
-# that the chunk's big integers stay in cache.
+# Values per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
+# that the chunk's big integers stay in cache.  A multiple of every block size (Q8_0's 32).  Not
+# CHUNK_BYTES, the input of one job, which is a 1 MiB unit of work and is cut into these chunks.
 CHUNK_ELEMS = 1 << 14
 
 # The fast path reads and patches lanes through native-order memoryviews; a big-endian host takes
@@ -2084,8 +2098,7 @@ def f16_to_f32_table() -> array:
     return table
 
 
-# --- Simple conversions: element by element through the rules above.
-# --- The reference the fast path is tested against (and the path a big-endian host takes).
+# --- Buffers as arrays of little-endian lanes, for the simple conversions (see _FROM_F32_BITS).
 
 def _lanes(data, typecode: str, width: int) -> array:
     """The little-endian lanes of `data` as an array of unsigned integers."""
@@ -2114,66 +2127,15 @@ def _byte_view(data, width: int) -> memoryview:
     return view
 
 
-def simple_bf16_to_f16(data) -> bytes:
-    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits,
-                                               map(f32_bits_from_bf16_bits, _lanes(data, "H", 2)))))
-
-
-def simple_f32_to_f16(data) -> bytes:
-    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits, _lanes(data, _U32, 4))))
-
-
-def simple_f16_to_f16(data) -> bytes:
-    return bytes(_byte_view(data, 2))
-
-
-def simple_bf16_to_f32(data) -> bytes:
-    return _little_endian_bytes(array(_U32, map(f32_bits_from_bf16_bits, _lanes(data, "H", 2))))
-
-
-def simple_f16_to_f32(data) -> bytes:
-    return _little_endian_bytes(array(_U32, map(f32_bits_from_f16_bits, _lanes(data, "H", 2))))
-
-
-def simple_f32_to_f32(data) -> bytes:
-    return bytes(_byte_view(data, 4))
-
-
 # --- Fast chunk kernels: one chunk as one big integer, a few whole-chunk operations, then the lanes
 # --- the formula does not cover patched from the rules/tables.  All assume a little-endian host.
 
-class _Masks16(NamedTuple):
-    """Per-lane constants, repeated over n 16-bit lanes."""
-    low12: int
-    exponent_bit4: int
-    sign: int
-
-
-class _Masks32(NamedTuple):
-    """Per-lane constants, repeated over n 32-bit lanes."""
-    bit0: int           # 0x00000001
-    rebias_round: int   # (16 << 23) + 0x0fff
-    result: int         # 0x7fff0000
-    sign32: int         # 0x80000000
-    low15: int          # 0x00007fff
-    sign16: int         # 0x00008000
-    f16_bias: int       # 112 << 23
-
-
-def _repeated(lane: int, width: int, n: int) -> int:
-    return int.from_bytes(lane.to_bytes(width, "little") * n, "little")
-
-
-@lru_cache(maxsize=16)
-def _masks16(n: int) -> _Masks16:
-    return _Masks16(_repeated(0x0FFF, 2, n), _repeated(0x0800, 2, n), _repeated(0x8000, 2, n))
-
-
-@lru_cache(maxsize=16)
-def _masks32(n: int) -> _Masks32:
-    return _Masks32(_repeated(1, 4, n), _repeated((16 << 23) + 0x0FFF, 4, n), _repeated(0x7FFF0000, 4, n),
-                    _repeated(0x80000000, 4, n), _repeated(0x7FFF, 4, n), _repeated(0x8000, 4, n),
-                    _repeated(112 << 23, 4, n))
+# A chunk's lane constants are made once per chunk length and kept: a job's chunks all have the same
+# length but its last, and the BF16 -> Q8_0 kernel alone uses 13 constants a length.
+@lru_cache(maxsize=64)
+def _lane_constant(value: int, width: int, n: int) -> int:
+    """value repeated over n lanes of `width` bytes, as one integer."""
+    return int.from_bytes(value.to_bytes(width, "little") * n, "little")
 
 
 def _byte_classes(lane_class) -> bytes:
@@ -2217,11 +2179,11 @@ def _bf16_to_f16_chunk(chunk: bytes):
             return bytes(2 * n)
         table = _bf16_to_f16_list()
         return struct.pack(f"<{n}H", *[table[lane] for lane in struct.unpack(f"<{n}H", chunk)])
-    m = _masks16(n)
     x = int.from_bytes(chunk, "little")
     # exponents 113..142 become f16 exponents 1..30 by flipping exponent bit 4 of the low five
     # bits (e - 112 == (e & 31) ^ 16 there); the 7 mantissa bits move up 3; nothing can carry.
-    out = (((x & m.low12) ^ m.exponent_bit4) << 3 | (x & m.sign)).to_bytes(2 * n, "little")
+    out = (((x & _lane_constant(0x0FFF, 2, n)) ^ _lane_constant(0x0800, 2, n)) << 3
+           | (x & _lane_constant(0x8000, 2, n))).to_bytes(2 * n, "little")
     if not runs:
         return out
     patched = bytearray(out)
@@ -2245,25 +2207,28 @@ def _f32_to_f16_chunk(chunk: bytes):
             return bytes(2 * n)
         values = array("f", chunk)
         if large:
-            for i in _marked(classes, 2):
+            for i in _positions(classes, 2):
                 values[i] = 0.0
         patched = bytearray(struct.pack(f"<{n}e", *values))
         if large:
             _patch_large_f32(patched, chunk, classes)
         return patched
-    m = _masks32(n)
     x = int.from_bytes(chunk, "little")
     # For exponents 113..142: adding 16 to the exponent leaves e - 112 in its low five bits, and
     # 0x0fff plus the last kept mantissa bit carries into that bit exactly when round-to-nearest-even
     # rounds up (a carry out of the mantissa increments the exponent: to infinity past 65504).  The
     # result, bits 13..27, moves up to bits 16..30 beside the sign.  Only a lane with exponent 239
     # or more and its sign set can carry into the next lane: both are patched.
-    rounded = x + m.rebias_round + ((x >> 13) & m.bit0)
-    wide = (((rounded << 3) & m.result) | (x & m.sign32)).to_bytes(4 * n, "little")
+    rounded = x + _lane_constant((16 << 23) + 0x0FFF, 4, n) + ((x >> 13) & _lane_constant(1, 4, n))
+    wide = (((rounded << 3) & _lane_constant(0x7FFF0000, 4, n))
+            | (x & _lane_constant(0x80000000, 4, n))).to_bytes(4 * n, "little")
     try:
-        # 32-bit lanes read two bytes late hold the 16-bit results in their low halves, which the
-        # codecs narrow to 16 bits at C speed.  Results in the surrogate range (-1024..-128) refuse,
-        # and take the array path.
+        # Each 32-bit lane holds its 16-bit result in its high half; read two bytes late, every lane
+        # holds it in its low half, with the next lane's zero low half above: the result 0x3c00 (1.0)
+        # is stored 00 00 00 3c, read from its third byte as 00 3c 00 00, the code point U+3C00, which
+        # UTF-16 encodes as 00 3c.  So the codecs narrow the lanes at C speed, the last result's two
+        # bytes appended.  Results 0xd800..0xdfff (-128.0 ... -511.75) are surrogates, which UTF-32
+        # refuses: such a chunk takes the array path.
         text, _ = _utf_32_le_decode(memoryview(wide)[2:], "strict", False)
         out = text.encode("utf-16-le") + wide[-2:]
     except UnicodeDecodeError:
@@ -2288,7 +2253,7 @@ def _patch_large_f32(patched: bytearray, chunk: bytes, classes: bytes) -> None:
     lanes_out = memoryview(patched).cast("H")
     lanes_in = memoryview(chunk).cast(_U32)
     n = len(lanes_in)
-    for i in _marked(classes, 2):
+    for i in _positions(classes, 2):
         bits = lanes_in[i]
         if 0x477FF000 <= bits & 0x7FFFFFFF <= 0x7F800000:
             lanes_out[i] = (bits >> 16) & 0x8000 | 0x7C00   # 65520 up to infinity
@@ -2298,7 +2263,8 @@ def _patch_large_f32(patched: bytearray, chunk: bytes, classes: bytes) -> None:
             lanes_out[i + 1] = f16_bits_from_f32_bits(lanes_in[i + 1])
 
 
-def _marked(classes: bytes, marker: int) -> Iterator[int]:
+def _positions(classes: bytes, marker: int) -> Iterator[int]:
+    """The indices of `marker` in `classes`, in order."""
     i = classes.find(marker)
     while i >= 0:
         yield i
@@ -2335,10 +2301,10 @@ def _f16_to_f32_chunk(chunk: bytes):
         if chunk.count(0) == len(chunk):
             return bytes(4 * n)
         return array(_U32, [table[lane] for lane in lanes_in]).tobytes()
-    m = _masks32(n)
     x = int.from_bytes(text.encode("utf-32-le"), "little")
     # normal f16 lanes: exponent + 112, mantissa up 13, sign from bit 15 to bit 31; no carries.
-    out = ((((x & m.low15) << 13) + m.f16_bias) | ((x & m.sign16) << 16)).to_bytes(4 * n, "little")
+    out = ((((x & _lane_constant(0x7FFF, 4, n)) << 13) + _lane_constant(112 << 23, 4, n))
+           | ((x & _lane_constant(0x8000, 4, n)) << 16)).to_bytes(4 * n, "little")
     if not runs:
         return out
     patched = bytearray(out)
@@ -2352,62 +2318,6 @@ def _f16_to_f32_chunk(chunk: bytes):
 
 def _copy_chunk(chunk: bytes):
     return chunk
-
-
-# --- Public entry points: whole buffers, or chunk by chunk for streaming writers.
-# --- An iterator yields bytes or bytearray pieces whose concatenation is the whole-buffer result.
-
-def _pieces(view: memoryview, step: int, kernel) -> Iterator[bytes]:
-    for start in range(0, len(view), step):
-        yield kernel(view[start:start + step].tobytes())
-
-
-def _chunked(width: int, kernel, simple):
-    def chunks(data, chunk_elems: int = CHUNK_ELEMS) -> Iterator[bytes]:
-        """Convert `data` CHUNK_ELEMS elements at a time; refuses a partial element at once."""
-        if chunk_elems < 1:
-            raise ValueError("chunk_elems must be positive")
-        view = _byte_view(data, width)
-        return _pieces(view, width * chunk_elems, kernel if _LITTLE_ENDIAN_HOST else simple)
-    return chunks
-
-
-iter_bf16_to_f16 = _chunked(2, _bf16_to_f16_chunk, simple_bf16_to_f16)
-iter_f32_to_f16 = _chunked(4, _f32_to_f16_chunk, simple_f32_to_f16)
-iter_f16_to_f16 = _chunked(2, _copy_chunk, simple_f16_to_f16)
-iter_bf16_to_f32 = _chunked(2, _bf16_to_f32_chunk, simple_bf16_to_f32)
-iter_f16_to_f32 = _chunked(2, _f16_to_f32_chunk, simple_f16_to_f32)
-iter_f32_to_f32 = _chunked(4, _copy_chunk, simple_f32_to_f32)
-
-
-def bf16_to_f16(data) -> bytes:
-    """BF16 -> F16 as torch .to(float32) then numpy astype(float16): one round-to-nearest-even."""
-    return b"".join(iter_bf16_to_f16(data))
-
-
-def f32_to_f16(data) -> bytes:
-    """F32 -> F16 as numpy astype(float16)."""
-    return b"".join(iter_f32_to_f16(data))
-
-
-def f16_to_f16(data) -> bytes:
-    """F16 -> F16: astype(float16, copy=False) on float16 data is the identity."""
-    return simple_f16_to_f16(data)
-
-
-def bf16_to_f32(data) -> bytes:
-    """BF16 -> F32 as torch .to(float32): exact."""
-    return b"".join(iter_bf16_to_f32(data))
-
-
-def f16_to_f32(data) -> bytes:
-    """F16 -> F32 as numpy astype(float32): exact, NaN payloads kept."""
-    return b"".join(iter_f16_to_f32(data))
-
-
-def f32_to_f32(data) -> bytes:
-    """F32 -> F32: the identity."""
-    return simple_f32_to_f32(data)
 
 
 # --- BF16 and Q8_0 outputs.
@@ -2438,7 +2348,24 @@ def _bits_from_float32(x: float) -> int:
 
 
 def rounded_to_f32(x: float) -> float:
-    """x rounded to the nearest float32 (ties to even), as float32 arithmetic's result (module docstring)."""
+    """x rounded to the nearest float32 (ties to even): for x a float64 product or quotient of float32
+    values, exactly what float32 arithmetic gives, as numpy's float32 ufuncs compute it.
+
+    The Q8_0 rules and kernels compute in Python's float64 and round each result to float32; that
+    rounding twice is exact is proved here.  A product of two float32s has at most 48 significant
+    bits and lies within float64's normal range, so float64 holds it exactly: it is rounded once.
+    For a quotient q = x / y of finite float32s (d = max / 127, id = 1 / d), scale x and y by powers
+    of two to integer significands X, Y in [2**23, 2**24) (subnormals too), so that q is X / Y, in
+    (1/2, 2), times a power of two 2**e.  The float32 midpoints, where rounding to float32 changes
+    its result (and the overflow threshold, and subnormal midpoints: q < 2**-126 makes e <= -126),
+    are in that frame multiples of 2**-25: M / 2**25 with M an integer.  Unless X / Y is one,
+        |X / Y - M / 2**25| = |2**25 * X - M * Y| / (2**25 * Y) >= 1 / (2**25 * Y) > 2**-49,
+    while rounding X / Y to float64 (never subnormal: |q| > 2**-278) moves it by at most 2**-53.
+    So the float64 quotient lies strictly on the same side of every float32 midpoint as q does, and
+    rounds to the same float32.  If X / Y is a midpoint, it has at most 26 significant bits, float64
+    holds it exactly, and the tie is broken as float32 breaks it.  (The general result: rounding to
+    p' bits, then to p, is exact for +, -, *, / when p' >= 2p + 2; here 53 >= 50.)
+    """
     try:
         return _F32.unpack(_F32.pack(x))[0]
     except OverflowError:   # struct refuses what rounds past the largest float32: that is infinity
@@ -2524,82 +2451,55 @@ def q8_0_block(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
     return f16_bits_from_f32_bits(_bits_from_float32(d)).to_bytes(2, "little") + qs
 
 
-# Simple conversions: element by element / block by block through the rules above.  The
-# reference for the fast kernels, and the path a big-endian host takes.
+# --- Simple conversions: a source's float32 bits, then the output type's rule value by value (block
+# --- by block).  The exact form of every conversion (Conversion.simple): the reference the fast
+# --- kernels are tested against, and the path a big-endian host takes.
 
 def _f32_bits_of(data, src_dtype: str) -> array:
-    """array('I') of the float32 bits gguf-py quantizes for little-endian src_dtype data."""
+    """The float32 bits llama.cpp's converter works on for little-endian src_dtype data, exactly."""
     if src_dtype == "F32":
-        return _lanes(data, "I", 4)
+        return _lanes(data, _U32, 4)
     if src_dtype == "BF16":     # torch's .to(torch.float32): the 16 bits become the high half
-        return array("I", (h << 16 for h in _lanes(data, "H", 2)))
+        return array(_U32, map(f32_bits_from_bf16_bits, _lanes(data, "H", 2)))
     if src_dtype == "F16":      # numpy's astype(np.float32): exact, NaN payloads kept
-        return array("I", map(f32_bits_from_f16_bits, _lanes(data, "H", 2)))
+        return array(_U32, map(f32_bits_from_f16_bits, _lanes(data, "H", 2)))
     raise ValueError(f"no kernel from {src_dtype}")
 
 
-def simple_to_bf16(data, src_dtype: str) -> bytes:
-    return _little_endian_bytes(array("H", map(bf16_bits_from_f32_bits, _f32_bits_of(data, src_dtype))))
+def _f32_bytes(bits: array) -> bytes:
+    return _little_endian_bytes(bits)
 
 
-def simple_to_q8_0(data, src_dtype: str, lanes: Optional[int] = None) -> bytes:
-    bits = _f32_bits_of(data, src_dtype)
+def _f16_bytes(bits: array) -> bytes:
+    return _little_endian_bytes(array("H", map(f16_bits_from_f32_bits, bits)))
+
+
+def _bf16_bytes(bits: array) -> bytes:
+    return _little_endian_bytes(array("H", map(bf16_bits_from_f32_bits, bits)))
+
+
+def q8_0_blocks(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
+    """Q8_0 blocks of float32 bit patterns, block by block (a NaN block's maximum as for `lanes`)."""
     if len(bits) % QK8_0:
         raise ValueError(f"{len(bits)} values is not a whole number of Q8_0 blocks")
     return b"".join(q8_0_block(bits[i:i + QK8_0], lanes) for i in range(0, len(bits), QK8_0))
 
 
-def simple_f32_to_bf16(data) -> bytes:
-    return simple_to_bf16(data, "F32")
-
-
-def simple_bf16_to_bf16(data) -> bytes:
-    return simple_to_bf16(data, "BF16")
-
-
-def simple_f16_to_bf16(data) -> bytes:
-    return simple_to_bf16(data, "F16")
-
-
-def simple_f32_to_q8_0(data) -> bytes:
-    return simple_to_q8_0(data, "F32")
-
-
-def simple_bf16_to_q8_0(data) -> bytes:
-    return simple_to_q8_0(data, "BF16")
-
-
-def simple_f16_to_q8_0(data) -> bytes:
-    return simple_to_q8_0(data, "F16")
+# Each output type's rule: its bytes from the float32 bits of the values.  F16 from F16 goes
+# through float32 too, which is exact: numpy's astype(float16) of float16 data is the identity.
+_FROM_F32_BITS = {GGML_F32: _f32_bytes, GGML_F16: _f16_bytes, GGML_BF16: _bf16_bytes, GGML_Q8_0: q8_0_blocks}
 
 
 # ---------------------------------------------------------------------------------------------
 # Fast kernels: whole chunks at C speed -- big-integer lanes ("SWAR"), bytes.translate lookups and
 # array('f') for float32 rounding -- with the rare odd lanes or blocks taken by the rules above.
-# They assume a little-endian host (the public entry points check).
+# They assume a little-endian host (the entry points, converted_pieces and converted_bytes, check).
 # ---------------------------------------------------------------------------------------------
-
-# CHUNK_ELEMS (above) is a multiple of QK8_0, so Q8_0 chunks hold whole blocks.
 
 # 1 for a float's top byte (sign << 7 | exponent >> 1) whose exponent is 254 or 255: infinities,
 # NaNs and the largest finite floats; the only lanes whose bits can need a rule of their own.
 _TOP_EXPONENTS = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))
 _WITHOUT_SIGN = bytes(b & 0x7F for b in range(256))
-
-
-def _positions(classes: bytes, marker: bytes) -> list:
-    """Indices of `marker` in `classes`."""
-    found, i = [], classes.find(marker)
-    while i >= 0:
-        found.append(i)
-        i = classes.find(marker, i + 1)
-    return found
-
-
-@lru_cache(maxsize=32)
-def _lane_constant(value: int, width: int, n: int) -> int:
-    """value repeated over n lanes of `width` bytes, as one integer."""
-    return int.from_bytes(value.to_bytes(width, "little") * n, "little")
 
 
 # --- BF16
@@ -2610,7 +2510,7 @@ def _f32_to_bf16_chunk(chunk: bytes) -> bytes:
     nans = []
     if odd.count(1):
         lanes = memoryview(chunk).cast("I")
-        nans = [i for i in _positions(odd, b"\x01") if lanes[i] & 0x7FFFFFFF > 0x7F800000]
+        nans = [i for i in _positions(odd, 1) if lanes[i] & 0x7FFFFFFF > 0x7F800000]
         if nans:
             # a negative NaN is the only float32 whose rounding increment could carry out of its lane
             cleared = bytearray(chunk)
@@ -2636,36 +2536,48 @@ def _bf16_to_bf16_chunk(chunk: bytes) -> bytes:
         return chunk
     out = bytearray(chunk)
     lanes = memoryview(out).cast("H")
-    for i in _positions(odd, b"\x01"):
+    for i in _positions(odd, 1):
         if lanes[i] & 0x7FFF > 0x7F80:
             lanes[i] |= 0x0040      # a NaN made quiet; every other bf16 comes back as it was
     return bytes(out)
 
 
 def _f16_to_bf16_chunk(chunk: bytes) -> bytes:
-    return _f32_to_bf16_chunk(f16_to_f32(chunk))
+    return _f32_to_bf16_chunk(_f16_to_f32_chunk(chunk))
 
 
 # --- Q8_0
 # Blocks are handled column-wise: column j holds the j-th value of every block in the chunk, so
 # per-block quantities (the maximum, d, id) line up lane for lane with every column.
 
+def _lanewise_max(columns: list[int], lane_bits: int, n: int) -> int:
+    """The lane-wise maximum of big integers of n lanes of lane_bits bits each, every lane's top bit 0.
+
+    A few whole-integer operations compare all lanes at once.  With each lane's top bit set as a
+    guard, (a | guard) - b is 2**(lane_bits - 1) + a - b in every lane: it keeps the guard where
+    a >= b, and where a < b it clears the guard but never borrows from the next lane.  Then
+    ge - (ge >> (lane_bits - 1)) turns each kept guard into a mask of its lane's other bits, and
+    b ^ ((a ^ b) & mask) takes a under the mask and b elsewhere.  Columns are merged pairwise.
+    """
+    top = lane_bits - 1
+    guard = _lane_constant(1 << top, lane_bits >> 3, n)
+    while len(columns) > 1:
+        pairs = len(columns) >> 1
+        merged = []
+        for a, b in zip(columns[:pairs], columns[pairs:2 * pairs]):
+            ge = ((a | guard) - b) & guard
+            merged.append(b ^ ((a ^ b) & (ge - (ge >> top))))
+        columns = merged + columns[2 * pairs:]
+    return columns[0]
+
+
 def _block_max_abs_bits(abs_bits: array, nb: int) -> bytes:
     """Each block's largest |x| as float32 bits (nb lanes); no NaNs present, so this is numpy's max.
 
-    Non-negative float32 bits order like their values, so a lane-wise integer maximum does: with
-    the lanes' top bit (always 0 here) as a guard, (a | guard) - b keeps the guard iff a >= b.
+    Non-negative float32 bits order like their values, so their lane-wise integer maximum is it.
     """
-    guard = _lane_constant(0x80000000, 4, nb)
-    cols = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
-    while len(cols) > 1:
-        half = len(cols) >> 1
-        nxt = []
-        for a, b in zip(cols[:half], cols[half:]):
-            ge = ((a | guard) - b) & guard
-            nxt.append(b ^ ((a ^ b) & (ge - (ge >> 31))))
-        cols = nxt
-    return cols[0].to_bytes(4 * nb, "little")
+    columns = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
+    return _lanewise_max(columns, 32, nb).to_bytes(4 * nb, "little")
 
 
 def _magnitude_classes() -> list[tuple[bytes, bytes, bytes]]:
@@ -2717,7 +2629,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     nan_blocks = []
     if odd.count(1):
         bits = memoryview(chunk).cast("I")
-        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, b"\x01") if bits[i] & 0x7FFFFFFF > 0x7F800000})
+        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if bits[i] & 0x7FFFFFFF > 0x7F800000})
         if nan_blocks:
             # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
             cleared = bytearray(chunk)
@@ -2729,7 +2641,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
     maxima = array("f", _block_max_abs_bits(array("I", absolute), nb))
     # d = max / 127 and id = 1 / d in float32: float64 division, then array('f') rounds once more,
-    # which is exact (see the module docstring); 1/d beyond float32's range becomes inf there too.
+    # which is exact (proved in rounded_to_f32); 1/d beyond float32's range becomes inf there too.
     d = array("f", [m / 127.0 for m in maxima])
     inverse = array("f", [1.0 / v if v else 0.0 for v in d]).tolist()
     try:
@@ -2826,19 +2738,10 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     absolute = bytearray(chunk)
     absolute[1::2] = chunk[1::2].translate(_WITHOUT_SIGN)
     column_view = memoryview(absolute).cast("H")
-    columns = [column_view[j::QK8_0].tobytes() for j in range(QK8_0)]
+    columns = [int.from_bytes(column_view[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
 
-    # each block's largest |x| (guard bit 15: |bf16| < 2**15; NaN bits order above everything)
-    guard = _lane_constant(0x8000, 2, nb)
-    tops = [int.from_bytes(c, "little") for c in columns]
-    while len(tops) > 1:
-        half = len(tops) >> 1
-        nxt = []
-        for a, b in zip(tops[:half], tops[half:]):
-            ge = ((a | guard) - b) & guard
-            nxt.append(b ^ ((a ^ b) & (ge - (ge >> 15))))
-        tops = nxt
-    maxima = array("H", tops[0].to_bytes(2 * nb, "little"))
+    # each block's largest |x|: |bf16| bits are below 2**15, and NaN bits order above all others
+    maxima = array("H", _lanewise_max(columns, 16, nb).to_bytes(2 * nb, "little"))
     multipliers = list(map(tables.multipliers.__getitem__, maxima))
     odd_blocks = [b for b, mul_ in enumerate(multipliers) if mul_ is None] if None in multipliers else []
     for b in odd_blocks:
@@ -2853,12 +2756,16 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     wide[0::6] = y[0::2]
     wide[1::6] = y[1::2]
 
-    # per block: Y * multiplier + 2**39; |q| = floor(x * id + 1/2) is then each lane's 6th byte
-    blocks = [wide[i:i + 6 * QK8_0] for i in range(0, 6 * n, 6 * QK8_0)]
-    half = _lane_constant(1 << 39, 6, QK8_0)
-    products = b"".join(map(int.to_bytes, map(int.__add__, map(mul, map(int.from_bytes, blocks, repeat("little")),
-                                                                  multipliers), repeat(half)),
-                            repeat(6 * QK8_0), repeat("little")))
+    # per block: Y * multiplier is x * id in units of 2**-40; adding one half, 2**39, to every lane
+    # leaves |q| = floor(x * id + 1/2) in each lane's 6th byte.  Chained maps: one block a step, at
+    # C speed.
+    block_bytes = 6 * QK8_0
+    one_half = _lane_constant(1 << 39, 6, QK8_0)
+    block_lanes = [wide[i:i + block_bytes] for i in range(0, 6 * n, block_bytes)]
+    blocks = map(int.from_bytes, block_lanes, repeat("little"))
+    scaled = map(mul, blocks, multipliers)
+    rounded = map(int.__add__, scaled, repeat(one_half))
+    products = b"".join(map(int.to_bytes, rounded, repeat(block_bytes), repeat("little")))
     magnitudes = products[5::6]
     if b"\xff" in products[4::6]:
         magnitudes = _rounded_up_in_float32(products, magnitudes)
@@ -2900,74 +2807,84 @@ def _rounded_up_in_float32(products: bytes, magnitudes: bytes) -> bytes:
     return bytes(fixed)
 
 
-# Public entry points: whole buffers in, bytes out; the fast kernels chunk by chunk on a
-# little-endian host, the simple ones elsewhere.
-
-def _q_chunked(data, width: int, kernel, chunk_elems: int = CHUNK_ELEMS) -> bytes:
-    return b"".join(_pieces(_byte_view(data, width), width * chunk_elems, kernel))
+def _f16_q8_0_chunk(chunk: bytes) -> bytes:
+    return _q8_0_chunk(_f16_to_f32_chunk(chunk))
 
 
-def _whole_blocks(data, width: int) -> None:
-    if memoryview(data).nbytes % (width * QK8_0):
-        raise ValueError(f"{memoryview(data).nbytes // width} values is not a whole number of Q8_0 blocks")
+# --- The conversions: every (source dtype, GGML type) pair, its exact and its fast form, and the
+# --- two entry points to them, whole buffers and chunk by chunk for streaming writers.
+
+class Conversion(NamedTuple):
+    """One source dtype to one GGML type, in two forms that agree byte for byte."""
+    src_dtype: str
+    ggml_type: int
+    # The fast form: one chunk of whole values (whole blocks) to its output, bytes or bytearray;
+    # a little-endian host only.
+    fast: Callable[[bytes], Any]
+    # Cached tables the fast form builds on first use: built before forking, so workers share them.
+    tables: tuple[Callable[[], Any], ...] = ()
+
+    @property
+    def width(self) -> int:
+        """Bytes per source value."""
+        return SAFETENSORS_DTYPES[self.src_dtype]
+
+    def simple(self, data) -> bytes:
+        """The exact form: the whole buffer through the element (block) rules, as llama.cpp upcasts
+        the source to float32 (exactly) and converts from there."""
+        return _FROM_F32_BITS[self.ggml_type](_f32_bits_of(data, self.src_dtype))
 
 
-def f32_to_bf16(data) -> bytes:
-    """F32 -> BF16 as gguf-py's BF16.quantize: NaNs made quiet, round to nearest even."""
+CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
+    # F32: torch's exact upcast of BF16, numpy's astype of F16 (NaN payloads kept)
+    Conversion("BF16", GGML_F32, _bf16_to_f32_chunk),
+    Conversion("F16", GGML_F32, _f16_to_f32_chunk, (f16_to_f32_table,)),
+    Conversion("F32", GGML_F32, _copy_chunk),
+    # F16: numpy's astype(float16) of that float32, one round-to-nearest-even
+    Conversion("BF16", GGML_F16, _bf16_to_f16_chunk, (_bf16_to_f16_list,)),
+    Conversion("F16", GGML_F16, _copy_chunk),
+    Conversion("F32", GGML_F16, _f32_to_f16_chunk),
+    # BF16: gguf-py's BF16.quantize, NaNs made quiet, round to nearest even
+    Conversion("BF16", GGML_BF16, _bf16_to_bf16_chunk),
+    Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
+    Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
+    # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
+    # worker builds its own BF16 maxima tables (about 30 ms): the parent's would be some 5 MiB more
+    # at its peak, which is the conversion's.
+    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
+    Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),
+    Conversion("F32", GGML_Q8_0, _q8_0_chunk),
+)}
+
+
+def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: int = CHUNK_ELEMS) -> Iterator:
+    """Little-endian src_dtype values in ggml_type, exactly as llama.cpp converts them, in pieces
+    (bytes or bytearray) of chunk_elems values each; a partial value or block is refused at once.
+
+    A streaming writer takes the pieces as they come, which keeps the output's memory warm
+    instead of faulting in a fresh buffer for the whole result.
+    """
+    conversion = CONVERSIONS[(src_dtype, ggml_type)]
+    per_block = GGML_BLOCKS[ggml_type][0]
+    if chunk_elems < 1 or chunk_elems % per_block:
+        raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPE_NAMES[ggml_type]} blocks")
+    view = _byte_view(data, conversion.width)
+    if len(view) // conversion.width % per_block:
+        raise ValueError(f"{len(view) // conversion.width} values is not a whole number of "
+                         f"{GGML_TYPE_NAMES[ggml_type]} blocks")
     if not _LITTLE_ENDIAN_HOST:
-        return simple_f32_to_bf16(data)
-    return _q_chunked(data, 4, _f32_to_bf16_chunk)
+        return iter((conversion.simple(view),))
+    return _pieces(view, conversion.width * chunk_elems, conversion.fast)
 
 
-def bf16_to_bf16(data) -> bytes:
-    """BF16 -> BF16 through torch's float32 and gguf-py's BF16: the identity, except NaNs made quiet."""
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_bf16_to_bf16(data)
-    return _q_chunked(data, 2, _bf16_to_bf16_chunk)
+def converted_bytes(data, src_dtype: str, ggml_type: int) -> bytes:
+    """converted_pieces(data, src_dtype, ggml_type) joined: the whole buffer converted."""
+    return b"".join(converted_pieces(data, src_dtype, ggml_type))
 
 
-def f16_to_bf16(data) -> bytes:
-    """F16 -> BF16: numpy's exact float32 upcast, then gguf-py's BF16 rounding."""
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_f16_to_bf16(data)
-    return _q_chunked(data, 2, _f16_to_bf16_chunk)
-
-
-def f32_to_q8_0(data) -> bytes:
-    """F32 -> Q8_0 as gguf-py's Q8_0.quantize (rows are whole blocks, so the data is too)."""
-    _whole_blocks(data, 4)
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_f32_to_q8_0(data)
-    return _q_chunked(data, 4, _q8_0_chunk)
-
-
-def bf16_to_q8_0(data) -> bytes:
-    """BF16 -> Q8_0: torch's exact float32 upcast, then gguf-py's Q8_0."""
-    _whole_blocks(data, 2)
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_bf16_to_q8_0(data)
-    return _q_chunked(data, 2, _bf16_q8_0_chunk)
-
-
-def f16_to_q8_0(data) -> bytes:
-    """F16 -> Q8_0: numpy's exact float32 upcast, then gguf-py's Q8_0."""
-    _whole_blocks(data, 2)
-    if not _LITTLE_ENDIAN_HOST:
-        return simple_f16_to_q8_0(data)
-    return _q_chunked(data, 2, lambda chunk: _q8_0_chunk(f16_to_f32(chunk)))
-
-
-# What the main file's kernel(src_dtype, ggml_type) adds for these output types; Q8_0 kernels need
-# whole blocks per call (llama.cpp's rows are whole blocks, and chunks of whole rows or of a
-# multiple of 32 elements keep them whole).
-QUANT_KERNELS = {
-    ("BF16", GGML_BF16): bf16_to_bf16,
-    ("F16", GGML_BF16): f16_to_bf16,
-    ("F32", GGML_BF16): f32_to_bf16,
-    ("BF16", GGML_Q8_0): bf16_to_q8_0,
-    ("F16", GGML_Q8_0): f16_to_q8_0,
-    ("F32", GGML_Q8_0): f32_to_q8_0,
-}
+def _pieces(view: memoryview, step: int, fast) -> Iterator:
+    for start in range(0, len(view), step):
+        yield fast(view[start:start + step].tobytes())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2975,29 +2892,10 @@ QUANT_KERNELS = {
 # read through one reused buffer, Q/K rows reordered as llama.cpp's permute does.
 # ---------------------------------------------------------------------------------------------
 
+# About this many input bytes make a job, the unit of reading, converting and writing: enough that
+# a job's fixed costs (a read, a job number handed out, a report) vanish, few enough that the read
+# buffers and the converted output held at once stay small whatever the tensor.
 CHUNK_BYTES = 1 << 20
-
-
-def kernel(src_dtype: str, ggml_type: int):
-    """The streaming conversion of little-endian src_dtype bytes to ggml_type, exactly as llama.cpp.
-
-    It yields the converted bytes in pieces; streaming them keeps the output's memory warm
-    instead of faulting in a fresh buffer per chunk.
-    """
-    return {
-        ("BF16", GGML_F16): iter_bf16_to_f16,
-        ("F16", GGML_F16): iter_f16_to_f16,
-        ("F32", GGML_F16): iter_f32_to_f16,
-        ("BF16", GGML_F32): iter_bf16_to_f32,
-        ("F16", GGML_F32): iter_f16_to_f32,
-        ("F32", GGML_F32): iter_f32_to_f32,
-        **{key: _whole(f) for key, f in QUANT_KERNELS.items()},
-    }[(src_dtype, ggml_type)]
-
-
-def _whole(convert):
-    # The BF16 and Q8_0 kernels return their whole result; as a stream it is one piece.
-    return lambda data: (convert(data),)
 
 
 def permuted_rows(rows: int, n_head: int) -> list[int]:
@@ -3067,7 +2965,6 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
 def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
     """The converted bytes of one job, in pieces, its source read from f through buffer."""
     t = job.tensor
-    convert = kernel(t.source.dtype, t.ggml_type)
     data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
     if t.permute_heads:
         rows_per_head = _row_count(t.source) // t.permute_heads
@@ -3076,7 +2973,7 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for first_row_of_head in range(0, job.rows, rows_per_head)
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
-    yield from convert(data)
+    yield from converted_pieces(data, t.source.dtype, t.ggml_type)
 
 
 def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
@@ -3453,11 +3350,9 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
 
 
 def _build_tables_for(jobs: list[Job]) -> None:
-    conversions = {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs}
-    if ("BF16", GGML_F16) in conversions:
-        _bf16_to_f16_list()
-    if ("F16", GGML_F32) in conversions:
-        f16_to_f32_table()
+    for key in {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs}:
+        for build in CONVERSIONS[key].tables:
+            build()
 
 
 # Converted bytes a worker keeps while the header's size is unknown: about what it converts while the
@@ -4952,9 +4847,7 @@ A model directory named like a command is given as a path: {prog} ./inspect -o O
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--outtype", default="f16", metavar="TYPE",
-                   help="f32, f16 (the default), bf16, q8_0, or auto (llama.cpp's default: bf16 or f16 "
-                        "from the first 16-bit matrix)")
+    p.add_argument("--outtype", default="f16", metavar="TYPE", help=outtype_help("f16"))
     p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
     p.add_argument("--ignore-model-card", action="store_true",
                    help="convert although README.md has a model card (the result then differs from llama.cpp's)")

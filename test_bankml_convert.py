@@ -2313,8 +2313,11 @@ class CompareRangesTest(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels: every conversion against torch/numpy, recorded by oracle/kernels_oracle.py --record:
-# all 65,536 patterns of each 16-bit source and a 3.4M-value F32 sample with every special class.
+# Kernels: every conversion of bc.CONVERSIONS, in its fast and its simple form, against what torch,
+# numpy and gguf-py make of the same bits, recorded by oracle/kernels_oracle.py --record (F16 and
+# F32 outputs) and oracle/quant_oracle.py --record (BF16 and Q8_0): all 65,536 patterns of each
+# 16-bit source, F32 samples with every special class, and named special values.  Then the fast
+# form against the simple one on buffers of every shape and kind.
 # ---------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
@@ -2326,8 +2329,8 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# --- The F32 sample, rebuilt from the definition recorded with it.
-# --- Owns nothing but the recipe; test_sample_rebuilds_to_the_recorded_input guards it.
+# --- The kernels' F32 sample, rebuilt from the definition recorded with it.
+# --- Owns nothing but the recipe; test_kernels_f32_sample_rebuilds_to_the_recorded_input guards it.
 
 def stream(seed: bytes, label: bytes, nbytes: int) -> bytes:
     prefix = seed + b"/" + label + b"/"
@@ -2367,35 +2370,155 @@ if sys.byteorder != "little":
 ALL_16_BIT_PATTERNS = ALL_16_BIT_PATTERNS.tobytes()
 
 
-# --- Exhaustive: every 16-bit source pattern, fast and simple paths, against numpy/torch.
+# --- The quant oracle's inputs, rebuilt by its own stdlib generators.
 
-class SixteenBitSourcesExhaustively(unittest.TestCase):
-    def expect(self, conversion: str) -> str:
-        patterns = kernels_record()["all_16_bit_patterns"]
-        self.assertEqual(sha256(ALL_16_BIT_PATTERNS), patterns["input_sha256"])
-        return patterns[conversion + "_sha256"]
+import quant_oracle  # noqa: E402  (its input generators; standard library only at import)
 
-    def test_bf16_to_f16_matches_torch_then_numpy_for_every_pattern(self):
-        self.assertEqual(sha256(bc.bf16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f16"))
+QUANT_RECORD = json.loads((ORACLE / "recorded" / "quant.json").read_text(encoding="utf-8"))
 
-    def test_simple_bf16_to_f16_matches_torch_then_numpy_for_every_pattern(self):
-        self.assertEqual(sha256(bc.simple_bf16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f16"))
 
-    def test_bf16_to_f32_matches_torch_for_every_pattern(self):
-        self.assertEqual(sha256(bc.bf16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f32"))
+@lru_cache(maxsize=None)
+def patterns() -> bytes:
+    return quant_oracle.all_16_bit_patterns()
 
-    def test_simple_bf16_to_f32_matches_torch_for_every_pattern(self):
-        self.assertEqual(sha256(bc.simple_bf16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("bf16_to_f32"))
 
-    def test_f16_to_f32_matches_numpy_for_every_pattern(self):
-        self.assertEqual(sha256(bc.f16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f32"))
+@lru_cache(maxsize=None)
+def shuffled(i: int) -> bytes:
+    return quant_oracle.shuffled_16_bit_patterns(i)
 
-    def test_simple_f16_to_f32_matches_numpy_for_every_pattern(self):
-        self.assertEqual(sha256(bc.simple_f16_to_f32(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f32"))
 
-    def test_f16_to_f16_matches_numpy_for_every_pattern(self):
-        self.assertEqual(sha256(bc.f16_to_f16(ALL_16_BIT_PATTERNS)), self.expect("f16_to_f16"))
+@lru_cache(maxsize=None)
+def sample_part(name: str) -> bytes:
+    return dict(quant_oracle.SAMPLE_PARTS)[name]()
 
+
+@lru_cache(maxsize=None)
+def bf16_part(name: str) -> bytes:
+    return dict(quant_oracle.BF16_PARTS)[name]()
+
+
+def sample() -> bytes:
+    return b"".join(sample_part(name) for name, _ in quant_oracle.SAMPLE_PARTS)
+
+
+class RecordedInputs(unittest.TestCase):
+    """The generators rebuild exactly the inputs the oracles converted."""
+
+    def test_kernels_f32_sample_rebuilds_to_the_recorded_input(self):
+        recorded = kernels_record()["f32_sample"]
+        for name, data in sample_parts():
+            with self.subTest(part=name):
+                self.assertEqual(sha256(data), recorded["parts"][name]["input_sha256"])
+        self.assertEqual(sha256(f32_sample()), recorded["input_sha256"])
+
+    def test_16_bit_patterns_are_the_recorded_input(self):
+        self.assertEqual(sha256(ALL_16_BIT_PATTERNS), kernels_record()["all_16_bit_patterns"]["input_sha256"])
+        self.assertEqual(sha256(patterns()), QUANT_RECORD["all_16_bit_patterns"]["input_sha256"])
+
+    def test_shuffled_patterns_are_the_recorded_inputs(self):
+        for i, rec in enumerate(QUANT_RECORD["shuffled_16_bit_patterns"]):
+            self.assertEqual(sha256(shuffled(i)), rec["input_sha256"], f"shuffle {i}")
+
+    def test_bf16_sample_parts_are_the_recorded_inputs(self):
+        for name, rec in QUANT_RECORD["bf16_sample"]["parts"].items():
+            self.assertEqual(sha256(bf16_part(name)), rec["input_sha256"], name)
+
+    def test_quant_f32_sample_parts_are_the_recorded_inputs(self):
+        for name, rec in QUANT_RECORD["f32_sample"]["parts"].items():
+            self.assertEqual(sha256(sample_part(name)), rec["input_sha256"], name)
+
+
+# --- Conversions as the records name them: "bf16_to_q8_0" is bc.CONVERSIONS[("BF16", bc.GGML_Q8_0)].
+
+GGML_TYPE_OF_NAME = {name: code for code, name in bc.GGML_TYPE_NAMES.items()}
+
+
+def conversion_name(key: tuple[str, int]) -> str:
+    src_dtype, ggml_type = key
+    return f"{src_dtype.lower()}_to_{bc.GGML_TYPE_NAMES[ggml_type].lower()}"
+
+
+def conversion_key(name: str) -> tuple[str, int]:
+    src_dtype, _, out = name.partition("_to_")
+    return src_dtype.upper(), GGML_TYPE_OF_NAME[out.upper()]
+
+
+def fast(key: tuple[str, int], data) -> bytes:
+    return bc.converted_bytes(data, *key)
+
+
+def simple(key: tuple[str, int], data) -> bytes:
+    return bc.CONVERSIONS[key].simple(data)
+
+
+FORMS = (("fast", fast), ("simple", simple))
+
+
+class Recorded(NamedTuple):
+    """One recorded output: a conversion of a recorded input, and the reference's sha256 of it."""
+    key: tuple[str, int]
+    input_name: str
+    data: object            # () -> the input bytes
+    sha256: str
+
+
+def conversions_in(fields: dict) -> list[tuple[str, str]]:
+    """(conversion name, sha256) of the record fields named like "bf16_to_f16_sha256"."""
+    return [(field[:-len("_sha256")], sha) for field, sha in fields.items()
+            if "_to_" in field and field.endswith("_sha256")]
+
+
+def recorded_outputs(with_parts: bool) -> list[Recorded]:
+    """Every recorded output.  with_parts adds the samples' parts one by one, which only the fast
+    form cuts into chunks differently from the whole sample; the BF16 sample is recorded by part only."""
+    rows = [Recorded(conversion_key(name), "all 16-bit patterns", lambda: ALL_16_BIT_PATTERNS, sha)
+            for record in (kernels_record(), QUANT_RECORD)
+            for name, sha in conversions_in(record["all_16_bit_patterns"])]
+    rows += [Recorded(conversion_key(name), f"shuffled patterns {i}", lambda i=i: shuffled(i), sha)
+             for i, fields in enumerate(QUANT_RECORD["shuffled_16_bit_patterns"])
+             for name, sha in conversions_in(fields)]
+    kernels_sample, quant_sample = kernels_record()["f32_sample"], QUANT_RECORD["f32_sample"]
+    rows += [Recorded(("F32", bc.GGML_F16), "kernels' f32 sample", f32_sample, kernels_sample["f16_sha256"]),
+             Recorded(("F32", bc.GGML_F32), "kernels' f32 sample", f32_sample, kernels_sample["f32_sha256"]),
+             Recorded(("F32", bc.GGML_BF16), "quant f32 sample", sample, quant_sample["bf16_sha256"]),
+             Recorded(("F32", bc.GGML_Q8_0), "quant f32 sample", sample, quant_sample["q8_0_sha256"])]
+    rows += [Recorded(("BF16", bc.GGML_Q8_0), f"bf16 sample part {name}", lambda name=name: bf16_part(name),
+                      part["q8_0_sha256"]) for name, part in QUANT_RECORD["bf16_sample"]["parts"].items()]
+    if with_parts:
+        parts = dict(sample_parts())
+        rows += [Recorded(("F32", bc.GGML_F16), f"kernels' f32 sample part {name}",
+                          lambda name=name: parts[name], part["f16_sha256"])
+                 for name, part in kernels_sample["parts"].items()]
+        rows += [Recorded(("F32", ggml_type), f"quant f32 sample part {name}",
+                          lambda name=name: sample_part(name), part[field])
+                 for name, part in quant_sample["parts"].items()
+                 for ggml_type, field in ((bc.GGML_BF16, "bf16_sha256"), (bc.GGML_Q8_0, "q8_0_sha256"))]
+    return rows
+
+
+class EveryConversionAgainstTheRecord(unittest.TestCase):
+    def assert_recorded(self, form, rows: list[Recorded]) -> None:
+        for row in rows:
+            with self.subTest(conversion=conversion_name(row.key), input=row.input_name):
+                self.assertEqual(sha256(form(row.key, row.data())), row.sha256)
+
+    def test_the_fast_form_gives_every_recorded_output(self):
+        self.assert_recorded(fast, recorded_outputs(with_parts=True))
+
+    def test_the_simple_form_gives_every_recorded_output(self):
+        self.assert_recorded(simple, recorded_outputs(with_parts=False))
+
+    def test_every_conversion_has_recorded_outputs(self):
+        self.assertEqual({row.key for row in recorded_outputs(with_parts=False)}, set(bc.CONVERSIONS))
+
+    def test_every_16_bit_source_is_recorded_for_all_its_patterns(self):
+        sixteen_bit = {key for key, conversion in bc.CONVERSIONS.items() if conversion.width == 2}
+        exhaustive = {row.key for row in recorded_outputs(with_parts=False)
+                      if row.input_name == "all 16-bit patterns"}
+        self.assertEqual(exhaustive, sixteen_bit)
+
+
+class Tables(unittest.TestCase):
     def test_bf16_to_f16_table_is_the_element_rule_for_every_pattern(self):
         self.assertEqual(list(bc.bf16_to_f16_table()),
                          [bc.f16_bits_from_f32_bits(b << 16) for b in range(1 << 16)])
@@ -2407,37 +2530,19 @@ class SixteenBitSourcesExhaustively(unittest.TestCase):
         table = array("H", bc.bf16_to_f16_table())
         if sys.byteorder != "little":
             table.byteswap()
-        self.assertEqual(sha256(table.tobytes()), self.expect("bf16_to_f16"))
+        self.assertEqual(sha256(table.tobytes()),
+                         kernels_record()["all_16_bit_patterns"]["bf16_to_f16_sha256"])
+
+    def test_the_tables_a_conversion_names_are_cached(self):
+        # _build_tables_for builds them before forking so that the workers share them: only a cached
+        # builder's table is kept for the workers to find
+        for key, conversion in bc.CONVERSIONS.items():
+            for build in conversion.tables:
+                with self.subTest(conversion=conversion_name(key), table=build.__name__):
+                    self.assertIs(build(), build())
 
 
-# --- The F32 sample: several million patterns with every special class, against numpy.
-
-class F32Sample(unittest.TestCase):
-    def test_sample_rebuilds_to_the_recorded_input(self):
-        sample = kernels_record()["f32_sample"]
-        for name, data in sample_parts():
-            with self.subTest(part=name):
-                self.assertEqual(sha256(data), sample["parts"][name]["input_sha256"])
-        self.assertEqual(sha256(f32_sample()), sample["input_sha256"])
-
-    def test_f32_to_f16_matches_numpy_on_each_part(self):
-        for name, data in sample_parts():
-            with self.subTest(part=name):
-                self.assertEqual(sha256(bc.f32_to_f16(data)),
-                                 kernels_record()["f32_sample"]["parts"][name]["f16_sha256"])
-
-    def test_f32_to_f16_matches_numpy_on_the_whole_sample(self):
-        self.assertEqual(sha256(bc.f32_to_f16(f32_sample())), kernels_record()["f32_sample"]["f16_sha256"])
-
-    def test_simple_f32_to_f16_matches_numpy_on_the_whole_sample(self):
-        self.assertEqual(sha256(bc.simple_f32_to_f16(f32_sample())),
-                         kernels_record()["f32_sample"]["f16_sha256"])
-
-    def test_f32_to_f32_matches_numpy_on_the_whole_sample(self):
-        self.assertEqual(sha256(bc.f32_to_f32(f32_sample())), kernels_record()["f32_sample"]["f32_sha256"])
-
-
-# --- Named cases: each special input's recorded output, through the public entry points.
+# --- Named cases: each special input's recorded output, through both forms.
 
 def special(conversion: str, name: str) -> tuple[bytes, bytes]:
     """(input bytes, expected output bytes) of a recorded named case, little-endian."""
@@ -2450,8 +2555,9 @@ def special(conversion: str, name: str) -> tuple[bytes, bytes]:
 class NamedCases(unittest.TestCase):
     def assert_case(self, conversion: str, name: str):
         given, expected = special(conversion, name)
-        self.assertEqual(getattr(bc, conversion)(given).hex(), expected.hex(), name)
-        self.assertEqual(getattr(bc, "simple_" + conversion)(given).hex(), expected.hex(), name)
+        for form, convert in FORMS:
+            got = convert(conversion_key(conversion), given)
+            self.assertEqual(got.hex(), expected.hex(), f"{form}: {name}")
 
     def test_every_recorded_case(self):
         for conversion, entries in kernels_record()["specials"].items():
@@ -2465,7 +2571,7 @@ class NamedCases(unittest.TestCase):
                 with self.subTest(conversion=conversion, case=entry["name"]):
                     given, expected = special(conversion, entry["name"])
                     ordinary = b"\x00\xe0\x4c\x3c" if len(given) == 4 else b"\x4c\x3c"  # about 0.0125 (1.07 as f16)
-                    out = getattr(bc, conversion)(ordinary * 100 + given + ordinary * 100)
+                    out = fast(conversion_key(conversion), ordinary * 100 + given + ordinary * 100)
                     middle = 100 * len(expected)
                     self.assertEqual(out[middle:middle + len(expected)].hex(), expected.hex())
 
@@ -2523,9 +2629,19 @@ class NamedCases(unittest.TestCase):
         self.assert_case("f32_to_f16", "the largest f32 subnormal")
         self.assert_case("f32_to_f16", "-the smallest f32 subnormal")
 
+    def test_named_float32_values_to_bf16(self):
+        for row in QUANT_RECORD["specials"]["f32_to_bf16"]:
+            got = bc.bf16_bits_from_f32_bits(int(row["input"], 16))
+            self.assertEqual(f"{got:04x}", row["output"], row["name"])
 
-# --- The fast path equals the simple path on buffers of every shape: lengths across chunk
-# --- boundaries, odd counts, unaligned views, tiny chunks, and data that takes each of its branches.
+    def test_named_q8_0_blocks(self):
+        for row in QUANT_RECORD["specials"]["q8_0_blocks"]:
+            bits = [int(b, 16) for b in row["input"]]
+            self.assertEqual(bc.q8_0_block(bits, 16).hex(), row["output"], row["name"])
+
+
+# --- The fast form equals the simple form on buffers of every shape: lengths across chunk
+# --- boundaries, odd counts, unaligned views, chunks of any size, and data that takes each branch.
 
 def gaussian_f32(rng: random.Random, n: int, sigma: float) -> bytes:
     return struct.pack(f"<{n}f", *(rng.gauss(0.0, sigma) for _ in range(n)))
@@ -2543,10 +2659,9 @@ def random_bits(rng: random.Random, nbytes: int) -> bytes:
     return rng.getrandbits(8 * nbytes).to_bytes(nbytes, "little") if nbytes else b""
 
 
-FAST_AND_SIMPLE = (
-    ("bf16_to_f16", 2), ("f32_to_f16", 4), ("f16_to_f16", 2),
-    ("bf16_to_f32", 2), ("f16_to_f32", 2), ("f32_to_f32", 4),
-)
+def block_of(key: tuple[str, int]) -> int:
+    """Values per block of the conversion's output type: lengths and chunks must be whole blocks."""
+    return bc.GGML_BLOCKS[key[1]][0]
 
 
 class FastEqualsSimple(unittest.TestCase):
@@ -2568,165 +2683,91 @@ class FastEqualsSimple(unittest.TestCase):
             "half gaussian, half random bits": bytes(mixed),
         }
 
-    def assert_same(self, conversion: str, data) -> None:
-        fast = getattr(bc, conversion)(data)
-        simple = getattr(bc, "simple_" + conversion)(data)
-        self.assertIsInstance(fast, bytes)
-        self.assertEqual(fast, simple)
+    def assert_same(self, key: tuple[str, int], data) -> None:
+        fast_bytes = fast(key, data)
+        self.assertIsInstance(fast_bytes, bytes)
+        self.assertEqual(fast_bytes, simple(key, data))
 
     def test_lengths_around_chunk_boundaries(self):
         chunk = bc.CHUNK_ELEMS
-        for conversion, width in FAST_AND_SIMPLE:
-            for n in (0, 1, 2, 3, 7, chunk - 1, chunk, chunk + 1, 2 * chunk + 5):
-                for kind, data in self.data_kinds(n, width).items():
-                    with self.subTest(conversion=conversion, n=n, data=kind):
-                        self.assert_same(conversion, data)
+        for key, conversion in bc.CONVERSIONS.items():
+            block = block_of(key)
+            lengths = ([k * block for k in (0, 1, 2, 3, 7)]
+                       + [chunk - block, chunk, chunk + block, 2 * chunk + 5 * block])
+            for n in lengths:
+                for kind, data in self.data_kinds(n, conversion.width).items():
+                    with self.subTest(conversion=conversion_name(key), n=n, data=kind):
+                        self.assert_same(key, data)
 
     def test_unaligned_views_and_other_buffer_types(self):
-        for conversion, width in FAST_AND_SIMPLE:
-            data = self.data_kinds(1001, width)["half gaussian, half random bits"]
+        for key, conversion in bc.CONVERSIONS.items():
+            n = 1001 - 1001 % block_of(key)
+            data = self.data_kinds(n, conversion.width)["half gaussian, half random bits"]
             backing = b"\x55" + data + b"\xaa"
             for label, view in (("memoryview at offset 1", memoryview(backing)[1:-1]),
                                 ("bytearray", bytearray(data)), ("array", array("B", data))):
-                with self.subTest(conversion=conversion, buffer=label):
-                    self.assertEqual(getattr(bc, conversion)(view),
-                                     getattr(bc, "simple_" + conversion)(data))
+                with self.subTest(conversion=conversion_name(key), buffer=label):
+                    self.assertEqual(fast(key, view), simple(key, data))
 
     def test_chunks_of_any_size_concatenate_to_the_whole(self):
-        for conversion, width in FAST_AND_SIMPLE:
-            data = self.data_kinds(3001, width)["half gaussian, half random bits"]
-            whole = getattr(bc, "simple_" + conversion)(data)
-            for chunk_elems in (1, 2, 3, 7, 64, 1000, 4096):
-                with self.subTest(conversion=conversion, chunk_elems=chunk_elems):
-                    pieces = list(getattr(bc, "iter_" + conversion)(data, chunk_elems))
+        for key, conversion in bc.CONVERSIONS.items():
+            block = block_of(key)
+            n = 3001 - 3001 % block
+            data = self.data_kinds(n, conversion.width)["half gaussian, half random bits"]
+            whole = simple(key, data)
+            for chunk_elems in (block * k for k in (1, 2, 3, 7, 64, 1000, 4096)):
+                with self.subTest(conversion=conversion_name(key), chunk_elems=chunk_elems):
+                    pieces = list(bc.converted_pieces(data, *key, chunk_elems))
                     self.assertEqual(b"".join(pieces), whole)
-                    self.assertEqual(len(pieces), -(-3001 // chunk_elems))
+                    self.assertEqual(len(pieces), -(-n // chunk_elems))
 
-    def test_bf16_sources_with_surrogate_range_patterns_convert(self):
+    def test_sources_with_surrogate_range_patterns_convert(self):
         # 0xd800..0xdfff as 16-bit units make the codec narrowing/widening refuse or pair up
-        units = array("H", [0xD800, 0xDC00, 0x3C00, 0xDBFF, 0xDFFF, 0xD9AB] * 50)
+        units = array("H", [0xD800, 0xDC00, 0x3C00, 0xDBFF, 0xDFFF, 0xD9AB] * 64)
         if sys.byteorder != "little":
             units.byteswap()
-        for conversion in ("bf16_to_f16", "bf16_to_f32", "f16_to_f32"):
-            with self.subTest(conversion=conversion):
-                self.assert_same(conversion, units.tobytes())
+        for key in [key for key, conversion in bc.CONVERSIONS.items() if conversion.width == 2]:
+            with self.subTest(conversion=conversion_name(key)):
+                self.assert_same(key, units.tobytes())
 
     def test_f32_results_in_the_surrogate_range_convert(self):
-        # f16 results 0xd800..0xdfff are -128..-1023.5
-        values = [-128.0, -300.25, -1023.5, 0.5, -700.0] * 300
-        self.assert_same("f32_to_f16", struct.pack(f"<{len(values)}f", *values))
+        # f16 results 0xd800..0xdfff are -128.0 ... -511.75; -127.9375 and -512.0 are just outside
+        values = [-128.0, -300.25, -511.75, 0.5, -200.125, -127.9375, -512.0] * 300
+        self.assert_same(("F32", bc.GGML_F16), struct.pack(f"<{len(values)}f", *values))
 
     def test_negative_huge_f32_lanes_do_not_disturb_their_neighbours(self):
         # exponent >= 239 with the sign set is the one lane that carries into the next lane
         lanes = [0xFF7FFFFF, 0x3F801000, 0xFF800000, 0x3F800FFF, 0xF7FFF000, 0x3F803000, 0xFFFFFFFF,
                  0x3F801000]
         data = b"".join(v.to_bytes(4, "little") for v in lanes * 40)
-        self.assert_same("f32_to_f16", data)
+        self.assert_same(("F32", bc.GGML_F16), data)
 
-    def test_partial_elements_are_refused(self):
-        for conversion, width in FAST_AND_SIMPLE:
-            with self.subTest(conversion=conversion):
-                with self.assertRaises(ValueError):
-                    getattr(bc, conversion)(b"\x00" * (width + 1))
+    def test_partial_values_and_empty_chunks_are_refused(self):
+        for key, conversion in bc.CONVERSIONS.items():
+            whole_block = bytes(conversion.width * block_of(key))
+            with self.subTest(conversion=conversion_name(key)):
+                for form, convert in FORMS:
+                    with self.assertRaises(ValueError, msg=f"{form}, a partial value"):
+                        convert(key, whole_block + b"\x00")
+                with self.assertRaises(ValueError, msg="chunks of no values"):
+                    bc.converted_pieces(whole_block, *key, 0)
 
-
-# ---------------------------------------------------------------------------------------------
-# BF16 and Q8_0 kernels and the output-type rules, against gguf-py's quantize recorded by
-# oracle/quant_oracle.py --record; the inputs are rebuilt by the oracle's own stdlib generators.
-# ---------------------------------------------------------------------------------------------
-
-import quant_oracle  # noqa: E402  (its input generators; standard library only at import)
-
-QUANT_RECORD = json.loads((ORACLE / "recorded" / "quant.json").read_text(encoding="utf-8"))
-
-
-@lru_cache(maxsize=None)
-def patterns() -> bytes:
-    return quant_oracle.all_16_bit_patterns()
-
-
-@lru_cache(maxsize=None)
-def shuffled(i: int) -> bytes:
-    return quant_oracle.shuffled_16_bit_patterns(i)
+    def test_partial_blocks_and_chunks_of_partial_blocks_are_refused(self):
+        blocked = [key for key in bc.CONVERSIONS if block_of(key) > 1]
+        self.assertTrue(blocked)
+        for key in blocked:
+            block, width = block_of(key), bc.CONVERSIONS[key].width
+            with self.subTest(conversion=conversion_name(key)):
+                for form, convert in FORMS:
+                    with self.assertRaises(ValueError, msg=f"{form}, a partial block"):
+                        convert(key, bytes(width * (2 * block - 1)))
+                with self.assertRaises(ValueError, msg="chunks of partial blocks"):
+                    bc.converted_pieces(bytes(width * block), *key, block + 1)
 
 
-@lru_cache(maxsize=None)
-def sample_part(name: str) -> bytes:
-    return dict(quant_oracle.SAMPLE_PARTS)[name]()
+# --- Q8_0 in particular: numpy's NaN rules, the integer path's coverage, random blocks of every kind.
 
-
-@lru_cache(maxsize=None)
-def bf16_part(name: str) -> bytes:
-    return dict(quant_oracle.BF16_PARTS)[name]()
-
-
-def sample() -> bytes:
-    return b"".join(sample_part(name) for name, _ in quant_oracle.SAMPLE_PARTS)
-
-
-class QuantInputs(unittest.TestCase):
-    """The generators rebuild exactly the inputs the oracle quantized."""
-
-    def test_16_bit_patterns_are_the_recorded_input(self):
-        self.assertEqual(sha256(patterns()), QUANT_RECORD["all_16_bit_patterns"]["input_sha256"])
-
-    def test_shuffled_patterns_are_the_recorded_inputs(self):
-        for i, rec in enumerate(QUANT_RECORD["shuffled_16_bit_patterns"]):
-            self.assertEqual(sha256(shuffled(i)), rec["input_sha256"], f"shuffle {i}")
-
-    def test_bf16_sample_parts_are_the_recorded_inputs(self):
-        for name, rec in QUANT_RECORD["bf16_sample"]["parts"].items():
-            self.assertEqual(sha256(bf16_part(name)), rec["input_sha256"], name)
-
-    def test_f32_sample_parts_are_the_recorded_inputs(self):
-        for name, rec in QUANT_RECORD["f32_sample"]["parts"].items():
-            self.assertEqual(sha256(sample_part(name)), rec["input_sha256"], name)
-
-
-class Bf16Kernels(unittest.TestCase):
-    def test_bf16_to_bf16_all_patterns(self):
-        self.assertEqual(sha256(bc.bf16_to_bf16(patterns())),
-                         QUANT_RECORD["all_16_bit_patterns"]["bf16_to_bf16_sha256"])
-
-    def test_f16_to_bf16_all_patterns(self):
-        self.assertEqual(sha256(bc.f16_to_bf16(patterns())),
-                         QUANT_RECORD["all_16_bit_patterns"]["f16_to_bf16_sha256"])
-
-    def test_f32_to_bf16_sample(self):
-        self.assertEqual(sha256(bc.f32_to_bf16(sample())), QUANT_RECORD["f32_sample"]["bf16_sha256"])
-
-    def test_simple_forms_give_the_recorded_bytes(self):
-        rec = QUANT_RECORD["all_16_bit_patterns"]
-        self.assertEqual(sha256(bc.simple_bf16_to_bf16(patterns())), rec["bf16_to_bf16_sha256"])
-        self.assertEqual(sha256(bc.simple_f16_to_bf16(patterns())), rec["f16_to_bf16_sha256"])
-        for name, part in QUANT_RECORD["f32_sample"]["parts"].items():
-            self.assertEqual(sha256(bc.simple_f32_to_bf16(sample_part(name))), part["bf16_sha256"], name)
-
-    def test_named_float32_values(self):
-        for row in QUANT_RECORD["specials"]["f32_to_bf16"]:
-            got = bc.bf16_bits_from_f32_bits(int(row["input"], 16))
-            self.assertEqual(f"{got:04x}", row["output"], row["name"])
-
-
-class Q8_0Kernels(unittest.TestCase):
-    def test_bf16_to_q8_0_all_patterns(self):
-        self.assertEqual(sha256(bc.bf16_to_q8_0(patterns())),
-                         QUANT_RECORD["all_16_bit_patterns"]["bf16_to_q8_0_sha256"])
-
-    def test_f16_to_q8_0_all_patterns(self):
-        self.assertEqual(sha256(bc.f16_to_q8_0(patterns())),
-                         QUANT_RECORD["all_16_bit_patterns"]["f16_to_q8_0_sha256"])
-
-    def test_shuffled_patterns_put_nans_everywhere_in_a_block(self):
-        for i, rec in enumerate(QUANT_RECORD["shuffled_16_bit_patterns"]):
-            self.assertEqual(sha256(bc.bf16_to_q8_0(shuffled(i))), rec["bf16_to_q8_0_sha256"], f"bf16 {i}")
-            self.assertEqual(sha256(bc.f16_to_q8_0(shuffled(i))), rec["f16_to_q8_0_sha256"], f"f16 {i}")
-
-    def test_bf16_to_q8_0_sample_by_part(self):
-        for name, rec in QUANT_RECORD["bf16_sample"]["parts"].items():
-            self.assertEqual(sha256(bc.bf16_to_q8_0(bf16_part(name))), rec["q8_0_sha256"], name)
-            self.assertEqual(sha256(bc.simple_bf16_to_q8_0(bf16_part(name))), rec["q8_0_sha256"], name)
-
+class Q8_0Blocks(unittest.TestCase):
     def test_bf16_integer_path_takes_every_maximum_with_normal_d_and_id(self):
         # the block rule is only for maxima below 2**-118 (subnormal d, 1/d overflowing) and for
         # infinities and NaNs; every other block must take the fast path that the samples test
@@ -2735,104 +2776,138 @@ class Q8_0Kernels(unittest.TestCase):
             if 9 <= pattern >> 7 <= 253:
                 self.assertIsNotNone(tables.multipliers[pattern], hex(pattern))
 
-    def test_f32_to_q8_0_sample_by_part(self):
-        for name, rec in QUANT_RECORD["f32_sample"]["parts"].items():
-            self.assertEqual(sha256(bc.f32_to_q8_0(sample_part(name))), rec["q8_0_sha256"], name)
-
-    def test_f32_to_q8_0_whole_sample(self):
-        self.assertEqual(sha256(bc.f32_to_q8_0(sample())), QUANT_RECORD["f32_sample"]["q8_0_sha256"])
-
-    def test_simple_forms_give_the_recorded_bytes(self):
-        rec = QUANT_RECORD["all_16_bit_patterns"]
-        self.assertEqual(sha256(bc.simple_bf16_to_q8_0(patterns())), rec["bf16_to_q8_0_sha256"])
-        self.assertEqual(sha256(bc.simple_f16_to_q8_0(patterns())), rec["f16_to_q8_0_sha256"])
-        for name, part in QUANT_RECORD["f32_sample"]["parts"].items():
-            self.assertEqual(sha256(bc.simple_f32_to_q8_0(sample_part(name))), part["q8_0_sha256"], name)
-
-    def test_named_blocks(self):
-        for row in QUANT_RECORD["specials"]["q8_0_blocks"]:
-            bits = [int(b, 16) for b in row["input"]]
-            self.assertEqual(bc.q8_0_block(bits, 16).hex(), row["output"], row["name"])
-
     def test_nan_blocks_follow_numpys_simd_width(self):
-        by_lanes = QUANT_RECORD["q8_0_by_numpy_simd_lanes"]
-        for lanes, rec in by_lanes.items():
+        for lanes, rec in QUANT_RECORD["q8_0_by_numpy_simd_lanes"].items():
             lanes = int(lanes)
             uniform = sample_part("uniform")
-            self.assertEqual(sha256(bc.simple_to_q8_0(uniform, "F32", lanes)), rec["uniform_q8_0_sha256"], lanes)
+            self.assertEqual(sha256(bc.q8_0_blocks(bc._f32_bits_of(uniform, "F32"), lanes)),
+                             rec["uniform_q8_0_sha256"], lanes)
             self.assertEqual(sha256(bc._q8_0_chunk(uniform, lanes)), rec["uniform_q8_0_sha256"], lanes)
-            self.assertEqual(sha256(bc.simple_to_q8_0(patterns(), "BF16", lanes)),
+            self.assertEqual(sha256(bc.q8_0_blocks(bc._f32_bits_of(patterns(), "BF16"), lanes)),
                              rec["bf16_patterns_q8_0_sha256"], lanes)
 
     def test_simd_width_from_cpu_flags(self):
-        found = {"AVX512_SKX": 16, "AVX2": 8}
-        recorded = QUANT_RECORD["reference"]["numpy_simd_found"]
-        expected = next((v for k, v in found.items() if k in recorded), 4)
-        skx = ["avx2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
-        self.assertEqual(bc.simd_f32_lanes(skx), 16)
-        self.assertEqual(bc.simd_f32_lanes(["avx2", "avx512f"]), 8)
-        self.assertEqual(bc.simd_f32_lanes(["sse4_2"]), 4)
-        self.assertEqual(expected, 16, "the record was made where numpy runs AVX512_SKX kernels")
+        # numpy's AVX512_SKX needs all five of these; the recorded numpy builds found, per width
+        # measured, the features whose /proc/cpuinfo flags are these
+        flags_of_feature = {"AVX2": ["avx2"],
+                            "AVX512_SKX": ["avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]}
+        for lanes, rec in QUANT_RECORD["q8_0_by_numpy_simd_lanes"].items():
+            flags = [flag for feature in rec["numpy_found"] for flag in flags_of_feature.get(feature, [])]
+            self.assertEqual(bc.simd_f32_lanes(flags), int(lanes), rec["numpy_found"])
+        self.assertEqual(bc.simd_f32_lanes(["avx2", "avx512f", "avx512cd"]), 8)   # AVX-512, not all of SKX
 
-    def test_refuses_a_partial_block(self):
-        with self.assertRaises(ValueError):
-            bc.f32_to_q8_0(bytes(4 * 33))
-        with self.assertRaises(ValueError):
-            bc.bf16_to_q8_0(bytes(2 * 31))
+    def test_bf16_and_q8_0_kernels_across_chunk_boundaries_on_recorded_inputs(self):
+        cases = (
+            (("BF16", bc.GGML_BF16), shuffled(1)),
+            (("F16", bc.GGML_BF16), shuffled(1)),
+            (("F32", bc.GGML_BF16), sample_part("uniform")[:4 * 40000]),
+            (("BF16", bc.GGML_Q8_0),
+             bf16_part("near") + bf16_part("weights")[:2 * 32 * 700] + shuffled(2)[:2 * 32 * 300]),
+            (("F32", bc.GGML_Q8_0), sample_part("weights")[:4 * 32 * 700] + sample_part("near")[:4 * 32 * 300]),
+        )
+        for key, data in cases:
+            want = simple(key, data)
+            for chunk_elems in (32, 96, 1024, 1 << 14):
+                with self.subTest(conversion=conversion_name(key), chunk_elems=chunk_elems):
+                    self.assertEqual(b"".join(bc.converted_pieces(data, *key, chunk_elems)), want)
+
+    # Random blocks of each kind the kernels treat apart, in random order, cut into chunks at
+    # random block boundaries.  Values are built in each source format from sign, exponent, mantissa.
+    FORMATS = {"F32": (8, 23), "BF16": (8, 7), "F16": (5, 10)}     # exponent bits, mantissa bits
+    KINDS = ("normal", "zeros", "subnormals", "subnormals and the smallest normals", "the largest exponents",
+             "normal with NaNs", "normal with infinities", "normal with NaNs and infinities", "random bits")
+    rng = random.Random(20261201)
+
+    def block_bits(self, kind: str, exponent_bits: int, mantissa_bits: int) -> list[int]:
+        rng = self.rng
+        inf_nan = (1 << exponent_bits) - 1          # the exponent of infinities and NaNs
+
+        def value(exponent: int, mantissa: int) -> int:
+            sign = rng.getrandbits(1) << (exponent_bits + mantissa_bits)
+            return sign | (exponent << mantissa_bits) | mantissa
+
+        def values(exponents: list[int]) -> list[int]:
+            return [value(rng.choice(exponents), rng.getrandbits(mantissa_bits)) for _ in range(32)]
+
+        if kind == "random bits":
+            return [rng.getrandbits(1 + exponent_bits + mantissa_bits) for _ in range(32)]
+        if kind == "zeros":
+            return [value(0, 0) for _ in range(32)]
+        if kind == "subnormals":
+            return values([0])
+        if kind == "subnormals and the smallest normals":
+            return values([0, 0, 1, 2])
+        if kind == "the largest exponents":
+            return values([inf_nan - 1, inf_nan - 1, inf_nan - 2])
+        # normal values whose exponents spread around a random one: anything from all alike to far apart
+        center, spread = rng.randrange(1, inf_nan), rng.choice((0, 1, 3, 8, 30))
+        block = values([min(inf_nan - 1, max(1, center + d)) for d in range(-spread, spread + 1)])
+        if "NaNs" in kind:
+            for i in rng.sample(range(32), rng.randint(1, 3)):
+                block[i] = value(inf_nan, rng.getrandbits(mantissa_bits) or 1)
+        if "infinities" in kind:
+            for i in rng.sample(range(32), rng.randint(1, 3)):
+                block[i] = value(inf_nan, 0)
+        return block
+
+    def test_random_blocks_of_every_kind_across_chunk_boundaries(self):
+        for src_dtype, (exponent_bits, mantissa_bits) in self.FORMATS.items():
+            key = (src_dtype, bc.GGML_Q8_0)
+            width = bc.SAFETENSORS_DTYPES[src_dtype]
+            for round_ in range(3):
+                kinds = [self.rng.choice(self.KINDS) for _ in range(600)]
+                bits = [b for kind in kinds for b in self.block_bits(kind, exponent_bits, mantissa_bits)]
+                data = b"".join(b.to_bytes(width, "little") for b in bits)
+                want = simple(key, data)
+                chunk_elems = 32 * self.rng.randint(1, 700)
+                with self.subTest(conversion=conversion_name(key), round=round_, chunk_elems=chunk_elems):
+                    self.assertEqual(fast(key, data), want)
+                    self.assertEqual(b"".join(bc.converted_pieces(data, *key, chunk_elems)), want)
 
 
-class QuantChunking(unittest.TestCase):
-    """The fast kernels, fed in pieces of any whole size, give the whole buffer's bytes."""
-
-    def test_bf16_kernels_across_chunk_boundaries(self):
-        data = shuffled(1)
-        for kernel, width, whole in ((bc._bf16_to_bf16_chunk, 2, bc.simple_bf16_to_bf16),
-                                     (bc._f16_to_bf16_chunk, 2, bc.simple_f16_to_bf16)):
-            want = whole(data)
-            for elems in (1, 7, 1000, 1 << 14):
-                self.assertEqual(bc._q_chunked(data, width, kernel, elems), want, (kernel.__name__, elems))
-        f32 = sample_part("uniform")[:4 * 40000]
-        want = bc.simple_f32_to_bf16(f32)
-        for elems in (1, 7, 1000, 1 << 14):
-            self.assertEqual(bc._q_chunked(f32, 4, bc._f32_to_bf16_chunk, elems), want, elems)
-
-    def test_bf16_q8_0_across_chunk_boundaries(self):
-        data = bf16_part("near") + bf16_part("weights")[:2 * 32 * 700] + shuffled(2)[:2 * 32 * 300]
-        want = bc.simple_bf16_to_q8_0(data)
-        for elems in (32, 96, 1024, 1 << 14):
-            self.assertEqual(bc._q_chunked(data, 2, bc._bf16_q8_0_chunk, elems), want, elems)
-
-    def test_q8_0_across_chunk_boundaries(self):
-        data = sample_part("weights")[:4 * 32 * 700] + sample_part("near")[:4 * 32 * 300]
-        want = bc.simple_f32_to_q8_0(data)
-        for elems in (32, 96, 1024, 1 << 14):
-            self.assertEqual(bc._q_chunked(data, 4, bc._q8_0_chunk, elems), want, elems)
-
+# --- The output types: the table against the reference's rules.
 
 class OutputTypeRules(unittest.TestCase):
-    def test_out_types_file_types_and_labels(self):
-        for name, rec in QUANT_RECORD["rules"]["out_types"].items():
-            out = bc.OUT_TYPES[name]
-            self.assertEqual((out.file_type, out.label), (rec["file_type"], rec["label"]), name)
+    def test_out_types_are_the_recorded_ones_with_their_file_types_and_labels(self):
+        recorded = QUANT_RECORD["rules"]["out_types"]
+        self.assertEqual(set(bc.OUT_TYPES), set(recorded))
+        for name, out in bc.OUT_TYPES.items():
+            self.assertEqual((out.name, out.file_type, out.label),
+                             (name, recorded[name]["file_type"], recorded[name]["label"]), name)
 
     def test_ggml_types_and_block_sizes(self):
         for name, rec in QUANT_RECORD["rules"]["ggml_types"].items():
-            ggml = {v: k for k, v in bc.GGML_TYPE_NAMES.items()}[name]
+            ggml = GGML_TYPE_OF_NAME[name]
             self.assertEqual(ggml, rec["id"], name)
             self.assertEqual(list(bc.GGML_BLOCKS[ggml]), rec["block"], name)
 
     def test_matrix_type_where_gguf_py_raises_quant_error(self):
         for rec in QUANT_RECORD["rules"]["quant_error"]:
             out = bc.OUT_TYPES[rec["type"].lower()]
+            # the records are of matrices: llama.cpp keeps 1-D tensors in F32 without quantizing them
+            self.assertGreaterEqual(len(rec["shape"]), 2, rec)
             got = bc.tensor_type("blk.0.attn_q.weight", rec["shape"], out)
-            if len(rec["shape"]) >= 2:
-                self.assertEqual(got, bc.GGML_F16 if rec["quant_error"] else out.matrix_type, rec)
+            # prepare_tensors writes F16 where gguf-py's quantize raises QuantError
+            self.assertEqual(got, bc.GGML_F16 if rec["quant_error"] else out.matrix_type, rec)
+
+    def test_types_with_blocks_of_more_than_one_fall_back_to_a_type_without_blocks(self):
+        blocked = [out for out in bc.OUT_TYPES.values() if bc.GGML_BLOCKS[out.matrix_type][0] > 1]
+        self.assertTrue(blocked)
+        for out in blocked:
+            self.assertEqual(bc.GGML_BLOCKS[out.partial_rows_type][0], 1, out.name)
 
     def test_norms_and_vectors_stay_f32(self):
         for out in bc.OUT_TYPES.values():
             self.assertEqual(bc.tensor_type("output_norm.weight", (576,), out), bc.GGML_F32)
             self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", (576,), out), bc.GGML_F32)
         self.assertEqual(bc.tensor_type("token_embd.weight", (49152, 576), bc.OUT_TYPES["f32"]), bc.GGML_F32)
+
+    def test_every_type_an_out_type_writes_has_a_conversion_from_every_source_dtype(self):
+        for out in bc.OUT_TYPES.values():
+            written = {out.matrix_type, out.vector_type} | ({out.partial_rows_type} - {None})
+            for ggml_type in written:
+                for src_dtype in bc.SAFETENSORS_DTYPES:
+                    self.assertIn((src_dtype, ggml_type), bc.CONVERSIONS, out.name)
 
     def test_auto_picks_what_llama_cpp_picked(self):
         for case in QUANT_RECORD["rules"]["auto"]:
@@ -2841,9 +2916,14 @@ class OutputTypeRules(unittest.TestCase):
             got = bc.auto_out_type((shape, dtype) for _, _, dtype, shape in ordered)
             self.assertEqual((got.file_type, got.label), (case["file_type"], case["label"]), case["name"])
 
-    def test_q8_0_bytes_per_tensor(self):
-        self.assertEqual(bc.ggml_nbytes(bc.GGML_Q8_0, 576 * 1536), 576 * 1536 // 32 * 34)
-        self.assertEqual(bc.ggml_nbytes(bc.GGML_BF16, 10), 20)
+    def test_every_conversion_writes_ggml_nbytes_of_its_values(self):
+        # the writer lays the file out by ggml_nbytes before anything is converted; the first 4,096
+        # values of every recorded input (whose whole conversion has the recorded sha256)
+        for row in recorded_outputs(with_parts=False):
+            width = bc.CONVERSIONS[row.key].width
+            data = row.data()[:4096 * width]
+            with self.subTest(conversion=conversion_name(row.key), input=row.input_name):
+                self.assertEqual(len(fast(row.key, data)), bc.ggml_nbytes(row.key[1], len(data) // width))
         with self.assertRaises(ValueError):
             bc.ggml_nbytes(bc.GGML_Q8_0, 33)
 
