@@ -22,8 +22,11 @@ copies the tracked and not-ignored files twice, as `git clone` would give them, 
                   stdout, stderr and exit code for a conversion, --help and a refusal.
 
 The venvs are made --without-pip and pip is the running Python's, pointed at them with --python
-(pip >= 22.3): ensurepip would spend 3-7 s per venv installing the same pip. Quiet on success (one
-line); on a failure it prints what failed, the command and its output, and exits 1.
+(pip >= 22.3): ensurepip would spend 3-7 s per venv installing the same pip. Both builds keep
+pip's build isolation, the path a user takes and the one that reads [build-system] requires:
+building both with --no-build-isolation against one shared install of setuptools measured only
+~1.5 s of CPU less (2026-12-01). Quiet on success (one line); on a failure it prints what failed,
+the command and its output, and exits 1.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ DIST = "bankml-convert"
 EXAMPLE = Path("example") / "smollm2-tiny"
 OUT = "smollm2-tiny-F16.gguf"
 TIMEOUT = 600
+REQUIRES_PYTHON = ">=3.10"  # pyproject.toml's; README says "3.10 or newer"; oldest_python() runs it
 
 
 class Failed(Exception):
@@ -167,7 +171,8 @@ def check_metadata(wheel: Path, src: Path, version: str) -> None:
         names = sorted(z.namelist())
         dist_info = f"{MODULE}-{version}.dist-info/"
         payload = [n for n in names if not n.startswith(dist_info)]
-        check(payload == [f"{MODULE}.py"], f"the wheel holds more than {MODULE}.py outside its dist-info: {payload}")
+        check(payload == [f"{MODULE}.py"],
+              f"the wheel holds more than {MODULE}.py outside its dist-info: {payload}")
         licences = [n for n in names if n.startswith(dist_info + "licenses/")]
         check(licences == [dist_info + "licenses/LICENSE"], f"the wheel's licence files are {licences}")
         extra = sorted(set(names) - set(payload) - set(licences) - {
@@ -181,8 +186,9 @@ def check_metadata(wheel: Path, src: Path, version: str) -> None:
     licence_text = (src / "LICENSE").read_text()
     check(licence_text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in licence_text,
           "LICENSE is not the Apache License 2.0 the metadata declares")
-    want = {"Name": DIST, "Version": version, "License-Expression": "Apache-2.0", "Requires-Python": ">=3.10",
-            "Description-Content-Type": "text/markdown", "License-File": "LICENSE"}
+    want = {"Name": DIST, "Version": version, "License-Expression": "Apache-2.0",
+            "Requires-Python": REQUIRES_PYTHON, "Description-Content-Type": "text/markdown",
+            "License-File": "LICENSE"}
     for key, value in want.items():
         check(meta.get_all(key) == [value], f"METADATA {key}: {meta.get_all(key)}, expected [{value!r}]")
     check(not meta.get_all("Requires-Dist"), f"METADATA declares dependencies: {meta.get_all('Requires-Dist')}")
@@ -199,7 +205,8 @@ def check_metadata(wheel: Path, src: Path, version: str) -> None:
 def oldest_python() -> Path | None:
     """A Python 3.10 to run the vendored file with (requires-python's lower bound), if there is one."""
     roots = [os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv")]
-    candidates = sorted(g for r in roots if r for g in glob.glob(os.path.join(r, "versions", "3.10*", "bin", "python3.10")))
+    candidates = sorted(g for r in roots if r
+                        for g in glob.glob(os.path.join(r, "versions", "3.10*", "bin", "python3.10")))
     candidates += [c for c in (shutil.which("python3.10"), "/usr/bin/python3.10") if c]  # a pyenv shim may refuse
     for c in candidates:
         try:
