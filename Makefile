@@ -1,10 +1,17 @@
 # bankml_convert: the converter needs only python3; `make oracle` also sets up llama.cpp's reference.
 PYTHON ?= python3
 
-.PHONY: test example oracle bench fuzz clean
+.PHONY: test check-install example oracle bench fuzz clean
 
 test:
 	$(PYTHON) -S test_bankml_convert.py
+
+# Every way in, from the files a fresh clone has, in a throwaway directory: pip install . into a new
+# venv, the wheel (contents and metadata), the file vendored alone under python3 -S -I, and
+# python3 -m bankml_convert; each converts the example to llama.cpp's sha256. Needs the package
+# registry (setuptools for the build); one line on success. CI runs it before the tests.
+check-install:
+	@$(PYTHON) oracle/check_install.py
 
 example:
 	mkdir -p build
@@ -37,4 +44,4 @@ fuzz:
 	$(PYTHON) oracle/fuzz.py --gguf --inputs 100000 --seed 1 --report build/fuzz/gguf-report.json
 
 clean:
-	rm -rf build
+	rm -rf build *.egg-info
