@@ -3006,16 +3006,28 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
     """write_gguf for a plan that finish_plan() completes (it must keep `tensors`); (sha256, size,
     plan).  With workers, they start converting tensor data before finish_plan() is called, so the
     vocabulary is read while they work."""
+    import signal
     part = out.with_name(out.name + ".part")
+    # The command line's SIGINT/SIGTERM handlers raise.  Raised between the .part's creation and the
+    # try that removes it, one left the .part behind (under load, a signal sent the moment the file
+    # appeared did), so those signals are held until that try has begun.
+    held = {signal.SIGINT, signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
     try:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise Refusal(f"{part} exists: another conversion is writing {out.name}, or one was "
-                      f"killed; remove {part.name} if no conversion is running") from None
-    except OSError as e:
-        raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+    except BaseException as e:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if isinstance(e, FileExistsError):
+            raise Refusal(f"{part} exists: another conversion is writing {out.name}, or one was "
+                          f"killed; remove {part.name} if no conversion is running") from None
+        if isinstance(e, OSError):
+            raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+        raise
     try:
         with open(fd, "wb", buffering=0) as f:
+            if held:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)    # a held signal is raised here
             unplaced = data_jobs(tensors, 0)
             if workers > 1 and len(unplaced) > 1:
                 plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress)
