@@ -197,20 +197,54 @@ class ParallelAndSequentialWriting(Workspace):
             os.waitpid(-1, os.WNOHANG)      # every worker was reaped
 
     def test_workers_keep_or_wait_until_the_header_size_is_known(self):
+        # The plan is finished only once both workers are seen waiting for the header or out of
+        # jobs (marks they leave through the patched helpers), so each run takes the path it names.
         d = self.case("sharded-3")
-        slow_plan = bc.plan_conversion
+        tensor_plan = bc.plan_tensor_data(d, bc.Options())
+        self.assertLessEqual(len(bc.data_jobs(tensor_plan.tensors, 0)), bc._JobQueue.MAX_AHEAD)
+        marks = Path(tempfile.mkdtemp(dir=self.tmp))
+        next_job, data_start = bc._next_job, bc._data_start
 
-        def plan_slowly(*args):
-            time.sleep(0.3)     # the workers run out of room or jobs before the header exists
-            return slow_plan(*args)
+        def mark(event):    # in a worker: its events, in order, in a file of its own
+            with open(marks / str(os.getpid()), "a") as f:
+                f.write(event + "\n")
+
+        def marking_next_job(todo):
+            i = next_job(todo)
+            if i is None:
+                mark("out of jobs")
+            return i
+
+        def marking_data_start(start, wait):
+            if wait:
+                mark("waiting")
+            return data_start(start, wait)
+
+        def plan_once_both_workers_wait_or_are_done():
+            deadline = time.monotonic() + 120
+            while len(list(marks.iterdir())) < 2:
+                self.assertLess(time.monotonic(), deadline, "the workers neither waited nor ran out of jobs")
+                time.sleep(0.005)
+            return bc.plan_conversion(d, bc.Options(), tensor_plan)
 
         for early_bytes in (1, 1 << 40):    # wait at once / keep every job until the header
             with self.subTest(early_bytes=early_bytes), \
                     mock.patch.object(bc, "_EARLY_BYTES", early_bytes), \
-                    mock.patch.object(bc, "plan_conversion", plan_slowly):
-                r = bc.convert(d, self.tmp / f"early{early_bytes}.gguf", bc.Options(workers=2))
-                self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
-                self.assertEqual(sha256_file(r.out), GOLDEN["sharded-3"]["sha256"])
+                    mock.patch.object(bc, "_next_job", marking_next_job), \
+                    mock.patch.object(bc, "_data_start", marking_data_start):
+                for m in marks.iterdir():
+                    m.unlink()
+                out = self.tmp / f"early{early_bytes}.gguf"
+                sha, _, _ = bc.write_gguf_while_planning(out, tensor_plan.tensors,
+                                                         plan_once_both_workers_wait_or_are_done, workers=2)
+                self.assertEqual(sha, GOLDEN["sharded-3"]["sha256"])
+                self.assertEqual(sha256_file(out), GOLDEN["sharded-3"]["sha256"])
+                events = sorted(m.read_text().split("\n")[:2] for m in marks.iterdir())
+                if early_bytes == 1:    # each waited after its first job
+                    self.assertEqual(events, [["waiting", "out of jobs"]] * 2)
+                else:                   # all jobs converted and kept, then the wait (by a worker that got any)
+                    self.assertIn(["out of jobs", "waiting"], events)
+                    self.assertLessEqual(set(map(tuple, events)), {("out of jobs", "waiting"), ("out of jobs", "")})
 
     def test_a_source_that_shrinks_mid_conversion_leaves_nothing(self):
         for workers in (1, 2):
