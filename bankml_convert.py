@@ -3121,12 +3121,14 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     todo = _JobQueue(len(unplaced), ahead=workers * (2 + _EARLY_BYTES // CHUNK_BYTES))
     pids = []
     flusher = None
-    # Frozen objects are never visited by this process's collector, which would otherwise write to
-    # every page the workers share with it, and pay a copy-on-write fault for each.  A caller's own
-    # frozen objects are left as they are.
-    froze = gc.get_freeze_count() == 0
-    if froze:
-        gc.freeze()
+    # This process's collector stays off while the workers run: a collection writes to every object
+    # it visits, so to pages the workers share with this process, each write a copy-on-write fault
+    # (the tokenizer parse makes many containers).  Not gc.freeze(): gc.unfreeze() thaws every
+    # frozen object, a caller's own too, so one call cannot undo only its own freeze; and Python 3.12
+    # starts with objects frozen, where "freeze only if nothing is" never froze.  What is parsed
+    # meanwhile makes no reference cycles, so nothing waits on the collector.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         for k in range(workers):
             pid = os.fork()
@@ -3172,8 +3174,8 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         for end in (read_end, write_end, start_read, start_write):
             if end >= 0:
                 os.close(end)
-        if froze:
-            gc.unfreeze()
+        if collecting:
+            gc.enable()
 
 
 def _build_tables_for(jobs: list[Job]) -> None:

@@ -270,6 +270,35 @@ class ParallelAndSequentialWriting(Workspace):
             self.assertEqual(sum(j.rows for j in jobs if j.tensor is t), bc._row_count(t.source))
         self.assertEqual(position, GOLDEN["shape-360m-instruct"]["bytes"])
 
+    def test_the_collector_stays_off_while_workers_run_and_a_caller_s_frozen_objects_stay_frozen(self):
+        # On every Python, 3.12 too (it starts with objects frozen, which once kept this off there).
+        d = self.case("sharded-3")
+        tensor_plan = bc.plan_tensor_data(d, bc.Options())
+        collecting = []
+
+        def finish_plan():
+            collecting.append(gc.isenabled())
+            return bc.plan_conversion(d, bc.Options(), tensor_plan)
+
+        gc.freeze()     # the caller's own
+        try:
+            frozen = gc.get_freeze_count()
+            sha, _, _ = bc.write_gguf_while_planning(self.tmp / "frozen.gguf", tensor_plan.tensors,
+                                                     finish_plan, workers=2)
+            self.assertEqual(sha, GOLDEN["sharded-3"]["sha256"])
+            self.assertEqual(collecting, [False])
+            self.assertTrue(gc.isenabled())
+            self.assertGreaterEqual(gc.get_freeze_count(), frozen)    # none thawed (3.12 may add some)
+        finally:
+            gc.unfreeze()
+        gc.disable()    # a caller that runs without the collector keeps it off
+        try:
+            bc.write_gguf_while_planning(self.tmp / "uncollected.gguf", tensor_plan.tensors, finish_plan,
+                                         workers=2)
+            self.assertFalse(gc.isenabled())
+        finally:
+            gc.enable()
+
 
 class ExampleModel(Workspace):
     def test_bundled_example_is_the_generated_example_case(self):
