@@ -3082,15 +3082,34 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
             f.close()
 
 
-def default_workers() -> int:
-    """How many processes convert in parallel: one per core, where fork is safe.
+# At most this many workers.  Not measured past 2 cores (every machine of this project has 2).
+# What the cap bounds: memory, since before the header exists each worker may keep _EARLY_BYTES
+# (16 MiB) of converted rows, so the process tree's extra memory stays under ~70 MiB whatever the
+# core count; and it costs no speed that could be had, since one parent hashes every byte on one
+# core (sha256 ~1 GB/s here) where a worker converts f16 at ~0.25 GB/s: from about 4 workers on,
+# the hashing, not the converting, sets the pace.
+_MAX_WORKERS = 4
 
-    Forking is only safe from a single-threaded process (a library caller may run threads) and
-    only where os.fork exists; elsewhere the conversion runs in this process.
+
+def default_workers() -> int:
+    """How many processes convert in parallel: one per core up to _MAX_WORKERS, where fork is safe.
+
+    Forking is only safe from a single-threaded process: the child gets a copy of every lock, and
+    one another thread held at that moment (malloc's, a C library's) is never released in it.  The
+    threads counted are the operating system's, so a native pool (torch, OpenMP, BLAS) that the
+    threading module cannot see counts too; where they cannot be counted (no /proc/self/task:
+    macOS, the BSDs) threading's count is what there is.  Without os.fork nothing is forked.
     """
-    if not hasattr(os, "fork") or threading.active_count() > 1:
+    if not hasattr(os, "fork") or _thread_count() > 1:
         return 1
-    return max(1, min(os.cpu_count() or 1, 4))
+    return max(1, min(os.cpu_count() or 1, _MAX_WORKERS))
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 _DONE = struct.Struct("<i")

@@ -299,6 +299,32 @@ class ParallelAndSequentialWriting(Workspace):
         finally:
             gc.enable()
 
+    @unittest.skipUnless(os.path.isdir("/proc/self/task"), "threads are counted where /proc/self/task exists")
+    def test_a_thread_the_threading_module_cannot_see_keeps_the_conversion_in_one_process(self):
+        import _thread
+        import threading
+        d = self.case("sharded-3")
+        started, release = _thread.allocate_lock(), _thread.allocate_lock()
+        started.acquire()
+        release.acquire()
+
+        def native_pool_thread():   # as torch's or OpenMP's threads are: unknown to threading
+            started.release()
+            release.acquire()
+        _thread.start_new_thread(native_pool_thread, ())
+        started.acquire()
+        try:
+            self.assertEqual(threading.active_count(), 1)
+            self.assertEqual(bc.default_workers(), 1)
+            with mock.patch.object(bc.os, "fork", side_effect=AssertionError("forked beside a thread")):
+                r = bc.convert(d, self.tmp / "threaded.gguf")
+            self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
+        finally:
+            release.release()
+            deadline = time.monotonic() + 30
+            while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)    # gone before the next test counts threads
+
 
 class ExampleModel(Workspace):
     def test_bundled_example_is_the_generated_example_case(self):
