@@ -171,7 +171,7 @@ class ParallelAndSequentialWriting(Workspace):
             self.assertEqual(bc._data_start(r, wait=True), 1234)
             os.close(w)
             w = -1
-            with self.assertRaisesRegex(bc.Refusal, "before its header"):
+            with self.assertRaisesRegex(bc.ConversionFailed, "before its header"):
                 bc._data_start(r, wait=True)
         finally:
             os.close(r)
@@ -324,6 +324,104 @@ class ParallelAndSequentialWriting(Workspace):
             deadline = time.monotonic() + 30
             while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
                 time.sleep(0.01)    # gone before the next test counts threads
+
+    def assertFailsLeavingNothing(self, d: Path, name: str, bug: bool, fragment: str, workers: int = 2):
+        with self.assertRaises(bc.ConversionFailed) as failed:
+            bc.convert(d, self.tmp / f"{name}.gguf", bc.Options(workers=workers))
+        self.assertEqual(failed.exception.bug, bug, failed.exception.what)
+        self.assertIn(fragment, failed.exception.what)
+        self.assertEqual([p.name for p in self.tmp.glob(f"{name}*")], [])
+        with self.assertRaises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)      # every worker was reaped
+
+    def test_a_killed_worker_is_a_failure_of_the_machine_not_a_refusal(self):
+        def killed(*args):
+            os.kill(os.getpid(), signal.SIGKILL)    # as the out-of-memory killer would
+        with mock.patch.object(bc, "job_pieces", killed):
+            self.assertFailsLeavingNothing(self.case("sharded-3"), "killed", False, "killed (SIGKILL)")
+
+    def test_a_worker_s_unexpected_exception_is_a_bug_that_says_where(self):
+        def broken(*args):
+            raise ZeroDivisionError("a bug")
+        with mock.patch.object(bc, "job_pieces", broken):
+            self.assertFailsLeavingNothing(self.case("sharded-3"), "bug", True, "ZeroDivisionError: a bug at line ")
+
+    def test_errors_writing_the_output_are_refused_with_the_way_out_or_fail_alike_in_every_path(self):
+        import errno
+        for code, way_out in ((errno.ENOSPC, "free space"), (errno.EDQUOT, "quota"), (errno.EROFS, "read-write"),
+                              (errno.EIO, None)):
+            for workers in (1, 2):
+                with self.subTest(error=errno.errorcode[code], workers=workers):
+                    error = OSError(code, os.strerror(code))
+                    d = self.case("bf16")
+                    # Each path's writing step: this process's, or the workers' (told over the pipe).
+                    with mock.patch.object(bc, "_write_tensor_data", side_effect=error), \
+                            mock.patch.object(bc, "_write_kept", side_effect=error):
+                        if way_out:
+                            with self.assertRaisesRegex(bc.Refusal, f"{os.strerror(code)}; nothing was written: .*{way_out}"):
+                                bc.convert(d, self.tmp / "full.gguf", bc.Options(workers=workers))
+                            self.assertEqual([p.name for p in self.tmp.glob("full*")], [])
+                        else:
+                            self.assertFailsLeavingNothing(d, "full", False, os.strerror(code), workers)
+
+    def test_a_short_write_is_carried_on_and_one_that_takes_nothing_is_a_full_disk(self):
+        import errno
+        pwritev = os.pwritev
+
+        def three_bytes_a_call(fd, buffers, pos):
+            return pwritev(fd, [b"".join(map(bytes, buffers))[:3]], pos)
+        with tempfile.TemporaryFile(dir=self.tmp) as f:
+            with mock.patch.object(bc.os, "pwritev", three_bytes_a_call):
+                bc._pwrite_all(f.fileno(), [b"abcd", b"", b"efghij", bytearray(b"k")], 5)
+            self.assertEqual(f.read(), bytes(5) + b"abcdefghijk")
+            with mock.patch.object(bc.os, "pwritev", return_value=0), self.assertRaises(OSError) as e:
+                bc._pwrite_all(f.fileno(), [b"x"], 0)
+            self.assertEqual(e.exception.errno, errno.ENOSPC)
+
+    def test_a_worker_s_error_record_arrives_whole_even_split_across_reads(self):
+        import errno
+        cases = [(bc.Refusal("model.safetensors changed while it was being converted"), bc.Refusal),
+                 (OSError(errno.ENOSPC, "No space left on device"), OSError),
+                 (bc.ConversionFailed("x" * 2000, bug=False), bc.ConversionFailed)]
+        for error, kind in cases:
+            with self.subTest(error=type(error).__name__):
+                record = bc._error_record(error)
+                self.assertLessEqual(len(record), 512)     # one write: never interleaved
+                (code,) = bc._DONE.unpack_from(record)
+                r, w = os.pipe()
+                try:
+                    os.write(w, record[bc._DONE.size + 3:])     # a read stopped 3 bytes into the rest
+                    got = bc._worker_error(code, record[bc._DONE.size:bc._DONE.size + 3], r)
+                finally:
+                    os.close(r)
+                    os.close(w)
+                self.assertIs(type(got), kind)
+                self.assertEqual(str(got), str(error)[:500])
+                self.assertEqual(getattr(got, "errno", None), getattr(error, "errno", None))
+                self.assertEqual(getattr(got, "bug", None), getattr(error, "bug", None))
+
+    def test_the_command_line_says_failed_not_refuse_exits_3_and_leaves_nothing(self):
+        def killed(*args):
+            os.kill(os.getpid(), signal.SIGKILL)
+        d = self.case("sharded-3")
+        out = self.tmp / "cli-failed.gguf"
+        for extra in ((), ("--json",)):
+            with self.subTest(extra=extra), mock.patch.object(bc, "default_workers", return_value=2), \
+                    mock.patch.object(bc, "job_pieces", killed), \
+                    contextlib.redirect_stdout(io.StringIO()) as stdout, \
+                    contextlib.redirect_stderr(io.StringIO()) as stderr:
+                code = bc.main([str(d), "-o", str(out), *extra])
+            self.assertEqual(code, 3, stderr.getvalue())
+            self.assertRegex(stderr.getvalue(), r"^bankml convert: failed: a conversion worker was killed "
+                                                r"\(SIGKILL\).* \(this is not a problem with your model: a fault "
+                                                r"of this machine .*\); nothing was written\n$")
+            self.assertEqual([p.name for p in self.tmp.glob("cli-failed*")], [])
+            if extra:
+                doc = json.loads(stdout.getvalue())
+                self.assertEqual((doc["ok"], doc["exit"], doc["bug"]), (False, 3, False))
+                self.assertIn("SIGKILL", doc["failure"])
+            else:
+                self.assertEqual(stdout.getvalue(), "")
 
 
 class ExampleModel(Workspace):
