@@ -346,6 +346,10 @@ class ParallelAndSequentialWriting(Workspace):
         with mock.patch.object(bc, "job_pieces", broken):
             self.assertFailsLeavingNothing(self.case("sharded-3"), "bug", True, "ZeroDivisionError: a bug at line ")
 
+    def test_an_output_that_shrinks_under_the_workers_is_a_fault_of_the_machine(self):
+        with mock.patch.object(bc.os, "preadv", return_value=0):    # read back short: truncated by another program
+            self.assertFailsLeavingNothing(self.case("sharded-3"), "shrunk-out", False, "became shorter")
+
     def test_errors_writing_the_output_are_refused_with_the_way_out_or_fail_alike_in_every_path(self):
         import errno
         for code, way_out in ((errno.ENOSPC, "free space"), (errno.EDQUOT, "quota"), (errno.EROFS, "read-write"),
