@@ -427,6 +427,20 @@ class ParallelAndSequentialWriting(Workspace):
             else:
                 self.assertEqual(stdout.getvalue(), "")
 
+    def test_an_unexpected_exception_on_the_command_line_prints_its_traceback_then_fails_as_a_bug(self):
+        d = self.case("bf16")
+        out = self.tmp / "cli-bug.gguf"
+        with mock.patch.object(bc, "plan_tensor_data", side_effect=ZeroDivisionError("a bug")), \
+                contextlib.redirect_stdout(io.StringIO()) as stdout, \
+                contextlib.redirect_stderr(io.StringIO()) as stderr:
+            code = bc.main([str(d), "-o", str(out)])
+        self.assertEqual(code, 3)
+        self.assertIn("Traceback", stderr.getvalue())
+        self.assertTrue(stderr.getvalue().endswith(
+            "bankml convert: failed: ZeroDivisionError: a bug (this is not a problem with your model: a bug "
+            "in bankml_convert; please report it); nothing was written\n"), stderr.getvalue())
+        self.assertEqual((stdout.getvalue(), list(self.tmp.glob("cli-bug*"))), ("", []))
+
 
 class ExampleModel(Workspace):
     def test_bundled_example_is_the_generated_example_case(self):
