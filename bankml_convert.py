@@ -3026,6 +3026,7 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path]) -> None
 # Every record is one write of at most 512 bytes (POSIX's smallest PIPE_BUF), so records of
 # several processes never interleave; end-of-file ends every wait, so no worker outlives the parent.
 
+
 def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
                progress=None) -> tuple[str, int]:
     """Write the GGUF to OUT.part, hashing as it goes, then rename it to OUT; (sha256, size).
