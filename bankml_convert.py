@@ -53,7 +53,7 @@ __version__ = "0.1.0"
 
 # The API: what the README documents.  Everything else may change between versions; the tests
 # reach into it, callers should not.
-__all__ = ["convert", "Options", "Report", "InputFile", "Refusal", "fork_json", "verify", "dry_run",
+__all__ = ["convert", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
            "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
 
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
@@ -71,6 +71,21 @@ class Refusal(Exception):
         reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in reason)
         super().__init__(reason)
         self.reason = reason
+
+
+class ConversionFailed(Exception):
+    """A conversion that broke down for a reason that is not its input: a bug in bankml_convert
+    (``bug``), or else a fault of the machine it ran on (a worker killed for memory, the output
+    changed by another program, a disk failing).  Nothing is written.
+
+    The command line prints ``bankml convert: failed: <what> (...)`` and exits 3.
+    """
+
+    def __init__(self, what: str, bug: bool = True):
+        what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what)     # one line, as a Refusal
+        super().__init__(what)
+        self.what = what
+        self.bug = bug
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3174,6 +3189,29 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path]) -> None
             raise Refusal(f"the output {out} is one of the inputs ({f.name})")
 
 
+# ---------------------------------------------------------------------------------------------
+# Writing the output: OUT.part written by this process, or by forked workers that pwrite into it,
+# hashed in file order as it is completed, and renamed to OUT only when whole.
+# ---------------------------------------------------------------------------------------------
+#
+# With workers, after the fork (an end not named here is closed in that process):
+#
+#   parent                          record on the pipe                        each worker
+#   _JobQueue's send end   ------>  _JOB: a job number                 ---->  todo (shared)
+#       closed once every job is handed out: end-of-file tells a worker there is no more work
+#   start_write            ------>  _DATA_START: where the tensor data ---->  start (shared)
+#                                   starts, one copy per worker
+#       end-of-file before it: the parent gave up while planning, and the worker stops
+#   report (read end)      <------  _DONE: a job written; or a negative <---  report (shared)
+#                                   _DONE (the error's kind), _ERROR, text
+#       end-of-file: every worker has exited; before every job is done, one of them died
+#   the .part's fd, shared: workers pwritev converted rows at their jobs' offsets; the parent
+#       pwrites the header, sizes the file, and reads each completed range back to hash it
+#
+# Every record is one write of at most 512 bytes (POSIX's smallest PIPE_BUF), so records of
+# several processes never interleave; end-of-file ends every wait, so no worker outlives the parent.
+
+
 def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
                progress=None) -> tuple[str, int]:
     """Write the GGUF to OUT.part, hashing as it goes, then rename it to OUT; (sha256, size).
@@ -3190,17 +3228,30 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
                               progress=None) -> tuple[str, int, Plan]:
     """write_gguf for a plan that finish_plan() completes (it must keep `tensors`); (sha256, size,
     plan).  With workers, they start converting tensor data before finish_plan() is called, so the
-    vocabulary is read while they work."""
+    vocabulary is read while they work.  Writing errors the user can remedy (a full disk, a file
+    size limit, no permission) are Refusals that say so; the rest is a ConversionFailed."""
+    import signal
     part = out.with_name(out.name + ".part")
+    # The command line's SIGINT/SIGTERM handlers raise.  Raised between the .part's creation and the
+    # try that removes it, one left the .part behind (under load, a signal sent the moment the file
+    # appeared did), so those signals are held until that try has begun.
+    held = {signal.SIGINT, signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
     try:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise Refusal(f"{part} exists: another conversion is writing {out.name}, or one was "
-                      f"killed; remove {part.name} if no conversion is running") from None
-    except OSError as e:
-        raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+    except BaseException as e:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if isinstance(e, FileExistsError):
+            raise Refusal(f"{part} exists: another conversion is writing {out.name}, or one was "
+                          f"killed; remove {part.name} if no conversion is running") from None
+        if isinstance(e, OSError):
+            raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+        raise
     try:
         with open(fd, "wb", buffering=0) as f:
+            if held:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)    # a held signal is raised here
             unplaced = data_jobs(tensors, 0)
             if workers > 1 and len(unplaced) > 1:
                 plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress)
@@ -3218,8 +3269,9 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
                     w.abort()
                     raise
             size = gguf_size(data_jobs(plan.tensors, len(plan.header))) or len(plan.header)
-            if os.fstat(fd).st_size != size:
-                raise AssertionError(f"wrote {os.fstat(fd).st_size} bytes, planned {size}")
+            written = os.fstat(fd).st_size
+            if written != size:
+                raise ConversionFailed(f"{part.name} holds {written} bytes where {size} were planned")
             os.fsync(fd)
         os.replace(part, out)
     except BaseException as e:
@@ -3228,9 +3280,33 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise Refusal(f"writing {out} failed: {e.strerror or e}; nothing was written") from None
+            raise _writing_failed(out, e) from None
         raise
     return sha, size, plan
+
+
+def _writing_failed(out: Path, e: OSError) -> Exception:
+    """What an OSError while writing out stands for: a Refusal or a ConversionFailed.
+
+    A full disk or quota, a file size limit, or a place the user may not write is their situation,
+    not their model's and not a fault: like an output directory that does not exist, it is refused
+    with the way out, and the same command succeeds once that is taken.  Anything else (EIO: the
+    disk failing, ...) is the machine's, a ConversionFailed.
+    """
+    ways_out = {
+        "ENOSPC": "free space on that file system, or write the output elsewhere",
+        "EDQUOT": "free space within your disk quota, or write the output elsewhere",
+        "EFBIG": "raise the file size limit (ulimit -f), or write to a file system that holds files this large",
+        "EACCES": "write the output where you may create files",
+        "EPERM": "write the output where you may create files",
+        "EROFS": "write the output to a file system mounted read-write",
+    }
+    import errno
+    reason = f"writing {out} failed: {e.strerror or e}"
+    way_out = ways_out.get(errno.errorcode.get(e.errno or 0, ""))
+    if way_out:
+        return Refusal(f"{reason}; nothing was written: {way_out}")
+    return ConversionFailed(reason, bug=False)
 
 
 def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None:
@@ -3246,7 +3322,7 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
                 w.write(piece)
                 written += len(piece)
             if written != job.out_len:
-                raise AssertionError(f"{job.tensor.name}: converted {written} bytes, planned {job.out_len}")
+                raise ConversionFailed(f"{job.tensor.name}: converted {written} bytes, planned {job.out_len}")
             w.write(bytes(job.pad_after))
             if progress:
                 progress(job.out_pos + job.out_len + job.pad_after, gguf_size(jobs), job.tensor.name)
@@ -3255,18 +3331,46 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
             f.close()
 
 
+# At most this many workers.  Not measured past 2 cores (every machine of this project has 2).
+# What the cap bounds: memory, since before the header exists each worker may keep _EARLY_BYTES
+# (16 MiB) of converted rows, so the process tree's extra memory stays under ~70 MiB whatever the
+# core count; and it costs no speed that could be had, since one parent hashes every byte on one
+# core (sha256 ~1 GB/s here) where a worker converts f16 at ~0.25 GB/s: from about 4 workers on,
+# the hashing, not the converting, sets the pace.
+_MAX_WORKERS = 4
+
+
 def default_workers() -> int:
-    """How many processes convert in parallel: one per core, where fork is safe.
+    """How many processes convert in parallel: one per core up to _MAX_WORKERS, where fork is safe.
 
-    Forking is only safe from a single-threaded process (a library caller may run threads) and
-    only where os.fork exists; elsewhere the conversion runs in this process.
+    Forking is only safe from a single-threaded process: the child gets a copy of every lock, and
+    one another thread held at that moment (malloc's, a C library's) is never released in it.  The
+    threads counted are the operating system's, so a native pool (torch, OpenMP, BLAS) that the
+    threading module cannot see counts too; where they cannot be counted (no /proc/self/task:
+    macOS, the BSDs) threading's count is what there is.  Without os.fork nothing is forked.
     """
-    if not hasattr(os, "fork") or threading.active_count() > 1:
+    if not hasattr(os, "fork") or _thread_count() > 1:
         return 1
-    return max(1, min(os.cpu_count() or 1, 4))
+    return max(1, min(os.cpu_count() or 1, _MAX_WORKERS))
 
 
-_DONE = struct.Struct("<i")
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+# The pipes' records (the diagram above).  Each is sent in one write of at most _RECORD_MAX bytes,
+# POSIX's smallest PIPE_BUF: the most that any pipe must deliver unbroken by other writers' records.
+_JOB = struct.Struct("<i")          # job queue: a job number
+_DONE = struct.Struct("<i")         # report pipe: a job written, or a negative error kind, then
+_ERROR = struct.Struct("<iI")       # the errno (0 if none) and the length of the text that follows
+_RECORD_MAX = 512
+# The error kinds: what the parent raises for them is a Refusal, an OSError (with that errno),
+# or a ConversionFailed that is a bug or a fault of the machine.
+_REFUSED, _OS_ERROR, _BUG, _FAULT = -1, -2, -3, -4
+_REPORTS_PER_READ = 1024            # _DONE records one read of the report pipe may take
 
 
 def gguf_size(jobs: list[Job]) -> int:
@@ -3286,20 +3390,24 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     finished job on a pipe, and this process hashes the output as soon as the next range in file
     order is complete (reading it back from the page cache), so no second pass is needed at the end.
     Meanwhile a thread flushes what is hashed to disk, so the closing fsync has little left to wait
-    for.  A worker that fails reports why; any failure ends the others and raises here.
+    for.  A worker that fails reports why, and any failure ends the others and raises here: a
+    worker's Refusal or OSError as this process's own would be, anything else as ConversionFailed.
     """
+    import signal
     _build_tables_for(unplaced)     # once, while the second core is idle, rather than in each worker
     read_end, write_end = os.pipe()
     start_read, start_write = os.pipe()
     todo = _JobQueue(len(unplaced), ahead=workers * (2 + _EARLY_BYTES // CHUNK_BYTES))
     pids = []
     flusher = None
-    # Frozen objects are never visited by this process's collector, which would otherwise write to
-    # every page the workers share with it, and pay a copy-on-write fault for each.  A caller's own
-    # frozen objects are left as they are.
-    froze = gc.get_freeze_count() == 0
-    if froze:
-        gc.freeze()
+    # This process's collector stays off while the workers run: a collection writes to every object
+    # it visits, so to pages the workers share with this process, each write a copy-on-write fault
+    # (the tokenizer parse makes many containers).  Not gc.freeze(): gc.unfreeze() thaws every
+    # frozen object, a caller's own too, so one call cannot undo only its own freeze; and Python 3.12
+    # starts with objects frozen, where "freeze only if nothing is" never froze.  What is parsed
+    # meanwhile makes no reference cycles, so nothing waits on the collector.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         for k in range(workers):
             pid = os.fork()
@@ -3315,21 +3423,23 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         todo.close_receiving()
         plan = finish_plan()
         if data_jobs(plan.tensors, 0) != unplaced:
-            raise AssertionError("the finished plan's tensors are not those being converted")
+            raise ConversionFailed("the finished plan's tensors are not those being converted")
         jobs = data_jobs(plan.tensors, len(plan.header))
-        if os.pwrite(fd, plan.header, 0) != len(plan.header):
-            raise OSError(28, "short write")
+        _pwrite_all(fd, [plan.header], 0)
         os.ftruncate(fd, gguf_size(jobs))      # the padding between tensors is these zeros
-        os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
+        try:
+            os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
+        except BrokenPipeError:
+            pass    # every worker has exited already; their reports and statuses say why
         sha = hashlib.sha256(plan.header)
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread
         flusher = _Flusher(fd)
-        _hash_as_done(fd, jobs, read_end, sha, todo, flusher, progress)
-        failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
+        finished = _hash_as_done(fd, jobs, read_end, sha, todo, flusher, progress)
+        statuses = [os.waitpid(pid, 0)[1] for pid in pids]     # all exited: their report ends closed
         pids = []
-        if failed:
-            raise Refusal("a conversion worker failed; nothing was written")
+        if not finished or any(statuses):
+            raise _lost_worker(statuses)
         return plan, sha.hexdigest()
     finally:
         todo.close_sending()
@@ -3337,7 +3447,7 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             flusher.stop()
         for pid in pids:
             try:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
             except OSError:
                 pass
@@ -3345,8 +3455,8 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         for end in (read_end, write_end, start_read, start_write):
             if end >= 0:
                 os.close(end)
-        if froze:
-            gc.unfreeze()
+        if collecting:
+            gc.enable()
 
 
 def _build_tables_for(jobs: list[Job]) -> None:
@@ -3362,15 +3472,15 @@ _DATA_START = struct.Struct("<Q")
 
 
 class _JobQueue:
-    """Job numbers on a pipe, handed out a few ahead of the finished ones; workers read 4 bytes each.
+    """Job numbers on a pipe, handed out a few ahead of the finished ones; workers read one _JOB each.
 
-    A pipe delivers writes of up to PIPE_BUF bytes whole, so every read of 4 bytes is one number;
-    keeping only a few queued bounds the pipe whatever the number of jobs.
+    A pipe delivers writes of up to PIPE_BUF bytes whole, so every read of _JOB.size bytes is one
+    number; keeping only a few queued bounds the pipe whatever the number of jobs.
     """
 
-    # 512 bytes, POSIX's smallest PIPE_BUF: every write arrives whole and fits any pipe, so handing
-    # out never blocks on workers that are waiting for this process.
-    MAX_AHEAD = 128
+    # _RECORD_MAX bytes, POSIX's smallest PIPE_BUF: every write arrives whole and fits any pipe, so
+    # handing out never blocks on workers that are waiting for this process.
+    MAX_AHEAD = _RECORD_MAX // _JOB.size
 
     def __init__(self, n_jobs: int, ahead: int) -> None:
         self.receive_end, self._send_end = os.pipe()
@@ -3381,7 +3491,10 @@ class _JobQueue:
     def hand_out(self, count: int) -> None:
         stop = min(self._n_jobs, self._next + count)
         if self._next < stop:
-            os.write(self._send_end, b"".join(_DONE.pack(i) for i in range(self._next, stop)))
+            try:
+                os.write(self._send_end, b"".join(_JOB.pack(i) for i in range(self._next, stop)))
+            except BrokenPipeError:     # every worker has exited; the report pipe's end says why
+                stop = self._n_jobs
             self._next = stop
         if self._next == self._n_jobs:
             self.close_sending()    # workers stop at the end of the pipe
@@ -3398,13 +3511,22 @@ class _JobQueue:
 
 
 def _next_job(todo: int) -> int | None:
-    got = b""
-    while len(got) < 4:
-        more = os.read(todo, 4 - len(got))
+    got = _read_on(todo, b"", _JOB.size)
+    return _JOB.unpack(got)[0] if got else None
+
+
+def _read_on(fd: int, got: bytes, size: int) -> bytes:
+    """got and what follows it on fd, up to size bytes; b"" at end-of-file before any of it.
+
+    A record arrives whole, but a read can stop inside it when an earlier read took its start."""
+    while len(got) < size:
+        more = os.read(fd, size - len(got))
         if not more:
-            return None
+            if got:
+                raise ConversionFailed("a pipe between the conversion's processes ended inside a record")
+            return b""
         got += more
-    return _DONE.unpack(got)[0]
+    return got
 
 
 def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) -> None:
@@ -3427,8 +3549,8 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
                 files[path] = open(path, "rb", buffering=0)
             pieces = list(job_pieces(job, files[path], buffer))
             if sum(map(len, pieces)) != job.out_len:
-                raise AssertionError(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
-                                     f"planned {job.out_len}")
+                raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
+                                       f"planned {job.out_len}")
             kept.append((i, pieces))
             kept_bytes += job.out_len
             if data_start is None:
@@ -3440,14 +3562,74 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
             _write_kept(fd, unplaced, kept, _data_start(start, wait=True), report)
         status = 0
     except BaseException as e:
-        message = (e.reason if isinstance(e, Refusal) else
-                   f"{e.strerror}" if isinstance(e, OSError) and e.strerror else repr(e))
         try:
-            os.write(report, _DONE.pack(-1) + message.encode("utf-8", "replace")[:3000])
-        except OSError:
-            pass
+            os.write(report, _error_record(e))
+        except BaseException:
+            pass    # the parent learns from the exit status alone
     finally:
         os._exit(status)
+
+
+def _error_record(e: BaseException) -> bytes:
+    """A worker's exception as one report record: what the parent raises in its place is the same
+    Refusal, an OSError with the same errno, or a ConversionFailed of the same kind."""
+    err = 0
+    if isinstance(e, Refusal):
+        kind, text = _REFUSED, e.reason
+    elif isinstance(e, OSError) and e.errno:
+        kind, err, text = _OS_ERROR, e.errno, e.strerror or str(e)
+    elif isinstance(e, ConversionFailed):
+        kind, text = (_BUG if e.bug else _FAULT), e.what
+    elif isinstance(e, MemoryError):
+        kind, text = _FAULT, "a conversion worker ran out of memory"
+    else:
+        kind, text = _BUG, f"a conversion worker raised {type(e).__name__}: {e}{_where(e)}"
+    data = text.encode("utf-8", "replace")[:_RECORD_MAX - _DONE.size - _ERROR.size]
+    return _DONE.pack(kind) + _ERROR.pack(err, len(data)) + data
+
+
+def _where(e: BaseException) -> str:
+    """Where in this file an exception was raised (its innermost frame here), for a bug report."""
+    where = ""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == __file__:
+            where = f" at line {tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return where
+
+
+def _worker_error(kind: int, got: bytes, report: int) -> Exception:
+    """The exception to raise for a worker's error record; got is what followed its kind so far."""
+    got = _read_on(report, got, _ERROR.size)
+    err, length = _ERROR.unpack_from(got)
+    text = _read_on(report, got, _ERROR.size + length)[_ERROR.size:].decode("utf-8", "replace")
+    if kind == _REFUSED:
+        return Refusal(text)
+    if kind == _OS_ERROR:
+        return OSError(err, text)
+    return ConversionFailed(text, bug=kind != _FAULT)
+
+
+def _lost_worker(statuses: list[int]) -> ConversionFailed:
+    """Why workers stopped without reporting an error, from their wait statuses."""
+    import signal
+    for status in statuses:
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            if -code == signal.SIGKILL:     # what the kernel's out-of-memory killer sends
+                return ConversionFailed(f"a conversion worker was killed ({name}); the machine may have "
+                                        f"run out of memory", bug=False)
+            if -code in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT):
+                return ConversionFailed(f"a conversion worker crashed ({name})")
+            return ConversionFailed(f"a conversion worker was stopped by {name}", bug=False)
+        if code:
+            return ConversionFailed(f"a conversion worker exited with status {code} without a report")
+    return ConversionFailed("the conversion workers exited before every job was done")
 
 
 def _write_kept(fd: int, unplaced: list[Job], kept: list[tuple[int, list]], data_start: int,
@@ -3468,7 +3650,7 @@ def _data_start(start: int, wait: bool) -> int | None:
         return None
     got = os.read(start, _DATA_START.size)
     if len(got) != _DATA_START.size:
-        raise Refusal("the conversion stopped before its header was written")
+        raise ConversionFailed("the conversion stopped before its header was written", bug=False)
     return _DATA_START.unpack(got)[0]
 
 
@@ -3476,13 +3658,23 @@ _IOV_MAX = 512      # well under every system's IOV_MAX (1024 on Linux)
 
 
 def _pwrite_all(fd: int, pieces: list, pos: int) -> None:
-    """Write pieces back to back at pos without joining them first."""
-    for first in range(0, len(pieces), _IOV_MAX):
-        group = pieces[first:first + _IOV_MAX]
-        size = sum(map(len, group))
-        if os.pwritev(fd, group, pos) != size:
-            raise OSError(28, "short write")
-        pos += size
+    """Write pieces back to back at pos without joining them first.
+
+    A short write (the disk filled, the file size limit reached) is carried on, so its cause
+    arrives as the OSError of the next call, with its own errno."""
+    import errno
+    pieces = [p for p in pieces if len(p)]
+    first = 0
+    while first < len(pieces):
+        n = os.pwritev(fd, pieces[first:first + _IOV_MAX], pos)
+        if not n:   # a regular file takes nothing without an error only when it can grow no more
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        pos += n
+        while first < len(pieces) and n >= len(pieces[first]):
+            n -= len(pieces[first])
+            first += 1
+        if n:
+            pieces[first] = memoryview(pieces[first])[n:]
 
 
 class _Flusher:
@@ -3527,36 +3719,48 @@ class _Flusher:
 
 
 def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, flusher: _Flusher,
-                  progress=None) -> None:
+                  progress=None) -> bool:
+    """Hash the output in file order as the workers report jobs written; True once all are, False
+    if the reports ended first (every worker has exited).  A worker's error record is raised."""
     done = bytearray(len(jobs))
     next_job = 0
     hashed = jobs[0].out_pos if jobs else 0
     buffer = bytearray(max((j.out_len + j.pad_after for j in jobs), default=0))
     pending = b""
     while next_job < len(jobs):
-        got = os.read(report, 4096)
+        got = os.read(report, _REPORTS_PER_READ * _DONE.size)
         if not got:
-            raise Refusal("a conversion worker stopped before finishing; nothing was written")
+            return False
         pending += got
-        while len(pending) >= 4:
-            (i,) = _DONE.unpack_from(pending)
+        at = 0
+        while len(pending) - at >= _DONE.size:
+            (i,) = _DONE.unpack_from(pending, at)
+            at += _DONE.size
             if i < 0:
-                raise Refusal(f"converting failed: {pending[4:].decode('utf-8', 'replace')}")
+                raise _worker_error(i, pending[at:], report)
             done[i] = 1
-            pending = pending[4:]
             todo.hand_out(1)
+        pending = pending[at:]
         while next_job < len(jobs) and done[next_job]:
             job = jobs[next_job]
             end = job.out_pos + job.out_len + job.pad_after
             view = memoryview(buffer)[:end - hashed]
             if os.preadv(fd, [view], hashed) != len(view):
-                raise Refusal("the output file changed while it was being written")
+                raise ConversionFailed("the output became shorter while it was being written: another "
+                                       "program truncated or replaced it", bug=False)
             sha.update(view)
             hashed = end
             next_job += 1
             flusher.written_to(hashed)
             if progress:
                 progress(end, gguf_size(jobs), job.tensor.name)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The conversion: convert() ties the plan, the writing above and the inputs' sha256s, hashed on a
+# thread beside the writing, into a Report.
+# ---------------------------------------------------------------------------------------------
 
 
 def hash_file(path: Path) -> InputFile:
@@ -3600,7 +3804,8 @@ class InputHasher:
 
 
 def convert(model_dir, out, options: Options | None = None) -> Report:
-    """Convert model_dir to the GGUF llama.cpp would write at out; a Refusal says why not.
+    """Convert model_dir to the GGUF llama.cpp would write at out; a Refusal says why not, a
+    ConversionFailed what broke (a bug, or a fault of the machine).
 
     ``out`` may hold llama.cpp's ``{ftype}`` template.  Nothing exists at ``out`` unless the
     conversion completed.
@@ -4812,8 +5017,30 @@ def refusal_json(reason: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Command line: `bankml_convert.py DIR -o OUT.gguf` converts; `inspect`, `verify` and `diff` look
-# at files. Exit codes: 0 ok, 1 verify/diff found a difference, 2 refused or unreadable.
+# at files. Exit codes: 0 ok, 1 verify/diff found a difference, 2 refused or unreadable, 3 the
+# conversion failed (ConversionFailed: a bug or a fault of the machine, not the input), 128+N signal N.
 # ---------------------------------------------------------------------------------------------
+
+_EXIT_FAILED = 3
+
+
+def failure_json(failure: ConversionFailed) -> str:
+    """A failed conversion as one line of JSON, as refusal_json is a refusal; the exit code is 3."""
+    return json.dumps({"ok": False, "failure": failure.what, "bug": failure.bug, "exit": _EXIT_FAILED},
+                      ensure_ascii=False)
+
+
+def _conversion_failed(failure: ConversionFailed, as_json: bool = False) -> int:
+    # Not "refuse": a refusal tells the user their input is outside what is reproduced; this is
+    # the program's or the machine's doing, and says which, so it is reported to the right place.
+    cause = ("a bug in bankml_convert; please report it" if failure.bug else
+             "a fault of this machine or of another program; converting again may succeed")
+    print(f"bankml convert: failed: {failure.what} (this is not a problem with your model: {cause}); "
+          f"nothing was written", file=sys.stderr)
+    if as_json:
+        print(failure_json(failure))
+    return _EXIT_FAILED
+
 
 SUBCOMMANDS = ("inspect", "verify", "diff")
 
@@ -5033,6 +5260,14 @@ def _convert(args: argparse.Namespace) -> int:
             _write_text_atomically(fork, fork_json(report, source))
     except Refusal as e:
         return _failed("convert", e.reason, args.json)
+    except ConversionFailed as e:
+        return _conversion_failed(e, args.json)
+    except Exception as e:      # a bug past every check: its traceback for the report, then the line
+        import traceback
+        traceback.print_exc()
+        failure = (ConversionFailed("out of memory", bug=False) if isinstance(e, MemoryError) else
+                   ConversionFailed(f"{type(e).__name__}: {e}"))
+        return _conversion_failed(failure, args.json)
     except _Interrupted as e:
         print(f"bankml convert: interrupted by signal {e.signum}; nothing was written", file=sys.stderr)
         return 128 + e.signum

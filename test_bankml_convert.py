@@ -172,7 +172,7 @@ class ParallelAndSequentialWriting(Workspace):
             self.assertEqual(bc._data_start(r, wait=True), 1234)
             os.close(w)
             w = -1
-            with self.assertRaisesRegex(bc.Refusal, "before its header"):
+            with self.assertRaisesRegex(bc.ConversionFailed, "before its header"):
                 bc._data_start(r, wait=True)
         finally:
             os.close(r)
@@ -198,20 +198,54 @@ class ParallelAndSequentialWriting(Workspace):
             os.waitpid(-1, os.WNOHANG)      # every worker was reaped
 
     def test_workers_keep_or_wait_until_the_header_size_is_known(self):
+        # The plan is finished only once both workers are seen waiting for the header or out of
+        # jobs (marks they leave through the patched helpers), so each run takes the path it names.
         d = self.case("sharded-3")
-        slow_plan = bc.plan_conversion
+        tensor_plan = bc.plan_tensor_data(d, bc.Options())
+        self.assertLessEqual(len(bc.data_jobs(tensor_plan.tensors, 0)), bc._JobQueue.MAX_AHEAD)
+        marks = Path(tempfile.mkdtemp(dir=self.tmp))
+        next_job, data_start = bc._next_job, bc._data_start
 
-        def plan_slowly(*args):
-            time.sleep(0.3)     # the workers run out of room or jobs before the header exists
-            return slow_plan(*args)
+        def mark(event):    # in a worker: its events, in order, in a file of its own
+            with open(marks / str(os.getpid()), "a") as f:
+                f.write(event + "\n")
+
+        def marking_next_job(todo):
+            i = next_job(todo)
+            if i is None:
+                mark("out of jobs")
+            return i
+
+        def marking_data_start(start, wait):
+            if wait:
+                mark("waiting")
+            return data_start(start, wait)
+
+        def plan_once_both_workers_wait_or_are_done():
+            deadline = time.monotonic() + 120
+            while len(list(marks.iterdir())) < 2:
+                self.assertLess(time.monotonic(), deadline, "the workers neither waited nor ran out of jobs")
+                time.sleep(0.005)
+            return bc.plan_conversion(d, bc.Options(), tensor_plan)
 
         for early_bytes in (1, 1 << 40):    # wait at once / keep every job until the header
             with self.subTest(early_bytes=early_bytes), \
                     mock.patch.object(bc, "_EARLY_BYTES", early_bytes), \
-                    mock.patch.object(bc, "plan_conversion", plan_slowly):
-                r = bc.convert(d, self.tmp / f"early{early_bytes}.gguf", bc.Options(workers=2))
-                self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
-                self.assertEqual(sha256_file(r.out), GOLDEN["sharded-3"]["sha256"])
+                    mock.patch.object(bc, "_next_job", marking_next_job), \
+                    mock.patch.object(bc, "_data_start", marking_data_start):
+                for m in marks.iterdir():
+                    m.unlink()
+                out = self.tmp / f"early{early_bytes}.gguf"
+                sha, _, _ = bc.write_gguf_while_planning(out, tensor_plan.tensors,
+                                                         plan_once_both_workers_wait_or_are_done, workers=2)
+                self.assertEqual(sha, GOLDEN["sharded-3"]["sha256"])
+                self.assertEqual(sha256_file(out), GOLDEN["sharded-3"]["sha256"])
+                events = sorted(m.read_text().split("\n")[:2] for m in marks.iterdir())
+                if early_bytes == 1:    # each waited after its first job
+                    self.assertEqual(events, [["waiting", "out of jobs"]] * 2)
+                else:                   # all jobs converted and kept, then the wait (by a worker that got any)
+                    self.assertIn(["out of jobs", "waiting"], events)
+                    self.assertLessEqual(set(map(tuple, events)), {("out of jobs", "waiting"), ("out of jobs", "")})
 
     def test_a_source_that_shrinks_mid_conversion_leaves_nothing(self):
         for workers in (1, 2):
@@ -236,6 +270,177 @@ class ParallelAndSequentialWriting(Workspace):
         for t in plan.tensors:
             self.assertEqual(sum(j.rows for j in jobs if j.tensor is t), bc._row_count(t.source))
         self.assertEqual(position, GOLDEN["shape-360m-instruct"]["bytes"])
+
+    def test_the_collector_stays_off_while_workers_run_and_a_caller_s_frozen_objects_stay_frozen(self):
+        # On every Python, 3.12 too (it starts with objects frozen, which once kept this off there).
+        d = self.case("sharded-3")
+        tensor_plan = bc.plan_tensor_data(d, bc.Options())
+        collecting = []
+
+        def finish_plan():
+            collecting.append(gc.isenabled())
+            return bc.plan_conversion(d, bc.Options(), tensor_plan)
+
+        gc.freeze()     # the caller's own
+        try:
+            frozen = gc.get_freeze_count()
+            sha, _, _ = bc.write_gguf_while_planning(self.tmp / "frozen.gguf", tensor_plan.tensors,
+                                                     finish_plan, workers=2)
+            self.assertEqual(sha, GOLDEN["sharded-3"]["sha256"])
+            self.assertEqual(collecting, [False])
+            self.assertTrue(gc.isenabled())
+            self.assertGreaterEqual(gc.get_freeze_count(), frozen)    # none thawed (3.12 may add some)
+        finally:
+            gc.unfreeze()
+        gc.disable()    # a caller that runs without the collector keeps it off
+        try:
+            bc.write_gguf_while_planning(self.tmp / "uncollected.gguf", tensor_plan.tensors, finish_plan,
+                                         workers=2)
+            self.assertFalse(gc.isenabled())
+        finally:
+            gc.enable()
+
+    @unittest.skipUnless(os.path.isdir("/proc/self/task"), "threads are counted where /proc/self/task exists")
+    def test_a_thread_the_threading_module_cannot_see_keeps_the_conversion_in_one_process(self):
+        import _thread
+        import threading
+        d = self.case("sharded-3")
+        started, release = _thread.allocate_lock(), _thread.allocate_lock()
+        started.acquire()
+        release.acquire()
+
+        def native_pool_thread():   # as torch's or OpenMP's threads are: unknown to threading
+            started.release()
+            release.acquire()
+        _thread.start_new_thread(native_pool_thread, ())
+        started.acquire()
+        try:
+            self.assertEqual(threading.active_count(), 1)
+            self.assertEqual(bc.default_workers(), 1)
+            with mock.patch.object(bc.os, "fork", side_effect=AssertionError("forked beside a thread")):
+                r = bc.convert(d, self.tmp / "threaded.gguf")
+            self.assertEqual(r.sha256, GOLDEN["sharded-3"]["sha256"])
+        finally:
+            release.release()
+            deadline = time.monotonic() + 30
+            while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)    # gone before the next test counts threads
+
+    def assertFailsLeavingNothing(self, d: Path, name: str, bug: bool, fragment: str, workers: int = 2):
+        with self.assertRaises(bc.ConversionFailed) as failed:
+            bc.convert(d, self.tmp / f"{name}.gguf", bc.Options(workers=workers))
+        self.assertEqual(failed.exception.bug, bug, failed.exception.what)
+        self.assertIn(fragment, failed.exception.what)
+        self.assertEqual([p.name for p in self.tmp.glob(f"{name}*")], [])
+        with self.assertRaises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)      # every worker was reaped
+
+    def test_a_killed_worker_is_a_failure_of_the_machine_not_a_refusal(self):
+        def killed(*args):
+            os.kill(os.getpid(), signal.SIGKILL)    # as the out-of-memory killer would
+        with mock.patch.object(bc, "job_pieces", killed):
+            self.assertFailsLeavingNothing(self.case("sharded-3"), "killed", False, "killed (SIGKILL)")
+
+    def test_a_worker_s_unexpected_exception_is_a_bug_that_says_where(self):
+        def broken(*args):
+            raise ZeroDivisionError("a bug")
+        with mock.patch.object(bc, "job_pieces", broken):
+            self.assertFailsLeavingNothing(self.case("sharded-3"), "bug", True, "ZeroDivisionError: a bug at line ")
+
+    def test_an_output_that_shrinks_under_the_workers_is_a_fault_of_the_machine(self):
+        with mock.patch.object(bc.os, "preadv", return_value=0):    # read back short: truncated by another program
+            self.assertFailsLeavingNothing(self.case("sharded-3"), "shrunk-out", False, "became shorter")
+
+    def test_errors_writing_the_output_are_refused_with_the_way_out_or_fail_alike_in_every_path(self):
+        import errno
+        for code, way_out in ((errno.ENOSPC, "free space"), (errno.EDQUOT, "quota"), (errno.EROFS, "read-write"),
+                              (errno.EIO, None)):
+            for workers in (1, 2):
+                with self.subTest(error=errno.errorcode[code], workers=workers):
+                    error = OSError(code, os.strerror(code))
+                    d = self.case("bf16")
+                    # Each path's writing step: this process's, or the workers' (told over the pipe).
+                    with mock.patch.object(bc, "_write_tensor_data", side_effect=error), \
+                            mock.patch.object(bc, "_write_kept", side_effect=error):
+                        if way_out:
+                            with self.assertRaisesRegex(bc.Refusal, f"{os.strerror(code)}; nothing was written: .*{way_out}"):
+                                bc.convert(d, self.tmp / "full.gguf", bc.Options(workers=workers))
+                            self.assertEqual([p.name for p in self.tmp.glob("full*")], [])
+                        else:
+                            self.assertFailsLeavingNothing(d, "full", False, os.strerror(code), workers)
+
+    def test_a_short_write_is_carried_on_and_one_that_takes_nothing_is_a_full_disk(self):
+        import errno
+        pwritev = os.pwritev
+
+        def three_bytes_a_call(fd, buffers, pos):
+            return pwritev(fd, [b"".join(map(bytes, buffers))[:3]], pos)
+        with tempfile.TemporaryFile(dir=self.tmp) as f:
+            with mock.patch.object(bc.os, "pwritev", three_bytes_a_call):
+                bc._pwrite_all(f.fileno(), [b"abcd", b"", b"efghij", bytearray(b"k")], 5)
+            self.assertEqual(f.read(), bytes(5) + b"abcdefghijk")
+            with mock.patch.object(bc.os, "pwritev", return_value=0), self.assertRaises(OSError) as e:
+                bc._pwrite_all(f.fileno(), [b"x"], 0)
+            self.assertEqual(e.exception.errno, errno.ENOSPC)
+
+    def test_a_worker_s_error_record_arrives_whole_even_split_across_reads(self):
+        import errno
+        cases = [(bc.Refusal("model.safetensors changed while it was being converted"), bc.Refusal),
+                 (OSError(errno.ENOSPC, "No space left on device"), OSError),
+                 (bc.ConversionFailed("x" * 2000, bug=False), bc.ConversionFailed)]
+        for error, kind in cases:
+            with self.subTest(error=type(error).__name__):
+                record = bc._error_record(error)
+                self.assertLessEqual(len(record), 512)     # one write: never interleaved
+                (code,) = bc._DONE.unpack_from(record)
+                r, w = os.pipe()
+                try:
+                    os.write(w, record[bc._DONE.size + 3:])     # a read stopped 3 bytes into the rest
+                    got = bc._worker_error(code, record[bc._DONE.size:bc._DONE.size + 3], r)
+                finally:
+                    os.close(r)
+                    os.close(w)
+                self.assertIs(type(got), kind)
+                self.assertEqual(str(got), str(error)[:500])
+                self.assertEqual(getattr(got, "errno", None), getattr(error, "errno", None))
+                self.assertEqual(getattr(got, "bug", None), getattr(error, "bug", None))
+
+    def test_the_command_line_says_failed_not_refuse_exits_3_and_leaves_nothing(self):
+        def killed(*args):
+            os.kill(os.getpid(), signal.SIGKILL)
+        d = self.case("sharded-3")
+        out = self.tmp / "cli-failed.gguf"
+        for extra in ((), ("--json",)):
+            with self.subTest(extra=extra), mock.patch.object(bc, "default_workers", return_value=2), \
+                    mock.patch.object(bc, "job_pieces", killed), \
+                    contextlib.redirect_stdout(io.StringIO()) as stdout, \
+                    contextlib.redirect_stderr(io.StringIO()) as stderr:
+                code = bc.main([str(d), "-o", str(out), *extra])
+            self.assertEqual(code, 3, stderr.getvalue())
+            self.assertRegex(stderr.getvalue(), r"^bankml convert: failed: a conversion worker was killed "
+                                                r"\(SIGKILL\).* \(this is not a problem with your model: a fault "
+                                                r"of this machine .*\); nothing was written\n$")
+            self.assertEqual([p.name for p in self.tmp.glob("cli-failed*")], [])
+            if extra:
+                doc = json.loads(stdout.getvalue())
+                self.assertEqual((doc["ok"], doc["exit"], doc["bug"]), (False, 3, False))
+                self.assertIn("SIGKILL", doc["failure"])
+            else:
+                self.assertEqual(stdout.getvalue(), "")
+
+    def test_an_unexpected_exception_on_the_command_line_prints_its_traceback_then_fails_as_a_bug(self):
+        d = self.case("bf16")
+        out = self.tmp / "cli-bug.gguf"
+        with mock.patch.object(bc, "plan_tensor_data", side_effect=ZeroDivisionError("a bug")), \
+                contextlib.redirect_stdout(io.StringIO()) as stdout, \
+                contextlib.redirect_stderr(io.StringIO()) as stderr:
+            code = bc.main([str(d), "-o", str(out)])
+        self.assertEqual(code, 3)
+        self.assertIn("Traceback", stderr.getvalue())
+        self.assertTrue(stderr.getvalue().endswith(
+            "bankml convert: failed: ZeroDivisionError: a bug (this is not a problem with your model: a bug "
+            "in bankml_convert; please report it); nothing was written\n"), stderr.getvalue())
+        self.assertEqual((stdout.getvalue(), list(self.tmp.glob("cli-bug*"))), ("", []))
 
 
 class ExampleModel(Workspace):
