@@ -3763,14 +3763,14 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, f
 # ---------------------------------------------------------------------------------------------
 
 
-def hash_file(path: Path) -> InputFile:
-    """An input's name, size and sha256."""
+def hash_file(path: Path, cancelled: threading.Event | None = None) -> InputFile:
+    """An input's name, size and sha256 (unfinished, if ``cancelled`` is set while it reads)."""
     sha = hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as f:
         buffer = bytearray(4 * CHUNK_BYTES)
         view = memoryview(buffer)
-        while n := f.readinto(buffer):
+        while (n := f.readinto(buffer)) and not (cancelled and cancelled.is_set()):
             sha.update(view[:n])
             size += n
     return InputFile(path.name, size, sha.hexdigest())
@@ -3783,14 +3783,22 @@ class InputHasher:
         self._paths = paths
         self._result: list[InputFile] = []
         self._error: OSError | None = None
+        self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bankml-inputs", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def cancel(self) -> None:
+        """Stop hashing and wait for the thread: a conversion that failed must not leave a thread
+        behind in its caller, whose next fork would copy it (a library caller forks again)."""
+        self._cancelled.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+
     def _run(self) -> None:
         try:
-            self._result = [hash_file(p) for p in self._paths]
+            self._result = [hash_file(p, self._cancelled) for p in self._paths]
         except OSError as e:
             self._error = e
 
@@ -3817,9 +3825,14 @@ def convert(model_dir, out, options: Options | None = None) -> Report:
     check_output_path(out, model_dir, tensor_plan.inputs)
     workers = options.workers if options.workers is not None else default_workers()
     hasher = InputHasher(tensor_plan.inputs) if options.hash_inputs else None
-    sha, size, plan = write_gguf_while_planning(
-        out, tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
-        workers, hasher, options.progress)
+    try:
+        sha, size, plan = write_gguf_while_planning(
+            out, tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
+            workers, hasher, options.progress)
+    except BaseException:
+        if hasher:
+            hasher.cancel()
+        raise
     inputs = hasher.result() if hasher else tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.inputs)
     return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs,
                   options, plan.outtype.name)

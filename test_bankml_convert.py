@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
@@ -488,6 +489,19 @@ class Seams(Workspace):
             with self.assertRaises(KeyError):
                 bc.convert(d, out, bc.Options())
         self.assertEqual(list(out.parent.iterdir()), [])
+
+    def test_a_failed_conversion_leaves_no_hashing_thread_behind(self):
+        def slow_hash(path, cancelled=None):
+            (cancelled or threading.Event()).wait(10)   # hashing a large input, until cancelled
+            return bc.InputFile(path.name, 0, "")
+
+        def broken_progress(done, total, name):
+            raise LookupError("the caller's progress display lost its window")
+
+        with mock.patch.object(bc, "hash_file", slow_hash):
+            with self.assertRaises(LookupError):
+                bc.convert(self.case("bf16"), self.tmp / "failed.gguf", bc.Options(progress=broken_progress))
+        self.assertEqual([t.name for t in threading.enumerate() if t.name == "bankml-inputs"], [])
 
     def test_malformed_added_tokens_are_refused_naming_the_part(self):
         d = self.case("bf16")
