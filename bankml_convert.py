@@ -1922,8 +1922,22 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
         return out.partial_rows_type
     return out.matrix_type
 
+
 # Types llama.cpp's converter offers that bankml_convert does not reproduce.
 _OUT_TYPES_REFUSED = ("tq1_0", "tq2_0")
+
+
+def out_type(name: str, sources: list[SourceTensor] | None = None) -> OutType:
+    """The OutType for an --outtype name ("auto" decided from the sources), or a Refusal."""
+    if name in OUT_TYPES:
+        return OUT_TYPES[name]
+    if name == "auto":
+        return auto_out_type((t.shape, t.dtype) for t in sources or ())
+    if name in _OUT_TYPES_REFUSED:
+        raise Refusal(f"--outtype {name} (a ternary type) is not reproduced byte for byte; "
+                      f"use {', '.join(OUT_TYPES)}, auto, or llama.cpp's converter")
+    raise Refusal(f"--outtype {name!r} is unknown; use {', '.join(OUT_TYPES)} or auto")
+
 
 _BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
 
@@ -3128,21 +3142,9 @@ class HashingWriter:
 
 
 # ---------------------------------------------------------------------------------------------
-# Converting a directory: the pieces above in llama.cpp's order, the result renamed into place
-# only when complete, and a Report of what was written and read.
+# The output path: llama.cpp's {ftype} template filled in, and outputs refused that would
+# overwrite an input or the model directory; checked before anything is written.
 # ---------------------------------------------------------------------------------------------
-
-def out_type(name: str, sources: list[SourceTensor] | None = None) -> OutType:
-    """The OutType for an --outtype name ("auto" decided from the sources), or a Refusal."""
-    if name in OUT_TYPES:
-        return OUT_TYPES[name]
-    if name == "auto":
-        return auto_out_type((t.shape, t.dtype) for t in sources or ())
-    if name in _OUT_TYPES_REFUSED:
-        raise Refusal(f"--outtype {name} (a ternary type) is not reproduced byte for byte; "
-                      f"use {', '.join(OUT_TYPES)}, auto, or llama.cpp's converter")
-    raise Refusal(f"--outtype {name!r} is unknown; use {', '.join(OUT_TYPES)} or auto")
-
 
 def templated_output(out: Path, outtype: OutType) -> Path:
     """The output path with llama.cpp's {ftype}/{outtype} templates filled in its file name."""
