@@ -50,14 +50,19 @@ class Result(NamedTuple):
     err: str
 
 
+RUNNER = os.getpid()
+
+
+def end_a_stray_worker() -> None:
+    """A conversion forks workers, and each must end with os._exit; should one ever return into the
+    tests instead, it ends here rather than go on running them as a second test runner."""
+    if os.getpid() != RUNNER:
+        os._exit(70)
+
+
 def cli(*args) -> Result:
     """main(args) in-process: its exit code (argparse's SystemExit included), stdout and stderr.
-
-    A conversion forks workers, and each must end with os._exit: should one ever return here
-    instead, it ends at once rather than go on running the tests as a second test runner.  Every
-    worker must have been reaped by the time main returns.
-    """
-    runner = os.getpid()
+    Every worker a conversion forked must have been reaped by the time main returns."""
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -66,8 +71,7 @@ def cli(*args) -> Result:
             except SystemExit as e:
                 code = e.code
     finally:
-        if os.getpid() != runner:
-            os._exit(70)
+        end_a_stray_worker()
     assert_no_child_left()
     return Result(code, out.getvalue(), err.getvalue())
 
@@ -100,6 +104,9 @@ class Workspace(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls._tmp.cleanup()
+
+    def tearDown(self):
+        end_a_stray_worker()    # tests that call bc.convert directly fork workers too
 
     @classmethod
     def case(cls, name: str) -> Path:
