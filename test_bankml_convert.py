@@ -1255,15 +1255,12 @@ def value_sha256(value: object) -> str:
     return hashlib.sha256(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-class VocabCaseDirs(unittest.TestCase):
-    """Builds each oracle case's directory in a temporary folder."""
-
-    def setUp(self) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="test_vocab_"))
-        self.addCleanup(shutil.rmtree, self.tmp)
+class VocabCaseDirs(Workspace):
+    """A Workspace that also builds each vocabulary oracle case's directory."""
 
     def case_dir(self, name: str) -> Path:
-        d, used = vocab_oracle.assemble(name, self.tmp, roots=[ORACLE / "fixtures"])
+        """A fresh copy of the case's directory, checked against the files the oracle recorded."""
+        d, used = vocab_oracle.assemble(name, Path(tempfile.mkdtemp(dir=self.tmp)), roots=[ORACLE / "fixtures"])
         recorded = [f[:3] for f in VOCAB_RECORD["cases"][name]["files"]]
         self.assertEqual([u[1:] for u in used], recorded, f"{name}: fixture files changed since recording")
         return d
