@@ -3411,14 +3411,14 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     collecting = gc.isenabled()
     gc.disable()
     try:
+        def work() -> None:
+            for end in (read_end, start_write):
+                os.close(end)
+            todo.close_sending()
+            _worker(fd, unplaced, todo.receive_end, write_end, start_read)
+
         for k in range(workers):
-            pid = os.fork()
-            if pid == 0:
-                os.close(read_end)
-                os.close(start_write)
-                todo.close_sending()
-                _worker(fd, unplaced, todo.receive_end, write_end, start_read)
-            pids.append(pid)
+            pids.append(_forked_worker(work))
         for end in (write_end, start_read):
             os.close(end)
         write_end = start_read = -1
@@ -3531,14 +3531,36 @@ def _read_on(fd: int, got: bytes, size: int) -> bytes:
     return got
 
 
+def _forked_worker(run: Callable[[], object]) -> int:
+    """Fork a worker that runs ``run`` and exits; the child's pid.
+
+    Interrupts are held across the fork: until the child has its own handlers it would otherwise
+    run the parent's (main()'s raise _Interrupted), and with it the parent's cleanup -- killing its
+    siblings, removing the .part -- or return into a library caller's program.
+    """
+    import signal
+    held = {signal.SIGINT, signal.SIGTERM}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent handles interrupts
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                run()
+            finally:
+                os._exit(1)     # run() exits itself; this is for what escapes it
+        return pid
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) -> None:
     # A forked child: it must never return into the parent's stack, whatever happens.
     status = 1
     try:
-        import signal
         gc.disable()        # a worker makes no reference cycles; collecting would only copy pages
-        signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent handles interrupts
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         files: dict[Path, int] = {}
         buffer = bytearray(max((j.src_len for j in unplaced), default=0))
         data_start = None
