@@ -85,6 +85,23 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         shutil.copyfile(FIXTURES / folder / file_name, out_dir / file_name)
 
 
+def add_special_token(d: Path, content: str) -> None:
+    """What `tokenizer.add_special_tokens({"additional_special_tokens": [content]})` records: the token
+    at the next id in tokenizer.json's added_tokens and tokenizer_config.json's added_tokens_decoder,
+    and among the additional special tokens.  The files are rewritten as JSON (indent 2)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    new_id = len(tokenizer["model"]["vocab"]) + sum(
+        1 for t in tokenizer["added_tokens"] if t["content"] not in tokenizer["model"]["vocab"])
+    flags = {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+             "single_word": False, "special": True}
+    tokenizer["added_tokens"].append({"id": new_id, **flags})
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["added_tokens_decoder"][str(new_id)] = flags
+    config["additional_special_tokens"] = config.get("additional_special_tokens", []) + [content]
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
 # ---------------------------------------------------------------------------------------------
 # Cases: one named directory shape each. Dims are the model's sizes; the config's other keys come
 # from the real config.json of `config_from`.
