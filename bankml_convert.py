@@ -1875,8 +1875,17 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
     if from_config is not None and sorted(from_config) != sorted(from_json):
         raise Refusal("tokenizer_config.json added_tokens_decoder and tokenizer.json added_tokens differ; "
                          "not reproduced")
+    appended = sorted(t for t in from_json if t.id >= len(vocab))
+    if [t.id for t in appended] != list(range(len(vocab), len(vocab) + len(appended))):
+        # transformers numbers new tokens itself, one after another past the vocabulary.
+        raise Refusal(f"added tokens past the vocabulary's {len(vocab)} take ids {[t.id for t in appended][:5]}, "
+                         "not the next ones in order: transformers would number them otherwise; not reproduced")
+    model_vocab = tokenizer_json["model"]["vocab"]
+    if any(t.content in model_vocab for t in appended) or len({t.content for t in appended}) < len(appended):
+        raise Refusal("an added token past the vocabulary repeats a token: transformers would give it the "
+                         "existing id; not reproduced")
     for t in from_json:
-        if not (0 <= t.id < len(vocab) and vocab[t.id] == t.content):
+        if t.id < len(vocab) and not (0 <= t.id and vocab[t.id] == t.content):
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
@@ -1897,16 +1906,18 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
 
 
 def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tuple[list[str], list[int]]:
-    """get_vocab_base: ids past the vocabulary become [PAD{i}], added tokens (all special here) CONTROL."""
-    if len(vocab) > vocab_size:
-        raise Refusal(f"the tokenizer has {len(vocab)} tokens but vocab_size is {vocab_size}: "
+    """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
+    next ids), ids past both become [PAD{i}]; added tokens (all special here) are CONTROL."""
+    appended = [t.content for t in sorted(added) if t.id >= len(vocab)]
+    n = len(vocab) + len(appended)
+    if n > vocab_size:
+        raise Refusal(f"the tokenizer has {n} tokens but vocab_size is {vocab_size}: "
                          "llama.cpp's assertion fails")
-    control = {t.id for t in added}
-    tokens = list(vocab) + [f"[PAD{i}]" for i in range(len(vocab), vocab_size)]
-    types = [NORMAL] * len(vocab) + [UNUSED] * (vocab_size - len(vocab))
-    for i in control:
-        if 0 <= i < len(vocab):
-            types[i] = CONTROL
+    tokens = list(vocab) + appended + [f"[PAD{i}]" for i in range(n, vocab_size)]
+    types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
+    for t in added:
+        if 0 <= t.id < len(vocab):
+            types[t.id] = CONTROL
     return tokens, types
 
 

@@ -2309,6 +2309,13 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
         self.assertIn(49152, json.loads(CHKHSH_RECORD["cases"][name]["ids"]))
         self.assert_ids_as_llama_cpp(name)
 
+    def test_a_persona_token_keeps_the_smollm_name(self):
+        name = "SmolLM2-135M-Instruct+persona_token"
+        self.assertEqual(CHKHSH_RECORD["cases"][name]["pre"], "smollm")
+        v = self.vocab(self.case_dir(name))
+        self.assertEqual((v.pre, v.tokens[49152], v.toktypes[49152], len(v.tokens)),
+                         ("smollm", "<|persona|>", bc.CONTROL, 49153))
+
 
 class ChkhshRefusals(ChkhshCaseDirs):
     def test_a_hash_llama_cpp_does_not_know_is_refused_with_the_hash(self):
@@ -2319,6 +2326,13 @@ class ChkhshRefusals(ChkhshCaseDirs):
             self.vocab(self.case_dir(name))
         self.assertIn(recorded["chkhsh"], str(cm.exception))
         self.assertIn("not in llama.cpp's table", str(cm.exception))
+
+    def test_an_added_token_that_changes_the_hash_is_refused_as_llama_cpp_fails(self):
+        name = "SmolLM2-135M-Instruct+digits_token"
+        self.assertIsNone(CHKHSH_RECORD["cases"][name]["pre"])
+        with self.assertRaises(bc.Refusal) as cm:
+            self.vocab(self.case_dir(name))
+        self.assertIn(CHKHSH_RECORD["cases"][name]["chkhsh"], str(cm.exception))
 
     def test_an_unconfirmed_class_and_model_type_is_refused_with_the_command_to_confirm(self):
         # transformers builds a Qwen2Tokenizer from Llama 3's files under a qwen2 config.
