@@ -1466,6 +1466,7 @@ class CheckBuild(NamedTuple):
     byte_level_regex: bool      # ByteLevel(use_regex=true): GPT2_PATTERN, then the byte map
     ignore_merges: bool         # BPE(ignore_merges): a piece in the vocabulary is one token
     measured_on: str
+    null_prefix_space_fails: bool = False  # tokenizer_config's add_prefix_space null reaches ByteLevel
 
 
 _LLAMA3_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
@@ -1479,7 +1480,8 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
     # pre-tokenizer and no normalizer: SmolLM's Digits step never reaches the ids.
     CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, pre_tokenizer=None, nfc=False, split=None,
                byte_level_regex=True, ignore_merges=False,
-               measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)"),
+               measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)",
+               null_prefix_space_fails=True),
     # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.
     CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizer=_LLAMA3_PRE_TOKENIZER,
                nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
@@ -1521,6 +1523,11 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
             raise Refusal(f"tokenizer.json {key} is set: transformers applies it to the check text; "
                           "not confirmed" + confirm)
     if build.rebuilt:
+        if build.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
+                and tokenizer_config["add_prefix_space"] is None:
+            raise Refusal(f"tokenizer_config.json add_prefix_space null: {cls} hands it to tokenizers' "
+                          "ByteLevel, which raises TypeError, so transformers and llama.cpp fail to load it; "
+                          "write false (or drop the key)")
         if tokenizer_config.get("add_prefix_space"):
             raise Refusal(f"add_prefix_space true: {cls} then prefixes a space to the check text; "
                           "not confirmed" + confirm)

@@ -101,6 +101,8 @@ EDITS: dict[str, Callable[[Path], None]] = {
     "persona_token": add_persona_token,
     "digits_token": add_digits_token,
     "drop_first_merge": drop_first_merge,
+    # null reaches GPT2Tokenizer's ByteLevel(add_prefix_space=None): transformers cannot load it.
+    "add_prefix_space_null": lambda d: edit_json(d / "tokenizer_config.json", lambda c: c.update(add_prefix_space=None)),
     # The Qwen3 tokenizer ships without a config; AutoTokenizer picks its class by model_type.
     "qwen2_config": lambda d: write_config(d, {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}),
     "qwen3_config": lambda d: write_config(d, {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}),
@@ -150,6 +152,7 @@ CHKHSH_CASES: dict[str, Case] = {
     I + "+persona_token": Case(_INSTRUCT, "persona_token"),
     I + "+digits_token": Case(_INSTRUCT, "digits_token"),
     I + "+drop_first_merge": Case(_INSTRUCT, "drop_first_merge"),
+    I + "+add_prefix_space_null": Case(_INSTRUCT, "add_prefix_space_null"),
     L3: Case(_LLAMA3),
     L3 + "+llama3_under_qwen2_config": Case(_LLAMA3, "llama3_under_qwen2_config"),
     Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
