@@ -1460,7 +1460,8 @@ class CheckBuild(NamedTuple):
     tokenizer_class: str        # tokenizer_config.json's
     model_type: str             # config.json's: AutoTokenizer may pick another class from it
     rebuilt: bool               # the class builds its own pipeline; tokenizer.json gives vocab and merges
-    pre_tokenizer: Optional[str]  # not rebuilt: tokenizer.json's, canonical, exactly this
+    pre_tokenizers: tuple[str, ...]  # tokenizer.json's, canonical, one of these: a rebuilt class drops
+                                # it, but tokenizers must still parse it, so only shapes seen to load
     nfc: bool                   # an NFC normalizer (rebuilt by the class, or tokenizer.json's)
     split: Optional[str]        # a Split(Isolated) by this pattern before the byte map
     byte_level_regex: bool      # ByteLevel(use_regex=true): GPT2_PATTERN, then the byte map
@@ -1472,24 +1473,30 @@ class CheckBuild(NamedTuple):
 _LLAMA3_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                          + json.dumps(LLAMA3_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                          'trim_offsets=true,use_regex=false)]')
+_QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                        + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                        'trim_offsets=false,use_regex=false)]')
 
 # Measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
 # test_bankml_convert.py encodes each recorded directory and compares).
 CHECK_BUILDS: tuple[CheckBuild, ...] = (
     # GPT2Tokenizer.__init__ makes BPE(vocab, merges) with ByteLevel(add_prefix_space) as its only
     # pre-tokenizer and no normalizer: SmolLM's Digits step never reaches the ids.
-    CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, pre_tokenizer=None, nfc=False, split=None,
+    CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, nfc=False, split=None,
+               pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
                byte_level_regex=True, ignore_merges=False,
                measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)",
                null_prefix_space_fails=True),
     # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.
-    CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizer=_LLAMA3_PRE_TOKENIZER,
+    CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
                nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
                measured_on="Llama-3.2-1B-Instruct"),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
-    CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizer=None, nfc=True, split=QWEN2_PATTERN,
+    CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+               split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen2.5 config"),
-    CheckBuild("Qwen2Tokenizer", "qwen3", rebuilt=True, pre_tokenizer=None, nfc=True, split=QWEN2_PATTERN,
+    CheckBuild("Qwen2Tokenizer", "qwen3", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+               split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
 )
 
@@ -1522,6 +1529,10 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         if tokenizer_json.get(key) is not None:
             raise Refusal(f"tokenizer.json {key} is set: transformers applies it to the check text; "
                           "not confirmed" + confirm)
+    pre_tokenizer = canonical_component(tokenizer_json.get("pre_tokenizer"))
+    if pre_tokenizer not in build.pre_tokenizers:
+        raise Refusal(f"tokenizer.json pre_tokenizer {pre_tokenizer[:300]}: not a shape measured for {cls} "
+                      f"(on {build.measured_on}); even where {cls} replaces it, tokenizers must load it" + confirm)
     if build.rebuilt:
         if build.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
                 and tokenizer_config["add_prefix_space"] is None:
@@ -1536,11 +1547,10 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
     for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
         if model.get(key) not in (None, ""):
             raise Refusal(f"tokenizer.json BPE {key} {model.get(key)!r}: not confirmed" + confirm)
-    shape = (canonical_component(tokenizer_json.get("normalizer")),
-             canonical_component(tokenizer_json.get("pre_tokenizer")), bool(model.get("ignore_merges")))
-    if shape != ("NFC()" if build.nfc else "null", build.pre_tokenizer, build.ignore_merges):
-        raise Refusal(f"tokenizer.json normalizer, pre-tokenizer and ignore_merges {shape!r}: not the "
-                      f"{cls} shape measured on {build.measured_on}" + confirm)
+    shape = (canonical_component(tokenizer_json.get("normalizer")), bool(model.get("ignore_merges")))
+    if shape != ("NFC()" if build.nfc else "null", build.ignore_merges):
+        raise Refusal(f"tokenizer.json normalizer and ignore_merges {shape!r}: not the {cls} shape measured "
+                      f"on {build.measured_on}" + confirm)
     return build
 
 
@@ -1638,9 +1648,12 @@ def bpe_ids(word: str, vocab: dict, ranks: dict[str, int], ignore_merges: bool) 
     return [vocab[p] for p in parts]
 
 
-def merge_ranks(merges: list) -> dict[str, int]:
+def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str, int]:
     """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
-    Built at C speed (map, dict(zip(...))): it is most of what naming the pre-tokenizer costs."""
+    Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
+    which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
+    transformers loaded).  Built at C speed (map, dict(zip(...))): it is most of what naming the
+    pre-tokenizer costs, and the check is two thirds of that."""
     if not isinstance(merges, list):
         raise Refusal("tokenizer.json merges are not a list; transformers cannot load them")
     try:
@@ -1653,20 +1666,34 @@ def merge_ranks(merges: list) -> dict[str, int]:
         if spaces != {1}:
             raise Refusal("a tokenizer.json merge string is not two parts split by one space; transformers "
                           "cannot load it")
+        if not measured:
+            _refuse_merges_outside(vocab, " ".join(merges).split(" "),
+                                   map(str.replace, merges, repeat(" "), repeat("")))
         return dict(zip(merges, range(len(merges))))
     if not all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges):
         raise Refusal("tokenizer.json merges are neither all strings nor all pairs of strings")
+    # vocab_merges_sha256 writes a space inside a part as U+0120, so a measured row cannot vouch for one.
+    if not measured or " " in "".join(itertools.chain.from_iterable(merges)):
+        _refuse_merges_outside(vocab, itertools.chain.from_iterable(merges), map("".join, merges))
     # A part holding a space can never match: the byte map leaves no space in a symbol.
     return dict(zip(map(" ".join, merges), range(len(merges))))
 
 
-def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken]) -> list[int]:
+def _refuse_merges_outside(vocab: dict, parts: Iterable[str], joined: Iterable[str]) -> None:
+    if not (all(map(vocab.__contains__, parts)) and all(map(vocab.__contains__, joined))):
+        raise Refusal("a tokenizer.json merge names a token, or makes one, that is not in the vocabulary: "
+                      "tokenizers fails to load it (MergeTokenOutOfVocabulary), so llama.cpp fails too")
+
+
+def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
+              measured: bool = False) -> list[int]:
     """The ids transformers 5.18's tokenizer gives CHKTXT with add_special_tokens=True, for a build
-    check_build confirmed (tokenizer.json read by read_json, its vocab and merges checked already)."""
+    check_build confirmed; ``measured`` as merge_ranks takes it."""
     model = tokenizer_json["model"]
-    vocab, ranks = model.get("vocab"), merge_ranks(model.get("merges"))
+    vocab = model.get("vocab")
     if not isinstance(vocab, dict):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
+    ranks = merge_ranks(model.get("merges"), vocab, measured)
     byte_chars = gpt2_byte_chars()
     before, after = post_processor_ids(tokenizer_json.get("post_processor"))
     ids = list(before)
@@ -1701,16 +1728,18 @@ def isolated_pieces(pattern: re.Pattern, text: str) -> list[str]:
     return pieces
 
 
-def chkhsh(tokenizer_json: dict, tokenizer_config: dict, config: Optional[dict], added: list[AddedToken]) -> str:
+def chkhsh(tokenizer_json: dict, tokenizer_config: dict, config: Optional[dict], added: list[AddedToken],
+           measured: bool = False) -> str:
     """llama.cpp's chkhsh: sha256 of str() of the check text's ids, as get_vocab_base_pre computes it."""
-    ids = check_ids(check_build(tokenizer_json, tokenizer_config, config), tokenizer_json, added)
+    ids = check_ids(check_build(tokenizer_json, tokenizer_config, config), tokenizer_json, added, measured)
     return hashlib.sha256(str(ids).encode()).hexdigest()
 
 
 def pre_tokenizer_name(tokenizer_json: dict, tokenizer_config: dict, config: Optional[dict],
                        added: list[AddedToken], vm_sha256: str, shape: TokenizerShape) -> str:
     """tokenizer.ggml.pre as llama.cpp names it; a measured KNOWN_TOKENIZERS row must agree."""
-    h = chkhsh(tokenizer_json, tokenizer_config, config, added)
+    measured = any(k.vocab_merges_sha256 == vm_sha256 for k in KNOWN_TOKENIZERS)
+    h = chkhsh(tokenizer_json, tokenizer_config, config, added, measured)
     pre = llama_cpp_pre(h)
     if pre is None:
         raise Refusal(f"BPE pre-tokenizer not recognized: the check text's ids hash to chkhsh {h}, which is "

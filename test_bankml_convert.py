@@ -2364,23 +2364,46 @@ class ChkhshRefusals(ChkhshCaseDirs):
             self.vocab(self.case_dir(name))
         self.assertIn("add_prefix_space null", str(cm.exception))
 
+    def test_a_merge_outside_the_vocabulary_is_refused_as_transformers_fails_on_it(self):
+        name = "SmolLM2-135M-Instruct+merge_outside_vocab"
+        self.assertIn("error", CHKHSH_RECORD["cases"][name])
+        with self.assertRaises(bc.Refusal) as cm:
+            self.vocab(self.case_dir(name))
+        self.assertIn("not in the vocabulary", str(cm.exception))
+
     def test_a_name_transformers_loads_as_written_is_refused(self):
         tj, tc, config = self.files(self.case_dir("SmolLM2-135M-Instruct"))
         with self.assertRaises(bc.Refusal) as cm:
             bc.check_build(tj, tc, {**config, "_name_or_path": "deepseek-ai/deepseek-coder-1.3b-base"})
         self.assertIn("_name_or_path", str(cm.exception))
 
+    def test_a_pre_tokenizer_gpt2tokenizer_drops_must_still_be_a_shape_seen_to_load(self):
+        tj, tc, config = self.files(self.case_dir("SmolLM2-135M-Instruct"))
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.check_build({**tj, "pre_tokenizer": {"type": "Whitespace"}}, tc, config)
+        self.assertIn("tokenizers must load it", str(cm.exception))
+
     def test_a_llama_3_pre_tokenizer_of_another_shape_is_refused(self):
         tj, tc, config = self.files(self.case_dir("Llama-3.2-1B-Instruct"))
         tj["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
         with self.assertRaises(bc.Refusal) as cm:
             bc.check_build(tj, tc, config)
-        self.assertIn("pre-tokenizer", str(cm.exception))
+        self.assertIn("pre_tokenizer", str(cm.exception))
 
     def test_merge_strings_without_exactly_one_space_are_refused(self):
+        vocab = {"a": 0, "b": 1, "ab": 2}
         for merges in (["a b", "ab"], ["a b c"]):
             with self.subTest(merges=merges), self.assertRaises(bc.Refusal):
-                bc.merge_ranks(merges)
+                bc.merge_ranks(merges, vocab)
+
+    def test_merges_of_or_into_tokens_outside_the_vocabulary_are_refused(self):
+        vocab = {"a": 0, "b": 1, "ab": 2, "c": 3}
+        self.assertEqual(bc.merge_ranks(["a b"], vocab), {"a b": 0})
+        self.assertEqual(bc.merge_ranks([["a", "b"]], vocab), {"a b": 0})
+        for merges in (["a c"], ["a x"], [["x", "b"]], [["b", "c"]]):
+            with self.subTest(merges=merges), self.assertRaises(bc.Refusal) as cm:
+                bc.merge_ranks(merges, vocab)
+            self.assertIn("not in the vocabulary", str(cm.exception))
 
 
 class ChkhshEncoderRules(unittest.TestCase):
@@ -2409,13 +2432,13 @@ class ChkhshEncoderRules(unittest.TestCase):
 
     def test_bpe_merges_the_lowest_rank_first_and_the_leftmost_among_equals(self):
         vocab = {c: i for i, c in enumerate(["a", "b", "ab", "aa", "aab"])}
-        ranks = bc.merge_ranks(["a a", "a b", "aa b"])
+        ranks = bc.merge_ranks(["a a", "a b", "aa b"], vocab)
         self.assertEqual(bc.bpe_ids("aaab", vocab, ranks, ignore_merges=False), [vocab["aa"], vocab["ab"]])
         self.assertEqual(bc.bpe_ids("aab", vocab, ranks, ignore_merges=False), [vocab["aab"]])
 
     def test_ignore_merges_takes_a_word_of_the_vocabulary_whole(self):
         vocab = {c: i for i, c in enumerate(["a", "b", "c", "ab", "abc"])}
-        ranks = bc.merge_ranks(["a b"])
+        ranks = bc.merge_ranks(["a b"], vocab)
         self.assertEqual(bc.bpe_ids("abc", vocab, ranks, ignore_merges=False), [vocab["ab"], vocab["c"]])
         self.assertEqual(bc.bpe_ids("abc", vocab, ranks, ignore_merges=True), [vocab["abc"]])
 

@@ -101,6 +101,9 @@ EDITS: dict[str, Callable[[Path], None]] = {
     "persona_token": add_persona_token,
     "digits_token": add_digits_token,
     "drop_first_merge": drop_first_merge,
+    # A last merge making a token the vocabulary lacks: tokenizers refuses to load it.
+    "merge_outside_vocab": lambda d: edit_json(
+        d / "tokenizer.json", lambda t: t["model"]["merges"].append("Ġt hezzq")),
     # null reaches GPT2Tokenizer's ByteLevel(add_prefix_space=None): transformers cannot load it.
     "add_prefix_space_null": lambda d: edit_json(d / "tokenizer_config.json", lambda c: c.update(add_prefix_space=None)),
     # The Qwen3 tokenizer ships without a config; AutoTokenizer picks its class by model_type.
@@ -153,6 +156,7 @@ CHKHSH_CASES: dict[str, Case] = {
     I + "+digits_token": Case(_INSTRUCT, "digits_token"),
     I + "+drop_first_merge": Case(_INSTRUCT, "drop_first_merge"),
     I + "+add_prefix_space_null": Case(_INSTRUCT, "add_prefix_space_null"),
+    I + "+merge_outside_vocab": Case(_INSTRUCT, "merge_outside_vocab"),
     L3: Case(_LLAMA3),
     L3 + "+llama3_under_qwen2_config": Case(_LLAMA3, "llama3_under_qwen2_config"),
     Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
