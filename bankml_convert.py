@@ -1187,6 +1187,9 @@ class KnownTokenizer(NamedTuple):
 _SMOLLM_VOCAB_MERGES = "60e5ec7477255109c571457df28dbbc3b15a8a3d36d35a5ae7c7c5824479dd2f"
 _SMOLLM_ADDED_TOKENS = "acb314029db4098fc949790c48e687dcc57a0af2e0a5eabdb63c11e1b5f5d5d7"
 _BYTE_LEVEL = "ByteLevel(add_prefix_space=false,trim_offsets=true,use_regex=true)"
+# The post-processor transformers 5 writes when it re-saves a tokenizer that had none: adds nothing.
+_NOOP_TEMPLATE = ('TemplateProcessing(pair=[{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],'
+                  'single=[{"Sequence":{"id":"A","type_id":0}}],special_tokens={})')
 
 # Measured with `oracle/.ref/venv/bin/python oracle/vocab_oracle.py --chkhsh DIR` (recorded in
 # oracle/recorded/vocab.json; test_bankml_convert.py checks these against it). Both SmolLM shapes give
@@ -1213,9 +1216,7 @@ KNOWN_TOKENIZERS: tuple[KnownTokenizer, ...] = (
             tokenizer_class="GPT2Tokenizer",
             add_prefix_space="false",
             pre_tokenizer=_BYTE_LEVEL,
-            post_processor='TemplateProcessing(pair=[{"Sequence":{"id":"A","type_id":0}},'
-                           '{"Sequence":{"id":"B","type_id":1}}],single=[{"Sequence":{"id":"A","type_id":0}}],'
-                           'special_tokens={})',
+            post_processor=_NOOP_TEMPLATE,
             added_tokens_sha256=_SMOLLM_ADDED_TOKENS,
         ),
         chkhsh="855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249",
@@ -1462,6 +1463,8 @@ class CheckBuild(NamedTuple):
     rebuilt: bool               # the class builds its own pipeline; tokenizer.json gives vocab and merges
     pre_tokenizers: tuple[str, ...]  # tokenizer.json's, canonical, one of these: a rebuilt class drops
                                 # it, but tokenizers must still parse it, so only shapes seen to load
+    post_processors: tuple[str, ...]  # tokenizer.json's, canonical, one of these (post_processor_ids
+                                # reads the ids it adds)
     nfc: bool                   # an NFC normalizer (rebuilt by the class, or tokenizer.json's)
     split: Optional[str]        # a Split(Isolated) by this pattern before the byte map
     byte_level_regex: bool      # ByteLevel(use_regex=true): GPT2_PATTERN, then the byte map
@@ -1473,6 +1476,13 @@ class CheckBuild(NamedTuple):
 _LLAMA3_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                          + json.dumps(LLAMA3_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                          'trim_offsets=true,use_regex=false)]')
+_LLAMA3_BOS = '{"SpecialToken":{"id":"<|begin_of_text|>","type_id":%d}}'
+_LLAMA3_POST_PROCESSOR = (
+    'Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),TemplateProcessing('
+    f'pair=[{_LLAMA3_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}},{_LLAMA3_BOS % 1},'
+    '{"Sequence":{"id":"B","type_id":1}}],'
+    f'single=[{_LLAMA3_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
+    'special_tokens={"<|begin_of_text|>":{"id":"<|begin_of_text|>","ids":[128000],"tokens":["<|begin_of_text|>"]}})]')
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
@@ -1484,18 +1494,22 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
     # pre-tokenizer and no normalizer: SmolLM's Digits step never reaches the ids.
     CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, nfc=False, split=None,
                pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
+               post_processors=("null", _NOOP_TEMPLATE),
                byte_level_regex=True, ignore_merges=False,
                measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)",
                null_prefix_space_fails=True),
     # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.
     CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+               post_processors=(_LLAMA3_POST_PROCESSOR,),
                nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
                measured_on="Llama-3.2-1B-Instruct"),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
     CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen2.5 config"),
     CheckBuild("Qwen2Tokenizer", "qwen3", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
 )
@@ -1533,6 +1547,10 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
     if pre_tokenizer not in build.pre_tokenizers:
         raise Refusal(f"tokenizer.json pre_tokenizer {pre_tokenizer[:300]}: not a shape measured for {cls} "
                       f"(on {build.measured_on}); even where {cls} replaces it, tokenizers must load it" + confirm)
+    post_processor = canonical_component(tokenizer_json.get("post_processor"))
+    if post_processor not in build.post_processors:
+        raise Refusal(f"tokenizer.json post_processor {post_processor[:300]}: not a shape measured for {cls} "
+                      f"(on {build.measured_on})" + confirm)
     if build.rebuilt:
         if build.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
                 and tokenizer_config["add_prefix_space"] is None:

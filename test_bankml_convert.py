@@ -2383,6 +2383,13 @@ class ChkhshRefusals(ChkhshCaseDirs):
             bc.check_build({**tj, "pre_tokenizer": {"type": "Whitespace"}}, tc, config)
         self.assertIn("tokenizers must load it", str(cm.exception))
 
+    def test_a_post_processor_of_a_shape_not_seen_to_load_is_refused(self):
+        tj, tc, config = self.files(self.case_dir("SmolLM2-135M-Instruct"))
+        post = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": "sometimes", "use_regex": True}
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.check_build({**tj, "post_processor": post}, tc, config)
+        self.assertIn("post_processor", str(cm.exception))
+
     def test_a_llama_3_pre_tokenizer_of_another_shape_is_refused(self):
         tj, tc, config = self.files(self.case_dir("Llama-3.2-1B-Instruct"))
         tj["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
