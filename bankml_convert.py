@@ -1670,10 +1670,13 @@ def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str
     """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
     Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
     which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
-    transformers loaded).  Built at C speed (map, dict(zip(...))): it is most of what naming the
+    transformers loaded, and merges_as_written accepted their shape).  Built at C speed (map, dict(zip(...))): it is most of what naming the
     pre-tokenizer costs, and the check is two thirds of that."""
     if not isinstance(merges, list):
         raise Refusal("tokenizer.json merges are not a list; transformers cannot load them")
+    if measured and merges and type(merges[0]) is str:
+        # The row's hash covers these exact strings (merges_as_written refused a mix of shapes).
+        return dict(zip(merges, range(len(merges))))
     try:
         # transformers splits each string on " " into the pair BPE() takes; another count fails to load.
         # str.count raises TypeError on a pair, which is the other shape tokenizer.json stores.
