@@ -25,6 +25,7 @@ Library use::
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import gc
 import hashlib
 import itertools
@@ -40,6 +41,7 @@ import struct
 import sys
 import threading
 import time
+import unicodedata
 from array import array
 from codecs import utf_32_le_decode as _utf_32_le_decode
 from enum import IntEnum
@@ -1310,7 +1312,8 @@ def bpe_kvs(v: Vocab) -> list[KV]:
     return kv.items()
 
 
-# Identifying the pre-tokenizer: llama.cpp hashes token ids, we hash the files.
+# Measured tokenizers: llama.cpp hashes token ids (chkhsh, computed below); these rows hash the files
+# of the tokenizers the oracle measured, and the computed chkhsh must agree with a matching row.
 
 class TokenizerShape(NamedTuple):
     """Everything besides vocabulary and merges that decides the ids transformers 5 gives llama.cpp's
@@ -1333,6 +1336,9 @@ class KnownTokenizer(NamedTuple):
 _SMOLLM_VOCAB_MERGES = "60e5ec7477255109c571457df28dbbc3b15a8a3d36d35a5ae7c7c5824479dd2f"
 _SMOLLM_ADDED_TOKENS = "acb314029db4098fc949790c48e687dcc57a0af2e0a5eabdb63c11e1b5f5d5d7"
 _BYTE_LEVEL = "ByteLevel(add_prefix_space=false,trim_offsets=true,use_regex=true)"
+# The post-processor transformers 5 writes when it re-saves a tokenizer that had none: adds nothing.
+_NOOP_TEMPLATE = ('TemplateProcessing(pair=[{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],'
+                  'single=[{"Sequence":{"id":"A","type_id":0}}],special_tokens={})')
 
 # Measured with `oracle/.ref/venv/bin/python oracle/vocab_oracle.py --chkhsh DIR` (recorded in
 # oracle/recorded/vocab.json; test_bankml_convert.py checks these against it). Both SmolLM shapes give
@@ -1359,9 +1365,7 @@ KNOWN_TOKENIZERS: tuple[KnownTokenizer, ...] = (
             tokenizer_class="GPT2Tokenizer",
             add_prefix_space="false",
             pre_tokenizer=_BYTE_LEVEL,
-            post_processor='TemplateProcessing(pair=[{"Sequence":{"id":"A","type_id":0}},'
-                           '{"Sequence":{"id":"B","type_id":1}}],single=[{"Sequence":{"id":"A","type_id":0}}],'
-                           'special_tokens={})',
+            post_processor=_NOOP_TEMPLATE,
             added_tokens_sha256=_SMOLLM_ADDED_TOKENS,
         ),
         chkhsh="855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249",
@@ -1407,17 +1411,516 @@ def tokenizer_shape(tokenizer_json: dict, tokenizer_config: dict, added: list[Ad
     )
 
 
-def known_pre(vm_sha256: str, shape: TokenizerShape) -> str:
-    for known in KNOWN_TOKENIZERS:
-        if known.vocab_merges_sha256 == vm_sha256 and known.shape == shape:
-            return known.pre
-    raise Refusal(
-        "unknown tokenizer: llama.cpp names a BPE pre-tokenizer by hashing the ids transformers gives "
-        "a fixed text (chkhsh), and this vocabulary/shape was never measured. "
-        f"vocab_merges_sha256={vm_sha256} shape={tuple(shape)!r}. Measure it with "
-        "`oracle/.ref/venv/bin/python oracle/vocab_oracle.py --chkhsh DIR`; if llama.cpp maps the "
-        "chkhsh to a pre name whose output this converter reproduces, add "
-        "(pre, vocab_merges_sha256, shape, chkhsh) to KNOWN_TOKENIZERS in bankml_convert.py")
+def known_tokenizer(vm_sha256: str, shape: TokenizerShape) -> Optional[KnownTokenizer]:
+    """The KNOWN_TOKENIZERS row measured for this vocabulary and shape, if there is one."""
+    return next((k for k in KNOWN_TOKENIZERS if k.vocab_merges_sha256 == vm_sha256 and k.shape == shape), None)
+
+
+# Naming the pre-tokenizer as llama.cpp does: get_vocab_base_pre hashes the ids transformers 5.18's
+# tokenizer gives one fixed text (the "chkhsh") and looks the hash up in a table.  We replay that
+# tokenizer in the standard library for the shapes the oracle confirmed (CHECK_BUILDS) and refuse the
+# others, so a harmless change of the vocabulary (an added token, a re-save) no longer needs a new row.
+
+# get_vocab_base_pre's chktxt (conversion/base.py:1635 at 0c1e57098), with its invisible characters
+# (U+200D, U+FE0F) escaped; test_bankml_convert.py checks its sha256 against the recorded one.
+CHKTXT = (
+    '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) \U0001f636\u200d\U0001f32b\ufe0f '
+    '(multiple emojis concatenated) \u2705 \U0001f999\U0001f999 3 33 333 3333 33333 333333 3333333 33333333 '
+    '3.3 3..3 3...3 \u1780\u17b6\u1793\u17cb\u178f\u17c2\u1796\u17b7\u179f\u17c1\u179f\u17a2\u17b6\u1785\U0001f601 '
+    '?\u6211\u60f3\u5728apple\u5de5\u4f5c1314151\u5929\uff5e ------======= '
+    '\u043d\u0435\u0449\u043e \u043d\u0430 \u0411\u044a\u043b\u0433\u0430\u0440\u0441\u043a\u0438 '
+    '\'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, \'RE you sure? '
+    '\'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL'
+)
+
+# llama.cpp's table, copied as data from get_vocab_base_pre (conversion/base.py:1648-1938 at
+# 0c1e57098, llama-cpp-python 0.3.36 sdist) in source order: (chkhsh, tokenizer.ggml.pre), then the
+# repository its comment names.  The chain there is `if ... if ...` without elif, so a hash listed
+# twice takes its last name -- which is what dict() of these rows keeps.  `oracle.py chkhsh --record`
+# reads the rows from the reference's source into oracle/recorded/chkhsh.json; the tests compare.
+LLAMA_CPP_PRE_TABLE: tuple[tuple[str, str], ...] = (
+    ("b6e8e1518dc4305be2fe39c313ed643381c4da5db34a98f6a04c093f8afbe99b", "chatglm-bpe"),  # THUDM/glm-4-9b-chat
+    ("81d72c7348a9f0ebe86f23298d37debe0a5e71149e29bd283904c02262b27516", "chatglm-bpe"),  # THUDM/glm-4-9b-chat
+    ("a1336059768a55c99a734006ffb02203cd450fed003e9a71886c88acf24fdbc2", "glm4"),  # THUDM/glm-4-9b-hf
+    ("9ca2dd618e8afaf09731a7cf6e2105b373ba6a1821559f258b272fe83e6eb902", "glm4"),  # zai-org/GLM-4.5-Air
+    ("cdf5f35325780597efd76153d4d1c16778f766173908894c04afc20108536267", "glm4"),  # zai-org/GLM-4.7-Flash
+    ("1431a23e583c97432bc230bff598d103ddb5a1f89960c8f1d1051aaa944d0b35", "minerva-7b"),  # sapienzanlp/Minerva-7B-base-v1.0
+    ("7e57df22b1fe23a7b1e1c7f3dc4e3f96d43a4eb0836d0c6bdc3436d7b2f1c664", "hunyuan"),  # tencent/Hunyuan-A13B-Instruct
+    ("bba3b3366b646dbdded5dbc42d59598b849371afc42f7beafa914afaa5b70aa6", "hunyuan-dense"),  # tencent/Hunyuan-4B-Instruct
+    ("e6ddf9c6686791c12d698d34c31ab9be1fea9af5a3d9a6909783ab382198ae1c", "hy_v4"),  # tencent/Hy4-preview
+    ("a6b57017d60e6edb4d88ecc2845188e0eb333a70357e45dcc9b53964a73bbae6", "falcon-h1"),  # tiiuae/Falcon-H1-0.5B-Base
+    ("60476e1243776c4fb1b993dbd7a5f15ac22f83c80afdf425fa5ae01c8d44ef86", "falcon-h1"),  # tiiuae/Falcon-H1-1B-Base
+    ("3eda48b4c4dc7de733d1a8b3e3b4a85243dbbf704da2ee9d42c6beced8897896", "falcon-h1"),  # tiiuae/Falcon-H1-7B-Base
+    ("48f8e02c0359c0bbdd82f26909171fac1c18a457bb47573ed1fe3bbb2c1cfd4b", "falcon-h1"),  # tiiuae/Falcon-H1-34B-Base
+    ("81212dc7cdb7e0c1074ca62c5aeab0d43c9f52b8a737be7b12a777c953027890", "kimi-k2"),  # moonshotai/Kimi-K2-Base
+    ("d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c", "qwen2"),  # Qwen/Qwen3-Embedding-0.6B
+    ("1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f", "qwen35"),  # openbmb/MiniCPM-V-4_6
+    ("66b8d4e19ab16c3bfd89bce5d785fb7e0155e8648708a1f42077cb9fe002c273", "grok-2"),  # alvarobartt/grok-2-tokenizer
+    ("b3d1dd861f1d4c5c0d2569ce36baf3f90fe8a102db3de50dd71ff860d91be3df", "jina-v2-de"),  # aari1995/German_Semantic_V3
+    ("0fe1cf6eda062318a1af7270f3331a85c539a01778ff948e24388e949c5282f4", "gpt-2"),  # evilfreelancer/ruGPT3XL
+    ("9e454714343b69b99b71795c1d27a68c2a1d15dab111f4d353109f966af29da7", "lfm2"),  # LiquidAI/LFM2.5-8B-A1B
+    ("846deafc5b0fa786186fa4ae6c7b49903cf2f1d1895bdb80b9120d60be135252", "gemma4"),  # danish-foundation-models/DFM-Mimir
+    ("0a766d034107bc736a3f2dc4968fd62e54a3570f1454443e0c5a4cc6bd7941ed", "spark2_5"),  # XHToken/Spark-X2.5-1.7B
+    ("0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5", "llama-bpe"),  # meta-llama/Meta-Llama-3-8B
+    ("049ecf7629871e3041641907f3de7c733e4dbfdc736f57d882ba0b0845599754", "deepseek-llm"),  # deepseek-ai/deepseek-llm-7b-base
+    ("347715f544604f9118bb75ed199f68779f423cabb20db6de6f31b908d04d7821", "deepseek-coder"),  # deepseek-ai/deepseek-coder-6.7b-base
+    ("8aeee3860c56296a157a1fe2fad249ec40aa59b1bb5709f4ade11c4e6fe652ed", "falcon"),  # tiiuae/falcon-7b
+    ("0876d13b50744004aa9aeae05e7b0647eac9d801b5ba4668afc01e709c15e19f", "bert-bge"),  # BAAI/bge-small-en-v1.5
+    ("9d032fcbd5501f4a38150912590928bfb36091efb5df11b8e2124b0390e3fb1e", "falcon3"),  # tiiuae/Falcon3-7B-Base
+    ("8e62295832751ca1e8f92f2226f403dea30dc5165e448b5bfa05af5340c64ec7", "bert-bge-large"),  # BAAI/bge-large-zh-v1.5
+    ("b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166", "mpt"),  # mosaicml/mpt-7b
+    ("35d91631860c815f952d711435f48d356ebac988362536bed955d43bfa436e34", "starcoder"),  # bigcode/starcoder2-3b
+    ("3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454", "gpt-2"),  # openai-community/gpt2
+    ("32d85c31273f8019248f2559fed492d929ea28b17e51d81d3bb36fff23ca72b3", "stablelm2"),  # stabilityai/stablelm-2-zephyr-1_6b
+    ("6221ad2852e85ce96f791f476e0b390cf9b474c9e3d1362f53a24a06dc8220ff", "refact"),  # smallcloudai/Refact-1_6-base
+    ("9c2227e4dd922002fb81bde4fc02b0483ca4f12911410dee2255e4987644e3f8", "command-r"),  # CohereForAI/c4ai-command-r-v01
+    ("d772b220ace2baec124bed8cfafce0ead7d6c38a4b65ef11261cf9d5d62246d1", "tiny_aya"),  # CohereLabs/tiny-aya-base
+    ("52df12b4c8d4176e7481aab4b6e8454d1fd0a210a04a574f6d4e067d10e23c3e", "cohere2moe"),  # CohereLabs/North-Mini-Code-1.0
+    ("e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea", "qwen2"),  # Qwen/Qwen1.5-7B
+    ("b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166", "olmo"),  # allenai/OLMo-1.7-7B-hf
+    ("a8594e3edff7c29c003940395316294b2c623e09894deebbc65f33f1515df79e", "dbrx"),  # databricks/dbrx-base
+    ("c7699093ba4255a91e702aa38a596aa81669f3525dae06c2953267dde580f448", "jina-v1-en"),  # jinaai/jina-reranker-v1-tiny-en
+    ("0876d13b50744004aa9aeae05e7b0647eac9d801b5ba4668afc01e709c15e19f", "jina-v2-en"),  # jinaai/jina-embeddings-v2-base-en
+    ("171aeeedd6fb548d418a7461d053f11b6f1f1fc9b387bd66640d28a4b9f5c643", "jina-v2-es"),  # jinaai/jina-embeddings-v2-base-es
+    ("27949a2493fc4a9f53f5b9b029c82689cfbe5d3a1929bb25e043089e28466de6", "jina-v2-de"),  # jinaai/jina-embeddings-v2-base-de
+    ("a023e9fdc5a11f034d3ef515b92350e56fb2af1f66c6b6811a4444ea9bf8763d", "jina-v5-nano"),  # jinaai/jina-embeddings-v5-text-nano
+    ("c136ed14d01c2745d4f60a9596ae66800e2b61fa45643e72436041855ad4089d", "smaug-bpe"),  # abacusai/Smaug-Llama-3-70B-Instruct
+    ("c7ea5862a53e4272c035c8238367063e2b270d51faa48c0f09e9d5b54746c360", "poro-chat"),  # LumiOpen/Poro-34B-chat
+    ("7967bfa498ade6b757b064f31e964dddbb80f8f9a4d68d4ba7998fcf281c531a", "jina-v2-code"),  # jinaai/jina-embeddings-v2-base-code
+    ("7fc505bd3104ca1083b150b17d088b59534ede9bde81f0dd2090967d7fe52cee", "viking"),  # LumiOpen/Viking-7B
+    ("b53802fb28e26d645c3a310b34bfe07da813026ec7c7716883404d5e0f8b1901", "jais"),  # core42/jais-13b
+    ("bc5108ee1eb6a3d600cadd065f63190fbd0554dbc9e4bbd6a0d977970afc8d2a", "jais-2"),  # inceptionai/Jais-2-8B-Chat
+    ("7b3e7548e4308f52a76e8229e4e6cc831195d0d1df43aed21ac6c93da05fec5f", "codeshell"),  # WisdomShell/CodeShell-7B
+    ("63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e", "tekken"),  # mistralai/Mistral-Nemo-Base-2407
+    ("855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249", "smollm"),  # HuggingFaceTB/SmolLM-135M
+    ("3c30d3ad1d6b64202cd222813e7736c2db6e1bd6d67197090fc1211fbc612ae7", "bloom"),  # bigscience/bloom
+    ("bc01ce58980e1db43859146dc51b1758b3b88729b217a74792e9f8d43e479d21", "gpt3-finnish"),  # TurkuNLP/gpt3-finnish-small
+    ("4e2b24cc4770243d65a2c9ec19770a72f08cffc161adbb73fcbb6b7dd45a0aae", "exaone"),  # LGAI-EXAONE/EXAONE-3.0-7.8B-Instruct
+    ("fcace8b9cac38ce847670c970cd5892031a753a1ef381abd1d9af00f713da085", "phi-2"),  # microsoft/phi-2
+    ("60824e3c0d9401f89943cbb2fff727f0e2d4c545ba4df2d6e4f09a6db0f5b450", "chameleon"),  # facebook/chameleon-7b
+    ("8b5a93ed704057481f240da0be7e7dca721d7f8f4755263b6807227a2cbeae65", "roberta-bpe"),  # sentence-transformers/stsb-roberta-base
+    ("ad851be1dba641f2e3711822f816db2c265f788b37c63b4e1aeacb9ee92de8eb", "gigachat"),  # ai-sage/GigaChat-20B-A3B-instruct
+    ("d4c8f286ea6b520b3d495c4455483cfa2302c0cfcd4be05d781b6a8a0a7cdaf1", "megrez"),  # Infinigence/Megrez-3B-Instruct
+    ("877081d19cf6996e2c4ff0e1236341e9b7bde288f5311a56a937f0afbbb3aeb5", "deepseek-v3"),  # deepseek-ai/DeepSeek-V3
+    ("b3f499bb4255f8ca19fccd664443283318f2fd2414d5e0b040fbdd0cc195d6c5", "deepseek-r1-qwen"),  # deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B
+    ("ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e", "gpt-4o"),  # Xenova/gpt-4o
+    ("7dec86086fcc38b66b7bc1575a160ae21cf705be7718b9d5598190d7c12db76f", "superbpe"),  # UW/OLMo2-8B-SuperBPE-t180k
+    ("1994ffd01900cfb37395608534236ecd63f2bd5995d6cb1004dda1af50240f15", "trillion"),  # trillionlabs/Trillion-7B-preview
+    ("96a5f08be6259352137b512d4157e333e21df7edd3fcd152990608735a65b224", "bailingmoe"),  # inclusionAI/Ling-lite
+    ("d353350c764d8c3b39c763113960e4fb4919bea5fbf208a0e3b22e8469dc7406", "llama4"),  # meta-llama/Llama-4-Scout-17B-16E-Instruct
+    ("0e9433cbbb161f89e264eb32e8e64bfe69e834973ffca5d41d3948a604a3e2a3", "pixtral"),  # mistral-community/pixtral-12b
+    ("d5f1dd6f980fec569fb218a81a7658ac45fc56b38c5a0adeb1c232fbe04ef5ec", "seed-coder"),  # ByteDance-Seed/Seed-Coder-8B-Base
+    ("b0a6b1c0bd5998ebd9df08611efde34a4ff03faed45ae09c43e6b31ebd4b94cf", "a.x-4.0"),  # skt/A.X-4.0
+    ("f6791d196f87ce6b56a7d234be618e0d58f8cda3549416635b2bebcd22cd95c4", "midm-2.0"),  # K-intelligence/Midm-2.0-Base-Instruct
+    ("169bf0296a13c4d9b7672313f749eb36501d931022de052aad6e36f2bf34dd51", "lfm2"),  # LiquidAI/LFM2.5-350M
+    ("2085e1638f6c377a0aa4ead21b27bb4cb941bf800df86ed391011769c1758dfb", "exaone4"),  # LGAI-EXAONE/EXAONE-4.0-32B
+    ("a1e163ecab2e718a4c829d1148b6e86824ec36163bb71941c3dca9cd5ac25756", "mellum"),  # JetBrains/Mellum-4b-base
+    ("a0b64b4385f123663873756336c085744376d015ff328bb1d901598f63c44152", "modern-bert"),  # answerdotai/ModernBERT-base
+    ("49fc0303c9e0d2c2c565c510f64b2d9b271276acdcdadff733249eda9f7d59df", "afmoe"),  # arcee-ai/Trinity-Tokenizer
+    ("9b1be57e70d20d9501b2b3186e792d81181ae36ada3903c26f9fea418cf87206", "bailingmoe2"),  # inclusionAI/Ling-mini-base-2.0
+    ("53e325976a6e142379c19b09afcae354f2f496f147afa8f9e189a33fe4e3024e", "granite-docling"),  # ibm-granite/granite-docling-258M
+    ("f4f37b6c8eb9ea29b3eac6bb8c8487c5ab7885f8d8022e67edc1c68ce8403e95", "minimax-m2"),  # MiniMaxAI/MiniMax-M2
+    ("4a2e2abae11ca2b86d570fc5b44be4d5eb5e72cc8f22dd136a94b37da83ab665", "kormo"),  # KORMo-Team/KORMo-tokenizer
+    ("9d70134b369a70e5735009b6de918f7581b5211f7c074d1f89f753aea8248af1", "youtu"),  # tencent/Youtu-LLM-2B
+    ("16389f0a1f51ee53e562ffd51c371dc508639ab0e4261502071836e50e223e91", "solar-open"),  # upstage/Solar-Open-100B
+    ("6c81ce329e0802883b22eabab0d3fa48357337ef1ecb45443828bf1f6254833f", "exaone-moe"),  # LGAI-EXAONE/K-EXAONE-236B-A23B
+    ("d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4", "qwen35"),  # Qwen/Qwen3.5-9B-Instruct
+    ("b4b8ca1f9769494fbd956ebc4c249de6131fb277a4a3345a7a92c7dd7a55808d", "joyai-llm"),  # jdopensource/JoyAI-LLM-Flash
+    ("e4d54df1ebc1f2b91acd986c5b51aa50837d5faf7c7398e73c1f9e9ee5d19869", "kanana2"),  # kakaocorp/kanana-2-30b-a3b-instruct-2601
+    ("862f827721df956049dff5ca81a57f29e575280bc622e290d3bf4e35eca29015", "f2llmv2"),  # codefuse-ai/F2LLM-v2-4B
+    ("62f6fb0a6fd5098caeabb19b07a5c1099cafc8b9c40eab6ea89ece4ec02fbc57", "sarvam-moe"),  # sarvamai/sarvam-30b
+    ("f728162c1315c26e40249849799b4ba3fe584c32084b4795b03eb295e63cb5af", "talkie"),  # lewtun/talkie-1930-13b-it-hf
+    ("36f3066e97b7f3994b379aaacde306c1444c6ae84e81a5ae3cd2b7ed3b8c42d4", "minicpm5"),  # openbmb/MiniCPM5-1B
+    ("f241072145675bf8322086f115aebad05e9f869557a238bf2150a2a417d1bf60", "granite-embed-multi-97m"),  # ibm-granite/granite-embedding-97m-multilingual-r2
+    ("789696f5946cc0fc59371f39f6097cafed196b3acded6140432f26bbb1ae1669", "granite-embed-multi-311m"),  # ibm-granite/granite-embedding-311m-multilingual-r2
+    ("9dcf830ee9990cdbf78cc523a5f7bd9ad8f3f9890c2d3581d2785ad10f07049d", "mellum2"),  # JetBrains/Mellum2-12B-A2.5B-Base
+    ("972da7b59cec44d1f0a490a86c96df53859e486e481563e5dddac155013d87ac", "laguna"),  # poolside/Laguna-XS.2
+    ("653660222fb704f61cbf2b618a8ae6502b7f8b20c980f9a5de07ed78e13319cd", "ufakzeka"),  # ufakai/ufakzeka-1
+)
+
+
+@lru_cache(maxsize=None)
+def _pre_by_chkhsh() -> dict[str, str]:
+    return dict(LLAMA_CPP_PRE_TABLE)
+
+
+def llama_cpp_pre(chkhsh: str) -> Optional[str]:
+    """The tokenizer.ggml.pre llama.cpp writes for a chkhsh, or None where it raises NotImplementedError."""
+    return _pre_by_chkhsh().get(chkhsh)
+
+
+# The character classes the split patterns use, listed over CHKTXT's own characters.  That is exact,
+# not an approximation: the encoder only ever splits pieces of CHKTXT (NFC leaves it unchanged, added
+# tokens only cut it, and nothing else adds characters), so a class is only ever asked about one of
+# its characters.  It also keeps out of the two places where Python's re and the Oniguruma regexes of
+# tokenizers disagree: Python's \s matches U+001C-001F and Rust's does not (CHKTXT has neither), and
+# their Unicode versions differ only on characters CHKTXT does not hold.
+
+class CheckClasses(NamedTuple):
+    letters: str    # \p{L}: general category L*, re-escaped for a [...] class
+    numbers: str    # \p{N}: general category N*
+    spaces: str     # \s: Oniguruma's Unicode White_Space (Python's isspace without U+001C-001F)
+
+
+@lru_cache(maxsize=None)
+def check_classes() -> CheckClasses:
+    chars = sorted(set(CHKTXT))
+
+    def listed(member: Callable[[str], bool]) -> str:
+        return "".join(re.escape(c) for c in chars if member(c))
+    return CheckClasses(
+        letters=listed(lambda c: unicodedata.category(c).startswith("L")),
+        numbers=listed(lambda c: unicodedata.category(c).startswith("N")),
+        spaces=listed(lambda c: c.isspace() and c not in "\x1c\x1d\x1e\x1f"),
+    )
+
+
+# The split patterns of the families llama.cpp names, as tokenizers writes them (Oniguruma syntax),
+# each with its Python equivalent over CHKTXT: @L, @N and @S stand for the classes above, so \p{L}
+# becomes [@L], [^\s\p{L}\p{N}] becomes [^@S@L@N] and (?!\S) becomes (?![^@S]).  Both engines
+# backtrack and try alternatives left to right, so the same pattern finds the same matches.
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_PATTERNS = {
+    # tokenizers' ByteLevel(use_regex=true), GPT-2's pattern: SmolLM, GPT-2, StarCoder
+    GPT2_PATTERN: r"'s|'t|'re|'ve|'m|'ll|'d| ?[@L]+| ?[@N]+| ?[^@S@L@N]+|[@S]+(?![^@S])|[@S]+",
+    # Llama 3's Split (llama.cpp's llama-bpe)
+    LLAMA3_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L]+|[@N]{1,3}| ?[^@S@L@N]+[\r\n]*"
+                     r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+    # Qwen2's Split (qwen2), also Qwen2Tokenizer's PRETOKENIZE_REGEX: single digits
+    QWEN2_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L]+|[@N]| ?[^@S@L@N]+[\r\n]*"
+                    r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+}
+
+
+@lru_cache(maxsize=None)
+def check_pattern(onig: str) -> re.Pattern:
+    """The compiled Python equivalent, over CHKTXT's characters, of one of _SPLIT_PATTERNS."""
+    c = check_classes()
+    return re.compile(_SPLIT_PATTERNS[onig].replace("@L", c.letters).replace("@N", c.numbers)
+                      .replace("@S", c.spaces))
+
+
+class CheckBuild(NamedTuple):
+    """The steps of the tokenizer transformers 5.18 builds for one (tokenizer_class, model_type) that
+    reach the check text's ids, as the oracle confirmed them."""
+    tokenizer_class: str        # tokenizer_config.json's
+    model_type: str             # config.json's: AutoTokenizer may pick another class from it
+    rebuilt: bool               # the class builds its own pipeline; tokenizer.json gives vocab and merges
+    pre_tokenizers: tuple[str, ...]  # tokenizer.json's, canonical, one of these: a rebuilt class drops
+                                # it, but tokenizers must still parse it, so only shapes seen to load
+    post_processors: tuple[str, ...]  # tokenizer.json's, canonical, one of these (post_processor_ids
+                                # reads the ids it adds)
+    nfc: bool                   # an NFC normalizer (rebuilt by the class, or tokenizer.json's)
+    split: Optional[str]        # a Split(Isolated) by this pattern before the byte map
+    byte_level_regex: bool      # ByteLevel(use_regex=true): GPT2_PATTERN, then the byte map
+    ignore_merges: bool         # BPE(ignore_merges): a piece in the vocabulary is one token
+    measured_on: str
+    null_prefix_space_fails: bool = False  # tokenizer_config's add_prefix_space null reaches ByteLevel
+
+
+_LLAMA3_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                         + json.dumps(LLAMA3_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                         'trim_offsets=true,use_regex=false)]')
+_LLAMA3_BOS = '{"SpecialToken":{"id":"<|begin_of_text|>","type_id":%d}}'
+_LLAMA3_POST_PROCESSOR = (
+    'Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),TemplateProcessing('
+    f'pair=[{_LLAMA3_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}},{_LLAMA3_BOS % 1},'
+    '{"Sequence":{"id":"B","type_id":1}}],'
+    f'single=[{_LLAMA3_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
+    'special_tokens={"<|begin_of_text|>":{"id":"<|begin_of_text|>","ids":[128000],"tokens":["<|begin_of_text|>"]}})]')
+_QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                        + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                        'trim_offsets=false,use_regex=false)]')
+
+# Measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
+# test_bankml_convert.py encodes each recorded directory and compares).
+CHECK_BUILDS: tuple[CheckBuild, ...] = (
+    # GPT2Tokenizer.__init__ makes BPE(vocab, merges) with ByteLevel(add_prefix_space) as its only
+    # pre-tokenizer and no normalizer: SmolLM's Digits step never reaches the ids.
+    CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, nfc=False, split=None,
+               pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
+               post_processors=("null", _NOOP_TEMPLATE),
+               byte_level_regex=True, ignore_merges=False,
+               measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)",
+               null_prefix_space_fails=True),
+    # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.
+    CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+               post_processors=(_LLAMA3_POST_PROCESSOR,),
+               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
+               measured_on="Llama-3.2-1B-Instruct"),
+    # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
+    CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
+               split=QWEN2_PATTERN,
+               byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen2.5 config"),
+    CheckBuild("Qwen2Tokenizer", "qwen3", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
+               split=QWEN2_PATTERN,
+               byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
+)
+
+# config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the
+# class (transformers 5.18's MODEL_IDS_TO_TOKENIZERS_BACKEND, matched on the lower-cased name).
+_TOKENIZERS_BACKEND_IDS = ("deepseek-ai/deepseek-r1-distill-llama-*", "deepseek-ai/deepseek-coder-*",
+                           "allenai/dolma2-tokenizer", "google/umt5-small", "naver-clova-ix/donut-*",
+                           "salesforce/blip2-opt-*", "salesforce/blip2-flan-t5-*",
+                           "salesforce/instructblip-flan-t5-*", "stepfun-ai/step-3.7-*")
+
+
+def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[dict]) -> CheckBuild:
+    """The confirmed build transformers makes of these files, or a Refusal with what was found."""
+    config = config if isinstance(config, dict) else {}
+    cls, model_type = tokenizer_config.get("tokenizer_class"), config.get("model_type")
+    confirm = ("; run `python3 oracle/oracle.py chkhsh DIR` to see the ids' hash transformers 5.18 gives "
+               "llama.cpp, and add a CheckBuild to CHECK_BUILDS in bankml_convert.py once it is reproduced")
+    build = next((b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == (cls, model_type)), None)
+    if build is None:
+        raise Refusal(f"tokenizer_class {cls!r} with config.json model_type {model_type!r}: how transformers "
+                      "builds this tokenizer (and so llama.cpp's chkhsh) was not confirmed" + confirm)
+    name = config.get("_name_or_path")
+    if isinstance(name, str) and any(fnmatch.fnmatchcase(name.lower(), p) for p in _TOKENIZERS_BACKEND_IDS):
+        raise Refusal(f"config.json _name_or_path {name!r}: transformers loads tokenizer.json as written "
+                      f"for it, not as {cls} builds it" + confirm)
+    for key in ("auto_map", "fix_mistral_regex", "split_special_tokens"):
+        if tokenizer_config.get(key):
+            raise Refusal(f"tokenizer_config.json {key}: changes how transformers encodes; not confirmed" + confirm)
+    for key in ("truncation", "padding"):
+        if tokenizer_json.get(key) is not None:
+            raise Refusal(f"tokenizer.json {key} is set: transformers applies it to the check text; "
+                          "not confirmed" + confirm)
+    pre_tokenizer = canonical_component(tokenizer_json.get("pre_tokenizer"))
+    if pre_tokenizer not in build.pre_tokenizers:
+        raise Refusal(f"tokenizer.json pre_tokenizer {pre_tokenizer[:300]}: not a shape measured for {cls} "
+                      f"(on {build.measured_on}); even where {cls} replaces it, tokenizers must load it" + confirm)
+    post_processor = canonical_component(tokenizer_json.get("post_processor"))
+    if post_processor not in build.post_processors:
+        raise Refusal(f"tokenizer.json post_processor {post_processor[:300]}: not a shape measured for {cls} "
+                      f"(on {build.measured_on})" + confirm)
+    if build.rebuilt:
+        if build.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
+                and tokenizer_config["add_prefix_space"] is None:
+            raise Refusal(f"tokenizer_config.json add_prefix_space null: {cls} hands it to tokenizers' "
+                          "ByteLevel, which raises TypeError, so transformers and llama.cpp fail to load it; "
+                          "write false (or drop the key)")
+        if tokenizer_config.get("add_prefix_space"):
+            raise Refusal(f"add_prefix_space true: {cls} then prefixes a space to the check text; "
+                          "not confirmed" + confirm)
+        return build
+    model = tokenizer_json["model"]
+    for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
+        if model.get(key) not in (None, ""):
+            raise Refusal(f"tokenizer.json BPE {key} {model.get(key)!r}: not confirmed" + confirm)
+    shape = (canonical_component(tokenizer_json.get("normalizer")), bool(model.get("ignore_merges")))
+    if shape != ("NFC()" if build.nfc else "null", build.ignore_merges):
+        raise Refusal(f"tokenizer.json normalizer and ignore_merges {shape!r}: not the {cls} shape measured "
+                      f"on {build.measured_on}" + confirm)
+    return build
+
+
+def post_processor_ids(post: object) -> tuple[list[int], list[int]]:
+    """The ids the post-processor puts before and after one sequence's (transformers' encode adds
+    special tokens).  A null post-processor stays so: tokenizer.json being present, transformers drops
+    tokenizer_config.json's add_bos/eos_token and its own template adds nothing."""
+    if post is None:
+        return [], []
+    before: list[int] = []
+    after: list[int] = []
+    processors = post.get("processors", [post]) if isinstance(post, dict) else None
+    if not isinstance(processors, list):
+        raise Refusal("tokenizer.json post_processor is not a processor or a Sequence of them")
+    for proc in processors:
+        kind = proc.get("type") if isinstance(proc, dict) else None
+        if kind == "ByteLevel":
+            continue  # it trims offsets only
+        if kind != "TemplateProcessing":
+            raise Refusal(f"tokenizer.json post_processor {kind!r}: the ids it adds to the check text are "
+                          "not reproduced")
+        single, specials = proc.get("single"), proc.get("special_tokens") or {}
+        if not (isinstance(single, list) and all(map(_is_template_piece, single)) and isinstance(specials, dict)
+                and sum("Sequence" in p for p in single) == 1):
+            raise Refusal("tokenizer.json post_processor TemplateProcessing without exactly one sequence in "
+                          "'single' (or malformed); not reproduced")
+        side = before
+        for piece in single:
+            if "Sequence" in piece:
+                if piece["Sequence"].get("id") != "A":
+                    raise Refusal("tokenizer.json post_processor's single template is not over $A")
+                side = after
+                continue
+            special = specials.get(piece["SpecialToken"]["id"])
+            ids = special.get("ids") if isinstance(special, dict) else None
+            if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+                raise Refusal(f"tokenizer.json post_processor special token {piece['SpecialToken']['id']!r} "
+                              "has no ids; transformers cannot load it")
+            side.extend(ids)
+    return before, after
+
+
+def added_token_cuts(text: str, added: list[AddedToken]) -> list[tuple[str, Optional[int]]]:
+    """The text cut around the added tokens it contains, (piece, None) between them and (content, id)
+    for each, leftmost-longest as tokenizers' AddedVocabulary matches them."""
+    found = sorted((t for t in added if isinstance(t.content, str) and t.content and t.content in text),
+                   key=lambda t: -len(t.content))
+    if not found:
+        return [(text, None)]
+    for t in found:
+        if t.lstrip or t.rstrip or t.single_word:
+            raise Refusal(f"added token {t.content!r} occurs in llama.cpp's check text with lstrip/rstrip/"
+                          "single_word; how transformers cuts around it is not reproduced")
+    ids = {t.content: t.id for t in reversed(found)}
+    cuts: list[tuple[str, Optional[int]]] = []
+    at = 0
+    for m in re.finditer("|".join(re.escape(t.content) for t in found), text):
+        if m.start() > at:
+            cuts.append((text[at:m.start()], None))
+        cuts.append((m.group(), ids[m.group()]))
+        at = m.end()
+    if at < len(text):
+        cuts.append((text[at:], None))
+    return cuts
+
+
+@lru_cache(maxsize=None)
+def gpt2_byte_chars() -> tuple[str, ...]:
+    """GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for U+0100 onwards."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    others = iter(range(0x100, 0x200))
+    return tuple(chr(b) if b in printable else chr(next(others)) for b in range(256))
+
+
+def bpe_ids(word: str, vocab: dict, ranks: dict[str, int], ignore_merges: bool) -> list[int]:
+    """One pre-tokenized piece through tokenizers' BPE: the lowest-ranked adjacent pair merged first
+    (the leftmost among equals), until no pair has a rank."""
+    if ignore_merges and word in vocab:
+        return [vocab[word]]
+    parts = list(word)
+    while len(parts) > 1:
+        best: Optional[tuple[int, int]] = None
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + " " + parts[i + 1])
+            if rank is not None and (best is None or rank < best[0]):
+                best = (rank, i)
+        if best is None:
+            break
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    missing = [p for p in parts if p not in vocab]
+    if missing:
+        # tokenizers drops a missing symbol without an unk token, or fails on a merge's missing result.
+        raise Refusal(f"{missing[0]!r} from llama.cpp's check text is not in the BPE vocabulary; not reproduced")
+    return [vocab[p] for p in parts]
+
+
+def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str, int]:
+    """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
+    Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
+    which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
+    transformers loaded, and merges_as_written accepted their shape).  Built at C speed (map, dict(zip(...))): it is most of what naming the
+    pre-tokenizer costs, and the check is two thirds of that."""
+    if not isinstance(merges, list):
+        raise Refusal("tokenizer.json merges are not a list; transformers cannot load them")
+    if measured and merges and type(merges[0]) is str:
+        # The row's hash covers these exact strings (merges_as_written refused a mix of shapes).
+        return dict(zip(merges, range(len(merges))))
+    try:
+        # transformers splits each string on " " into the pair BPE() takes; another count fails to load.
+        # str.count raises TypeError on a pair, which is the other shape tokenizer.json stores.
+        spaces = set(map(str.count, merges, repeat(" ")))
+    except TypeError:
+        spaces = None
+    if spaces is not None:
+        if spaces != {1}:
+            raise Refusal("a tokenizer.json merge string is not two parts split by one space; transformers "
+                          "cannot load it")
+        if not measured:
+            _refuse_merges_outside(vocab, " ".join(merges).split(" "),
+                                   map(str.replace, merges, repeat(" "), repeat("")))
+        return dict(zip(merges, range(len(merges))))
+    if not all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges):
+        raise Refusal("tokenizer.json merges are neither all strings nor all pairs of strings")
+    # vocab_merges_sha256 writes a space inside a part as U+0120, so a measured row cannot vouch for one.
+    if not measured or " " in "".join(itertools.chain.from_iterable(merges)):
+        _refuse_merges_outside(vocab, itertools.chain.from_iterable(merges), map("".join, merges))
+    # A part holding a space can never match: the byte map leaves no space in a symbol.
+    return dict(zip(map(" ".join, merges), range(len(merges))))
+
+
+def _refuse_merges_outside(vocab: dict, parts: Iterable[str], joined: Iterable[str]) -> None:
+    if not (all(map(vocab.__contains__, parts)) and all(map(vocab.__contains__, joined))):
+        raise Refusal("a tokenizer.json merge names a token, or makes one, that is not in the vocabulary: "
+                      "tokenizers fails to load it (MergeTokenOutOfVocabulary), so llama.cpp fails too")
+
+
+def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
+              measured: bool = False) -> list[int]:
+    """The ids transformers 5.18's tokenizer gives CHKTXT with add_special_tokens=True, for a build
+    check_build confirmed; ``measured`` as merge_ranks takes it."""
+    model = tokenizer_json["model"]
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
+    ranks = merge_ranks(model.get("merges"), vocab, measured)
+    byte_chars = gpt2_byte_chars()
+    before, after = post_processor_ids(tokenizer_json.get("post_processor"))
+    ids = list(before)
+    for text, added_id in added_token_cuts(CHKTXT, added):
+        if added_id is not None:
+            ids.append(added_id)
+            continue
+        if build.nfc:
+            text = unicodedata.normalize("NFC", text)
+        pieces = [text]
+        for onig in (build.split, GPT2_PATTERN if build.byte_level_regex else None):
+            if onig is not None:
+                pieces = [p for piece in pieces for p in isolated_pieces(check_pattern(onig), piece)]
+        for piece in pieces:
+            ids.extend(bpe_ids("".join(byte_chars[b] for b in piece.encode("utf-8")), vocab, ranks,
+                               build.ignore_merges))
+    return ids + after
+
+
+def isolated_pieces(pattern: re.Pattern, text: str) -> list[str]:
+    """Split(behavior=Isolated): each match a piece of its own, and each stretch between matches too."""
+    pieces = []
+    at = 0
+    for m in pattern.finditer(text):
+        if m.start() > at:
+            pieces.append(text[at:m.start()])
+        if m.end() > m.start():
+            pieces.append(m.group())
+        at = m.end()
+    if at < len(text):
+        pieces.append(text[at:])
+    return pieces
+
+
+def chkhsh(tokenizer_json: dict, tokenizer_config: dict, config: Optional[dict], added: list[AddedToken],
+           measured: bool = False) -> str:
+    """llama.cpp's chkhsh: sha256 of str() of the check text's ids, as get_vocab_base_pre computes it."""
+    ids = check_ids(check_build(tokenizer_json, tokenizer_config, config), tokenizer_json, added, measured)
+    return hashlib.sha256(str(ids).encode()).hexdigest()
+
+
+def pre_tokenizer_name(tokenizer_json: dict, tokenizer_config: dict, config: Optional[dict],
+                       added: list[AddedToken], vm_sha256: str, shape: TokenizerShape) -> str:
+    """tokenizer.ggml.pre as llama.cpp names it; a measured KNOWN_TOKENIZERS row must agree."""
+    measured = any(k.vocab_merges_sha256 == vm_sha256 for k in KNOWN_TOKENIZERS)
+    h = chkhsh(tokenizer_json, tokenizer_config, config, added, measured)
+    pre = llama_cpp_pre(h)
+    if pre is None:
+        raise Refusal(f"BPE pre-tokenizer not recognized: the check text's ids hash to chkhsh {h}, which is "
+                      "not in llama.cpp's table, so llama.cpp's converter fails on it too (NotImplementedError "
+                      "in get_vocab_base_pre); use tokenizer files llama.cpp names (e.g. the base model's), "
+                      "and `python3 oracle/oracle.py chkhsh DIR` shows the reference's answer")
+    known = known_tokenizer(vm_sha256, shape)
+    if known is not None and (known.chkhsh, known.pre) != (h, pre):
+        raise Refusal(f"chkhsh {h} ({pre}) computed here disagrees with the measured {known.chkhsh} "
+                      f"({known.pre}) for this vocabulary; report it with the directory")
+    return pre
 
 
 # Reading the tokenizer files the way llama.cpp and transformers do.
@@ -1578,8 +2081,17 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
     if from_config is not None and sorted(from_config) != sorted(from_json):
         raise Refusal("tokenizer_config.json added_tokens_decoder and tokenizer.json added_tokens differ; "
                          "not reproduced")
+    appended = sorted(t for t in from_json if t.id >= len(vocab))
+    if [t.id for t in appended] != list(range(len(vocab), len(vocab) + len(appended))):
+        # transformers numbers new tokens itself, one after another past the vocabulary.
+        raise Refusal(f"added tokens past the vocabulary's {len(vocab)} take ids {[t.id for t in appended][:5]}, "
+                         "not the next ones in order: transformers would number them otherwise; not reproduced")
+    model_vocab = tokenizer_json["model"]["vocab"]
+    if any(t.content in model_vocab for t in appended) or len({t.content for t in appended}) < len(appended):
+        raise Refusal("an added token past the vocabulary repeats a token: transformers would give it the "
+                         "existing id; not reproduced")
     for t in from_json:
-        if not (0 <= t.id < len(vocab) and vocab[t.id] == t.content):
+        if t.id < len(vocab) and not (0 <= t.id and vocab[t.id] == t.content):
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
@@ -1600,16 +2112,18 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
 
 
 def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tuple[list[str], list[int]]:
-    """get_vocab_base: ids past the vocabulary become [PAD{i}], added tokens (all special here) CONTROL."""
-    if len(vocab) > vocab_size:
-        raise Refusal(f"the tokenizer has {len(vocab)} tokens but vocab_size is {vocab_size}: "
+    """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
+    next ids), ids past both become [PAD{i}]; added tokens (all special here) are CONTROL."""
+    appended = [t.content for t in sorted(added) if t.id >= len(vocab)]
+    n = len(vocab) + len(appended)
+    if n > vocab_size:
+        raise Refusal(f"the tokenizer has {n} tokens but vocab_size is {vocab_size}: "
                          "llama.cpp's assertion fails")
-    control = {t.id for t in added}
-    tokens = list(vocab) + [f"[PAD{i}]" for i in range(len(vocab), vocab_size)]
-    types = [NORMAL] * len(vocab) + [UNUSED] * (vocab_size - len(vocab))
-    for i in control:
-        if 0 <= i < len(vocab):
-            types[i] = CONTROL
+    tokens = list(vocab) + appended + [f"[PAD{i}]" for i in range(n, vocab_size)]
+    types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
+    for t in added:
+        if 0 <= t.id < len(vocab):
+            types[t.id] = CONTROL
     return tokens, types
 
 
@@ -1758,7 +2272,8 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
     except RecursionError:
         raise Refusal("tokenizer.json's pre-tokenizer or post-processor is nested too deeply") from None
-    pre = known_pre(vocab_merges_sha256(vocab, merges), shape)
+    pre = pre_tokenizer_name(tokenizer_json, tokenizer_config, config, added,
+                             vocab_merges_sha256(vocab, merges), shape)
 
     tokens, toktypes = token_list(vocab, added, vocab_size)
     return Vocab(

@@ -38,6 +38,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 class TokenizerFixture:
     name: str
     files: tuple[tuple[str, str], ...]  # (fixture folder, file name), copied verbatim
+    added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -69,6 +70,15 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             ("SmolLM2-135M-Instruct-resaved-transformers-5", "tokenizer_config.json"),
             ("SmolLM2-135M-Instruct-resaved-transformers-5", "chat_template.jinja"),
         )),
+        # A fine-tune that added one special token (a persona token) at id 49,152: its vocabulary
+        # differs from every measured one, but llama.cpp still names it smollm by its chkhsh.
+        TokenizerFixture("smollm2-135m-instruct-persona-token", (
+            (SMOLLM2_135M_INSTRUCT, "tokenizer.json"),
+            (SMOLLM2_135M_INSTRUCT, "tokenizer_config.json"),
+            (SMOLLM2_135M_INSTRUCT, "special_tokens_map.json"),
+            (SMOLLM2_135M_INSTRUCT, "vocab.json"),
+            (SMOLLM2_135M_INSTRUCT, "merges.txt"),
+        ), added_special_token="<|persona|>"),
         # SentencePiece (tokenizer.model): the converter refuses it, llama.cpp takes another path.
         TokenizerFixture("tinyllama-1.1b-chat", (
             ("TinyLlama-1.1B-Chat-v1.0", "tokenizer.json"),
@@ -83,6 +93,25 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
 def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
     for folder, file_name in fixture.files:
         shutil.copyfile(FIXTURES / folder / file_name, out_dir / file_name)
+    if fixture.added_special_token is not None:
+        add_special_token(out_dir, fixture.added_special_token)
+
+
+def add_special_token(d: Path, content: str) -> None:
+    """What `tokenizer.add_special_tokens({"additional_special_tokens": [content]})` records: the token
+    at the next id in tokenizer.json's added_tokens and tokenizer_config.json's added_tokens_decoder,
+    and among the additional special tokens.  The files are rewritten as JSON (indent 2)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    new_id = len(tokenizer["model"]["vocab"]) + sum(
+        1 for t in tokenizer["added_tokens"] if t["content"] not in tokenizer["model"]["vocab"])
+    flags = {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+             "single_word": False, "special": True}
+    tokenizer["added_tokens"].append({"id": new_id, **flags})
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["added_tokens_decoder"][str(new_id)] = flags
+    config["additional_special_tokens"] = config.get("additional_special_tokens", []) + [content]
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,6 +190,8 @@ CASES: tuple[Case, ...] = (
          dims=Dims(hidden_size=120, intermediate_size=320, num_attention_heads=15,
                    num_key_value_heads=5),
          description="SmolLM2-360M-Instruct config keys, its 15/5 head layout scaled down"),
+    Case("persona-token", tokenizer="smollm2-135m-instruct-persona-token", dims=Dims(vocab_size=49153),
+         description="one added special token at id 49,152, vocab_size 49,153 (issue 11)"),
     Case("sentencepiece-tinyllama", tokenizer="tinyllama-1.1b-chat",
          config_from="TinyLlama-1.1B-Chat-v1.0", tied=False, dims=Dims(vocab_size=32000),
          description="TinyLlama config and SentencePiece tokenizer (refusal)"),

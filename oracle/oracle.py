@@ -5,7 +5,8 @@ model directories and compare the files sha256 for sha256.
     python3 oracle/oracle.py record [RUN ...]    # llama.cpp's sha256s -> oracle/recorded/golden.json
     python3 oracle/oracle.py compare [RUN ...]   # both converters; exit 1 on any mismatch
     python3 oracle/oracle.py names               # gguf-py's name heuristics vs bankml's, every id
-    python3 oracle/oracle.py chkhsh DIR ...      # llama.cpp's pre-tokenizer hash of a tokenizer
+    python3 oracle/oracle.py chkhsh [DIR ...]    # llama.cpp's pre-tokenizer hash and name beside bankml's
+                                                 # (default: every tokenizer case; --record saves them)
     python3 oracle/oracle.py inspect [RUN ...]   # bankml's inspect vs gguf-py's reader (default: full size)
     python3 oracle/oracle.py list
 
@@ -185,10 +186,109 @@ def compare(runs: list[Run], use_recorded: bool) -> int:
 
 
 def run_in_reference(command: str, rest: list[str]) -> int:
-    """names_oracle.py or vocab_oracle.py --chkhsh, in the reference venv with its gguf-py."""
+    """names_oracle.py, in the reference venv with its gguf-py."""
     env = dict(os.environ, PYTHONPATH=str(reference_dir() / "gguf-py"))
-    script = ["names_oracle.py"] if command == "names" else ["vocab_oracle.py", "--chkhsh"]
-    return subprocess.run([str(reference_python()), str(HERE / script[0]), *script[1:], *rest], env=env).returncode
+    return subprocess.run([str(reference_python()), str(HERE / "names_oracle.py"), *rest], env=env).returncode
+
+
+def reference_chkhshs(dirs: list[Path]) -> dict[Path, dict]:
+    """vocab_oracle.py --chkhsh over the directories in one reference process: path -> its answer."""
+    env = dict(os.environ, PYTHONPATH=str(reference_dir() / "gguf-py"))
+    p = subprocess.run([str(reference_python()), str(HERE / "vocab_oracle.py"), "--chkhsh", *map(str, dirs)],
+                       env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-3000:])
+        raise SystemExit("vocab_oracle.py --chkhsh failed")
+    answers = {}
+    for line in p.stdout.splitlines():
+        path, _, answer = line.partition(" {")
+        answers[Path(path)] = json.loads("{" + answer)
+    return answers
+
+
+def bankml_chkhsh(d: Path) -> tuple[str, str]:
+    """bankml's chkhsh and pre name for a tokenizer directory, or ("refused", the reason)."""
+    import bankml_convert as bc
+
+    def optional(name: str) -> dict:
+        return json.loads((d / name).read_text(encoding="utf-8")) if (d / name).is_file() else {}
+    tj = optional("tokenizer.json")
+    try:
+        h = bc.chkhsh(tj, optional("tokenizer_config.json"), optional("config.json"), bc.json_added_tokens(tj))
+    except bc.Refusal as e:
+        return "refused", str(e)
+    return h, str(bc.llama_cpp_pre(h))
+
+
+def chkhsh_table(dirs: list[str], save: bool) -> int:
+    """llama.cpp's chkhsh and pre name beside bankml's for each directory (default: every case of
+    vocab_oracle.CHKHSH_CASES, assembled from the fixtures); --record keeps the reference's answers
+    for the cases in oracle/recorded/chkhsh.json, where the tests compare bankml's encoder with them."""
+    import tempfile
+    import vocab_oracle
+    with tempfile.TemporaryDirectory() as t:
+        cases: list[tuple[str, Path, list]] = []
+        if dirs:
+            cases = [(Path(d).name, Path(d).resolve(), []) for d in dirs]
+        for name in () if dirs else vocab_oracle.CHKHSH_CASES:
+            try:
+                d, used = vocab_oracle.assemble(name, Path(t))
+            except FileNotFoundError as e:
+                print(f"skip {name}: {e} is in no fixture folder")
+                continue
+            cases.append((name, d.resolve(), used))
+        answers = reference_chkhshs([d for _, d, _ in cases])
+        differ = 0
+        print(f"{'tokenizer':<58} {'llama.cpp chkhsh':<16} {'pre':<10} bankml")
+        for name, d, used in cases:
+            ref = answers[d]
+            ours, our_pre = bankml_chkhsh(d)
+            ref_hash, ref_pre = ref.get("chkhsh", "error"), str(ref.get("pre", ref.get("error")))
+            if ours == "refused":
+                verdict = f"refused: {our_pre[:150]}"
+            else:
+                same = (ours, our_pre) == (ref_hash, ref_pre)
+                differ += not same
+                verdict = "same chkhsh and pre" if same else f"DIFFERENT: {ours} {our_pre}"
+            print(f"{name:<58} {ref_hash[:16]:<16} {ref_pre:<10} {verdict}")
+            if save and used:
+                record_chkhsh(name, used, ref)
+    print(f"chkhsh: {len(cases)} tokenizers, {differ} computed differently from llama.cpp's")
+    return 1 if differ else 0
+
+
+def reference_pre_table() -> list[list[str]]:
+    """[chkhsh, pre] of every `if chkhsh == ...: res = ...` in the reference's get_vocab_base_pre, in
+    source order, read from its source (never run): what bankml's LLAMA_CPP_PRE_TABLE must copy."""
+    import ast
+    source = (reference_dir() / "conversion" / "base.py").read_text(encoding="utf-8")
+    function = next(n for n in ast.walk(ast.parse(source))
+                    if isinstance(n, ast.FunctionDef) and n.name == "get_vocab_base_pre")
+    rows = []
+    for node in function.body:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "chkhsh"):
+            rows.append([node.test.comparators[0].value, node.body[-1].value.value])
+    return rows
+
+
+def record_chkhsh(name: str, used: list, answer: dict) -> None:
+    import vocab_oracle
+    path = vocab_oracle.CHKHSH_RECORDED
+    recorded = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    recorded.update(command="python3 oracle/oracle.py chkhsh --record",
+                    reference="llama.cpp 0c1e57098 (llama-cpp-python 0.3.36 sdist), transformers 5.18.0",
+                    pre_table=reference_pre_table())
+    recorded.setdefault("cases", {})[name] = {
+        "files": [u[1:] for u in used],
+        "files_read_from": sorted({u[0] for u in used}),
+        "edit": vocab_oracle.CHKHSH_CASES[name].edit,
+        **answer,
+    }
+    if "ids" in answer:  # as the text get_vocab_base_pre hashes: str() of the list, on one line
+        recorded["cases"][name]["ids"] = str(answer["ids"])
+    recorded["cases"] = dict(sorted(recorded["cases"].items()))
+    path.write_text(json.dumps(recorded, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def inspect_against_gguf_py(runs: list[Run]) -> int:
@@ -222,8 +322,12 @@ def main(argv: list[str]) -> int:
                    "run); directories for chkhsh")
     p.add_argument("--recorded", action="store_true",
                    help="compare against oracle/recorded/golden.json instead of running llama.cpp")
+    p.add_argument("--record", action="store_true",
+                   help="chkhsh: save the reference's answers to oracle/recorded/chkhsh.json")
     args = p.parse_intermixed_args(argv)
-    if args.command in ("names", "chkhsh"):
+    if args.command == "chkhsh":
+        return chkhsh_table(args.runs, args.record)
+    if args.command == "names":
         return run_in_reference(args.command, args.runs)
     if args.command == "inspect":
         return inspect_against_gguf_py([RUNS_BY_NAME[n] for n in args.runs or ["full-135m-instruct"]])

@@ -6,7 +6,9 @@ Run it with the reference venv (oracle/.ref/venv/bin/python); it runs llama.cpp'
   vocab_oracle.py DIR...            run `convert_hf_to_gguf.py DIR --vocab-only`, read the GGUF back with
                                     gguf-py's reader and print every tokenizer.* key: type, length, sha256
   vocab_oracle.py --chkhsh DIR...   the chkhsh llama.cpp's get_vocab_base_pre computes (transformers'
-                                    AutoTokenizer on its fixed text) and the pre name it maps it to
+                                    AutoTokenizer on its fixed text), the pre name it maps it to (null:
+                                    llama.cpp raises), the ids and the check text's sha256; one JSON
+                                    line per directory (`oracle.py chkhsh` puts bankml's beside it)
   vocab_oracle.py --record          both, for every case of CASES, into oracle/recorded/vocab.json
 
 --record assembles each case of CASES in a temporary directory from the fixture folders and records
@@ -29,9 +31,11 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 HERE = Path(__file__).resolve().parent
-REF = Path(os.environ.get(
-    "BANKML_REF", HERE / ".ref" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
+# BANKML_REF: the converter's directory; else BANKML_REF_DIR (as setup_reference.sh takes it) or oracle/.ref.
+REF = Path(os.environ.get("BANKML_REF", Path(os.environ.get("BANKML_REF_DIR", HERE / ".ref"))
+                          / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
 RECORDED = HERE / "recorded" / "vocab.json"
+CHKHSH_RECORDED = HERE / "recorded" / "chkhsh.json"
 
 # The directories recorded: which fixture folder each file comes from, and an optional edit that turns
 # a real directory into a variant exercising another rule. oracle/fixtures stores a file once when
@@ -62,6 +66,29 @@ def chat_template_as_json(d: Path) -> None:
     (d / "chat_template.json").write_text(json.dumps({"chat_template": text}), encoding="utf-8")
 
 
+def write_config(d: Path, config: dict) -> None:
+    (d / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def add_persona_token(d: Path) -> None:
+    import make_models  # the generated persona-token case's edit, so both measure the same files
+    make_models.add_special_token(d, "<|persona|>")
+    edit_json(d / "config.json", lambda c: c.update(vocab_size=49153))
+
+
+def add_digits_token(d: Path) -> None:
+    # "1314151" occurs in llama.cpp's check text and is no token yet: transformers matches added
+    # tokens before BPE, so the ids change to a hash llama.cpp does not know.
+    import make_models
+    make_models.add_special_token(d, "1314151")
+    edit_json(d / "config.json", lambda c: c.update(vocab_size=49153))
+
+
+def drop_first_merge(d: Path) -> None:
+    # "Ġ t" is used by the check text (" told"), so its ids change: a hash llama.cpp does not know.
+    edit_json(d / "tokenizer.json", lambda t: t["model"].update(merges=t["model"]["merges"][1:]))
+
+
 # Each edit makes llama.cpp take a branch the real directories do not reach.
 EDITS: dict[str, Callable[[Path], None]] = {
     # tokenizer_config add_*_token: written by SpecialVocab; the 49,152 rule then overwrites add_bos in place.
@@ -71,6 +98,19 @@ EDITS: dict[str, Callable[[Path], None]] = {
     "vocab_size_49280": lambda d: edit_json(d / "config.json", lambda c: c.update(vocab_size=49280)),
     # The template from chat_template.json instead of chat_template.jinja.
     "chat_template_json": chat_template_as_json,
+    "persona_token": add_persona_token,
+    "digits_token": add_digits_token,
+    "drop_first_merge": drop_first_merge,
+    # A last merge making a token the vocabulary lacks: tokenizers refuses to load it.
+    "merge_outside_vocab": lambda d: edit_json(
+        d / "tokenizer.json", lambda t: t["model"]["merges"].append("Ġt hezzq")),
+    # null reaches GPT2Tokenizer's ByteLevel(add_prefix_space=None): transformers cannot load it.
+    "add_prefix_space_null": lambda d: edit_json(d / "tokenizer_config.json", lambda c: c.update(add_prefix_space=None)),
+    # The Qwen3 tokenizer ships without a config; AutoTokenizer picks its class by model_type.
+    "qwen2_config": lambda d: write_config(d, {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}),
+    "qwen3_config": lambda d: write_config(d, {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}),
+    # A Llama 3 tokenizer under a qwen2 config: transformers builds a Qwen2Tokenizer from its files.
+    "llama3_under_qwen2_config": lambda d: edit_json(d / "config.json", lambda c: c.update(model_type="qwen2")),
 }
 
 CASES: dict[str, Case] = {
@@ -104,13 +144,32 @@ CASES: dict[str, Case] = {
                   "chat_template.jinja", "config.json"))),
 }
 
+# The tokenizer directories whose chkhsh is recorded (oracle/recorded/chkhsh.json): every byte-level
+# BPE case above, and tokenizers of the families the encoder replays that bankml does not convert
+# yet.  Llama-3.2 files are read from ../shared/fixtures only (Meta's licence: never copied here).
+L3 = "Llama-3.2-1B-Instruct"
+Q3 = "Qwen3-tokenizer"
+_LLAMA3 = tuple((L3, f) for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"))
+CHKHSH_CASES: dict[str, Case] = {
+    **{name: case for name, case in CASES.items() if not name.startswith("TinyLlama")},
+    I + "+persona_token": Case(_INSTRUCT, "persona_token"),
+    I + "+digits_token": Case(_INSTRUCT, "digits_token"),
+    I + "+drop_first_merge": Case(_INSTRUCT, "drop_first_merge"),
+    I + "+add_prefix_space_null": Case(_INSTRUCT, "add_prefix_space_null"),
+    I + "+merge_outside_vocab": Case(_INSTRUCT, "merge_outside_vocab"),
+    L3: Case(_LLAMA3),
+    L3 + "+llama3_under_qwen2_config": Case(_LLAMA3, "llama3_under_qwen2_config"),
+    Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
+    Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
+}
+
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
 
 
 def fixture_roots() -> list[Path]:
     """The shipped fixtures first; the shared ones for files the project does not ship."""
     shipped = Path(os.environ.get("BANKML_FIXTURES", HERE / "fixtures"))
-    return [shipped, Path("/work/shared/fixtures")]
+    return [shipped, HERE.parent.parent / "shared" / "fixtures"]     # ../shared beside the clone
 
 
 def file_sha256(path: Path) -> str:
@@ -120,7 +179,7 @@ def file_sha256(path: Path) -> str:
 def assemble(name: str, tmp: Path, roots: Optional[list[Path]] = None) -> tuple[Path, list[list[str]]]:
     """The case's directory under tmp, and [root, folder, file, sha256] of each file copied into it.
     Raises FileNotFoundError naming a file no root has."""
-    case = CASES[name]
+    case = CASES[name] if name in CASES else CHKHSH_CASES[name]
     dst = tmp / name
     dst.mkdir()
     used = []
@@ -188,8 +247,10 @@ def chkhsh(model_dir: Path) -> dict:
         def __init__(self, tok):
             self.tok = tok
             self.ids = None
+            self.text = None
 
         def encode(self, *args, **kwargs):
+            self.text = args[0]
             self.ids = self.tok.encode(*args, **kwargs)
             return self.ids
 
@@ -205,6 +266,8 @@ def chkhsh(model_dir: Path) -> dict:
         "pre": pre,
         "tokenizer_class": type(tok).__name__,
         "added_tokens": [[i, t.content, t.special, t.normalized] for i, t in sorted(added.items())],
+        "chktxt_sha256": hashlib.sha256(rec.text.encode("utf-8")).hexdigest(),
+        "ids": rec.ids,
     }
 
 
@@ -260,7 +323,11 @@ def main() -> None:
         for d in args.dirs:
             d = d.resolve()
             if args.chkhsh:
-                print(d, json.dumps(chkhsh(d), ensure_ascii=False))
+                try:
+                    result = chkhsh(d)
+                except Exception as e:  # one directory transformers cannot load does not stop the others
+                    result = {"error": f"{type(e).__name__}: {e}"[:500]}
+                print(d, json.dumps(result, ensure_ascii=False), flush=True)
                 continue
             kvs, _ = convert_vocab_only(d, tmp)
             print(d)
