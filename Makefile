@@ -20,10 +20,12 @@ example:
 # Runs llama.cpp's converter (its own venv under oracle/.ref, set up on first use) and
 # bankml_convert on every generated case and compares sha256s, showing the first difference on a
 # mismatch; then gguf-py's name heuristics against bankml's over every id in oracle/names_ids.txt,
-# and bankml's inspect against gguf-py's GGUFReader on the full-size output.
+# llama.cpp's pre-tokenizer hash (chkhsh) of every tokenizer fixture against bankml's, and bankml's
+# inspect against gguf-py's GGUFReader on the full-size output.
 oracle:
 	$(PYTHON) oracle/oracle.py compare all
 	$(PYTHON) oracle/oracle.py names
+	$(PYTHON) oracle/oracle.py chkhsh
 	$(PYTHON) oracle/oracle.py inspect
 
 # Times bankml_convert against llama.cpp's converter (when oracle/.ref is set up) and a cp+sha256sum
