@@ -52,14 +52,14 @@ class Run:
 
 OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 RUNS: tuple[Run, ...] = tuple(
-    [Run(c.name, c.name, ("--outtype", "f16")) for c in make_models.CASES
-     if c.name != "sentencepiece-tinyllama"]
-    + [Run("model-name", "bf16", ("--outtype", "f16", "--model-name", "mindx-gen39 merged")),
-       Run("sentencepiece-tinyllama", "sentencepiece-tinyllama", ("--outtype", "f16"), refused=True)]
+    [Run(c.name, c.name, ("--outtype", "f16")) for c in make_models.CASES]
+    + [Run("model-name", "bf16", ("--outtype", "f16", "--model-name", "mindx-gen39 merged"))]
     # Every other output type on each source dtype (with special values), on a shape whose rows
-    # are not whole Q8_0 blocks (llama.cpp's F16 fallback), and on the full-size model.
+    # are not whole Q8_0 blocks (llama.cpp's F16 fallback), on the full-size model, and on every
+    # SentencePiece Llama/Mistral case.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("bf16", "f16", "f32", "shape-360m-instruct", "example", "full-135m-instruct")
+       for case in ("bf16", "f16", "f32", "shape-360m-instruct", "example", "full-135m-instruct",
+                    *(c.name for c in make_models.SPM_CASES))
        for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 HERE = Path(__file__).resolve().parent
+# BANKML_REF names llama.cpp's tree itself; BANKML_REF_DIR the reference setup (as oracle.py reads it).
 REF = Path(os.environ.get(
-    "BANKML_REF", HERE / ".ref" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
+    "BANKML_REF", Path(os.environ.get("BANKML_REF_DIR", HERE / ".ref")) / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
 RECORDED = HERE / "recorded" / "vocab.json"
 
 # The directories recorded: which fixture folder each file comes from, and an optional edit that turns
