@@ -2190,6 +2190,118 @@ def spm_kvs(v: Vocab) -> list[KV]:
     return kv.items()
 
 
+# llama.cpp's llama_hf path (_set_vocab_llama_hf, gguf-py's LlamaHfVocab): a byte-fallback BPE
+# tokenizer.json with a Sequence decoder and no tokenizer.model -- what transformers 5 leaves after
+# re-saving a TinyLlama / Llama 2 tokenizer.  llama.cpp reads the vocabulary through transformers'
+# AutoTokenizer; this reproduces it for the shape measured (tokenizer_class LlamaTokenizer, every
+# added token a named special token already in the vocabulary) and refuses the rest.
+
+_HF_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_LLAMA_HF_NAMED = ("unk_token", "bos_token", "eos_token")
+
+
+def _looks_byte_fallback(model_dir: Path) -> bool:
+    # Whether LlamaModel.set_vocab would reach LlamaHfVocab: no tokenizer.model, and a tokenizer.json
+    # whose BPE model falls back to bytes.  A substring test keeps every BPE conversion from parsing
+    # tokenizer.json twice; llama_hf_vocab checks the parsed file and refuses what does not fit.
+    path = model_dir / "tokenizer.json"
+    if (model_dir / "tokenizer.model").is_file() or not path.is_file():
+        return False
+    try:
+        return re.search(rb'"byte_fallback"\s*:\s*true', path.read_bytes()) is not None
+    except OSError:
+        return False
+
+
+def llama_hf_special_contents(tokenizer_config: dict, special_tokens_map: Optional[dict]) -> list[str]:
+    """The tokens transformers' LlamaTokenizer counts as special (all_special_tokens) for the shapes
+    measured: the named ones; anything else that could add to them is refused."""
+    for key, value in tokenizer_config.items():
+        if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and value is not None \
+                and not isinstance(value, bool):
+            raise Refusal(f"tokenizer_config.json {key}: model-specific special tokens are not reproduced")
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        if tokenizer_config.get(key):
+            raise Refusal(f"tokenizer_config.json {key}: extra special tokens on the llama_hf path are not reproduced")
+    for key in _LLAMA_HF_NAMED:
+        if token_content(tokenizer_config.get(key)) is None:
+            # LlamaTokenizer would fall back to its own default for it.
+            raise Refusal(f"tokenizer_config.json has no {key}; transformers' default for it is not reproduced")
+    named = [c for key in STANDARD_TOKEN_KEYS if (c := token_content(tokenizer_config.get(key))) is not None]
+    for key, value in (special_tokens_map or {}).items():
+        c = token_content(value)
+        if key not in STANDARD_TOKEN_KEYS or (c is not None and c not in named):
+            raise Refusal(f"special_tokens_map.json {key} names a token tokenizer_config.json does not; not reproduced")
+    return named
+
+
+def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary llama.cpp's llama_hf path writes: tokenizer.json's tokens in id order, every
+    score -1000, BYTE for <0xHH> tokens, CONTROL for transformers' special ids, no padding."""
+    d = Path(model_dir)
+    tokenizer_config = optional_json(d / "tokenizer_config.json")
+    tokenizer_json = optional_json(d / "tokenizer.json")
+    if not isinstance(tokenizer_config, dict) or not isinstance(tokenizer_json, dict):
+        raise Refusal("byte-fallback tokenizer.json without tokenizer.model needs tokenizer_config.json and "
+                      "tokenizer.json as JSON objects (llama.cpp's llama_hf path); not reproduced otherwise")
+    model = tokenizer_json.get("model")
+    decoder = tokenizer_json.get("decoder")
+    if not (isinstance(model, dict) and model.get("type") == "BPE" and model.get("byte_fallback") is True
+            and isinstance(decoder, dict) and decoder.get("type") == "Sequence"):
+        raise Refusal("tokenizer.json is not a byte-fallback BPE with a Sequence decoder: llama.cpp would take "
+                      "its llama_hf or gpt2 path in a way not reproduced")
+    if tokenizer_config.get("tokenizer_class") != "LlamaTokenizer":
+        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: on the llama_hf path only "
+                      f"LlamaTokenizer is measured against llama.cpp")
+    for name in ("added_tokens.json", "tekken.json"):
+        if (d / name).is_file():
+            raise Refusal(f"{name} beside a tokenizer.json without tokenizer.model: not reproduced")
+    if "fast_tokenizer_files" in tokenizer_config:
+        raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
+    refuse_malformed(tokenizer_json, tokenizer_config)
+    if tokenizer_json.get("normalizer") and _normalizer_adds_keys(tokenizer_json["normalizer"]):
+        raise Refusal("tokenizer.json normalizer lowercases or strips accents: llama.cpp writes normalizer "
+                      "keys for it; not reproduced")
+    add_prefix_space = tokenizer_config.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+    special_tokens_map = optional_json(d / "special_tokens_map.json")
+    named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
+
+    vocab = base_vocab(tokenizer_json)
+    ids = {token: i for i, token in enumerate(vocab)}
+    from_json = json_added_tokens(tokenizer_json)
+    from_config = config_added_tokens(tokenizer_config)
+    for t in from_json + (from_config or []):
+        if ids.get(t.content) != t.id or not t.special or t.content not in named:
+            # transformers would give it a new id, or count it special or not by rules not ported.
+            raise Refusal(f"added token {t.content!r} (id {t.id}) is not a named special token of the vocabulary; "
+                          f"not reproduced on the llama_hf path")
+    missing = [c for c in named if c not in ids]
+    if missing:
+        raise Refusal(f"special token {missing[0]!r} is not in tokenizer.json's vocabulary: transformers would add "
+                      f"it; not reproduced")
+    if len(vocab) != vocab_size:
+        raise Refusal(f"tokenizer.json has {len(vocab)} tokens but vocab_size is {vocab_size}: llama.cpp's llama_hf "
+                      f"path writes no padding; not reproduced")
+    special = {ids[c] for c in named}
+    toktypes = [BYTE if _HF_BYTE_TOKEN.fullmatch(t) else CONTROL if i in special else NORMAL
+                for i, t in enumerate(vocab)]
+    sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
+    return Vocab(
+        tokens=list(vocab),
+        toktypes=toktypes,
+        merges=[],
+        pre="default",
+        special_ids=sids,
+        add_flags=flags,
+        chat_template=chat_template(d, tokenizer_config),
+        add_space_prefix=add_prefix_space,
+        model="llama",
+        scores=[-1000.0] * len(vocab),
+    )
+
+
 # The tokenizer kinds: llama.cpp's vocabulary paths, as data.
 
 class TokenizerKind(NamedTuple):
@@ -2216,6 +2328,16 @@ SPM = TokenizerKind(
 )
 
 
+LLAMA_HF = TokenizerKind(
+    model="llama",
+    files=("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+           "chat_template.json", "added_tokens.json", "tekken.json"),
+    taken=_looks_byte_fallback,
+    vocab=llama_hf_vocab,
+    kvs=spm_kvs,
+)
+
+
 def _always(model_dir: Path) -> bool:
     # The gpt2 path is llama.cpp's last resort: taken whenever the paths before it were not, and
     # what it cannot read is refused by bpe_vocab with the reason.
@@ -2233,7 +2355,7 @@ BPE = TokenizerKind(
 )
 
 # In the order LlamaModel.set_vocab tries its paths (SentencePiece, then llama_hf, then gpt2).
-TOKENIZER_KINDS: tuple[TokenizerKind, ...] = (SPM, BPE)
+TOKENIZER_KINDS: tuple[TokenizerKind, ...] = (SPM, LLAMA_HF, BPE)
 
 
 def tokenizer_kind(model_dir: Path) -> TokenizerKind:

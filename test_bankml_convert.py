@@ -2487,6 +2487,67 @@ class SentencePieceVocabulary(RecordedLlamaVocabDirs):
         self.assertEqual(ids, [("bos", 1), ("pad", 31999)])
 
 
+class LlamaHfVocabulary(RecordedLlamaVocabDirs):
+    """llama.cpp's llama_hf path (no tokenizer.model, byte-fallback tokenizer.json): the keys
+    vocab_oracle.py recorded, and refusals of what transformers would read by rules not ported."""
+
+    NAME = "TinyLlama-1.1B-Chat-v1.0-without-tokenizer.model"
+
+    def test_tinyllama_without_tokenizer_model(self):
+        self.assert_keys_of_kind_as_llama_cpp(self.NAME, bc.LLAMA_HF)
+
+    def test_a_tokenizer_model_wins_over_the_llama_hf_path(self):
+        d = self.recorded_case_dir(self.NAME)
+        shutil.copyfile(LLAMA_TOKENIZER_MODEL, d / "tokenizer.model")
+        self.assertIs(bc.tokenizer_kind(d), bc.SPM)
+
+    def test_byte_level_bpe_stays_on_the_gpt2_path(self):
+        self.assertIs(bc.tokenizer_kind(self.case_dir(INSTRUCT)), bc.BPE)
+
+    def assert_hf_refused(self, d: Path, fragment: str) -> None:
+        config = self.config(d)
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.llama_hf_vocab(d, config, bc.llama_params(config).vocab_size)
+        self.assertIn(fragment, str(cm.exception))
+
+    def test_other_tokenizer_class_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assert_hf_refused(d, "PreTrainedTokenizerFast")
+
+    def test_legacy_added_tokens_json_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        (d / "added_tokens.json").write_text('{"<|im_start|>": 32000}', encoding="utf-8")
+        self.assert_hf_refused(d, "added_tokens.json")
+
+    def test_extra_special_tokens_are_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(additional_special_tokens=["<|im_start|>"]))
+        self.assert_hf_refused(d, "additional_special_tokens")
+
+    def test_added_token_outside_the_vocabulary_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 32000, "content": "<|im_start|>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}))
+        self.assert_hf_refused(d, "'<|im_start|>'")
+
+    def test_vocab_size_beyond_the_tokenizer_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "config.json", lambda c: c.update(vocab_size=32064))
+        self.assert_hf_refused(d, "no padding")
+
+    def test_missing_named_token_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("unk_token"))
+        self.assert_hf_refused(d, "unk_token")
+
+    def test_non_sequence_decoder_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer.json", lambda t: t.update(decoder={"type": "ByteFallback"}))
+        self.assert_hf_refused(d, "Sequence decoder")
+
+
 class SentencePieceConversion(Workspace):
     """Whole conversions of SentencePiece directories through the command line."""
 

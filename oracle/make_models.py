@@ -43,6 +43,7 @@ class TokenizerFixture:
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
 TINYLLAMA = "TinyLlama-1.1B-Chat-v1.0"
 TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
+TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -110,6 +111,19 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (TINYLLAMA, "tokenizer.model"),
             ("Mistral-7B-v0.1-shape", "tokenizer_config.json"),
             (TINYLLAMA, "special_tokens_map.json"),
+        )),
+        # No tokenizer.model: llama.cpp's llama_hf path (LlamaHfVocab, through transformers).
+        TokenizerFixture("tinyllama-1.1b-chat-without-tokenizer-model", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer_config.json"),
+            (TINYLLAMA, "special_tokens_map.json"),
+        )),
+        # TinyLlama as transformers 5.18 re-saves it (oracle/make_resaved_tokenizer.py): no
+        # tokenizer.model, so the llama_hf path, as a LoRA merge saved today hands it over.
+        TokenizerFixture("tinyllama-1.1b-chat-resaved-transformers-5", (
+            (TINYLLAMA_RESAVED_5, "tokenizer.json"),
+            (TINYLLAMA_RESAVED_5, "tokenizer_config.json"),
+            (TINYLLAMA_RESAVED, "chat_template.jinja"),      # the same bytes as the 4.56 re-save's
         )),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
@@ -196,6 +210,12 @@ _SPM_SHAPES: tuple[Case, ...] = (
          head_dim=16, dims=replace(SPM_DIMS, max_position_embeddings=32768),
          description="MistralForCausalLM with head_dim 16 unlike hidden_size/heads (8), as Mistral-Nemo"),
 )
+# llama.cpp's llama_hf path: a byte-fallback tokenizer.json and no tokenizer.model.
+_SPM_SHAPES += (
+    Case("tinyllama-resaved-transformers-5", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=TINYLLAMA, tied=False, dims=SPM_DIMS,
+         description="TinyLlama re-saved by transformers 5.18: no tokenizer.model (llama_hf path)"),
+)
 SPM_CASES: tuple[Case, ...] = tuple(
     c for shape in _SPM_SHAPES
     for c in (shape, replace(shape, name=shape.name + "-f16", dtype="F16",
@@ -235,6 +255,9 @@ CASES: tuple[Case, ...] = (
                    num_key_value_heads=5),
          description="SmolLM2-360M-Instruct config keys, its 15/5 head layout scaled down"),
     *SPM_CASES,
+    Case("tinyllama-without-tokenizer-model", tokenizer="tinyllama-1.1b-chat-without-tokenizer-model",
+         config_from=TINYLLAMA, tied=False, dims=SPM_DIMS,
+         description="the Hub's TinyLlama files without tokenizer.model (llama_hf path)"),
     Case("example", dirname="smollm2-tiny",
          dims=Dims(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2),
          description="the example model the README converts (example/smollm2-tiny)"),
