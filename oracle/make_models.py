@@ -278,7 +278,14 @@ def scaled_full_case(factor: int) -> Case:
 
 
 # Cases for oracle/bench.py only: kept out of CASES so `oracle.py compare all` does not convert them.
-BENCH_CASES: tuple[Case, ...] = (scaled_full_case(3),)
+BENCH_CASES: tuple[Case, ...] = (
+    scaled_full_case(3),
+    # TinyLlama-1.1B-Chat-v1.0 full size: its real config and SentencePiece tokenizer, random BF16
+    # weights (2.2 GB), the issue 13 bench row.
+    Case("full-tinyllama", full_size=True, dirname="tinyllama-1.1b-chat-v1.0", seed="full",
+         tokenizer="tinyllama-1.1b-chat", config_from=TINYLLAMA, tied=False,
+         description="real TinyLlama-1.1B-Chat-v1.0 config and tokenizer, random BF16 weights (~2.2 GB)"),
+)
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
