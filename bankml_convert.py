@@ -1361,13 +1361,14 @@ def merges_as_written(tokenizer_json: dict) -> list[str]:
                      "write them unconverted or fail")
 
 
-# Which path llama.cpp takes: only the gpt2 one through transformers' GPT2Tokenizer is ported.
+# Which path llama.cpp takes: the gpt2 one is ported through transformers' GPT2Tokenizer only; the
+# SentencePiece and llama_hf paths have kinds of their own (below), taken before this one.
 
 def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config: dict) -> None:
     # LlamaModel.set_vocab tries SentencePiece first: any tokenizer.model wins over tokenizer.json.
     if (d / "tokenizer.model").is_file():
-        raise Refusal("SentencePiece tokenizer (tokenizer.model): llama.cpp writes tokenizer.ggml.model "
-                         "'llama' with scores and SentencePiece token types; only byte-level BPE is supported")
+        raise Refusal("SentencePiece tokenizer (tokenizer.model): llama.cpp takes its SentencePiece path "
+                         "(TokenizerKind SPM), not the gpt2 one")
     if tokenizer_json is None:
         raise Refusal("no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                          "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported")
@@ -1383,7 +1384,7 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         decoder = tokenizer_json["decoder"]
         if isinstance(decoder, dict) and decoder.get("type") == "Sequence":
             raise Refusal("byte-fallback BPE with a Sequence decoder (Llama/Mistral style): llama.cpp "
-                             "converts it with LlamaHfVocab as tokenizer.ggml.model 'llama'; not supported")
+                             "converts it with LlamaHfVocab (TokenizerKind LLAMA_HF), not on the gpt2 path")
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
 
 
@@ -1760,16 +1761,6 @@ def proto_fields(data: bytes) -> Iterator[ProtoField]:
         else:
             raise _bad_model(f"wire type {wire} (field {number})")
         yield ProtoField(number, wire, value)
-
-
-def _check_message(data: bytes, messages: dict[int, dict]) -> None:
-    """Walk a message whose content this path does not use: protobuf parses its nested messages
-    (``messages``: field number -> the nested message's own nested fields), so they must be whole."""
-    for f in proto_fields(data):
-        if f.number in messages:
-            if f.wire != 2:
-                raise _bad_model(f"field {f.number} is not a message")
-            _check_message(f.value, messages[f.number])
 
 
 def _expect(f: ProtoField, wire: int, what: str) -> None:
