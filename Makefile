@@ -32,8 +32,11 @@ oracle:
 # floor on the full-size SmolLM2-135M-Instruct (generated under build/bench on first use, ~1 GB with
 # the 3x model); prints medians, ratios and the issue's targets. Raw numbers: build/bench/bench.json.
 BENCH_ARGS ?= --rounds 3 --scale 3 --json build/bench/bench.json
+# Then the full-size TinyLlama-1.1B-Chat-v1.0 shape (SentencePiece, 2.2 GB of BF16, generated) in f16.
+BENCH_TINYLLAMA_ARGS ?= --case full-tinyllama --outtypes f16 --rounds 3 --json build/bench/tinyllama.json
 bench:
 	$(PYTHON) oracle/bench.py $(BENCH_ARGS)
+	$(PYTHON) oracle/bench.py $(BENCH_TINYLLAMA_ARGS)
 
 # The fuzz campaign of issue 5: 100,000 mutated model directories (fixed seed), each must convert
 # or refuse in one line, never crash, never leave a .part or write elsewhere. About 45 minutes on

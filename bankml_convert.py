@@ -788,7 +788,7 @@ class Family(NamedTuple):
     """How llama.cpp converts one model family, as data and the family's own functions."""
     name: str                           # for messages: "Llama"
     architectures: tuple[str, ...]      # config.json architectures[0] values llama.cpp maps to it
-    model_type: str                     # the model_type transformers pairs with them
+    model_types: tuple[str, ...]        # the config.json model_type values it accepts (transformers' config classes)
     gguf_arch: str                      # general.architecture, and its keys' prefix
     params: Callable[[dict], Any]       # config.json -> hyperparameters (with the config class's defaults), or a Refusal
     hparam_kvs: Callable[[Any, int], list[KV]]      # (params, general.file_type) -> set_gguf_parameters' keys, in order
@@ -811,12 +811,13 @@ def family_of(config: dict) -> Family:
         raise Refusal(f"architecture {arch!r} is not {' or '.join(FAMILIES)}; bankml_convert reproduces "
                       f"llama.cpp only for {', '.join(names)} models: use llama.cpp's convert_hf_to_gguf.py "
                       f"for the rest")
-    if config.get("model_type", family.model_type) != family.model_type:
-        raise Refusal(f"model_type {config.get('model_type')!r} is not {family.model_type!r}")
+    if config.get("model_type", family.model_types[0]) not in family.model_types:
+        raise Refusal(f"model_type {config.get('model_type')!r} is not {' or '.join(map(repr, family.model_types))}")
     return family
 
 
-# Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2 and every plain LlamaForCausalLM.
+# Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2, TinyLlama, Llama 2, every plain LlamaForCausalLM,
+# and MistralForCausalLM (llama.cpp registers it for the same class).
 
 class LlamaParams(NamedTuple):
     """The hyperparameters llama.cpp writes for a Llama model, as transformers' LlamaConfig fills them."""
@@ -837,8 +838,11 @@ def llama_params(config: dict) -> LlamaParams:
 
     llama.cpp reads config.json through transformers' ``AutoConfig(...).to_dict()``, so a key
     config.json leaves out takes LlamaConfig's default (rms_norm_eps 1e-6, rope_theta 10000,
-    num_key_value_heads = num_attention_heads, head_dim = hidden_size // num_attention_heads).
+    num_key_value_heads = num_attention_heads, head_dim = hidden_size // num_attention_heads), or
+    MistralConfig's where model_type is "mistral" (CONFIG_DEFAULTS).  sliding_window is not written:
+    LlamaModel has no key for it.
     """
+    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), CONFIG_DEFAULTS["llama"])
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
@@ -848,16 +852,18 @@ def llama_params(config: dict) -> LlamaParams:
     if hidden % heads:
         raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
                       f"{heads}; transformers rejects such a config and llama.cpp then reads it raw")
-    kv_heads = config_integer(config, "num_key_value_heads", heads)
+    # An explicit null takes the attention heads in both config classes; a missing key, the default.
+    kv_heads = config_integer(config, "num_key_value_heads",
+                              heads if "num_key_value_heads" in config else defaults.num_key_value_heads or heads)
     if heads % kv_heads:
         raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
                       f"num_key_value_heads {kv_heads}")
     rope = config.get("rope_parameters") or {}
     params = LlamaParams(
         block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", 2048),
+        context_length=config_integer(config, "max_position_embeddings", defaults.max_position_embeddings),
         embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 11008),
+        feed_forward_length=config_integer(config, "intermediate_size", defaults.intermediate_size),
         head_count=heads,
         head_count_kv=kv_heads,
         rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
@@ -869,6 +875,20 @@ def llama_params(config: dict) -> LlamaParams:
         # LlamaModel.set_vocab tests only the size, whatever the tokenizer.
         raise Refusal("vocab_size 32016: llama.cpp adds CodeLlama's infill tokens; not supported")
     return params
+
+
+class ConfigDefaults(NamedTuple):
+    """The defaults by which transformers 5.18's config classes differ, for keys config.json leaves out."""
+    intermediate_size: int
+    num_key_value_heads: Optional[int]      # None: the attention heads
+    max_position_embeddings: int
+
+
+# model_type -> its config class's defaults (LlamaConfig, MistralConfig).
+CONFIG_DEFAULTS = {
+    "llama": ConfigDefaults(intermediate_size=11008, num_key_value_heads=None, max_position_embeddings=2048),
+    "mistral": ConfigDefaults(intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=4096 * 32),
+}
 
 
 def _refuse_rope_scaling(config: dict) -> None:
@@ -975,8 +995,8 @@ def llama_permute_heads(gguf_name: str, p: LlamaParams) -> int:
 
 LLAMA = Family(
     name="Llama",
-    architectures=("LlamaForCausalLM",),
-    model_type="llama",
+    architectures=("LlamaForCausalLM", "MistralForCausalLM"),
+    model_types=("llama", "mistral"),
     gguf_arch="llama",
     params=llama_params,
     hparam_kvs=llama_hparam_kvs,
@@ -1290,6 +1310,7 @@ class Vocab(NamedTuple):
     chat_template: Optional[str]          # None: no key; "" is skipped by add_string too
     add_space_prefix: Optional[bool]      # tokenizer_config.json add_prefix_space, when not null
     model: str = "gpt2"
+    scores: Optional[list[float]] = None  # SentencePiece only: each token's float32 score
 
 
 def bpe_kvs(v: Vocab) -> list[KV]:
@@ -1992,13 +2013,14 @@ def merges_as_written(tokenizer_json: dict) -> list[str]:
                      "write them unconverted or fail")
 
 
-# Which path llama.cpp takes: only the gpt2 one through transformers' GPT2Tokenizer is ported.
+# Which path llama.cpp takes: the gpt2 one is ported through transformers' GPT2Tokenizer only; the
+# SentencePiece and llama_hf paths have kinds of their own (below), taken before this one.
 
 def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config: dict) -> None:
     # LlamaModel.set_vocab tries SentencePiece first: any tokenizer.model wins over tokenizer.json.
     if (d / "tokenizer.model").is_file():
-        raise Refusal("SentencePiece tokenizer (tokenizer.model): llama.cpp writes tokenizer.ggml.model "
-                         "'llama' with scores and SentencePiece token types; only byte-level BPE is supported")
+        raise Refusal("SentencePiece tokenizer (tokenizer.model): llama.cpp takes its SentencePiece path "
+                         "(TokenizerKind SPM), not the gpt2 one")
     if tokenizer_json is None:
         raise Refusal("no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                          "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported")
@@ -2014,7 +2036,7 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         decoder = tokenizer_json["decoder"]
         if isinstance(decoder, dict) and decoder.get("type") == "Sequence":
             raise Refusal("byte-fallback BPE with a Sequence decoder (Llama/Mistral style): llama.cpp "
-                             "converts it with LlamaHfVocab as tokenizer.ggml.model 'llama'; not supported")
+                             "converts it with LlamaHfVocab (TokenizerKind LLAMA_HF), not on the gpt2 path")
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
 
 
@@ -2330,6 +2352,611 @@ def _is_template_piece(item: object) -> bool:
     return kind == "SpecialToken" and isinstance(body, dict) and isinstance(body.get("id"), str)
 
 
+# SentencePiece (tokenizer.model): llama.cpp's _set_vocab_sentencepiece.  llama.cpp loads the file
+# with SentencePieceProcessor and copies every piece, score and type; here a small protobuf
+# wire-format reader does the same, and refuses every file it is not sure sentencepiece would load
+# exactly so (sentencepiece fails on load, or reads a field another way, where this reader refuses).
+
+# gguf-py's TokenType values beyond the three above (SentencePieceTokenTypes uses the same numbers).
+UNKNOWN, USER_DEFINED, BYTE = 2, 4, 6
+
+# A Llama 2 tokenizer.model is 0.5 MB, Gemma 3's (262,144 pieces) 4.7 MB; a file far beyond that is
+# not a tokenizer llama.cpp's SentencePiece path is known for, and reading it whole would cost memory.
+MAX_TOKENIZER_MODEL = 64 << 20
+# sentencepiece refuses a piece of 8,000 bytes or more ("piece is too long").
+_MAX_PIECE_BYTES = 8000
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+_F32 = struct.Struct("<f")
+
+
+class SentencePiece(NamedTuple):
+    piece: str
+    score: float        # the file's float32, exactly (a Python float holds every float32 value)
+    type: int           # ModelProto.SentencePiece.Type: NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6
+
+
+class ProtoField(NamedTuple):
+    number: int
+    wire: int           # 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32
+    value: object       # int for wire type 0, bytes otherwise
+
+
+def _bad_model(what: str) -> Refusal:
+    return Refusal(f"tokenizer.model is not a SentencePiece model llama.cpp would load the same way: {what}; "
+                   f"replace it with the model's original tokenizer.model")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at pos and the position after it; protobuf allows at most 10 bytes (64 bits)."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(data))):
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            if value >> 64:
+                raise _bad_model("a varint beyond 64 bits")
+            return value, i + 1
+        shift += 7
+    raise _bad_model("a truncated or overlong varint")
+
+
+def proto_fields(data: bytes) -> Iterator[ProtoField]:
+    """The fields of one protobuf message, in file order.  Every length is checked against the
+    bytes left before anything is sliced, so a hostile length allocates nothing; groups (wire types
+    3 and 4, long deprecated) and the invalid wire types are refused."""
+    pos, end = 0, len(data)
+    while pos < end:
+        tag, pos = _varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if not 1 <= number < 1 << 29:
+            raise _bad_model(f"field number {number}")
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            if end - pos < size:
+                raise _bad_model(f"field {number} is truncated")
+            value, pos = data[pos:pos + size], pos + size
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            if size > end - pos:
+                raise _bad_model(f"field {number} claims {size} bytes, {end - pos} are left")
+            value, pos = data[pos:pos + size], pos + size
+        else:
+            raise _bad_model(f"wire type {wire} (field {number})")
+        yield ProtoField(number, wire, value)
+
+
+def _expect(f: ProtoField, wire: int, what: str) -> None:
+    # protobuf would keep a known field sent with another wire type as an unknown one and use the
+    # default; refusing is simpler than proving the default is what llama.cpp then writes.
+    if f.wire != wire:
+        raise _bad_model(f"{what} has wire type {f.wire}, not {wire}")
+
+
+def sentencepiece_piece(data: bytes, index: int) -> SentencePiece:
+    """One ModelProto.SentencePiece: piece (1), score (2, float32), type (3); a repeated field's
+    last value wins, as protobuf merges them.  Read inline rather than through proto_fields: a
+    vocabulary has tens of thousands of pieces, and this loop is most of the reading time."""
+    piece, score, kind = b"", 0.0, 1
+    pos, end = 0, len(data)
+    while pos < end:
+        tag = data[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(data, pos)
+        if tag == 0x0A:                         # field 1, length-delimited: the text
+            size = data[pos] if pos < end else 0x80
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = _varint(data, pos)
+            if size > end - pos:
+                raise _bad_model(f"piece {index}'s text claims {size} bytes, {end - pos} are left")
+            piece, pos = data[pos:pos + size], pos + size
+        elif tag == 0x15:                       # field 2, fixed32: the score
+            if end - pos < 4:
+                raise _bad_model(f"piece {index}'s score is truncated")
+            score, pos = _F32.unpack_from(data, pos)[0], pos + 4
+        elif tag == 0x18:                       # field 3, varint: the type
+            if pos < end and data[pos] < 0x80:
+                kind, pos = data[pos], pos + 1
+            else:
+                kind, pos = _varint(data, pos)
+        else:
+            number, wire = tag >> 3, tag & 7
+            if number in (1, 2, 3):
+                # protobuf would keep a known field sent with another wire type as an unknown one
+                # and use the default; refusing is simpler than proving what llama.cpp then writes.
+                raise _bad_model(f"piece {index}'s field {number} has wire type {wire}")
+            pos = _skip_field(data, pos, number, wire)
+    if not piece:
+        raise _bad_model(f"piece {index} is empty (sentencepiece refuses to load it)")
+    if len(piece) >= _MAX_PIECE_BYTES or b"\0" in piece:
+        raise _bad_model(f"piece {index} is {len(piece)} bytes long or holds a NUL (sentencepiece refuses it)")
+    try:
+        text = piece.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad_model(f"piece {index} is not UTF-8") from None
+    if not 1 <= kind <= 6:
+        # protobuf keeps an unknown enum value aside and reads the type as NORMAL.
+        raise _bad_model(f"piece {index} ({text!r}) has type {kind}, which is no SentencePiece type")
+    if not math.isfinite(score):
+        # sentencepiece refuses a unigram model with one ("score is NaN or Inf"), and NaN payloads
+        # change on the way through its float and gguf-py's struct.pack.
+        raise _bad_model(f"piece {index} ({text!r}) has the score {score}, not a finite number")
+    return SentencePiece(text, score, kind)
+
+
+def _skip_field(data: bytes, pos: int, number: int, wire: int) -> int:
+    """The position after an unknown field's value (the tag already read), checked like proto_fields."""
+    if not 1 <= number < 1 << 29:
+        raise _bad_model(f"field number {number}")
+    if wire == 0:
+        return _varint(data, pos)[1]
+    if wire in (1, 5):
+        size = 8 if wire == 1 else 4
+    elif wire == 2:
+        size, pos = _varint(data, pos)
+    else:
+        raise _bad_model(f"wire type {wire} (field {number})")
+    if size > len(data) - pos:
+        raise _bad_model(f"field {number} claims {size} bytes, {len(data) - pos} are left")
+    return pos + size
+
+
+class TrainerSpec(NamedTuple):
+    model_type: int         # UNIGRAM 1 (the default), BPE 2, WORD 3, CHAR 4
+    byte_fallback: bool
+
+
+def trainer_spec(data: bytes) -> TrainerSpec:
+    """The two TrainerSpec fields sentencepiece checks on load: model_type (3), byte_fallback (35)."""
+    model_type, byte_fallback = 1, False
+    for f in proto_fields(data):
+        if f.number == 3:
+            _expect(f, 0, "trainer_spec.model_type")
+            model_type = f.value
+        elif f.number == 35:
+            _expect(f, 0, "trainer_spec.byte_fallback")
+            byte_fallback = f.value != 0
+    return TrainerSpec(model_type, byte_fallback)
+
+
+def _normalizer_charsmap(data: bytes, what: str) -> None:
+    for f in proto_fields(data):
+        if f.number == 2 and f.value:
+            # A precompiled character map is a trie sentencepiece validates on load; Llama and
+            # Mistral models have none (their normalizer is "identity").
+            raise _bad_model(f"{what} has a precompiled character map, which is not checked here")
+
+
+def _model_fields(data: bytes) -> Iterator[ProtoField]:
+    """ModelProto's fields 1-5 (every one a message), the others skipped; proto_fields with the
+    usual one-byte tag and length of a piece read inline."""
+    pos, end = 0, len(data)
+    while pos < end:
+        tag = data[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if not 1 <= number <= 5:
+            pos = _skip_field(data, pos, number, wire)
+            continue
+        if wire != 2:
+            raise _bad_model(f"ModelProto field {number} has wire type {wire}, not a message")
+        if pos < end and data[pos] < 0x80:
+            size, pos = data[pos], pos + 1
+        else:
+            size, pos = _varint(data, pos)
+        if size > end - pos:
+            raise _bad_model(f"field {number} claims {size} bytes, {end - pos} are left")
+        yield ProtoField(number, wire, data[pos:pos + size])
+        pos += size
+
+
+def sentencepiece_pieces(data: bytes) -> list[SentencePiece]:
+    """ModelProto.pieces of a tokenizer.model, or a Refusal for what SentencePieceProcessor would not
+    load (or load differently): duplicate, empty or non-UTF-8 pieces, not exactly one UNKNOWN piece,
+    BYTE pieces not spelled <0xHH> or without byte_fallback, broken protobuf."""
+    pieces: list[SentencePiece] = []
+    spec_parts: list[bytes] = []
+    for f in _model_fields(data):
+        if f.number == 1:
+            pieces.append(sentencepiece_piece(f.value, len(pieces)))
+        elif f.number == 2:
+            spec_parts.append(f.value)     # a message given twice is merged: its fields, last wins
+        elif f.number in (3, 5):
+            _normalizer_charsmap(f.value, "normalizer_spec" if f.number == 3 else "denormalizer_spec")
+        elif f.number == 4:
+            # sentencepiece encodes each self-test sample on load and fails on a mismatch.
+            if any(s.number == 1 for s in proto_fields(f.value)):
+                raise _bad_model("self_test_data has samples, which sentencepiece checks by encoding them")
+    spec = trainer_spec(b"".join(spec_parts))
+    if spec.model_type not in (1, 2):
+        raise _bad_model(f"trainer_spec.model_type {spec.model_type} is not UNIGRAM (1) or BPE (2)")
+    seen: set[str] = set()
+    unknown = []
+    byte_pieces = set()
+    for i, p in enumerate(pieces):
+        if p.piece in seen:
+            raise _bad_model(f"piece {p.piece!r} is defined twice (sentencepiece refuses it)")
+        seen.add(p.piece)
+        if p.type == UNKNOWN:
+            unknown.append(i)
+        elif p.type == BYTE:
+            if not spec.byte_fallback or not _BYTE_PIECE.fullmatch(p.piece):
+                raise _bad_model(f"byte piece {p.piece!r} is not <0xHH> or byte_fallback is off")
+            byte_pieces.add(p.piece)
+    if len(unknown) != 1:
+        raise _bad_model(f"{len(unknown)} UNKNOWN pieces; sentencepiece needs exactly one")
+    if spec.byte_fallback and len(byte_pieces) != 256:
+        raise _bad_model(f"byte_fallback is on but {len(byte_pieces)} of the 256 byte pieces exist")
+    if not any(p.type in (NORMAL, USER_DEFINED) for p in pieces):
+        raise _bad_model("no normal piece")
+    return pieces
+
+
+def read_tokenizer_model(path: Path) -> list[SentencePiece]:
+    """The pieces of the tokenizer.model at path (its size bounded before it is read)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_TOKENIZER_MODEL:
+                raise Refusal(f"tokenizer.model is {size:,} bytes, more than the {MAX_TOKENIZER_MODEL:,} "
+                              f"this converter reads; not reproduced")
+            data = f.read(MAX_TOKENIZER_MODEL + 1)
+    except OSError as e:
+        raise Refusal(f"cannot read tokenizer.model: {e.strerror or e}") from None
+    if len(data) > MAX_TOKENIZER_MODEL:
+        raise Refusal("tokenizer.model grew while it was read; not reproduced")
+    return sentencepiece_pieces(data)
+
+
+def spm_token_type(kind: int) -> int:
+    """llama.cpp asks IsUnknown, IsControl, IsUnused, IsByte in turn, so USER_DEFINED pieces (and
+    NORMAL ones) are written as NORMAL."""
+    return kind if kind in (UNKNOWN, CONTROL, UNUSED, BYTE) else NORMAL
+
+
+def does_token_look_special(token: str) -> bool:
+    """llama.cpp's test for added tokens some models forget to mark special."""
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (token.startswith("<|") and token.endswith("|>"))
+            or (token.startswith("<｜") and token.endswith("｜>"))
+            or (token.startswith("<unused") and token.endswith(">")))
+
+
+class SpmTokens(NamedTuple):
+    tokens: list[str]
+    scores: list[float]
+    toktypes: list[int]
+
+
+def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optional[dict],
+               tokenizer_config: dict) -> SpmTokens:
+    """_create_vocab_sentencepiece: vocab_size slots of [PADi] (score -10000, UNUSED), the pieces
+    that fit, then added_tokens.json's tokens, then tokenizer_config.json's added_tokens_decoder;
+    ids at or past vocab_size are skipped, as llama.cpp does with a warning."""
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    scores = [-10000.0] * vocab_size
+    types = [UNUSED] * vocab_size
+    for i, p in enumerate(pieces[:vocab_size]):
+        tokens[i], scores[i], types[i] = p.piece, p.score, spm_token_type(p.type)
+    for content, tid in (legacy_added or {}).items():
+        if type(tid) is not int or tid < 0:
+            raise Refusal(f"added_tokens.json gives {content!r} the id {tid!r}, not a non-negative "
+                          f"integer; llama.cpp's converter fails or writes it elsewhere")
+        if tid < vocab_size:
+            tokens[tid], scores[tid], types[tid] = content, -1000.0, USER_DEFINED
+    for key, t in (tokenizer_config.get("added_tokens_decoder") or {}).items():
+        tid, content = int(key), t["content"]
+        if tid >= vocab_size:
+            continue
+        if t.get("special") or does_token_look_special(content):
+            types[tid] = CONTROL
+        else:
+            # llama.cpp pre-normalizes spaces of user-defined tokens.
+            content, types[tid] = content.replace("\u2581", " "), USER_DEFINED
+        tokens[tid], scores[tid] = content, -1000.0
+    return SpmTokens(tokens, scores, types)
+
+
+def spm_special_vocab(tokenizer_json: Optional[dict], tokenizer_config: dict, config: dict,
+                      n_vocab: int) -> tuple[list[tuple[str, int]], list[tuple[str, bool]]]:
+    """SpecialVocab(n_vocab=...) for the SentencePiece path: special ids (only those below n_vocab)
+    and add flags, from tokenizer.json's post-processor, tokenizer_config.json, then config.json.
+
+    SpecialVocab parses a TemplateProcessing crudely and may rename tokenizer_config's bos/cls/sep
+    tokens on the way; a copy of the config takes those edits, so the id lookups see them."""
+    tc = dict(tokenizer_config)
+    flags: dict[str, bool] = {}
+    ids: dict[str, int] = {}
+    added = (tokenizer_json or {}).get("added_tokens") or []
+
+    def put(typ: str, tid: object) -> None:
+        if not isinstance(tid, int):
+            return
+        if tid < 0:
+            raise Refusal(f"invalid value for special token type {typ}: {tid} (llama.cpp raises)")
+        if tid < n_vocab:
+            ids.setdefault(typ, int(tid))
+
+    if tokenizer_json:
+        bos, cls, eos, sep = (tc.get(f"{t}_token") for t in ("bos", "cls", "eos", "sep"))
+        if not bos and cls and tc:
+            tc["bos_token"] = bos = cls
+        if not eos and sep and tc:
+            tc["eos_token"] = eos = sep
+        post = tokenizer_json.get("post_processor")
+        for proc in (post.get("processors", [post]) if post else []):
+            kind = proc.get("type")
+            if kind == "ByteLevel":
+                flags.setdefault("bos", False)
+                flags.setdefault("eos", False)
+            elif kind == "RobertaProcessing":
+                raise Refusal("tokenizer.json post_processor RobertaProcessing: llama.cpp renames special "
+                              "tokens from it; not reproduced")
+            elif kind == "TemplateProcessing":
+                bos, cls, eos, sep = _template_flags(proc, tc, flags, bos, cls, eos, sep)
+    if tc:
+        for typ in SPECIAL_TYPES:
+            value = tc.get(f"add_{typ}_token")
+            if isinstance(value, bool):
+                flags.setdefault(typ, value)  # the post-processor's wins
+            content = token_content(tc.get(f"{typ}_token"))
+            if content is not None:
+                put(typ, next((a.get("id") for a in added if a.get("content") == content), None))
+    for typ in SPECIAL_TYPES:
+        put(typ, config.get(f"{typ}_token_id"))
+    return list(ids.items()), list(flags.items())
+
+
+def _special_id(item: dict) -> object:
+    body = item.get("SpecialToken")
+    return body.get("id") if isinstance(body, dict) else None
+
+
+def _sequence_id(item: dict) -> object:
+    body = item.get("Sequence")
+    return body.get("id") if isinstance(body, dict) else None
+
+
+def _template_flags(proc: dict, tc: dict, flags: dict, bos, cls, eos, sep) -> tuple:
+    """SpecialVocab's reading of a TemplateProcessing: add_bos when the single template starts with
+    the bos (or cls) token, add_eos when it ends with the eos token, add_sep from the pair template's
+    middle.  Returns the (possibly renamed) bos, cls, eos and sep tokens."""
+    single, pair = proc.get("single", []), proc.get("pair", [])
+    first = last = None
+    if len(single) > 1:
+        first = _special_id(single[0])
+        if first:
+            if not tc:
+                bos = first
+            elif first not in (bos, cls):
+                if not bos:
+                    tc["bos_token"] = bos = first
+                if not cls:
+                    tc["cls_token"] = cls = first
+            flags["bos"] = first in (bos, cls)
+        last = _special_id(single[-1])
+        if last:
+            if not tc:
+                eos = last
+            elif last != eos:
+                raise Refusal(f"tokenizer.json post_processor ends with {last!r}, not the eos token: llama.cpp "
+                              f"then writes an end-of-turn token id; not reproduced")
+            flags["eos"] = last == eos
+    if pair:
+        start = 1 if first and _special_id(pair[0]) == first else 0
+        stop = -1 if last and _special_id(pair[-1]) == last else None
+        middle = pair[start:stop]
+        if middle and _sequence_id(middle[0]) == "A" and _sequence_id(middle[-1]) == "B" and middle[1:-1]:
+            middle = middle[1:-1]
+            add_sep = bool(_special_id(middle[0]) and _special_id(middle[0]) in (sep, eos) and not last)
+            if len(middle) == 2 and _special_id(middle[1]) and _special_id(middle[1]) in (sep, eos):
+                add_sep = True
+            flags["sep"] = add_sep
+            if add_sep and not sep and tc:
+                tc["sep_token"] = eos
+    return bos, cls, eos, sep
+
+
+def _normalizer_adds_keys(node: object) -> bool:
+    """Whether SpecialVocab would write normalizer_lowercase / strip_accents keys for it."""
+    if not isinstance(node, dict):
+        raise Refusal("tokenizer.json normalizer is not an object; llama.cpp's converter fails on it")
+    kind = node.get("type")
+    if kind in ("Lowercase", "StripAccents"):
+        return True
+    if kind == "BertNormalizer":
+        return "lowercase" in node or "strip_accents" in node
+    if kind == "Sequence":
+        members = node.get("normalizers", [])
+        if not isinstance(members, list):
+            raise Refusal("tokenizer.json normalizer Sequence has no list of normalizers")
+        return any(_normalizer_adds_keys(m) for m in members)
+    return False
+
+
+def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary llama.cpp's SentencePiece path writes for ``model_dir`` (tokenizer.model present)."""
+    d = Path(model_dir)
+    tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
+    tokenizer_json = optional_json(d / "tokenizer.json")
+    if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
+        raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
+    if (d / "tekken.json").is_file() and tokenizer_json is None:
+        raise Refusal("tekken.json without tokenizer.json: llama.cpp takes its Mistral tokenizer path; not supported")
+    if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
+        raise Refusal("HybridDNATokenizer: llama.cpp writes tokenizer.ggml.model 'hybriddna'")
+    if "vocab_size_per_layer_input" in config:
+        raise Refusal("config.json vocab_size_per_layer_input: llama.cpp sizes the vocabulary by it; not reproduced")
+    refuse_malformed(tokenizer_json or {}, tokenizer_config)
+    if "added_tokens_decoder" in tokenizer_config and not isinstance(tokenizer_config["added_tokens_decoder"], dict):
+        raise Refusal("tokenizer_config.json added_tokens_decoder is not an object; llama.cpp's converter fails on it")
+    if tokenizer_json and tokenizer_json.get("normalizer") and _normalizer_adds_keys(tokenizer_json["normalizer"]):
+        raise Refusal("tokenizer.json normalizer lowercases or strips accents: llama.cpp writes normalizer "
+                      "keys for it; not reproduced")
+    add_prefix_space = tokenizer_config.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+    legacy_added = optional_json(d / "added_tokens.json")
+    if legacy_added is not None and not isinstance(legacy_added, dict):
+        raise Refusal("added_tokens.json is not a JSON object of token -> id; llama.cpp's converter fails on it")
+
+    pieces = read_tokenizer_model(d / "tokenizer.model")
+    tokens, scores, toktypes = spm_tokens(pieces, vocab_size, legacy_added, tokenizer_config)
+    ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(tokens))
+    return Vocab(
+        tokens=tokens,
+        toktypes=toktypes,
+        merges=[],
+        pre="default",
+        special_ids=ids,
+        add_flags=flags,
+        chat_template=chat_template(d, tokenizer_config),
+        add_space_prefix=add_prefix_space,
+        model="llama",
+        scores=scores,
+    )
+
+
+def spm_kvs(v: Vocab) -> list[KV]:
+    """The tokenizer.* keys of llama.cpp's SentencePiece path: model, pre, tokens, float32 scores,
+    token types, then SpecialVocab's keys (no merges)."""
+    kv = KvList()
+    kv.string("tokenizer.ggml.model", v.model)
+    kv.string("tokenizer.ggml.pre", v.pre)
+    kv.array("tokenizer.ggml.tokens", GGUF_STRING, list(v.tokens))
+    kv.array("tokenizer.ggml.scores", GGUF_FLOAT32, list(v.scores or ()))
+    kv.array("tokenizer.ggml.token_type", GGUF_INT32, list(v.toktypes))
+    for typ, tid in v.special_ids:
+        if typ in ID_KEYS:
+            kv.uint32(ID_KEYS[typ], tid)
+    for typ, flag in v.add_flags:
+        if typ in ADD_KEYS:
+            kv.bool(ADD_KEYS[typ], flag)
+    if v.chat_template is not None:
+        kv.string("tokenizer.chat_template", v.chat_template)
+    return kv.items()
+
+
+# llama.cpp's llama_hf path (_set_vocab_llama_hf, gguf-py's LlamaHfVocab): a byte-fallback BPE
+# tokenizer.json with a Sequence decoder and no tokenizer.model -- what transformers 5 leaves after
+# re-saving a TinyLlama / Llama 2 tokenizer.  llama.cpp reads the vocabulary through transformers'
+# AutoTokenizer; this reproduces it for the shape measured (tokenizer_class LlamaTokenizer, every
+# added token a named special token already in the vocabulary) and refuses the rest.
+
+_HF_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_LLAMA_HF_NAMED = ("unk_token", "bos_token", "eos_token")
+
+
+def _looks_byte_fallback(model_dir: Path) -> bool:
+    # Whether LlamaModel.set_vocab would reach LlamaHfVocab: no tokenizer.model, and a tokenizer.json
+    # whose BPE model falls back to bytes.  A substring test keeps every BPE conversion from parsing
+    # tokenizer.json twice; llama_hf_vocab checks the parsed file and refuses what does not fit.
+    path = model_dir / "tokenizer.json"
+    if (model_dir / "tokenizer.model").is_file() or not path.is_file():
+        return False
+    try:
+        return re.search(rb'"byte_fallback"\s*:\s*true', path.read_bytes()) is not None
+    except OSError:
+        return False
+
+
+def llama_hf_special_contents(tokenizer_config: dict, special_tokens_map: Optional[dict]) -> list[str]:
+    """The tokens transformers' LlamaTokenizer counts as special (all_special_tokens) for the shapes
+    measured: the named ones; anything else that could add to them is refused."""
+    for key, value in tokenizer_config.items():
+        if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and value is not None \
+                and not isinstance(value, bool):
+            raise Refusal(f"tokenizer_config.json {key}: model-specific special tokens are not reproduced")
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        if tokenizer_config.get(key):
+            raise Refusal(f"tokenizer_config.json {key}: extra special tokens on the llama_hf path are not reproduced")
+    for key in _LLAMA_HF_NAMED:
+        if token_content(tokenizer_config.get(key)) is None:
+            # LlamaTokenizer would fall back to its own default for it.
+            raise Refusal(f"tokenizer_config.json has no {key}; transformers' default for it is not reproduced")
+    named = [c for key in STANDARD_TOKEN_KEYS if (c := token_content(tokenizer_config.get(key))) is not None]
+    for key, value in (special_tokens_map or {}).items():
+        c = token_content(value)
+        if key not in STANDARD_TOKEN_KEYS or (c is not None and c not in named):
+            raise Refusal(f"special_tokens_map.json {key} names a token tokenizer_config.json does not; not reproduced")
+    return named
+
+
+def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary llama.cpp's llama_hf path writes: tokenizer.json's tokens in id order, every
+    score -1000, BYTE for <0xHH> tokens, CONTROL for transformers' special ids, no padding."""
+    d = Path(model_dir)
+    tokenizer_config = optional_json(d / "tokenizer_config.json")
+    tokenizer_json = optional_json(d / "tokenizer.json")
+    if not isinstance(tokenizer_config, dict) or not isinstance(tokenizer_json, dict):
+        raise Refusal("byte-fallback tokenizer.json without tokenizer.model needs tokenizer_config.json and "
+                      "tokenizer.json as JSON objects (llama.cpp's llama_hf path); not reproduced otherwise")
+    model = tokenizer_json.get("model")
+    decoder = tokenizer_json.get("decoder")
+    if not (isinstance(model, dict) and model.get("type") == "BPE" and model.get("byte_fallback") is True
+            and isinstance(decoder, dict) and decoder.get("type") == "Sequence"):
+        raise Refusal("tokenizer.json is not a byte-fallback BPE with a Sequence decoder: llama.cpp would take "
+                      "its llama_hf or gpt2 path in a way not reproduced")
+    if tokenizer_config.get("tokenizer_class") != "LlamaTokenizer":
+        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: on the llama_hf path only "
+                      f"LlamaTokenizer is measured against llama.cpp")
+    for name in ("added_tokens.json", "tekken.json"):
+        if (d / name).is_file():
+            raise Refusal(f"{name} beside a tokenizer.json without tokenizer.model: not reproduced")
+    if "fast_tokenizer_files" in tokenizer_config:
+        raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
+    refuse_malformed(tokenizer_json, tokenizer_config)
+    if tokenizer_json.get("normalizer") and _normalizer_adds_keys(tokenizer_json["normalizer"]):
+        raise Refusal("tokenizer.json normalizer lowercases or strips accents: llama.cpp writes normalizer "
+                      "keys for it; not reproduced")
+    add_prefix_space = tokenizer_config.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+    special_tokens_map = optional_json(d / "special_tokens_map.json")
+    named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
+
+    vocab = base_vocab(tokenizer_json)
+    ids = {token: i for i, token in enumerate(vocab)}
+    from_json = json_added_tokens(tokenizer_json)
+    from_config = config_added_tokens(tokenizer_config)
+    for t in from_json + (from_config or []):
+        if ids.get(t.content) != t.id or not t.special or t.content not in named:
+            # transformers would give it a new id, or count it special or not by rules not ported.
+            raise Refusal(f"added token {t.content!r} (id {t.id}) is not a named special token of the vocabulary; "
+                          f"not reproduced on the llama_hf path")
+    missing = [c for c in named if c not in ids]
+    if missing:
+        raise Refusal(f"special token {missing[0]!r} is not in tokenizer.json's vocabulary: transformers would add "
+                      f"it; not reproduced")
+    if len(vocab) != vocab_size:
+        raise Refusal(f"tokenizer.json has {len(vocab)} tokens but vocab_size is {vocab_size}: llama.cpp's llama_hf "
+                      f"path writes no padding; not reproduced")
+    special = {ids[c] for c in named}
+    toktypes = [BYTE if _HF_BYTE_TOKEN.fullmatch(t) else CONTROL if i in special else NORMAL
+                for i, t in enumerate(vocab)]
+    sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
+    return Vocab(
+        tokens=list(vocab),
+        toktypes=toktypes,
+        merges=[],
+        pre="default",
+        special_ids=sids,
+        add_flags=flags,
+        chat_template=chat_template(d, tokenizer_config),
+        add_space_prefix=add_prefix_space,
+        model="llama",
+        scores=[-1000.0] * len(vocab),
+    )
+
+
 # The tokenizer kinds: llama.cpp's vocabulary paths, as data.
 
 class TokenizerKind(NamedTuple):
@@ -2339,6 +2966,31 @@ class TokenizerKind(NamedTuple):
     taken: Callable[[Path], bool]               # whether llama.cpp takes this path for the directory
     vocab: Callable[[Path, dict, int], Vocab]   # (directory, config.json, vocab_size) -> Vocab, or a Refusal
     kvs: Callable[[Vocab], list[KV]]            # the tokenizer.* keys it writes, in order
+
+
+def _has_tokenizer_model(model_dir: Path) -> bool:
+    # LlamaModel.set_vocab tries SentencePiece first: any tokenizer.model wins over tokenizer.json.
+    return (model_dir / "tokenizer.model").is_file()
+
+
+SPM = TokenizerKind(
+    model="llama",
+    files=("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "added_tokens.json",
+           "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "tekken.json"),
+    taken=_has_tokenizer_model,
+    vocab=spm_vocab,
+    kvs=spm_kvs,
+)
+
+
+LLAMA_HF = TokenizerKind(
+    model="llama",
+    files=("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+           "chat_template.json", "added_tokens.json", "tekken.json"),
+    taken=_looks_byte_fallback,
+    vocab=llama_hf_vocab,
+    kvs=spm_kvs,
+)
 
 
 def _always(model_dir: Path) -> bool:
@@ -2358,7 +3010,7 @@ BPE = TokenizerKind(
 )
 
 # In the order LlamaModel.set_vocab tries its paths (SentencePiece, then llama_hf, then gpt2).
-TOKENIZER_KINDS: tuple[TokenizerKind, ...] = (BPE,)
+TOKENIZER_KINDS: tuple[TokenizerKind, ...] = (SPM, LLAMA_HF, BPE)
 
 
 def tokenizer_kind(model_dir: Path) -> TokenizerKind:

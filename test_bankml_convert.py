@@ -641,9 +641,10 @@ class RefusesWhatItWouldNotReproduce(Workspace):
         return self.assertRefuses(d, reason)
 
     def test_other_architectures_are_refused(self):
-        self.config_edit(lambda c: c.update(architectures=["MistralForCausalLM"]),
-                         "architecture 'MistralForCausalLM' is not LlamaForCausalLM; bankml_convert reproduces "
-                         "llama.cpp only for Llama models: use llama.cpp's convert_hf_to_gguf.py for the rest")
+        self.config_edit(lambda c: c.update(architectures=["Gemma2ForCausalLM"]),
+                         "architecture 'Gemma2ForCausalLM' is not LlamaForCausalLM or MistralForCausalLM; "
+                         "bankml_convert reproduces llama.cpp only for Llama models: use llama.cpp's "
+                         "convert_hf_to_gguf.py for the rest")
 
     def test_text_config_is_refused(self):
         self.config_edit(lambda c: c.update(text_config={"hidden_size": 64}),
@@ -746,7 +747,7 @@ class RefusesWhatItWouldNotReproduce(Workspace):
         d = self.case("bf16")
         patch_bytes(d / "model.safetensors", b"model.norm.weight", b"model.nurm.weight")
         self.assertRefuses(d, "tensor 'model.nurm.weight' is not one llama.cpp maps for a Llama model with 2 "
-                              "layers; bankml_convert converts plain LlamaForCausalLM weights only")
+                              "layers; bankml_convert converts plain LlamaForCausalLM or MistralForCausalLM weights only")
 
     def test_output_types_not_reproduced_are_refused(self):
         self.assertRefuses(self.case("bf16"), "--outtype tq1_0 (a ternary type) is not reproduced byte for byte; "
@@ -1662,22 +1663,6 @@ class PreTokenizerIdentification(VocabCaseDirs):
 
 
 class VocabRefusals(VocabCaseDirs):
-    def test_sentencepiece_is_refused_where_llama_cpp_writes_model_llama(self):
-        name = "TinyLlama-1.1B-Chat-v1.0"
-        models = [e["value"] for e in VOCAB_RECORD["cases"][name]["kvs"] if e["key"] == "tokenizer.ggml.model"]
-        self.assertEqual(models, ["llama"])
-        self.assertVocabRefuses(self.case_dir(name), "SentencePiece tokenizer (tokenizer.model): llama.cpp writes "
-                                "tokenizer.ggml.model 'llama' with scores and SentencePiece token types; only "
-                                "byte-level BPE is supported")
-
-    def test_byte_fallback_bpe_without_tokenizer_model_is_refused_where_llama_cpp_writes_model_llama(self):
-        name = "TinyLlama-1.1B-Chat-v1.0-without-tokenizer.model"
-        models = [e["value"] for e in VOCAB_RECORD["cases"][name]["kvs"] if e["key"] == "tokenizer.ggml.model"]
-        self.assertEqual(models, ["llama"])
-        self.assertVocabRefuses(self.case_dir(name), "byte-fallback BPE with a Sequence decoder (Llama/Mistral "
-                                "style): llama.cpp converts it with LlamaHfVocab as tokenizer.ggml.model 'llama'; "
-                                "not supported")
-
     def test_missing_tokenizer_json_is_refused(self):
         d = self.case_dir(INSTRUCT)
         (d / "tokenizer.json").unlink()
@@ -2848,6 +2833,375 @@ class ChkhshEncoderRules(unittest.TestCase):
     def test_a_post_processor_of_another_kind_is_refused(self):
         with self.assertRaises(bc.Refusal):
             bc.post_processor_ids({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]})
+
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece Llama and Mistral (issue 13): reading tokenizer.model without protobuf, the
+# vocabulary llama.cpp's _set_vocab_sentencepiece writes, MistralForCausalLM.  Byte-identical
+# outputs are pinned by the golden runs above (sentencepiece-tinyllama, mistral-*, llama-2-*, ...).
+# ---------------------------------------------------------------------------------------------
+
+LLAMA_TOKENIZER_MODEL = ORACLE / "fixtures" / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer.model"
+SPM_UNREADABLE = "tokenizer.model is not a SentencePiece model llama.cpp would load the same way: {}; replace it with the model's original tokenizer.model"
+
+
+def pb_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def pb_field(number: int, wire: int, value) -> bytes:
+    """One protobuf field: int for varints, bytes for the others (fixed ones given whole)."""
+    tag = pb_varint(number << 3 | wire)
+    if wire == 0:
+        return tag + pb_varint(value)
+    if wire == 2:
+        return tag + pb_varint(len(value)) + value
+    return tag + value
+
+
+def pb_piece(text, score: float = 0.0, kind: int = 1) -> bytes:
+    body = pb_field(1, 2, text.encode() if isinstance(text, str) else text)
+    body += pb_field(2, 5, struct.pack("<f", score)) + pb_field(3, 0, kind)
+    return pb_field(1, 2, body)
+
+
+def pb_model(pieces, byte_fallback: bool = False, model_type: int = 2, extra: bytes = b"") -> bytes:
+    """A ModelProto: the pieces ((text, score, type) triples or raw piece messages), a trainer_spec."""
+    out = b"".join(p if isinstance(p, bytes) else pb_piece(*p) for p in pieces)
+    spec = pb_field(3, 0, model_type) + (pb_field(35, 0, 1) if byte_fallback else b"")
+    return out + pb_field(2, 2, spec) + extra
+
+
+def spm_type_tag(kv) -> str:
+    """vocab_type_tag with the SentencePiece path's float32 scores array."""
+    return "arr_f32" if kv.array and kv.vtype == bc.GGUF_FLOAT32 else vocab_type_tag(kv)
+
+
+GOOD_PIECES = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3), ("\u2581a", -1.0, 1), ("b", -2.5, 4)]
+
+
+class SentencePieceReading(unittest.TestCase):
+    """sentencepiece_pieces reads ModelProto.pieces exactly, or refuses in one line."""
+
+    def assertRefused(self, data: bytes, fragment: str) -> None:
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.sentencepiece_pieces(data)
+        message = str(cm.exception)
+        self.assertIn(fragment, message)
+        self.assertNotIn("\n", message)
+
+    def test_llama_2_model_gives_the_tokens_scores_and_types_llama_cpp_wrote(self):
+        # llama.cpp's tokens, scores and types for TinyLlama (vocab.json), with tokenizer_config's ids 0-2
+        # reset to the file's own rows: added_tokens_decoder made them CONTROL / -1000 there.
+        pieces = bc.sentencepiece_pieces(LLAMA_TOKENIZER_MODEL.read_bytes())
+        recorded = {e["key"]: e["sha256"] for e in VOCAB_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0"]["kvs"]}
+        self.assertEqual(value_sha256([p.piece for p in pieces]), recorded["tokenizer.ggml.tokens"])
+        self.assertEqual(len(pieces), 32000)
+        scores = [p.score for p in pieces]
+        types = [bc.spm_token_type(p.type) for p in pieces]
+        scores[0:3], types[0:3] = [-1000.0] * 3, [bc.CONTROL] * 3
+        self.assertEqual(value_sha256(scores), recorded["tokenizer.ggml.scores"])
+        self.assertEqual(value_sha256(types), recorded["tokenizer.ggml.token_type"])
+
+    def test_scores_keep_their_float32_bits(self):
+        bits = (0x80000000, 0x00000001, 0x7F7FFFFF, 0xFF7FFFFF, 0x3DCCCCCD)
+        data = pb_model(GOOD_PIECES + [(f"p{i}", struct.unpack("<f", struct.pack("<I", b))[0], 1)
+                                        for i, b in enumerate(bits)])
+        got = [struct.unpack("<I", struct.pack("<f", p.score))[0] for p in bc.sentencepiece_pieces(data)[5:]]
+        self.assertEqual(got, list(bits))
+
+    def test_unknown_fields_are_skipped_and_the_last_value_wins(self):
+        piece = pb_field(1, 2, pb_field(1, 2, b"x") + pb_field(9, 0, 300) + pb_field(7, 1, bytes(8))
+                         + pb_field(1, 2, b"yz") + pb_field(3, 0, 1))
+        data = pb_model(GOOD_PIECES + [piece], extra=pb_field(300, 2, b"anything") + pb_field(6, 5, bytes(4)))
+        self.assertEqual(bc.sentencepiece_pieces(data)[-1], bc.SentencePiece("yz", 0.0, 1))
+
+    def test_a_valid_small_model_is_read(self):
+        got = bc.sentencepiece_pieces(pb_model(GOOD_PIECES))
+        self.assertEqual([(p.piece, p.score, p.type) for p in got], GOOD_PIECES)
+
+    def test_truncated_file_is_refused(self):
+        data = LLAMA_TOKENIZER_MODEL.read_bytes()
+        for cut in (1, 7, 1000, len(data) // 2, len(data) - 1):
+            with self.subTest(cut=cut):
+                self.assertRaises(bc.Refusal, bc.sentencepiece_pieces, data[:cut])
+
+    def test_length_beyond_the_file_is_refused_without_allocating_it(self):
+        self.assertRefused(pb_field(1, 0, 0)[:0] + b"\x0a" + pb_varint(2**62) + b"x", "claims")
+
+    def test_overlong_varint_is_refused(self):
+        self.assertRefused(b"\x0a" + b"\xff" * 11, "varint")
+
+    def test_group_wire_types_are_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES) + b"\x0b", "wire type 3")
+
+    def test_field_number_zero_is_refused(self):
+        self.assertRefused(b"\x02\x00" + pb_model(GOOD_PIECES), "field number 0")
+
+    def test_empty_piece_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("", 0.0, 1)]), "empty")
+
+    def test_duplicate_piece_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("b", 0.0, 1)]), "defined twice")
+
+    def test_missing_unknown_piece_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES[1:]), "0 UNKNOWN pieces")
+
+    def test_second_unknown_piece_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("<unk2>", 0.0, 2)]), "2 UNKNOWN pieces")
+
+    def test_misspelled_byte_piece_is_refused(self):
+        byte_pieces = [(f"<0x{i:02X}>", 0.0, 6) for i in range(256)]
+        byte_pieces[10] = ("<0x0a>", 0.0, 6)
+        self.assertRefused(pb_model(GOOD_PIECES + byte_pieces, byte_fallback=True), "<0x0a>")
+
+    def test_byte_piece_without_byte_fallback_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("<0x41>", 0.0, 6)]), "byte_fallback")
+
+    def test_byte_fallback_without_all_256_byte_pieces_is_refused(self):
+        byte_pieces = [(f"<0x{i:02X}>", 0.0, 6) for i in range(255)]
+        self.assertRefused(pb_model(GOOD_PIECES + byte_pieces, byte_fallback=True), "255 of the 256")
+
+    def test_invalid_utf8_piece_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [(b"\xff\xfe", 0.0, 1)]), "not UTF-8")
+
+    def test_piece_with_nul_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("a\0b", 0.0, 1)]), "NUL")
+
+    def test_unknown_piece_type_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("c", 0.0, 7)]), "type 7")
+
+    def test_nan_score_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES + [("c", float("nan"), 1)]), "not a finite number")
+
+    def test_infinite_score_is_refused(self):
+        # sentencepiece itself refuses it in a unigram model (found by oracle/spm_oracle.py).
+        self.assertRefused(pb_model(GOOD_PIECES + [("c", float("inf"), 1)], model_type=1), "not a finite number")
+
+    def test_score_with_another_wire_type_is_refused(self):
+        piece = pb_field(1, 2, pb_field(1, 2, b"c") + pb_field(2, 0, 5))
+        self.assertRefused(pb_model(GOOD_PIECES + [piece]), "field 2 has wire type 0")
+
+    def test_pieces_field_that_is_not_a_message_is_refused(self):
+        self.assertRefused(pb_field(1, 0, 5) + pb_model(GOOD_PIECES), "wire type 0")
+
+    def test_other_model_types_are_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES, model_type=3), "model_type 3")
+
+    def test_self_test_samples_are_refused(self):
+        sample = pb_field(1, 2, pb_field(1, 2, b"a") + pb_field(2, 2, b"\xe2\x96\x81a"))
+        self.assertRefused(pb_model(GOOD_PIECES, extra=pb_field(4, 2, sample)), "self_test_data")
+
+    def test_precompiled_charsmap_is_refused(self):
+        self.assertRefused(pb_model(GOOD_PIECES, extra=pb_field(3, 2, pb_field(2, 2, b"\0\0\0\0"))),
+                           "precompiled character map")
+
+    def test_empty_file_is_refused(self):
+        self.assertRefused(b"", "0 UNKNOWN pieces")
+
+
+class RecordedLlamaVocabDirs(VocabCaseDirs):
+    """vocab_oracle.py's recorded directories, and the tokenizer keys of the path llama.cpp takes for them."""
+
+    def recorded_case_dir(self, name: str) -> Path:
+        # The recorded files by content: the project stores each fixture file once (PROVENANCE.md),
+        # so a file may live in another folder than the one the recording read it from.
+        stored = {sha256_file(f): f for f in (ORACLE / "fixtures").glob("*/*") if f.is_file()}
+        d = Path(tempfile.mkdtemp(dir=self.tmp)) / name
+        d.mkdir()
+        for _folder, file_name, sha in VOCAB_RECORD["cases"][name]["files"]:
+            shutil.copyfile(stored[sha], d / file_name)
+        return d
+
+    def kind_kvs(self, d: Path, kind) -> list[tuple[str, str, str]]:
+        config = self.config(d)
+        params = bc.llama_params(config)
+        self.assertIs(bc.tokenizer_kind(d), kind)
+        v = kind.vocab(d, config, params.vocab_size)
+        return [(kv.key, spm_type_tag(kv), value_sha256(kv.value)) for kv in bc.LLAMA.vocab_kvs(params, v, kind.kvs(v))]
+
+    def assert_keys_of_kind_as_llama_cpp(self, name: str, kind) -> None:
+        expected = [(e["key"], e["type"], e["sha256"]) for e in VOCAB_RECORD["cases"][name]["kvs"]]
+        self.assertEqual(self.kind_kvs(self.recorded_case_dir(name), kind), expected)
+
+
+class SentencePieceVocabulary(RecordedLlamaVocabDirs):
+    """The tokenizer keys of llama.cpp's SentencePiece path, as vocab_oracle.py recorded them."""
+
+    def assert_spm_keys_as_llama_cpp(self, name: str) -> None:
+        self.assert_keys_of_kind_as_llama_cpp(name, bc.SPM)
+
+    def test_tinyllama(self):
+        self.assert_spm_keys_as_llama_cpp("TinyLlama-1.1B-Chat-v1.0")
+
+    def test_tinyllama_resaved_by_transformers_4_56(self):
+        self.assert_spm_keys_as_llama_cpp("TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56")
+
+    def spm_vocab(self, d: Path):
+        config = self.config(d)
+        return bc.spm_vocab(d, config, bc.llama_params(config).vocab_size)
+
+    def assert_spm_refused(self, d: Path, fragment: str) -> None:
+        with self.assertRaises(bc.Refusal) as cm:
+            self.spm_vocab(d)
+        self.assertIn(fragment, str(cm.exception))
+
+    def test_added_tokens_json_with_a_negative_id_is_refused(self):
+        d = self.recorded_case_dir("TinyLlama-1.1B-Chat-v1.0")
+        (d / "added_tokens.json").write_text('{"<|im_start|>": -1}', encoding="utf-8")
+        self.assert_spm_refused(d, "added_tokens.json")
+
+    def test_added_tokens_json_that_is_a_list_is_refused(self):
+        d = self.recorded_case_dir("TinyLlama-1.1B-Chat-v1.0")
+        (d / "added_tokens.json").write_text('["<|im_start|>"]', encoding="utf-8")
+        self.assert_spm_refused(d, "added_tokens.json")
+
+    def test_null_added_tokens_decoder_is_refused(self):
+        d = self.recorded_case_dir("TinyLlama-1.1B-Chat-v1.0")
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(added_tokens_decoder=None))
+        self.assert_spm_refused(d, "added_tokens_decoder")
+
+    def test_lowercasing_normalizer_is_refused(self):
+        d = self.recorded_case_dir("TinyLlama-1.1B-Chat-v1.0")
+        edit_json(d / "tokenizer.json", lambda t: t.update(normalizer={"type": "Lowercase"}))
+        self.assert_spm_refused(d, "normalizer")
+
+    def test_template_ending_in_another_token_than_eos_is_refused(self):
+        d = self.recorded_case_dir("TinyLlama-1.1B-Chat-v1.0")
+        edit_json(d / "tokenizer.json", lambda t: t["post_processor"]["single"].append(
+            {"SpecialToken": {"id": "<unk>", "type_id": 0}}))
+        self.assert_spm_refused(d, "end-of-turn")
+
+    def test_vocab_size_per_layer_input_is_refused(self):
+        d = self.recorded_case_dir("TinyLlama-1.1B-Chat-v1.0")
+        edit_json(d / "config.json", lambda c: c.update(vocab_size_per_layer_input=32000))
+        self.assert_spm_refused(d, "vocab_size_per_layer_input")
+
+    def test_user_defined_pieces_are_written_as_normal(self):
+        self.assertEqual([bc.spm_token_type(t) for t in range(1, 7)],
+                         [bc.NORMAL, bc.UNKNOWN, bc.CONTROL, bc.NORMAL, bc.UNUSED, bc.BYTE])
+
+    def test_special_ids_at_or_past_the_vocabulary_are_skipped(self):
+        ids, _ = bc.spm_special_vocab(None, {}, {"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 31999}, 32000)
+        self.assertEqual(ids, [("bos", 1), ("pad", 31999)])
+
+
+class LlamaHfVocabulary(RecordedLlamaVocabDirs):
+    """llama.cpp's llama_hf path (no tokenizer.model, byte-fallback tokenizer.json): the keys
+    vocab_oracle.py recorded, and refusals of what transformers would read by rules not ported."""
+
+    NAME = "TinyLlama-1.1B-Chat-v1.0-without-tokenizer.model"
+
+    def test_tinyllama_without_tokenizer_model(self):
+        self.assert_keys_of_kind_as_llama_cpp(self.NAME, bc.LLAMA_HF)
+
+    def test_a_tokenizer_model_wins_over_the_llama_hf_path(self):
+        d = self.recorded_case_dir(self.NAME)
+        shutil.copyfile(LLAMA_TOKENIZER_MODEL, d / "tokenizer.model")
+        self.assertIs(bc.tokenizer_kind(d), bc.SPM)
+
+    def test_byte_level_bpe_stays_on_the_gpt2_path(self):
+        self.assertIs(bc.tokenizer_kind(self.case_dir(INSTRUCT)), bc.BPE)
+
+    def assert_hf_refused(self, d: Path, fragment: str) -> None:
+        config = self.config(d)
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.llama_hf_vocab(d, config, bc.llama_params(config).vocab_size)
+        self.assertIn(fragment, str(cm.exception))
+
+    def test_other_tokenizer_class_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assert_hf_refused(d, "PreTrainedTokenizerFast")
+
+    def test_legacy_added_tokens_json_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        (d / "added_tokens.json").write_text('{"<|im_start|>": 32000}', encoding="utf-8")
+        self.assert_hf_refused(d, "added_tokens.json")
+
+    def test_extra_special_tokens_are_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(additional_special_tokens=["<|im_start|>"]))
+        self.assert_hf_refused(d, "additional_special_tokens")
+
+    def test_added_token_outside_the_vocabulary_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 32000, "content": "<|im_start|>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}))
+        self.assert_hf_refused(d, "'<|im_start|>'")
+
+    def test_vocab_size_beyond_the_tokenizer_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "config.json", lambda c: c.update(vocab_size=32064))
+        self.assert_hf_refused(d, "no padding")
+
+    def test_missing_named_token_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("unk_token"))
+        self.assert_hf_refused(d, "unk_token")
+
+    def test_non_sequence_decoder_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        edit_json(d / "tokenizer.json", lambda t: t.update(decoder={"type": "ByteFallback"}))
+        self.assert_hf_refused(d, "Sequence decoder")
+
+
+class SentencePieceConversion(Workspace):
+    """Whole conversions of SentencePiece directories through the command line."""
+
+    def hostile_model(self, data: bytes) -> Path:
+        d = self.case("sentencepiece-tinyllama")
+        (d / "tokenizer.model").write_bytes(data)
+        return d
+
+    def test_truncated_tokenizer_model_is_refused_and_leaves_nothing(self):
+        data = LLAMA_TOKENIZER_MODEL.read_bytes()
+        self.assertRefuses(self.hostile_model(data[:len(data) // 3]),
+                           SPM_UNREADABLE.format("field 1 claims 12 bytes, 0 are left"))
+
+    def test_duplicate_piece_is_refused_and_leaves_nothing(self):
+        data = LLAMA_TOKENIZER_MODEL.read_bytes()
+        self.assertRefuses(self.hostile_model(data + pb_piece("\u2581the", 0.0, 1)),
+                           SPM_UNREADABLE.format("piece '\u2581the' is defined twice (sentencepiece refuses it)"))
+
+    def test_huge_length_is_refused_and_leaves_nothing(self):
+        self.assertRefuses(self.hostile_model(b"\x0a" + pb_varint(2**40) + b"\x00" * 16),
+                           SPM_UNREADABLE.format("field 1 claims 1099511627776 bytes, 16 are left"))
+
+    def test_oversized_tokenizer_model_is_refused_before_it_is_read(self):
+        d = self.case("sentencepiece-tinyllama")
+        with open(d / "tokenizer.model", "r+b") as f:
+            f.truncate(bc.MAX_TOKENIZER_MODEL + 1)     # sparse: nothing to write
+        self.assertRefuses(d, "tokenizer.model is 67,108,865 bytes, more than the 67,108,864 this converter "
+                              "reads; not reproduced")
+
+    def test_tokenizer_model_is_pinned_as_an_input(self):
+        d = self.case("sentencepiece-tinyllama")
+        report = bc.convert(d, self.tmp / "pinned.gguf")
+        report.out.unlink()
+        inputs = {i.name: i.sha256 for i in report.inputs}
+        self.assertEqual(inputs["tokenizer.model"], sha256_file(LLAMA_TOKENIZER_MODEL))
+
+    def test_mistral_architecture_with_another_model_type_is_refused(self):
+        d = self.case("mistral-v0.1-shape")
+        edit_json(d / "config.json", lambda c: c.update(model_type="qwen2"))
+        self.assertRefuses(d, "model_type 'qwen2' is not 'llama' or 'mistral'")
+
+    def test_mistral_defaults_differ_from_llama_defaults(self):
+        # transformers 5.18's MistralConfig fills 14,336 / 8 / 131,072 where LlamaConfig fills
+        # 11,008 / the attention heads / 2,048 (their dataclass defaults in the reference venv).
+        base = {"hidden_size": 256, "num_attention_heads": 16}
+        mistral = bc.llama_params({**base, "model_type": "mistral"})
+        llama = bc.llama_params({**base, "model_type": "llama"})
+        self.assertEqual((mistral.feed_forward_length, mistral.head_count_kv, mistral.context_length), (14336, 8, 131072))
+        self.assertEqual((llama.feed_forward_length, llama.head_count_kv, llama.context_length), (11008, 16, 2048))
+        self.assertEqual(bc.llama_params({**base, "model_type": "mistral", "num_key_value_heads": None}).head_count_kv, 16)
 
 
 # ---------------------------------------------------------------------------------------------

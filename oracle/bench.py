@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The benchmark behind `make bench`: bankml_convert against llama.cpp's converter and a copy floor.
 
-    python3 oracle/bench.py [--rounds 3] [--no-reference] [--scale 3] [--json FILE]
+    python3 oracle/bench.py [--rounds 3] [--no-reference] [--scale 3] [--json FILE] [--case C] [--outtypes f16,...]
 
 On the full-size SmolLM2-135M-Instruct directory (generated under build/bench/ when missing), each
 round runs, as whole processes one after another: bankml_convert for every --outtype it supports,
@@ -379,19 +379,22 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--scale", type=int, metavar="N",
                    help="also run bankml on a model with N times the layers and compare its peak RSS")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the raw measurements here")
+    p.add_argument("--case", default=FULL_CASE,
+                   help=f"the generated case to convert (default {FULL_CASE}; full-tinyllama: the 1.1B SentencePiece model)")
+    p.add_argument("--outtypes", help="comma-separated output types (default: every one bankml supports)")
     args = p.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # the table and stderr's progress stay in order
     if args.rounds < 1 or (args.scale is not None and args.scale < 2):
         p.error("--rounds must be >= 1 and --scale >= 2")
 
-    outtypes = list(bankml_convert.OUT_TYPES)
+    outtypes = args.outtypes.split(",") if args.outtypes else list(bankml_convert.OUT_TYPES)
     reference_ran = not args.no_reference and reference_ready()
     if not args.no_reference and not reference_ran:
         print(f"bench: llama.cpp's reference is not set up ({REF_ROOT}; run oracle/setup_reference.sh); "
               "running bankml and the floor alone", file=sys.stderr)
     tools = [BANKML, LLAMA_CPP, FLOOR] if reference_ran else [BANKML, FLOOR]
 
-    model = model_of(make_models.CASES_BY_NAME[FULL_CASE])
+    model = model_of(make_models.CASES_BY_NAME[args.case])
     oracle.sha256_of(model.weights[0])  # reads the input once, so round 1 also finds it in the page cache
     runs = bench_rounds(model, outtypes, args.rounds, tools)
     found = mismatches(runs, model, outtypes, reference_ran)

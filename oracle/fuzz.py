@@ -36,6 +36,14 @@ byte-identical, diff_files' exit code, verify held iff identical, one line per o
 inspect --json strict JSON, and the reader agreeing with the fuzzer's own walk of the bytes.
 The last line is ``fuzz: N inputs, C crashes
 (U unique), V contract violations (W unique), A accepted, R rejected``; exit 1 on either finding.
+
+    python3 oracle/fuzz.py --tokenizer-model --inputs N --seed S [--start I] [--convert-every K] [--report F]
+
+--tokenizer-model fuzzes the SentencePiece reader: mutants of a real tokenizer.model (protobuf-aware
+edits of pieces, types, scores, wire types, lengths, trainer/normalizer specs, plus byte damage)
+go through sentencepiece_pieces, every K-th also through convert() in a tiny model directory; the
+last line is ``fuzz --tokenizer-model: N inputs (M also converted), C crashes, P partial outputs,
+A read, R refused``.  oracle/spm_oracle.py runs the same mutants through sentencepiece itself.
 """
 
 from __future__ import annotations
@@ -2970,6 +2978,272 @@ def run_gguf_replay(args) -> int:
     return 1 if findings else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# --tokenizer-model: mutated SentencePiece tokenizer.model files (issue 13).  Every mutant goes
+# through bankml_convert's reader (sentencepiece_pieces) and every --convert-every'th one, placed
+# in a tiny SentencePiece model directory, through convert(): each must return or refuse in one
+# line, never raise anything else, hang or leave a partial output.  The mutants start from the
+# real Llama 2 (TinyLlama) tokenizer.model, the synthetic Mistral v0.3 one and a 600-piece cut of
+# the real one (fast, so most mutants are cheap); oracle/spm_oracle.py runs the same mutants
+# through sentencepiece itself to check that whatever bankml accepts, sentencepiece reads alike.
+# ---------------------------------------------------------------------------------------------
+
+SPM_SOURCES = (("llama-2", mm.FIXTURES / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer.model", 10),
+               ("mistral-v0.3", mm.FIXTURES / "Mistral-7B-Instruct-v0.3-shape" / "tokenizer.model", 5))
+
+
+def pb_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def pb_fields(data: bytes) -> list[tuple[int, int, bytes]]:
+    """(field number, wire type, raw bytes of the whole field) of a message; what cannot be split
+    into fields (an earlier mutation broke it) is kept whole as field -1."""
+    out, pos = [], 0
+    while pos < len(data):
+        start = pos
+        try:
+            tag, pos = bc._varint(data, pos)
+            wire = tag & 7
+            if wire == 0:
+                _, pos = bc._varint(data, pos)
+            elif wire == 2:
+                size, pos = bc._varint(data, pos)
+                pos += size
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            else:
+                raise bc.Refusal("group")
+        except bc.Refusal:
+            pos = len(data) + 1
+        if pos > len(data):
+            out.append((-1, -1, data[start:]))
+            break
+        out.append((tag >> 3, wire, data[start:pos]))
+    return out
+
+
+def pb_payload(raw: bytes) -> bytes:
+    """The value of a length-delimited field given whole (tag included); b"" if it is not one."""
+    try:
+        _, pos = bc._varint(raw, 0)
+        size, pos = bc._varint(raw, pos)
+    except bc.Refusal:
+        return b""
+    return raw[pos:pos + size]
+
+
+def pb_message(number: int, payload: bytes) -> bytes:
+    return pb_varint(number << 3 | 2) + pb_varint(len(payload)) + payload
+
+
+def spm_cut(data: bytes, keep: int) -> bytes:
+    """The model with only its first `keep` pieces (the other fields kept): still a valid model."""
+    out, seen = [], 0
+    for number, _, raw in pb_fields(data):
+        if number == 1:
+            seen += 1
+            if seen > keep:
+                continue
+        out.append(raw)
+    return b"".join(out)
+
+
+def spm_bases() -> dict[str, bytes]:
+    bases = {name: path.read_bytes() for name, path, _ in SPM_SOURCES}
+    bases["llama-2-cut-600"] = spm_cut(bases["llama-2"], 600)
+    return bases
+
+
+SPM_BASE_WEIGHTS = {"llama-2": 10, "mistral-v0.3": 5, "llama-2-cut-600": 85}
+PIECE_TEXTS = (b"", b"\x00", b"a\x00b", b"\xff", b"\xc3", b"\xed\xa0\x80", b"<0x41>", b"<0x4g>", b"<0x0a>",
+               b"<unk>", b"<s>", b"\xe2\x96\x81the", b"a" * 7999, b"a" * 8000, b"[PAD5]", b"<|im_start|>")
+PIECE_TYPES = (0, 1, 2, 3, 4, 5, 6, 7, 255, 2**31, 2**32 - 1, 2**63, 2**64 - 1)
+SCORE_BITS = (0x7FC00000, 0x7F800001, 0xFF800000, 0x7F800000, 0x80000000, 0x00000001, 0x7F7FFFFF, 0xFFFFFFFF)
+
+
+def piece_body(text: bytes, score_bits: int, kind: Optional[int]) -> bytes:
+    body = b"\x0a" + pb_varint(len(text)) + text + b"\x15" + struct.pack("<I", score_bits)
+    return body + (b"\x18" + pb_varint(kind) if kind is not None else b"")
+
+
+def mutate_spm(rng: random.Random, data: bytes) -> tuple[bytes, str]:
+    """One structural or byte-level mutation of a serialized ModelProto, and what it was."""
+    fields = pb_fields(data)
+    pieces = [i for i, f in enumerate(fields) if f[0] == 1 and f[1] == 2]
+    op = rng.choice(["bytes", "bytes", "piece-text", "piece-type", "piece-score", "piece-wire", "piece-extra",
+                     "duplicate-piece", "drop-piece", "swap-pieces", "length", "trainer", "normalizer",
+                     "self-test", "unknown-field", "tag"])
+    if op == "bytes" or not pieces:
+        return byte_damage(rng, data)
+    i = rng.choice(pieces)
+    raw = fields[i][2]
+    body = pb_payload(raw)
+    new: Optional[bytes] = None
+    if op == "piece-text":
+        text = rng.choice(PIECE_TEXTS + (pb_payload(fields[rng.choice(pieces)][2])[2:12],))
+        new = pb_message(1, piece_body(text, 0, rng.choice((None, 1, 4))))
+        what = f"piece field {i} text set to {text[:20]!r}"
+    elif op == "piece-type":
+        kind = rng.choice(PIECE_TYPES)
+        new = pb_message(1, body + b"\x18" + pb_varint(kind))
+        what = f"piece field {i} type set to {kind}"
+    elif op == "piece-score":
+        bits = rng.choice(SCORE_BITS)
+        new = pb_message(1, body + b"\x15" + struct.pack("<I", bits))
+        what = f"piece field {i} score bits set to 0x{bits:08x}"
+    elif op == "piece-wire":
+        number, wire = rng.choice((1, 2, 3)), rng.choice((0, 1, 2, 3, 4, 5, 6, 7))
+        extra = pb_varint(number << 3 | wire) + rng.choice((b"\x01", b"\x04abcd", b"\x00" * 8, b""))
+        new = pb_message(1, body + extra)
+        what = f"piece field {i} given field {number} with wire type {wire}"
+    elif op == "piece-extra":
+        number = rng.choice((4, 9, 100, 2**29 - 1, 2**29, 0))
+        new = pb_message(1, body + pb_varint(number << 3 | 2) + b"\x02zz")
+        what = f"piece field {i} given unknown field {number}"
+    elif op == "duplicate-piece":
+        fields.insert(rng.choice(pieces), fields[i])
+        return b"".join(f[2] for f in fields), f"piece field {i} duplicated"
+    elif op == "drop-piece":
+        del fields[i]
+        return b"".join(f[2] for f in fields), f"piece field {i} dropped"
+    elif op == "swap-pieces":
+        j = rng.choice(pieces)
+        fields[i], fields[j] = fields[j], fields[i]
+        return b"".join(f[2] for f in fields), f"piece fields {i} and {j} swapped"
+    elif op == "length":
+        size = rng.choice((0, len(body) - 1, len(body) + 1, 2**31, 2**62, 2**64 - 1))
+        new = b"\x0a" + rng.choice((pb_varint(size), pb_varint(len(body)).rstrip(b"\x00") + b"\x80\x00")) + body
+        what = f"piece field {i} length set to {size} (or padded)"
+    elif op == "trainer":
+        spec = rng.choice((b"", b"\x18\x01", b"\x18\x03", b"\x18\x02\x98\x02\x00", b"\x98\x02\x01", b"\x18\xff\x01"))
+        fields = [f for f in fields if f[0] != 2] + [(2, 2, pb_message(2, spec))]
+        return b"".join(f[2] for f in fields), f"trainer_spec replaced by {spec!r}"
+    elif op == "normalizer":
+        charsmap = rng.choice((b"", b"\x00\x00\x00\x00", b"\xff\xff\xff\xff", b"\x04\x00\x00\x00abcd"))
+        return data + pb_message(rng.choice((3, 5)), b"\x0a\x03nfk" + b"\x12" + pb_varint(len(charsmap)) + charsmap), \
+            f"normalizer charsmap {charsmap!r} appended"
+    elif op == "self-test":
+        return data + pb_message(4, pb_message(1, b"\x0a\x01a\x12\x04\xe2\x96\x81a")), "self-test sample appended"
+    elif op == "unknown-field":
+        number, wire = rng.choice((6, 7, 200, 2**29 - 1)), rng.choice((0, 1, 2, 3, 4, 5, 6, 7))
+        at = rng.choice(pieces)
+        junk = pb_varint(number << 3 | wire) + rng.choice((b"\x05", b"\x02ab", bytes(8), b"\xff" * 10))
+        fields.insert(at, (number, wire, junk))
+        return b"".join(f[2] for f in fields), f"field {number} wire {wire} inserted before field {at}"
+    else:  # "tag"
+        fields.insert(rng.choice(pieces), (0, 2, b"\x02\x00"))
+        return b"".join(f[2] for f in fields), "a field numbered 0 inserted"
+    fields[i] = (1, 2, new)
+    return b"".join(f[2] for f in fields), what
+
+
+def spm_mutant(seed: str, index: int, bases: dict[str, bytes]) -> tuple[str, bytes, list[str]]:
+    """Input `index` of campaign `seed`: its base, its bytes and its mutations."""
+    rng = random.Random(f"{seed}/spm/{index}")
+    names = sorted(SPM_BASE_WEIGHTS)
+    base = rng.choices(names, [SPM_BASE_WEIGHTS[n] for n in names])[0]
+    data, done = bases[base], []
+    for k in range(rng.choice((1, 1, 2, 3))):
+        data, what = mutate_spm(random.Random(f"{seed}/spm/{index}/{k}"), data)
+        done.append(what)
+    return base, data, done
+
+
+SPM_CASE = mm.Case("fuzz-spm", tokenizer="tinyllama-1.1b-chat", config_from=mm.TINYLLAMA, tied=False,
+                   dims=mm.Dims(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=1, vocab_size=32000))
+
+
+def spm_outcome(call: Callable[[], object], timeout: float) -> tuple[str, str]:
+    """('ok' | 'refusal' | 'crash', detail) of one call."""
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        call()
+        return "ok", ""
+    except bc.Refusal as e:
+        message = str(e)
+        if not message or "\n" in message:
+            return "crash", f"Refusal with a bad message: {message!r}"
+        return "refusal", message
+    except (Exception, Timeout, MemoryError, RecursionError) as e:
+        tb = traceback.extract_tb(e.__traceback__)
+        return "crash", f"{type(e).__name__}: {e} at {frame_text(tb[-1]) if tb else '?'}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def run_spm_campaign(args) -> int:
+    limit_memory(args.memory_mb)
+    bases = spm_bases()
+    for name, data in bases.items():
+        assert bc.sentencepiece_pieces(data), name          # every base is read
+    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-spm-", dir=args.workdir)).resolve()
+    model = mm.make_case(SPM_CASE, work / "base")
+    counts: Counter = Counter()
+    refusals: Counter = Counter()
+    crashes: list[dict] = []
+    partials: list[dict] = []
+    start = time.perf_counter()
+    try:
+        for index in range(args.start, args.start + args.inputs):
+            base, data, mutations = spm_mutant(args.seed, index, bases)
+            kind, detail = spm_outcome(lambda: bc.sentencepiece_pieces(data), args.timeout)
+            counts[kind] += 1
+            if kind == "refusal":
+                refusals[re.sub(r"\d+", "N", detail.split(":")[1] if ":" in detail else detail)[:70]] += 1
+            elif kind == "crash":
+                crashes.append({"index": index, "base": base, "mutations": mutations, "error": detail})
+            if args.convert_every and index % args.convert_every == 0:
+                (model / "tokenizer.model").write_bytes(data)
+                before = sorted(p.name for p in work.iterdir())
+                out = work / "out.gguf"
+                ckind, cdetail = spm_outcome(lambda: bc.convert(model, out, bc.Options(hash_inputs=False)),
+                                             args.timeout * 3)
+                counts["convert-" + ckind] += 1
+                if ckind == "crash":
+                    crashes.append({"index": index, "base": base, "mutations": mutations, "error": cdetail,
+                                    "in": "convert"})
+                if ckind == "ok" and kind != "ok" or ckind != kind and "crash" not in (kind, ckind):
+                    crashes.append({"index": index, "mutations": mutations,
+                                    "error": f"reader {kind} but convert {ckind}: {cdetail}"})
+                out.unlink(missing_ok=True)
+                after = sorted(p.name for p in work.iterdir())
+                if after != before:
+                    partials.append({"index": index, "mutations": mutations, "leftovers": sorted(set(after) - set(before))})
+                    for name in set(after) - set(before):
+                        (work / name).unlink()
+            if (index + 1) % args.every == 0 and args.progress:
+                with open(args.progress, "a", encoding="utf-8") as f:
+                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - start
+    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
+              "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
+              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
+              "command": "python3 oracle/fuzz.py --tokenizer-model " + " ".join(sys.argv[1:])}
+    if args.report:
+        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
+    for c in crashes[:10]:
+        print(f"crash at input {c['index']}: {c['error'][:200]} ({c['mutations']})")
+    for p in partials[:10]:
+        print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
+    for reason, n in refusals.most_common(12):
+        print(f"  {n:>7}  {reason}")
+    conversions = sum(v for k, v in counts.items() if k.startswith("convert-"))
+    print(f"fuzz --tokenizer-model: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
+          f"{len(partials)} partial outputs, {counts['ok']} read, {counts['refusal']} refused, "
+          f"{seconds:.0f} s")
+    return 1 if crashes or partials else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
     p.add_argument("--inputs", type=int, default=2000, help="how many inputs (default 2000)")
@@ -2996,6 +3270,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="with --gguf and one worker: report the reader/diff/verify lines never executed")
     p.add_argument("--shrink", action="store_true",
                    help="with --gguf --replay: cut the mutant down to a smaller file with the same finding")
+    p.add_argument("--tokenizer-model", action="store_true",
+                   help="fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead")
+    p.add_argument("--convert-every", type=int, default=25,
+                   help="with --tokenizer-model: also convert every Nth mutant in a tiny model directory (0: never)")
     args = p.parse_args(argv)
     if args.timeout is None:
         args.timeout = 10.0 if args.gguf else 20.0
@@ -3006,6 +3284,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Messages quote hostile input (lone surrogates included); printing them must not fail.
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(errors="backslashreplace")
+    if args.tokenizer_model:
+        return run_spm_campaign(args)
     if args.gguf:
         return run_gguf_replay(args) if args.replay is not None else run_gguf_campaign(args)
     if args.replay is not None:

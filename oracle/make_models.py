@@ -42,6 +42,9 @@ class TokenizerFixture:
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
+TINYLLAMA = "TinyLlama-1.1B-Chat-v1.0"
+TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
+TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -79,12 +82,64 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (SMOLLM2_135M_INSTRUCT, "vocab.json"),
             (SMOLLM2_135M_INSTRUCT, "merges.txt"),
         ), added_special_token="<|persona|>"),
-        # SentencePiece (tokenizer.model): the converter refuses it, llama.cpp takes another path.
+        # SentencePiece (tokenizer.model): llama.cpp's _set_vocab_sentencepiece path.
         TokenizerFixture("tinyllama-1.1b-chat", (
-            ("TinyLlama-1.1B-Chat-v1.0", "tokenizer.json"),
-            ("TinyLlama-1.1B-Chat-v1.0", "tokenizer.model"),
-            ("TinyLlama-1.1B-Chat-v1.0", "tokenizer_config.json"),
-            ("TinyLlama-1.1B-Chat-v1.0", "special_tokens_map.json"),
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            (TINYLLAMA, "tokenizer_config.json"),
+            (TINYLLAMA, "special_tokens_map.json"),
+        )),
+        # TinyLlama as transformers 4.56 re-saved it (pair merges, chat_template.jinja,
+        # add_eos_token): the same tokenizer.model and special_tokens_map.json.
+        TokenizerFixture("tinyllama-1.1b-chat-resaved-transformers-4.56", (
+            (TINYLLAMA_RESAVED, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            (TINYLLAMA_RESAVED, "tokenizer_config.json"),
+            (TINYLLAMA, "special_tokens_map.json"),
+            (TINYLLAMA_RESAVED, "chat_template.jinja"),
+        )),
+        # ChatML added the legacy way: added_tokens.json (ids 32000/32001), no added_tokens_decoder.
+        TokenizerFixture("tinyllama-chatml-added-tokens", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            ("TinyLlama-chatml-added-tokens", "tokenizer_config.json"),
+            ("TinyLlama-chatml-added-tokens", "special_tokens_map.json"),
+            ("TinyLlama-chatml-added-tokens", "added_tokens.json"),
+        )),
+        # Llama 2 chat's legacy tokenizer_config (AddedToken dicts, no added_tokens_decoder): <unk>
+        # stays UNKNOWN with its own score.  The Llama 2 tokenizer.model is TinyLlama's.
+        TokenizerFixture("llama-2-chat", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            ("Llama-2-7b-chat-hf-shape", "tokenizer_config.json"),
+            (TINYLLAMA, "special_tokens_map.json"),
+        )),
+        # Mistral v0.1's tokenizer_config (legacy: true, additional_special_tokens []) over a
+        # 32,000-piece Llama-style tokenizer.
+        TokenizerFixture("mistral-v0.1", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            ("Mistral-7B-v0.1-shape", "tokenizer_config.json"),
+            (TINYLLAMA, "special_tokens_map.json"),
+        )),
+        # No tokenizer.model: llama.cpp's llama_hf path (LlamaHfVocab, through transformers).
+        TokenizerFixture("tinyllama-1.1b-chat-without-tokenizer-model", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer_config.json"),
+            (TINYLLAMA, "special_tokens_map.json"),
+        )),
+        # TinyLlama as transformers 5.18 re-saves it (oracle/make_resaved_tokenizer.py): no
+        # tokenizer.model, so the llama_hf path, as a LoRA merge saved today hands it over.
+        TokenizerFixture("tinyllama-1.1b-chat-resaved-transformers-5", (
+            (TINYLLAMA_RESAVED_5, "tokenizer.json"),
+            (TINYLLAMA_RESAVED_5, "tokenizer_config.json"),
+            (TINYLLAMA_RESAVED, "chat_template.jinja"),      # the same bytes as the 4.56 re-save's
+        )),
+        # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
+        # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
+        TokenizerFixture("mistral-v0.3", (
+            ("Mistral-7B-Instruct-v0.3-shape", "tokenizer.model"),
+            ("Mistral-7B-Instruct-v0.3-shape", "tokenizer_config.json"),
         )),
     )
 }
@@ -158,6 +213,44 @@ class Case:
         return self.dirname or self.name
 
 
+# SentencePiece Llama and Mistral: the real (or Hub-shaped) config and tokenizer with a narrow, one-layer
+# model, so a 32,000-row embedding stays small; each from a BF16 and an F16 source.
+SPM_DIMS = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=32000)
+_SPM_SHAPES: tuple[Case, ...] = (
+    Case("sentencepiece-tinyllama", tokenizer="tinyllama-1.1b-chat", config_from=TINYLLAMA, tied=False,
+         dims=SPM_DIMS, description="TinyLlama-1.1B-Chat-v1.0 config and SentencePiece tokenizer"),
+    Case("tinyllama-resaved-4.56", tokenizer="tinyllama-1.1b-chat-resaved-transformers-4.56",
+         config_from=TINYLLAMA_RESAVED, tied=False, dims=SPM_DIMS,
+         description="TinyLlama as transformers 4.56 re-saved it (tokenizer.model kept)"),
+    Case("tinyllama-chatml-added-tokens", tokenizer="tinyllama-chatml-added-tokens", config_from=TINYLLAMA,
+         tied=False, dims=replace(SPM_DIMS, vocab_size=32002), sampling="none",
+         description="TinyLlama with ChatML tokens in a legacy added_tokens.json, vocab_size 32002"),
+    Case("llama-2-chat-shape", tokenizer="llama-2-chat", config_from="Llama-2-7b-chat-hf-shape", tied=False,
+         dims=replace(SPM_DIMS, num_key_value_heads=4, max_position_embeddings=4096),
+         description="Llama-2-7b-chat-hf's config (multi-head attention) and legacy tokenizer_config"),
+    Case("mistral-v0.1-shape", tokenizer="mistral-v0.1", config_from="Mistral-7B-v0.1-shape", tied=False,
+         dims=replace(SPM_DIMS, max_position_embeddings=32768),
+         description="MistralForCausalLM v0.1 config (sliding_window 4096), Llama-style tokenizer"),
+    Case("mistral-v0.3-shape", tokenizer="mistral-v0.3", config_from="Mistral-7B-Instruct-v0.3-shape", tied=False,
+         dims=replace(SPM_DIMS, vocab_size=32768, max_position_embeddings=32768),
+         description="MistralForCausalLM v0.3 config, synthetic 32,768-piece tokenizer.model, no tokenizer.json"),
+    Case("mistral-nemo-head-dim", tokenizer="mistral-v0.1", config_from="Mistral-7B-v0.1-shape", tied=False,
+         head_dim=16, dims=replace(SPM_DIMS, max_position_embeddings=32768),
+         description="MistralForCausalLM with head_dim 16 unlike hidden_size/heads (8), as Mistral-Nemo"),
+)
+# llama.cpp's llama_hf path: a byte-fallback tokenizer.json and no tokenizer.model.
+_SPM_SHAPES += (
+    Case("tinyllama-resaved-transformers-5", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=TINYLLAMA, tied=False, dims=SPM_DIMS,
+         description="TinyLlama re-saved by transformers 5.18: no tokenizer.model (llama_hf path)"),
+)
+SPM_CASES: tuple[Case, ...] = tuple(
+    c for shape in _SPM_SHAPES
+    for c in (shape, replace(shape, name=shape.name + "-f16", dtype="F16",
+                             description=shape.description + " (F16 source)")))
+
+
 # Small cases share one seed, so cases that differ only in a name, a file layout or a config key
 # hold the same tensor values, and their GGUFs can differ only where that difference reaches.
 CASES: tuple[Case, ...] = (
@@ -192,9 +285,10 @@ CASES: tuple[Case, ...] = (
          description="SmolLM2-360M-Instruct config keys, its 15/5 head layout scaled down"),
     Case("persona-token", tokenizer="smollm2-135m-instruct-persona-token", dims=Dims(vocab_size=49153),
          description="one added special token at id 49,152, vocab_size 49,153 (issue 11)"),
-    Case("sentencepiece-tinyllama", tokenizer="tinyllama-1.1b-chat",
-         config_from="TinyLlama-1.1B-Chat-v1.0", tied=False, dims=Dims(vocab_size=32000),
-         description="TinyLlama config and SentencePiece tokenizer (refusal)"),
+    *SPM_CASES,
+    Case("tinyllama-without-tokenizer-model", tokenizer="tinyllama-1.1b-chat-without-tokenizer-model",
+         config_from=TINYLLAMA, tied=False, dims=SPM_DIMS,
+         description="the Hub's TinyLlama files without tokenizer.model (llama_hf path)"),
     Case("example", dirname="smollm2-tiny",
          dims=Dims(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2),
          description="the example model the README converts (example/smollm2-tiny)"),
@@ -215,7 +309,14 @@ def scaled_full_case(factor: int) -> Case:
 
 
 # Cases for oracle/bench.py only: kept out of CASES so `oracle.py compare all` does not convert them.
-BENCH_CASES: tuple[Case, ...] = (scaled_full_case(3),)
+BENCH_CASES: tuple[Case, ...] = (
+    scaled_full_case(3),
+    # TinyLlama-1.1B-Chat-v1.0 full size: its real config and SentencePiece tokenizer, random BF16
+    # weights (2.2 GB), the issue 13 bench row.
+    Case("full-tinyllama", full_size=True, dirname="tinyllama-1.1b-chat-v1.0", seed="full",
+         tokenizer="tinyllama-1.1b-chat", config_from=TINYLLAMA, tied=False,
+         description="real TinyLlama-1.1B-Chat-v1.0 config and tokenizer, random BF16 weights (~2.2 GB)"),
+)
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 

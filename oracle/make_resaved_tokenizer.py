@@ -7,7 +7,7 @@ the fixture honest instead of hand-editing JSON.
 
 Run in the reference venv (transformers 5.18.0), from the repository root:
 
-    oracle/.ref/venv/bin/python oracle/make_resaved_tokenizer.py
+    oracle/.ref/venv/bin/python oracle/make_resaved_tokenizer.py [SOURCE]   # SOURCE: a key of RESAVES
 
 It refuses another transformers version, because the saved shape is what changes between versions.
 """
@@ -22,8 +22,14 @@ from transformers import AutoTokenizer
 
 WANTED_TRANSFORMERS = "5.18.0"
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "fixtures" / "SmolLM2-135M-Instruct"
-TARGET = HERE / "fixtures" / "SmolLM2-135M-Instruct-resaved-transformers-5"
+# source fixture folder -> the folder its re-save goes to (the first is the default).
+RESAVES = {
+    "SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct-resaved-transformers-5",
+    # SentencePiece Llama: transformers 5 writes no tokenizer.model, so llama.cpp takes its llama_hf path.
+    "TinyLlama-1.1B-Chat-v1.0": "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5",
+}
+SOURCE = HERE / "fixtures" / (sys.argv[1] if len(sys.argv) > 1 else "SmolLM2-135M-Instruct")
+TARGET = HERE / "fixtures" / RESAVES[SOURCE.name]
 
 
 def sha256_of(path: Path) -> str:
