@@ -2675,7 +2675,7 @@ def _byte_view(data, width: int) -> memoryview:
 # --- the formula does not cover patched from the rules/tables.  All assume a little-endian host.
 
 # A chunk's lane constants are made once per chunk length and kept: a job's chunks all have the same
-# length but its last, and the BF16 -> Q8_0 kernel alone uses 13 constants a length.
+# length but its last, and the BF16 -> Q8_0 kernel alone uses 8 constants a length.
 @lru_cache(maxsize=64)
 def _lane_constant(value: int, width: int, n: int) -> int:
     """value repeated over n lanes of `width` bytes, as one integer."""
@@ -3253,7 +3253,8 @@ def _bf16_blocks() -> _Bf16Blocks:
         by_mantissa.append(bytes(min(int(2 * v), 255) for v in values))
     zeros = bytes(256)
     tables = [by_mantissa[p & 0x7F] if _is_table_maximum(p) else zeros for p in range(1 << 15)]
-    exponents = [bytes((p >> 7 if _is_table_maximum(p) else 255,)) * QK8_0 for p in range(1 << 15)]
+    repeated = [bytes((e,)) * QK8_0 for e in range(256)]     # shared: 256 strings, not 32,768
+    exponents = [repeated[p >> 7 if _is_table_maximum(p) else 255] for p in range(1 << 15)]
     # an all-zero block (pattern 0) needs no rule: every index is 0x80, every code 0, q 0, d 0
     odd = bytes(0 if p == 0 or _is_table_maximum(p) else 1 for p in range(1 << 15))
     return _Bf16Blocks(scales, tables, exponents, odd)
@@ -3377,7 +3378,7 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
     # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
-    # worker builds its own BF16 maxima tables (about 30 ms): the parent's would be some 5 MiB more
+    # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
     # at its peak, which is the conversion's.
     Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
     Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),
