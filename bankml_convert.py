@@ -3327,7 +3327,7 @@ def _byte_view(data, width: int) -> memoryview:
 # --- the formula does not cover patched from the rules/tables.  All assume a little-endian host.
 
 # A chunk's lane constants are made once per chunk length and kept: a job's chunks all have the same
-# length but its last, and the BF16 -> Q8_0 kernel alone uses 13 constants a length.
+# length but its last, and the BF16 -> Q8_0 kernel alone uses 8 constants a length.
 @lru_cache(maxsize=64)
 def _lane_constant(value: int, width: int, n: int) -> int:
     """value repeated over n lanes of `width` bytes, as one integer."""
@@ -3864,143 +3864,128 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     return bytes(out)
 
 
-# --- Q8_0 from BF16, in integers only.
-# A bf16 value has an 8-bit significand, so within a block, aligned to the block's largest exponent
-# E_m, it is the 16-bit integer Y = (128 + mantissa) << 8 >> (E_m - e) times a per-block power of
-# two; the product with id is then Y * N (N: id's 24-bit significand) exactly, one big-integer
-# multiplication per block.  Everything the block's maximum decides (d's float16, N, E_m) comes
-# from tables over the 32,768 possible maxima.
+# --- Q8_0 from BF16: one table lookup per value, the table chosen by its block's maximum.
+# Within a block whose maximum m has exponent E_m (9..253: d and id normal and finite), scaling m by
+# 2**k scales d by 2**k, id by 2**-k and every x * id by nothing at all, all exactly in float32.  So
+# what a value x quantizes to depends only on m's 7 mantissa bits (mu), x's own 7 (xi) and how far
+# x's exponent lies below E_m (s = E_m - e).  With v(x) the float32 x * id:
+#   s = 0:   q = floor(v(x) + 1/2)          = floor((floor(2 v(x)) + 1) / 2)
+#   s >= 1:  x = x1 / 2**(s-1) with x1 the value of mantissa xi at exponent E_m - 1, and v(x) is
+#            v(x1) / 2**(s-1) exactly, so q = floor((floor(2 v(x1)) + 2**(s-1)) / 2**s)
+# (floor((floor(y) + c) / 2**t) = floor((y + c) / 2**t) for integers c, t).  Both are
+# q = floor(code / 2**t + 1/2) with t = max(s, 1) and code = floor(2 v) of a value at exponent E_m
+# (s = 0, where xi <= mu and code <= 254) or E_m - 1 (s >= 1, code <= 253): a byte per (mu, s == 0,
+# xi), one 256-byte table per mu, applied to a block's 32 index bytes (s == 0) << 7 | xi with one
+# bytes.translate.  From s = 9 on, code < 256 shifts to q = 0, as it must (|x| < m / 256).
 
-class _Bf16Maxima(NamedTuple):
-    """Per possible block maximum (|bf16| bits): what its block needs (multiplier None: the block rule)."""
+class _Bf16Blocks(NamedTuple):
+    """Per possible block maximum (|bf16| bits, 32,768 patterns): what its block needs."""
     scales: list        # float16(d), 2 little-endian bytes
-    multipliers: list   # N << (E_m + e_id - 259 + 7): makes Y * multiplier = x * id * 2**40 exactly
-    exponents: list     # E_m << 7 (the exponent field), 2 little-endian bytes
+    tables: list        # the index -> code table (bytes) of its mantissa; zeros for the others
+    exponents: list     # E_m repeated over a block's 32 byte lanes; 255 where the block rule decides
+    odd: bytes          # 1 where the block rule decides (E_m outside 9..253: tiny, inf or NaN maxima)
+
+
+def _is_table_maximum(pattern: int) -> bool:
+    return 9 <= pattern >> 7 <= 253
 
 
 @lru_cache(maxsize=1)
-def _bf16_maxima() -> _Bf16Maxima:
+def _bf16_blocks() -> _Bf16Blocks:
     maxima = array("I", (m << 16 for m in range(1 << 15)))
-    m = array("f", maxima.tobytes()).tolist()
-    d = array("f", [v / 127.0 for v in m])
-    inverse = array("I", array("f", [1.0 / v if v else 0.0 for v in d]).tobytes())
+    d = array("f", [v / 127.0 for v in array("f", maxima.tobytes())])
     d_bits = array("I", d.tobytes())
-    scales, multipliers, exponents = [], [], []
-    for pattern in range(1 << 15):
-        e_m, id_bits = pattern >> 7, inverse[pattern]
-        # id ~ 127 / m puts e_id at 259 - E_m or 260 - E_m while d and id are normal and finite;
-        # smaller maxima (subnormal d, 1/d overflowing), infinities and NaNs take the block rule.
-        shift = e_m + (id_bits >> 23) - 259
-        if pattern == 0:
-            multiplier = 0              # an all-zero block: d = 0, id = 0, every q 0
-        elif 9 <= e_m <= 253 and shift in (0, 1):
-            multiplier = ((id_bits & 0x7FFFFF) | 0x800000) << (shift + 7)
-        else:
-            multiplier = None
-        scales.append(f16_bits_from_f32_bits(d_bits[pattern]).to_bytes(2, "little"))
-        multipliers.append(multiplier)
-        exponents.append((e_m << 7).to_bytes(2, "little"))
-    return _Bf16Maxima(scales, multipliers, exponents)
+    scales = [f16_bits_from_f32_bits(b).to_bytes(2, "little") for b in d_bits]
+    # the tables, at E_m = 127 (m in [1, 2)): float64 products are exact, array('f') rounds them once
+    # to float32 (see rounded_to_f32); entries s == 0 with xi > mu never occur and are clamped
+    by_mantissa = []
+    for mu in range(128):
+        inverse = rounded_to_f32(1.0 / rounded_to_f32((128 + mu) / 128 / 127.0))
+        values = array("f", [(128 + (i & 0x7F)) / (128 if i >> 7 else 256) * inverse for i in range(256)])
+        by_mantissa.append(bytes(min(int(2 * v), 255) for v in values))
+    zeros = bytes(256)
+    tables = [by_mantissa[p & 0x7F] if _is_table_maximum(p) else zeros for p in range(1 << 15)]
+    repeated = [bytes((e,)) * QK8_0 for e in range(256)]     # shared: 256 strings, not 32,768
+    exponents = [repeated[p >> 7 if _is_table_maximum(p) else 255] for p in range(1 << 15)]
+    # an all-zero block (pattern 0) needs no rule: every index is 0x80, every code 0, q 0, d 0
+    odd = bytes(0 if p == 0 or _is_table_maximum(p) else 1 for p in range(1 << 15))
+    return _Bf16Blocks(scales, tables, exponents, odd)
 
 
 # int8 byte for (sign << 7) | |q|.
 _INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for b in range(256))
-_Y_STAGES = ((7, 1), (8, 2), (9, 4), (10, 8))   # (bit of (E_m - e) << 7, shift it stands for)
 
 
-def _aligned_significands(t: int, e: int, n: int) -> int:
-    """Y = (128 + mantissa) << 8 >> (E_m - e) per 16-bit lane of |bf16| lanes t, E_m << 7 lanes e.
+_UNSURE_MAXIMA = bytes(0 if 5 <= b <= 0x7E else 1 for b in range(256))
 
-    The shift is done bit by bit of E_m - e (1, 2, 4, 8), each applied only where the bit is set.
-    Exact up to a shift of 8; beyond, Y comes out no larger than the true value, whose q is 0
-    (|x| < m / 256 gives |x * id| < 0.4961), and shifts of 16 or more clear Y.
+
+def _block_maxima_16(absolute: bytes, nb: int) -> array:
+    """The largest of each block's 32 16-bit lanes (each below 2**15), as array('H').
+
+    Read as 64-bit units, a block is 8 units of 4 lanes: the lane-wise maximum of its 8 unit columns
+    leaves 4 candidates per unit (8 column extractions, not 32), then two in-unit steps halve them.
     """
-    ones, full = _lane_constant(1, 2, n), _lane_constant(0xFFFF, 2, n)
-    s = e - (t & _lane_constant(0x7F80, 2, n))          # (E_m - e) << 7: never negative in a block
-    y = ((t & _lane_constant(0x7F, 2, n)) | _lane_constant(0x80, 2, n)) << 8
-    for bit, shift in _Y_STAGES:
-        where = ((s >> bit) & ones) * 0xFFFF
-        y ^= (y ^ ((y >> shift) & _lane_constant(0xFFFF >> shift, 2, n))) & where
-    nibble = _lane_constant(0xF, 2, n)
-    far = (((((s >> 11) & nibble) + nibble) >> 4) & ones) * 0xFFFF
-    return y & (full ^ far)
+    units = memoryview(absolute).cast("B").cast("Q")
+    columns = [int.from_bytes(units[j::8].tobytes(), "little") for j in range(8)]
+    best = _lanewise_max(columns, 16, 4 * nb)
+    best = _lanewise_max([best, best >> 32], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 16], 16, 4 * nb)
+    return array("H", best.to_bytes(8 * nb, "little"))[0::4]
+
+
+@lru_cache(maxsize=8)
+def _struct_of_blocks(nb: int) -> struct.Struct:
+    """Cuts nb blocks' 32 bytes apart in one call (a list of slices costs 4x more)."""
+    return struct.Struct(f"{QK8_0}s" * nb)
 
 
 def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
-    """Q8_0 blocks of bf16 data (a whole number of blocks), all in integer arithmetic."""
+    """Q8_0 blocks of bf16 data (a whole number of blocks): a table lookup per value."""
     n = len(chunk) >> 1
     nb = n // QK8_0
-    tables = _bf16_maxima()
+    blocks = _bf16_blocks()
     absolute = bytearray(chunk)
     absolute[1::2] = chunk[1::2].translate(_WITHOUT_SIGN)
-    column_view = memoryview(absolute).cast("H")
-    columns = [int.from_bytes(column_view[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
-
     # each block's largest |x|: |bf16| bits are below 2**15, and NaN bits order above all others
-    maxima = array("H", _lanewise_max(columns, 16, nb).to_bytes(2 * nb, "little"))
-    multipliers = list(map(tables.multipliers.__getitem__, maxima))
-    odd_blocks = [b for b, mul_ in enumerate(multipliers) if mul_ is None] if None in multipliers else []
-    for b in odd_blocks:
-        multipliers[b] = 0
-    scales = b"".join(map(tables.scales.__getitem__, maxima))
+    maxima = _block_maxima_16(absolute, nb)
+    scales = b"".join(map(blocks.scales.__getitem__, maxima))
+    # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a top byte outside 5..0x7e may not
+    odd_blocks = b""
+    if maxima.tobytes()[1::2].translate(_UNSURE_MAXIMA).count(1):
+        odd_blocks = bytes(map(blocks.odd.__getitem__, maxima))
 
-    # aligned significands, block-major, each block's E_m repeated over its 32 lanes
-    exponents = b"".join(map(bytes.__mul__, map(tables.exponents.__getitem__, maxima), repeat(QK8_0)))
-    y = _aligned_significands(int.from_bytes(absolute, "little"), int.from_bytes(exponents, "little"),
-                              n).to_bytes(2 * n, "little")
-    wide = bytearray(6 * n)         # 48-bit lanes: Y * multiplier < 2**47
-    wide[0::6] = y[0::2]
-    wide[1::6] = y[1::2]
+    # byte lanes: lo = e & 1 << 7 | xi, hi = sign << 7 | e >> 1; s = E_m - e never borrows
+    ones, low7 = _lane_constant(0x01, 1, n), _lane_constant(0x7F, 1, n)
+    top = _lane_constant(0x80, 1, n)
+    lo, hi = int.from_bytes(chunk[0::2], "little"), int.from_bytes(chunk[1::2], "little")
+    e = ((hi << 1) & (low7 << 1)) | ((lo >> 7) & ones)
+    s = int.from_bytes(b"".join(map(blocks.exponents.__getitem__, maxima)), "little") - e
+    nonzero = (((s & low7) + low7) | s) & top            # 0x80 where s >= 1
+    index = ((lo & low7) | (nonzero ^ top)).to_bytes(n, "little")
+    cut = _struct_of_blocks(nb)
+    codes = cut.pack(*map(bytes.translate, cut.unpack(index), map(blocks.tables.__getitem__, maxima)))
 
-    # per block: Y * multiplier is x * id in units of 2**-40; adding one half, 2**39, to every lane
-    # leaves |q| = floor(x * id + 1/2) in each lane's 6th byte.  Chained maps: one block a step, at
-    # C speed.
-    block_bytes = 6 * QK8_0
-    one_half = _lane_constant(1 << 39, 6, QK8_0)
-    block_lanes = [wide[i:i + block_bytes] for i in range(0, 6 * n, block_bytes)]
-    blocks = map(int.from_bytes, block_lanes, repeat("little"))
-    scaled = map(mul, blocks, multipliers)
-    rounded = map(int.__add__, scaled, repeat(one_half))
-    products = b"".join(map(int.to_bytes, rounded, repeat(block_bytes), repeat("little")))
-    magnitudes = products[5::6]
-    if b"\xff" in products[4::6]:
-        magnitudes = _rounded_up_in_float32(products, magnitudes)
-    signed = (int.from_bytes(magnitudes, "little")
-              | (int.from_bytes(chunk[1::2], "little") & _lane_constant(0x80, 1, n))).to_bytes(n, "little")
-    qs = signed.translate(_INT8_OF_SIGN_AND_MAGNITUDE)
+    # q = floor(code / 2**t + 1/2) = ((code >> (t - 1)) + 1) >> 1, t = max(s, 1): the shift by
+    # t - 1 = s - (s >= 1) bit by bit where that bit is set; t > 8 gives 0
+    u = s - (nonzero >> 7)
+    q = int.from_bytes(codes, "little")
+    for bit, shift in ((0, 1), (1, 2), (2, 4)):
+        where = ((u >> bit) & ones) * 0xFF
+        q ^= (q ^ ((q >> shift) & _lane_constant(0xFF >> shift, 1, n))) & where
+    far = ((u | (((u & low7) + _lane_constant(0x78, 1, n)))) & top) >> 7   # 1 where t - 1 >= 8
+    q = (((q + ones) >> 1) & low7 & (far * 0x7F ^ low7)) | (hi & top)
+    qs = q.to_bytes(n, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
 
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
     out[1::34] = scales[1::2]
     for j in range(QK8_0):
         out[2 + j::34] = qs[j::QK8_0]
-    if odd_blocks:
+    if odd_blocks.count(1):
         bits = array("I", (h << 16 for h in memoryview(chunk).cast("H")))
-        for b in odd_blocks:
+        for b in _positions(odd_blocks, 1):
             out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
     return bytes(out)
-
-
-def _rounded_up_in_float32(products: bytes, magnitudes: bytes) -> bytes:
-    """|q| where float32 rounding lifts x * id onto k + 1/2 (numpy rounds the product first).
-
-    With v = x * id exact and k = floor(v + 1/2), float32 rounds v up to k + 1/2 exactly when v is
-    within half a float32 step below it: k + 1/2 - 2**(j - 24) <= v with 2**j <= k + 1/2 < 2**(j+1)
-    (2**-26 for k = 0, the step below 1/2 being half as wide); the tie rounds to k + 1/2, whose
-    significand is even.  In the lanes' units of 2**-40 that window is 2**(16 + j) (2**14 for k = 0)
-    below the next multiple of 2**40 -- so bits 32..39 of the lane are all ones.
-    """
-    fixed = bytearray(magnitudes)
-    high = products[4::6]
-    i = high.find(b"\xff")
-    while i >= 0:
-        below = int.from_bytes(products[6 * i:6 * i + 5], "little")       # (v + 1/2) mod 1, in 2**-40
-        k = magnitudes[i]
-        window = 1 << (14 if k == 0 else 15 + k.bit_length())
-        if below >= (1 << 40) - window:
-            fixed[i] = k + 1
-        i = high.find(b"\xff", i + 1)
-    return bytes(fixed)
 
 
 def _f16_q8_0_chunk(chunk: bytes) -> bytes:
@@ -4045,7 +4030,7 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
     # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
-    # worker builds its own BF16 maxima tables (about 30 ms): the parent's would be some 5 MiB more
+    # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
     # at its peak, which is the conversion's.
     Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
     Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),

@@ -3660,13 +3660,38 @@ class FastEqualsSimple(unittest.TestCase):
 # --- Q8_0 in particular: numpy's NaN rules, the integer path's coverage, random blocks of every kind.
 
 class Q8_0Blocks(unittest.TestCase):
-    def test_bf16_integer_path_takes_every_maximum_with_normal_d_and_id(self):
+    def test_bf16_table_path_takes_every_maximum_with_normal_d_and_id(self):
         # the block rule is only for maxima below 2**-118 (subnormal d, 1/d overflowing) and for
-        # infinities and NaNs; every other block must take the fast path that the samples test
-        tables = bc._bf16_maxima()
+        # infinities and NaNs; every other block takes the tables, which rest on d and id being
+        # normal and finite there (so that scaling m by 2**k scales x * id by nothing)
+        blocks = bc._bf16_blocks()
         for pattern in range(1 << 15):
-            if 9 <= pattern >> 7 <= 253:
-                self.assertIsNotNone(tables.multipliers[pattern], hex(pattern))
+            table_path = 9 <= pattern >> 7 <= 253
+            self.assertEqual(blocks.odd[pattern], 0 if table_path or pattern == 0 else 1, hex(pattern))
+            if table_path:
+                d = bc.rounded_to_f32(bc._float_from_bits(pattern << 16) / 127)
+                inverse = bc.rounded_to_f32(1 / d)
+                self.assertTrue(2.0 ** -126 <= d and 2.0 ** -126 <= inverse < 2.0 ** 128, hex(pattern))
+
+    def test_bf16_tables_at_every_maximum_mantissa_and_the_extreme_exponents(self):
+        # the tables are made at one exponent; blocks at the ends of the range, every mantissa of the
+        # maximum, values at every distance below it (xi <= mu where the exponent is the maximum's)
+        rng = random.Random(17)
+        key = ("BF16", bc.GGML_Q8_0)
+        for e_m in (9, 10, 11, 126, 127, 251, 252, 253):
+            bits = []
+            for mu in range(128):
+                for _ in range(2):
+                    block = [e_m << 7 | mu]
+                    for _ in range(31):
+                        s = rng.randrange(11)
+                        xi = rng.randrange(mu + 1) if s == 0 else rng.randrange(128)
+                        block.append(rng.getrandbits(1) << 15 | max(e_m - s, 0) << 7 | xi)
+                    rng.shuffle(block)
+                    bits += block
+            data = b"".join(b.to_bytes(2, "little") for b in bits)
+            with self.subTest(e_m=e_m):
+                self.assertEqual(fast(key, data), simple(key, data))
 
     def test_nan_blocks_follow_numpys_simd_width(self):
         for lanes, rec in QUANT_RECORD["q8_0_by_numpy_simd_lanes"].items():
