@@ -251,6 +251,9 @@ class SourceTensor(NamedTuple):
     path: Path
     start: int          # absolute byte offset of the data in the file
     nbytes: int
+    # The bytes themselves, for a tensor computed while planning (GeneratedTensor) rather than read:
+    # then name is its GGUF name, path the config.json it is computed from, and start 0.
+    data: Optional[bytes] = None
 
     @property
     def n_elements(self) -> int:
@@ -258,6 +261,15 @@ class SourceTensor(NamedTuple):
         for d in self.shape:
             n *= d
         return n
+
+
+class GeneratedTensor(NamedTuple):
+    """A tensor llama.cpp computes from the config rather than reads (generate_extra_tensors, written
+    before every other tensor): its GGUF name, little-endian float32 values, and shape (rows first).
+    Float32 is what every generate_extra_tensors of llama.cpp yields."""
+    name: str
+    data: bytes
+    shape: tuple[int, ...]
 
 
 def read_json(path: Path) -> object:
@@ -551,7 +563,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     params = family.params(config)
     sources, weight_files = index_tensors(model_dir)
     out = out_type(options.outtype, sources)
-    tensors = plan_tensors(sources, family, params, out)
+    tensors = plan_tensors(sources, family, params, out, config_path)
     tokenizer = tokenizer_kind(model_dir)
     small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
     return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer)
@@ -784,6 +796,11 @@ def load_generation_config(model_dir: Path) -> dict:
 # Family(...) entry, and its architecture names in FAMILIES -- as llama.cpp registers one ModelBase
 # subclass per architecture.  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
+def no_generated_tensors(params: Any) -> list[GeneratedTensor]:
+    """ModelBase.generate_extra_tensors: nothing, unless a family yields its own."""
+    return []
+
+
 class Family(NamedTuple):
     """How llama.cpp converts one model family, as data and the family's own functions."""
     name: str                           # for messages: "Llama"
@@ -799,6 +816,8 @@ class Family(NamedTuple):
     dropped_suffixes: tuple[str, ...]   # buffers llama.cpp drops before mapping names
     shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
     permute_heads: Callable[[str, Any], int]        # (GGUF name, params) -> heads of the Q/K row permutation, or 0
+    # params -> the tensors generate_extra_tensors computes (rope factors), or a Refusal; none by default
+    generated_tensors: Callable[[Any], list[GeneratedTensor]] = no_generated_tensors
 
 
 def family_of(config: dict) -> Family:
@@ -830,6 +849,7 @@ class LlamaParams(NamedTuple):
     rms_norm_eps: float
     head_dim: int
     vocab_size: int
+    rope_llama3: Optional[Llama3Rope] = None    # rope_scaling of rope_type "llama3": rope_freqs.weight
 
 
 def llama_params(config: dict) -> LlamaParams:
@@ -842,7 +862,7 @@ def llama_params(config: dict) -> LlamaParams:
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
-    _refuse_rope_scaling(config)
+    rope_llama3 = llama3_rope(config)
     hidden = config_integer(config, "hidden_size", 4096)
     heads = config_integer(config, "num_attention_heads", 32)
     if hidden % heads:
@@ -864,6 +884,7 @@ def llama_params(config: dict) -> LlamaParams:
         rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
         head_dim=config_integer(config, "head_dim", hidden // heads),
         vocab_size=config_integer(config, "vocab_size", 32000),
+        rope_llama3=rope_llama3,
     )
     if params.vocab_size == 32016:
         # LlamaModel.set_vocab tests only the size, whatever the tokenizer.
@@ -871,19 +892,155 @@ def llama_params(config: dict) -> LlamaParams:
     return params
 
 
-def _refuse_rope_scaling(config: dict) -> None:
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = config.get(key)
-        if rope is None:
-            continue
+class Llama3Rope(NamedTuple):
+    """rope_scaling of rope_type "llama3" (Llama 3.1 / 3.2): what LlamaModel.generate_extra_tensors
+    turns into rope_freqs.weight.  llama.cpp writes no rope.scaling.* key for it."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_context: float     # original_max_position_embeddings
+
+
+# The keys transformers 5.18 accepts in a llama3 rope_scaling (it raises KeyError when one of the
+# four numbers is missing, and llama.cpp then reads config.json raw: another path).
+_LLAMA3_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def llama3_rope(config: dict) -> Optional[Llama3Rope]:
+    """config.json's rope scaling: None for none, a Llama3Rope for rope_type "llama3", or a Refusal
+    for the kinds whose keys or tensors bankml_convert does not reproduce (linear, dynamic, yarn,
+    longrope, ...) and for llama3 scalings transformers would not load as they are written."""
+    given = [(key, config[key]) for key in ("rope_scaling", "rope_parameters") if config.get(key) is not None]
+    found = None
+    for key, rope in given:
         if not isinstance(rope, dict):
             raise Refusal(f"config.json: {key} must be an object or null")
         kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind == "llama3":
+            found = (key, rope)
+            continue
         extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
         if kind != "default" or extra:
             raise Refusal(f"config.json: {key} asks for rope scaling ({kind!r}"
                           f"{', ' + ', '.join(extra) if extra else ''}); llama.cpp writes rope "
                           f"factors for it that bankml_convert does not reproduce")
+    if found is None:
+        return None
+    key, rope = found
+    if len(given) > 1:
+        # transformers folds rope_scaling into rope_parameters; which one wins is its business.
+        raise Refusal("config.json sets both rope_scaling and rope_parameters; keep one of them")
+    missing = [k for k in _LLAMA3_ROPE_NUMBERS if k not in rope]
+    if missing:
+        raise Refusal(f"config.json: {key} of rope_type 'llama3' lacks {', '.join(missing)}; transformers "
+                      f"would not load it as written, and llama.cpp would take another path")
+    extra = sorted(set(rope) - {"rope_type", "type", "rope_theta", *_LLAMA3_ROPE_NUMBERS})
+    if extra:
+        raise Refusal(f"config.json: {key} of rope_type 'llama3' has {', '.join(extra)}: keys beyond "
+                      f"Llama 3's are not measured against llama.cpp")
+    if key == "rope_scaling" and "rope_theta" in rope and rope["rope_theta"] != config.get("rope_theta"):
+        raise Refusal("config.json: rope_scaling's rope_theta differs from rope_theta: which one transformers "
+                      "keeps is not measured against llama.cpp")
+    values = [rope[k] for k in _LLAMA3_ROPE_NUMBERS]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 2 ** 24 for v in values):
+        raise Refusal(f"config.json: {key}'s {', '.join(_LLAMA3_ROPE_NUMBERS)} must be positive numbers "
+                      f"below 2**24")
+    factor, low, high, context = values
+    if not low < high:
+        raise Refusal(f"config.json: {key}'s low_freq_factor {low} is not below its high_freq_factor {high}")
+    return Llama3Rope(factor, low, high, context)
+
+
+# How close (in float32 ulps) an exact power may come to a float32 rounding midpoint before torch's
+# float32 pow -- Sleef's powf_u10 on vector chunks, glibc's powf on the tail, neither correctly
+# rounded -- may round it either way depending on the CPU.  Measured over 77 (base, dim) pairs:
+# every disagreement with the correctly rounded value lay within 0.065 ulp of a midpoint.
+_POW_NEAR_MIDPOINT = 0.1
+# Powers that close which torch 2.13 was measured to round correctly on every CPU capability (AVX512,
+# AVX2, default) and on both its paths (vector chunks, scalar tail): (float32 base, float32 exponent),
+# from oracle/recorded/rope_pow.json (`python3 oracle/rope_pow_oracle.py --record`; the tests
+# compare).  The real Llama 3.1/3.2 configs (rope_theta 500000, head_dim 64 or 128) need these two;
+# distance alone cannot tell them from 500000 ** 0.44642857, which differs by CPU at 0.009 ulp.
+_POWS_SAME_ON_EVERY_CPU = frozenset({(500000.0, 0.5), (500000.0, 0.515625)})
+
+
+class PowRounding(NamedTuple):
+    """A float32 power, correctly rounded, and how far its exact value is from a rounding midpoint."""
+    value: float            # the nearest float32
+    other: float            # the float32 across the nearest midpoint
+    ulps_to_midpoint: float
+
+
+def f32_pow(base: float, exponent: float) -> PowRounding:
+    """base ** exponent (both float32 values, base > 0) rounded once to float32, from a 40-digit
+    exp(exponent * ln(base)) -- far below a float32 ulp from the exact value -- with the distance
+    of that value from the nearest midpoint between float32s."""
+    from decimal import Decimal, localcontext
+    with localcontext() as ctx:
+        ctx.prec = 40
+        exact = (Decimal(exponent) * Decimal(base).ln()).exp()
+        value = rounded_to_f32(float(exact))
+        if not 0 < value < math.inf:
+            raise Refusal(f"rope_theta {base} ** {exponent} is out of float32's range")
+        bits = _bits_from_float32(value)
+        below, above = _float_from_bits(bits - 1), _float_from_bits(bits + 1)
+        mid_below = (Decimal(below) + Decimal(value)) / 2
+        mid_above = (Decimal(value) + Decimal(above)) / 2
+        if exact - mid_below < mid_above - exact:
+            return PowRounding(value, below, float((exact - mid_below) / (Decimal(value) - Decimal(below))))
+        return PowRounding(value, above, float((mid_above - exact) / (Decimal(above) - Decimal(value))))
+
+
+def llama3_rope_factor(freq: float, rope: Llama3Rope) -> float:
+    """One rope_freqs value from one float32 frequency, as generate_extra_tensors computes it in
+    torch float32: each step one IEEE float32 operation (computed in float64 and rounded once, which
+    is exact), Python numbers cast to float32, and `x / t` as torch's t.reciprocal() * x."""
+    f32 = rounded_to_f32
+    wavelength = f32(f32(1 / freq) * f32(2 * math.pi))
+    if wavelength < f32(rope.original_context / rope.high_freq_factor):
+        return 1.0
+    if wavelength > f32(rope.original_context / rope.low_freq_factor):
+        return f32(rope.factor)
+    ratio = f32(f32(1 / wavelength) * f32(rope.original_context))
+    smooth = f32(f32(ratio - f32(rope.low_freq_factor)) / f32(rope.high_freq_factor - rope.low_freq_factor))
+    return f32(1 / f32(f32(f32(1 - smooth) / f32(rope.factor)) + smooth))
+
+
+def llama3_rope_freqs(base: float, dim: int, rope: Llama3Rope) -> list[float]:
+    """LlamaModel.generate_extra_tensors' rope factors, one per pair of the head's dimensions, or a
+    Refusal where llama.cpp's own result depends on the CPU it runs on.
+
+    freqs = 1 / base ** (arange(0, dim, 2) / dim) in float32: the exponent and the reciprocal are
+    single IEEE operations; the power is torch's float32 pow, which is not correctly rounded and
+    differs between CPUs (AVX512, AVX2, none).  Where the exact power is more than
+    _POW_NEAR_MIDPOINT ulp from a rounding midpoint every one of them rounds it as it should; where
+    it is closer, the two roundings give different factors, and no measurement says torch rounds it
+    correctly everywhere (_POWS_SAME_ON_EVERY_CPU), no one output is llama.cpp's."""
+    b = rounded_to_f32(base)
+    if not 0 < b < math.inf:
+        raise Refusal(f"config.json: rope_theta {base} is not a positive float32")
+    factors = []
+    for i in range(0, dim, 2):
+        exponent = rounded_to_f32(i / dim)
+        power = f32_pow(b, exponent)
+        factor = llama3_rope_factor(rounded_to_f32(1 / power.value), rope)
+        if (power.ulps_to_midpoint < _POW_NEAR_MIDPOINT and (b, exponent) not in _POWS_SAME_ON_EVERY_CPU
+                and llama3_rope_factor(rounded_to_f32(1 / power.other), rope) != factor):
+            raise Refusal(f"rope_theta {base} with head_dim {dim}: {b} ** {exponent} lies "
+                          f"{power.ulps_to_midpoint:.3f} float32 ulp from a rounding midpoint, and "
+                          f"torch's float32 pow rounds it differently on different CPUs, so llama.cpp's "
+                          f"rope_freqs.weight depends on the machine it runs on; convert with llama.cpp "
+                          f"and pin that file")
+        factors.append(factor)
+    return factors
+
+
+def llama_generated_tensors(p: LlamaParams) -> list[GeneratedTensor]:
+    """LlamaModel.generate_extra_tensors: rope_freqs.weight for a llama3 rope scaling, else nothing."""
+    if p.rope_llama3 is None:
+        return []
+    factors = llama3_rope_freqs(p.rope_freq_base, p.head_dim, p.rope_llama3)
+    return [GeneratedTensor("rope_freqs.weight", struct.pack(f"<{len(factors)}f", *factors), (len(factors),))]
 
 
 def llama_hparam_kvs(p: LlamaParams, file_type: int) -> list[KV]:
@@ -988,6 +1145,7 @@ LLAMA = Family(
     dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
     shape=llama_shape,
     permute_heads=llama_permute_heads,
+    generated_tensors=llama_generated_tensors,
 )
 
 # HF architecture name -> Family: the one place a family is registered.
@@ -2480,8 +2638,11 @@ def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | No
     return None
 
 
-def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType) -> list[PlannedTensor]:
-    """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal."""
+def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType,
+                 config_path: Path = Path("config.json")) -> list[PlannedTensor]:
+    """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal: the
+    family's generated tensors first (prepare_tensors chains generate_extra_tensors() before the
+    files' tensors), typed by the same rules as the rest."""
     plan: list[PlannedTensor] = []
     for src in sources:
         if src.name.endswith(family.dropped_suffixes):
@@ -2498,7 +2659,10 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
         plan.append(PlannedTensor(name, src, tensor_type(name, src.shape, out),
                                   tuple(reversed(src.shape)), family.permute_heads(name, p)))
     _refuse_incomplete(plan, family, p.block_count)
-    return plan
+    generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
+                 for g in family.generated_tensors(p)]
+    return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
+            for g in generated] + plan
 
 
 def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: int) -> None:
@@ -3509,7 +3673,10 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
 def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
     """The converted bytes of one job, in pieces, its source read from f through buffer."""
     t = job.tensor
-    data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
+    if t.source.data is not None:      # generated while planning: the bytes are in the plan
+        data = memoryview(t.source.data)[job.src_pos:job.src_pos + job.src_len]
+    else:
+        data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
     if t.permute_heads:
         rows_per_head = _row_count(t.source) // t.permute_heads
         row_bytes = _row_bytes(t.source)
@@ -3518,6 +3685,16 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
     yield from converted_pieces(data, t.source.dtype, t.ggml_type)
+
+
+def source_file(files: dict, source: SourceTensor):
+    """The file a tensor's bytes are read from, opened once and kept in files; None for a tensor
+    whose bytes the plan holds (a generated one)."""
+    if source.data is not None:
+        return None
+    if source.path not in files:
+        files[source.path] = open(source.path, "rb", buffering=0)
+    return files[source.path]
 
 
 def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
@@ -3831,11 +4008,8 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
     buffer = bytearray(max((j.src_len for j in jobs), default=0))
     try:
         for job in jobs:
-            path = job.tensor.source.path
-            if path not in files:
-                files[path] = open(path, "rb", buffering=0)
             written = 0
-            for piece in job_pieces(job, files[path], buffer):
+            for piece in job_pieces(job, source_file(files, job.tensor.source), buffer):
                 w.write(piece)
                 written += len(piece)
             if written != job.out_len:
@@ -4083,10 +4257,7 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
         kept_bytes = 0
         while (i := _next_job(todo)) is not None:
             job = unplaced[i]
-            path = job.tensor.source.path
-            if path not in files:
-                files[path] = open(path, "rb", buffering=0)
-            pieces = list(job_pieces(job, files[path], buffer))
+            pieces = list(job_pieces(job, source_file(files, job.tensor.source), buffer))
             if sum(map(len, pieces)) != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                        f"planned {job.out_len}")
@@ -5362,13 +5533,16 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
 
 def _source_note(t: PlannedTensor) -> str:
     src = t.source
+    if src.data is not None:
+        return f"  <- generated from {src.path.name}"
     return (f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
             f"{' Q/K rows permuted' if t.permute_heads else ''}")
 
 
 def _source_json(t: PlannedTensor) -> dict:
     return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
-            "file": t.source.path.name, "permuted": bool(t.permute_heads)}
+            "file": t.source.path.name, "permuted": bool(t.permute_heads),
+            **({"generated": True} if t.source.data is not None else {})}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:
