@@ -1810,6 +1810,12 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                post_processors=(_LLAMA3_POST_PROCESSOR,),
                nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
                measured_on="Llama-3.2-1B-Instruct"),
+    # TokenizersBackend is what transformers 5 writes as the class when it re-saves such a tokenizer;
+    # AutoTokenizer loads it as the same TokenizersBackend.
+    CheckBuild("TokenizersBackend", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+               post_processors=(_LLAMA3_POST_PROCESSOR,),
+               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
+               measured_on="Llama-3.2-1B-Instruct re-saved by transformers 5.18"),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
     CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
                post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
@@ -2176,13 +2182,17 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
 
 
+_BPE_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend")
+
+
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
-    if tokenizer_config.get("tokenizer_class") != "GPT2Tokenizer":
+    if tokenizer_config.get("tokenizer_class") not in _BPE_TOKENIZER_CLASSES:
         # transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes and
-        # reads: GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges; others
-        # (PreTrainedTokenizerFast, LlamaTokenizer, none) build different ones.
-        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: only GPT2Tokenizer "
-                         "tokenizers are measured against llama.cpp")
+        # reads: GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges;
+        # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes
+        # when it re-saves one) load tokenizer.json as written; others (LlamaTokenizer, none) differ.
+        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: only "
+                      f"{', '.join(_BPE_TOKENIZER_CLASSES)} tokenizers are measured against llama.cpp")
     if "fast_tokenizer_files" in tokenizer_config:
         raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
     if (d / "added_tokens.json").is_file():
@@ -2224,8 +2234,9 @@ def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[di
                 value if isinstance(value, list) else [value]
             named += [c for v in values if (c := token_content(v)) is not None]
     for key in ("unk_token", "bos_token", "eos_token"):
-        if not any(key in source for source in sources):
-            named.append("<|endoftext|>")  # GPT2Tokenizer's default for these three
+        # GPT2Tokenizer's default for these three; PreTrainedTokenizerFast and TokenizersBackend have none.
+        if tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer" and not any(key in source for source in sources):
+            named.append("<|endoftext|>")
     return named
 
 
@@ -2287,9 +2298,9 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tu
 
 # SpecialVocab: special token ids, add_*_token flags and the chat template.
 
-def post_processor_add_flags(tokenizer_json: dict) -> list[tuple[str, bool]]:
-    """The add flags SpecialVocab derives from tokenizer.json's post_processor, for the processors
-    that leave encoding unchanged (others are refused)."""
+def post_processor_add_flags(tokenizer_json: dict, tokenizer_config: Optional[dict] = None) -> list[tuple[str, bool]]:
+    """The add flags SpecialVocab derives from tokenizer.json's post_processor, in its order, for
+    the processors that leave encoding unchanged or only put the BOS token first (others are refused)."""
     post = tokenizer_json.get("post_processor")
     if not post:
         return []
@@ -2301,14 +2312,61 @@ def post_processor_add_flags(tokenizer_json: dict) -> list[tuple[str, bool]]:
             flags.setdefault("eos", False)
         elif kind == "TemplateProcessing" and is_noop_template(proc):
             pass  # a lone $A and $A $B: SpecialVocab finds no special token to add
+        elif kind == "TemplateProcessing" and bos_template_flags(proc, tokenizer_config or {}) is not None:
+            # Assigned, not defaulted: the template's flags replace ByteLevel's, in their places.
+            flags.update(bos_template_flags(proc, tokenizer_config or {}))
         else:
             added = sorted({item["SpecialToken"]["id"] for part in ("single", "pair") for item in proc.get(part, [])
                             if isinstance(item, dict) and isinstance(item.get("SpecialToken"), dict)})
             raise Refusal(f"tokenizer.json post_processor {kind} adds special tokens {added or ''}: llama.cpp "
-                             "derives add_bos/add_eos/add_sep from it and transformers adds them to the text "
-                             "whose ids name the pre-tokenizer; not supported (Llama 3's tokenizer, which "
-                             "llama.cpp names 'llama-bpe', is one)")
+                             "derives add_bos/add_eos/add_sep from it (and may rename tokenizer_config.json's "
+                             "special tokens); only a template putting tokenizer_config.json's bos_token "
+                             "before $A (and before $A and $B of a pair, as Llama 3's does) is supported")
     return list(flags.items())
+
+
+def bos_template_flags(proc: dict, tokenizer_config: dict) -> Optional[dict[str, bool]]:
+    """SpecialVocab's flags for a TemplateProcessing that puts the BOS token first -- single
+    [BOS, $A], pair [BOS, $A, BOS?, $B] or none, as Llama 3's -- with BOS tokenizer_config.json's
+    bos_token (or cls_token); None for any other template, whose crude parsing in SpecialVocab may
+    also rewrite the special tokens.
+
+    SpecialVocab: a special token leading `single` sets add_bos True; a single token between $A and
+    $B of `pair` sets add_sep, True only if it is the sep or eos token (Llama 3's BOS is neither)."""
+    def special(item: dict) -> Optional[str]:
+        token = item.get("SpecialToken")
+        return token.get("id") if isinstance(token, dict) else None
+
+    def sequence(item: dict) -> Optional[str]:
+        seq = item.get("Sequence")
+        return seq.get("id") if isinstance(seq, dict) else None
+
+    if not tokenizer_config or proc.get("special_tokens") is None:
+        return None
+    # The values as the file holds them, as SpecialVocab compares them: a token written as an object
+    # ({"content": ...}) never equals the template's string, and then add_bos is False.
+    cls, sep = tokenizer_config.get("cls_token"), tokenizer_config.get("sep_token")
+    bos = tokenizer_config.get("bos_token") or cls
+    eos = tokenizer_config.get("eos_token") or sep
+    single, pair = proc.get("single", []), proc.get("pair", [])
+    if len(single) != 2 or special(single[0]) is None or sequence(single[1]) != "A":
+        return None
+    first = special(single[0])
+    if not isinstance(bos, str) or first not in (bos, cls):
+        return None     # SpecialVocab then writes add_bos False, or makes the token the bos token
+    flags = {"bos": True}
+    if not pair:
+        return flags
+    if len(pair) < 3 or special(pair[0]) != first or sequence(pair[1]) != "A" or sequence(pair[-1]) != "B":
+        return None
+    middle = pair[2:-1]
+    if len(middle) > 1 or (middle and special(middle[0]) is None):
+        return None
+    if middle:
+        flags["sep"] = special(middle[0]) in (sep, eos)
+        if flags["sep"] and not sep:
+            return None     # SpecialVocab would then make the eos token the sep token too
+    return flags
 
 
 def is_noop_template(proc: dict) -> bool:
@@ -2359,7 +2417,7 @@ def special_ids(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
 
 def add_flags(tokenizer_json: dict, tokenizer_config: dict) -> list[tuple[str, bool]]:
     """SpecialVocab.add_special_token: the post-processor's, then tokenizer_config.json's add_*_token."""
-    flags = dict(post_processor_add_flags(tokenizer_json))
+    flags = dict(post_processor_add_flags(tokenizer_json, tokenizer_config))
     if tokenizer_config:
         for typ in SPECIAL_TYPES:
             value = tokenizer_config.get(f"add_{typ}_token")

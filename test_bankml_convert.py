@@ -1706,9 +1706,9 @@ class VocabRefusals(VocabCaseDirs):
 
     def test_other_tokenizer_class_is_refused(self):
         d = self.case_dir(INSTRUCT)
-        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
-        self.assertVocabRefuses(d, "tokenizer_class 'PreTrainedTokenizerFast': only GPT2Tokenizer tokenizers are "
-                                   "measured against llama.cpp")
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="LlamaTokenizerFast"))
+        self.assertVocabRefuses(d, "tokenizer_class 'LlamaTokenizerFast': only GPT2Tokenizer, "
+                                   "PreTrainedTokenizerFast, TokenizersBackend tokenizers are measured against llama.cpp")
 
     def test_normalizer_is_refused(self):
         d = self.case_dir(INSTRUCT)
@@ -1724,9 +1724,10 @@ class VocabRefusals(VocabCaseDirs):
             "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
             "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}))
         self.assertVocabRefuses(d, "tokenizer.json post_processor TemplateProcessing adds special tokens "
-                                   "['<|im_start|>']: llama.cpp derives add_bos/add_eos/add_sep from it and "
-                                   "transformers adds them to the text whose ids name the pre-tokenizer; not "
-                                   "supported (Llama 3's tokenizer, which llama.cpp names 'llama-bpe', is one)")
+                                   "['<|im_start|>']: llama.cpp derives add_bos/add_eos/add_sep from it (and may "
+                                   "rename tokenizer_config.json's special tokens); only a template putting "
+                                   "tokenizer_config.json's bos_token before $A (and before $A and $B of a pair, "
+                                   "as Llama 3's does) is supported")
 
     def test_non_special_added_token_is_refused(self):
         d = self.case_dir(INSTRUCT)
@@ -2861,6 +2862,67 @@ class ChkhshEncoderRules(unittest.TestCase):
 ROPE_POW_RECORD = json.loads((ORACLE / "recorded" / "rope_pow.json").read_text(encoding="utf-8"))
 LLAMA3_ROPE = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+# Llama 3's post-processor and tokenizer_config.json special tokens, as the Hub files spell them.
+_BOS = {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}
+_A, _B = {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}
+LLAMA3_POST = {"type": "Sequence", "processors": [
+    {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+    {"type": "TemplateProcessing", "single": [_BOS, _A], "pair": [_BOS, _A, _BOS, _B],
+     "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [128000],
+                                              "tokens": ["<|begin_of_text|>"]}}}]}
+LLAMA3_TOKENIZER_CONFIG = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+
+
+def with_template(**parts) -> dict:
+    """LLAMA3_POST with its TemplateProcessing's single/pair replaced."""
+    post = json.loads(json.dumps(LLAMA3_POST))
+    post["processors"][1].update(parts)
+    return {"post_processor": post}
+
+
+class Llama3PostProcessorFlags(unittest.TestCase):
+    """SpecialVocab's add flags from a TemplateProcessing that puts the BOS token first."""
+
+    def test_llama3_template_gives_bos_true_eos_false_sep_false_in_that_order(self):
+        self.assertEqual(bc.post_processor_add_flags({"post_processor": LLAMA3_POST}, LLAMA3_TOKENIZER_CONFIG),
+                         [("bos", True), ("eos", False), ("sep", False)])
+
+    def test_template_without_pair_sets_no_sep_flag(self):
+        self.assertEqual(bc.post_processor_add_flags(with_template(pair=[]), LLAMA3_TOKENIZER_CONFIG),
+                         [("bos", True), ("eos", False)])
+
+    def test_eos_between_the_pair_sets_sep_when_a_sep_token_is_named(self):
+        eos = {"SpecialToken": {"id": "<|eot_id|>", "type_id": 1}}
+        config = {**LLAMA3_TOKENIZER_CONFIG, "sep_token": "<|eot_id|>"}
+        self.assertEqual(bc.post_processor_add_flags(with_template(pair=[_BOS, _A, eos, _B]), config),
+                         [("bos", True), ("eos", False), ("sep", True)])
+
+    def test_eos_between_the_pair_without_a_sep_token_is_refused(self):
+        # SpecialVocab would then make the eos token the sep token as well.
+        eos = {"SpecialToken": {"id": "<|eot_id|>", "type_id": 1}}
+        with self.assertRaisesRegex(bc.Refusal, "TemplateProcessing adds special tokens"):
+            bc.post_processor_add_flags(with_template(pair=[_BOS, _A, eos, _B]), LLAMA3_TOKENIZER_CONFIG)
+
+    def test_a_leading_token_that_is_not_the_bos_token_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, r"TemplateProcessing adds special tokens \['<\|begin_of_text\|>'\]"):
+            bc.post_processor_add_flags({"post_processor": LLAMA3_POST}, {"bos_token": "<s>"})
+
+    def test_a_trailing_special_token_is_refused(self):
+        eot = {"SpecialToken": {"id": "<|eot_id|>", "type_id": 0}}
+        with self.assertRaisesRegex(bc.Refusal, "only a template putting tokenizer_config.json's bos_token"):
+            bc.post_processor_add_flags(with_template(single=[_BOS, _A, eot], pair=[]), LLAMA3_TOKENIZER_CONFIG)
+
+    def test_a_bos_token_written_as_an_object_is_refused(self):
+        # SpecialVocab compares the object with the template's string: add_bos False, a warning.
+        config = {**LLAMA3_TOKENIZER_CONFIG, "bos_token": {"content": "<|begin_of_text|>"}}
+        with self.assertRaises(bc.Refusal):
+            bc.post_processor_add_flags({"post_processor": LLAMA3_POST}, config)
+
+    def test_without_tokenizer_config_the_template_is_refused(self):
+        # SpecialVocab then takes the template's tokens as the special tokens themselves.
+        with self.assertRaises(bc.Refusal):
+            bc.post_processor_add_flags({"post_processor": LLAMA3_POST}, {})
 
 
 def llama3_dir(test: Workspace, head_dim: int = 32, rope_theta: float = 500000.0, **rope) -> Path:
