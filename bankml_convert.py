@@ -964,6 +964,9 @@ _POW_NEAR_MIDPOINT = 0.1
 _POWS_SAME_ON_EVERY_CPU = frozenset({(500000.0, 0.5), (500000.0, 0.515625)})
 
 
+_MAX_LLAMA3_HEAD_DIM = 4096
+
+
 class PowRounding(NamedTuple):
     """A float32 power, correctly rounded, and how far its exact value is from a rounding midpoint."""
     value: float            # the nearest float32
@@ -1019,6 +1022,10 @@ def llama3_rope_freqs(base: float, dim: int, rope: Llama3Rope) -> list[float]:
     b = rounded_to_f32(base)
     if not 0 < b < math.inf:
         raise Refusal(f"config.json: rope_theta {base} is not a positive float32")
+    if dim > _MAX_LLAMA3_HEAD_DIM:
+        # Each power takes ~60 us exactly; a head this wide is no Llama 3, only a way to stall.
+        raise Refusal(f"head_dim {dim} with a llama3 rope_scaling: rope_freqs.weight is computed for "
+                      f"head_dim up to {_MAX_LLAMA3_HEAD_DIM} (Llama 3's are 64 and 128)")
     factors = []
     for i in range(0, dim, 2):
         exponent = rounded_to_f32(i / dim)

@@ -3051,6 +3051,11 @@ class Llama3RopeFreqs(Workspace):
             r"rope_theta 500000\.0 with head_dim 112: 500000\.0 \*\* 0\.44642856\d* lies 0\.009 float32 ulp from a "
             r"rounding midpoint, .* depends on the machine it runs on; convert with llama\.cpp and pin that file"))
 
+    def test_a_head_wider_than_any_llama_3_is_refused_before_computing(self):
+        with self.assertRaisesRegex(bc.Refusal, r"^head_dim 100000 with a llama3 rope_scaling: rope_freqs\.weight is "
+                                                r"computed for head_dim up to 4096 \(Llama 3's are 64 and 128\)$"):
+            bc.llama3_rope_freqs(500000.0, 100000, bc.Llama3Rope(32.0, 1.0, 4.0, 8192))
+
     def test_other_rope_types_stay_refused(self):
         for kind, extra in (("linear", {}), ("dynamic", {}), ("yarn", {}), ("longrope", {})):
             with self.subTest(kind=kind):
