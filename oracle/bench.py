@@ -379,19 +379,24 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--scale", type=int, metavar="N",
                    help="also run bankml on a model with N times the layers and compare its peak RSS")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the raw measurements here")
+    p.add_argument("--case", default=FULL_CASE, choices=sorted(make_models.CASES_BY_NAME), metavar="CASE",
+                   help=f"the generated model to convert (default {FULL_CASE}; issue 12's is "
+                        "full-llama-3.2-1b-instruct, 2.5 GB)")
+    p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
+                   help="output types to convert to (default: every one bankml supports)")
     args = p.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # the table and stderr's progress stay in order
     if args.rounds < 1 or (args.scale is not None and args.scale < 2):
         p.error("--rounds must be >= 1 and --scale >= 2")
 
-    outtypes = list(bankml_convert.OUT_TYPES)
+    outtypes = args.outtypes or list(bankml_convert.OUT_TYPES)
     reference_ran = not args.no_reference and reference_ready()
     if not args.no_reference and not reference_ran:
         print(f"bench: llama.cpp's reference is not set up ({REF_ROOT}; run oracle/setup_reference.sh); "
               "running bankml and the floor alone", file=sys.stderr)
     tools = [BANKML, LLAMA_CPP, FLOOR] if reference_ran else [BANKML, FLOOR]
 
-    model = model_of(make_models.CASES_BY_NAME[FULL_CASE])
+    model = model_of(make_models.CASES_BY_NAME[args.case])
     oracle.sha256_of(model.weights[0])  # reads the input once, so round 1 also finds it in the page cache
     runs = bench_rounds(model, outtypes, args.rounds, tools)
     found = mismatches(runs, model, outtypes, reference_ran)

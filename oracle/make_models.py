@@ -299,7 +299,14 @@ def scaled_full_case(factor: int) -> Case:
 
 
 # Cases for oracle/bench.py only: kept out of CASES so `oracle.py compare all` does not convert them.
-BENCH_CASES: tuple[Case, ...] = (scaled_full_case(3),)
+BENCH_CASES: tuple[Case, ...] = (
+    scaled_full_case(3),
+    # Issue 12's bench: the real Llama-3.2-1B-Instruct config and tokenizer (../shared/fixtures),
+    # random BF16 weights, one 2.47 GB model.safetensors (tied: no lm_head).
+    Case("full-llama-3.2-1b-instruct", full_size=True, dirname="llama-3.2-1b-instruct", seed="full",
+         tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
+         description="real Llama-3.2-1B-Instruct config, random BF16 weights (~2.5 GB)"),
+)
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
@@ -464,9 +471,22 @@ def high_byte_table(dtype: str) -> bytes:
 HIGH_BYTE_TABLES = {d: high_byte_table(d) for d in DTYPE_SIZE}
 
 
+# randbytes draws one integer of 8 bits a byte, which CPython caps below 2**31 bits: bigger tensors
+# (Llama 3's 128,256-row embedding) are drawn in pieces of this many bytes, each seeded of its own;
+# smaller ones keep the one draw, so every existing case keeps its bytes.
+RANDBYTES_MAX = 1 << 27
+
+
 def random_weight_bytes(dtype: str, count: int, seed: str) -> bytearray:
     size = DTYPE_SIZE[dtype]
-    data = bytearray(random.Random(seed).randbytes(count * size))
+    n = count * size
+    if n <= RANDBYTES_MAX:
+        data = bytearray(random.Random(seed).randbytes(n))
+    else:
+        data = bytearray(n)
+        for k, start in enumerate(range(0, n, RANDBYTES_MAX)):
+            end = min(n, start + RANDBYTES_MAX)
+            data[start:end] = random.Random(f"{seed}/{k}").randbytes(end - start)
     high = slice(size - 1, None, size)  # little-endian: the last byte of each element
     data[high] = data[high].translate(HIGH_BYTE_TABLES[dtype])
     return data
