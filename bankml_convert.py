@@ -251,6 +251,9 @@ class SourceTensor(NamedTuple):
     path: Path
     start: int          # absolute byte offset of the data in the file
     nbytes: int
+    # The bytes themselves, for a tensor computed while planning (GeneratedTensor) rather than read:
+    # then name is its GGUF name, path the config.json it is computed from, and start 0.
+    data: Optional[bytes] = None
 
     @property
     def n_elements(self) -> int:
@@ -258,6 +261,15 @@ class SourceTensor(NamedTuple):
         for d in self.shape:
             n *= d
         return n
+
+
+class GeneratedTensor(NamedTuple):
+    """A tensor llama.cpp computes from the config rather than reads (generate_extra_tensors, written
+    before every other tensor): its GGUF name, little-endian float32 values, and shape (rows first).
+    Float32 is what every generate_extra_tensors of llama.cpp yields."""
+    name: str
+    data: bytes
+    shape: tuple[int, ...]
 
 
 def read_json(path: Path) -> object:
@@ -551,7 +563,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     params = family.params(config)
     sources, weight_files = index_tensors(model_dir)
     out = out_type(options.outtype, sources)
-    tensors = plan_tensors(sources, family, params, out)
+    tensors = plan_tensors(sources, family, params, out, config_path)
     tokenizer = tokenizer_kind(model_dir)
     small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
     return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer)
@@ -784,6 +796,11 @@ def load_generation_config(model_dir: Path) -> dict:
 # Family(...) entry, and its architecture names in FAMILIES -- as llama.cpp registers one ModelBase
 # subclass per architecture.  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
+def no_generated_tensors(params: Any) -> list[GeneratedTensor]:
+    """ModelBase.generate_extra_tensors: nothing, unless a family yields its own."""
+    return []
+
+
 class Family(NamedTuple):
     """How llama.cpp converts one model family, as data and the family's own functions."""
     name: str                           # for messages: "Llama"
@@ -799,6 +816,8 @@ class Family(NamedTuple):
     dropped_suffixes: tuple[str, ...]   # buffers llama.cpp drops before mapping names
     shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
     permute_heads: Callable[[str, Any], int]        # (GGUF name, params) -> heads of the Q/K row permutation, or 0
+    # params -> the tensors generate_extra_tensors computes (rope factors), or a Refusal; none by default
+    generated_tensors: Callable[[Any], list[GeneratedTensor]] = no_generated_tensors
 
 
 def family_of(config: dict) -> Family:
@@ -831,6 +850,7 @@ class LlamaParams(NamedTuple):
     rms_norm_eps: float
     head_dim: int
     vocab_size: int
+    rope_llama3: Optional[Llama3Rope] = None    # rope_scaling of rope_type "llama3": rope_freqs.weight
 
 
 def llama_params(config: dict) -> LlamaParams:
@@ -846,7 +866,7 @@ def llama_params(config: dict) -> LlamaParams:
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
-    _refuse_rope_scaling(config)
+    rope_llama3 = llama3_rope(config)
     hidden = config_integer(config, "hidden_size", 4096)
     heads = config_integer(config, "num_attention_heads", 32)
     if hidden % heads:
@@ -870,6 +890,7 @@ def llama_params(config: dict) -> LlamaParams:
         rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
         head_dim=config_integer(config, "head_dim", hidden // heads),
         vocab_size=config_integer(config, "vocab_size", 32000),
+        rope_llama3=rope_llama3,
     )
     if params.vocab_size == 32016:
         # LlamaModel.set_vocab tests only the size, whatever the tokenizer.
@@ -891,19 +912,162 @@ CONFIG_DEFAULTS = {
 }
 
 
-def _refuse_rope_scaling(config: dict) -> None:
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = config.get(key)
-        if rope is None:
-            continue
+class Llama3Rope(NamedTuple):
+    """rope_scaling of rope_type "llama3" (Llama 3.1 / 3.2): what LlamaModel.generate_extra_tensors
+    turns into rope_freqs.weight.  llama.cpp writes no rope.scaling.* key for it."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_context: float     # original_max_position_embeddings
+
+
+# The keys transformers 5.18 accepts in a llama3 rope_scaling (it raises KeyError when one of the
+# four numbers is missing, and llama.cpp then reads config.json raw: another path).
+_LLAMA3_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def llama3_rope(config: dict) -> Optional[Llama3Rope]:
+    """config.json's rope scaling: None for none, a Llama3Rope for rope_type "llama3", or a Refusal
+    for the kinds whose keys or tensors bankml_convert does not reproduce (linear, dynamic, yarn,
+    longrope, ...) and for llama3 scalings transformers would not load as they are written."""
+    given = [(key, config[key]) for key in ("rope_scaling", "rope_parameters") if config.get(key) is not None]
+    found = None
+    for key, rope in given:
         if not isinstance(rope, dict):
             raise Refusal(f"config.json: {key} must be an object or null")
         kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind == "llama3":
+            found = (key, rope)
+            continue
         extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
         if kind != "default" or extra:
             raise Refusal(f"config.json: {key} asks for rope scaling ({kind!r}"
                           f"{', ' + ', '.join(extra) if extra else ''}); llama.cpp writes rope "
                           f"factors for it that bankml_convert does not reproduce")
+    if found is None:
+        return None
+    key, rope = found
+    if len(given) > 1:
+        # transformers folds rope_scaling into rope_parameters; which one wins is its business.
+        raise Refusal("config.json sets both rope_scaling and rope_parameters; keep one of them")
+    missing = [k for k in _LLAMA3_ROPE_NUMBERS if k not in rope]
+    if missing:
+        raise Refusal(f"config.json: {key} of rope_type 'llama3' lacks {', '.join(missing)}; transformers "
+                      f"would not load it as written, and llama.cpp would take another path")
+    extra = sorted(set(rope) - {"rope_type", "type", "rope_theta", *_LLAMA3_ROPE_NUMBERS})
+    if extra:
+        raise Refusal(f"config.json: {key} of rope_type 'llama3' has {', '.join(extra)}: keys beyond "
+                      f"Llama 3's are not measured against llama.cpp")
+    if key == "rope_scaling" and "rope_theta" in rope and rope["rope_theta"] != config.get("rope_theta"):
+        raise Refusal("config.json: rope_scaling's rope_theta differs from rope_theta: which one transformers "
+                      "keeps is not measured against llama.cpp")
+    values = [rope[k] for k in _LLAMA3_ROPE_NUMBERS]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 2 ** 24 for v in values):
+        raise Refusal(f"config.json: {key}'s {', '.join(_LLAMA3_ROPE_NUMBERS)} must be positive numbers "
+                      f"below 2**24")
+    factor, low, high, context = values
+    if not low < high:
+        raise Refusal(f"config.json: {key}'s low_freq_factor {low} is not below its high_freq_factor {high}")
+    return Llama3Rope(factor, low, high, context)
+
+
+# How close (in float32 ulps) an exact power may come to a float32 rounding midpoint before torch's
+# float32 pow -- Sleef's powf_u10 on vector chunks, glibc's powf on the tail, neither correctly
+# rounded -- may round it either way depending on the CPU.  Measured over 77 (base, dim) pairs:
+# every disagreement with the correctly rounded value lay within 0.065 ulp of a midpoint.
+_POW_NEAR_MIDPOINT = 0.1
+# Powers that close which torch 2.13 was measured to round correctly on every CPU capability (AVX512,
+# AVX2, default) and on both its paths (vector chunks, scalar tail): (float32 base, float32 exponent),
+# from oracle/recorded/rope_pow.json (`python3 oracle/rope_pow_oracle.py --record`; the tests
+# compare).  The real Llama 3.1/3.2 configs (rope_theta 500000, head_dim 64 or 128) need these two;
+# distance alone cannot tell them from 500000 ** 0.44642857, which differs by CPU at 0.009 ulp.
+_POWS_SAME_ON_EVERY_CPU = frozenset({(500000.0, 0.5), (500000.0, 0.515625)})
+
+
+_MAX_LLAMA3_HEAD_DIM = 4096
+
+
+class PowRounding(NamedTuple):
+    """A float32 power, correctly rounded, and how far its exact value is from a rounding midpoint."""
+    value: float            # the nearest float32
+    other: float            # the float32 across the nearest midpoint
+    ulps_to_midpoint: float
+
+
+def f32_pow(base: float, exponent: float) -> PowRounding:
+    """base ** exponent (both float32 values, base > 0) rounded once to float32, from a 40-digit
+    exp(exponent * ln(base)) -- far below a float32 ulp from the exact value -- with the distance
+    of that value from the nearest midpoint between float32s."""
+    from decimal import Decimal, localcontext
+    with localcontext() as ctx:
+        ctx.prec = 40
+        exact = (Decimal(exponent) * Decimal(base).ln()).exp()
+        value = rounded_to_f32(float(exact))
+        if not 0 < value < math.inf:
+            raise Refusal(f"rope_theta {base} ** {exponent} is out of float32's range")
+        bits = _bits_from_float32(value)
+        below, above = _float_from_bits(bits - 1), _float_from_bits(bits + 1)
+        mid_below = (Decimal(below) + Decimal(value)) / 2
+        mid_above = (Decimal(value) + Decimal(above)) / 2
+        if exact - mid_below < mid_above - exact:
+            return PowRounding(value, below, float((exact - mid_below) / (Decimal(value) - Decimal(below))))
+        return PowRounding(value, above, float((mid_above - exact) / (Decimal(above) - Decimal(value))))
+
+
+def llama3_rope_factor(freq: float, rope: Llama3Rope) -> float:
+    """One rope_freqs value from one float32 frequency, as generate_extra_tensors computes it in
+    torch float32: each step one IEEE float32 operation (computed in float64 and rounded once, which
+    is exact), Python numbers cast to float32, and `x / t` as torch's t.reciprocal() * x."""
+    f32 = rounded_to_f32
+    wavelength = f32(f32(1 / freq) * f32(2 * math.pi))
+    if wavelength < f32(rope.original_context / rope.high_freq_factor):
+        return 1.0
+    if wavelength > f32(rope.original_context / rope.low_freq_factor):
+        return f32(rope.factor)
+    ratio = f32(f32(1 / wavelength) * f32(rope.original_context))
+    smooth = f32(f32(ratio - f32(rope.low_freq_factor)) / f32(rope.high_freq_factor - rope.low_freq_factor))
+    return f32(1 / f32(f32(f32(1 - smooth) / f32(rope.factor)) + smooth))
+
+
+def llama3_rope_freqs(base: float, dim: int, rope: Llama3Rope) -> list[float]:
+    """LlamaModel.generate_extra_tensors' rope factors, one per pair of the head's dimensions, or a
+    Refusal where llama.cpp's own result depends on the CPU it runs on.
+
+    freqs = 1 / base ** (arange(0, dim, 2) / dim) in float32: the exponent and the reciprocal are
+    single IEEE operations; the power is torch's float32 pow, which is not correctly rounded and
+    differs between CPUs (AVX512, AVX2, none).  Where the exact power is more than
+    _POW_NEAR_MIDPOINT ulp from a rounding midpoint every one of them rounds it as it should; where
+    it is closer, the two roundings give different factors, and no measurement says torch rounds it
+    correctly everywhere (_POWS_SAME_ON_EVERY_CPU), no one output is llama.cpp's."""
+    b = rounded_to_f32(base)
+    if not 0 < b < math.inf:
+        raise Refusal(f"config.json: rope_theta {base} is not a positive float32")
+    if dim > _MAX_LLAMA3_HEAD_DIM:
+        # Each power takes ~60 us exactly; a head this wide is no Llama 3, only a way to stall.
+        raise Refusal(f"head_dim {dim} with a llama3 rope_scaling: rope_freqs.weight is computed for "
+                      f"head_dim up to {_MAX_LLAMA3_HEAD_DIM} (Llama 3's are 64 and 128)")
+    factors = []
+    for i in range(0, dim, 2):
+        exponent = rounded_to_f32(i / dim)
+        power = f32_pow(b, exponent)
+        factor = llama3_rope_factor(rounded_to_f32(1 / power.value), rope)
+        if (power.ulps_to_midpoint < _POW_NEAR_MIDPOINT and (b, exponent) not in _POWS_SAME_ON_EVERY_CPU
+                and llama3_rope_factor(rounded_to_f32(1 / power.other), rope) != factor):
+            raise Refusal(f"rope_theta {base} with head_dim {dim}: {b} ** {exponent} lies "
+                          f"{power.ulps_to_midpoint:.3f} float32 ulp from a rounding midpoint, and "
+                          f"torch's float32 pow rounds it differently on different CPUs, so llama.cpp's "
+                          f"rope_freqs.weight depends on the machine it runs on; convert with llama.cpp "
+                          f"and pin that file")
+        factors.append(factor)
+    return factors
+
+
+def llama_generated_tensors(p: LlamaParams) -> list[GeneratedTensor]:
+    """LlamaModel.generate_extra_tensors: rope_freqs.weight for a llama3 rope scaling, else nothing."""
+    if p.rope_llama3 is None:
+        return []
+    factors = llama3_rope_freqs(p.rope_freq_base, p.head_dim, p.rope_llama3)
+    return [GeneratedTensor("rope_freqs.weight", struct.pack(f"<{len(factors)}f", *factors), (len(factors),))]
 
 
 def llama_hparam_kvs(p: LlamaParams, file_type: int) -> list[KV]:
@@ -1008,6 +1172,7 @@ LLAMA = Family(
     dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
     shape=llama_shape,
     permute_heads=llama_permute_heads,
+    generated_tensors=llama_generated_tensors,
 )
 
 # HF architecture name -> Family: the one place a family is registered.
@@ -1673,6 +1838,12 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                post_processors=(_LLAMA3_POST_PROCESSOR,),
                nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
                measured_on="Llama-3.2-1B-Instruct"),
+    # TokenizersBackend is what transformers 5 writes as the class when it re-saves such a tokenizer;
+    # AutoTokenizer loads it as the same TokenizersBackend.
+    CheckBuild("TokenizersBackend", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+               post_processors=(_LLAMA3_POST_PROCESSOR,),
+               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
+               measured_on="Llama-3.2-1B-Instruct re-saved by transformers 5.18"),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
     CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
                post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
@@ -2040,13 +2211,17 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
 
 
+_BPE_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend")
+
+
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
-    if tokenizer_config.get("tokenizer_class") != "GPT2Tokenizer":
+    if tokenizer_config.get("tokenizer_class") not in _BPE_TOKENIZER_CLASSES:
         # transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes and
-        # reads: GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges; others
-        # (PreTrainedTokenizerFast, LlamaTokenizer, none) build different ones.
-        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: only GPT2Tokenizer "
-                         "tokenizers are measured against llama.cpp")
+        # reads: GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges;
+        # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes
+        # when it re-saves one) load tokenizer.json as written; others (LlamaTokenizer, none) differ.
+        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: only "
+                      f"{', '.join(_BPE_TOKENIZER_CLASSES)} tokenizers are measured against llama.cpp")
     if "fast_tokenizer_files" in tokenizer_config:
         raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
     if (d / "added_tokens.json").is_file():
@@ -2088,8 +2263,9 @@ def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[di
                 value if isinstance(value, list) else [value]
             named += [c for v in values if (c := token_content(v)) is not None]
     for key in ("unk_token", "bos_token", "eos_token"):
-        if not any(key in source for source in sources):
-            named.append("<|endoftext|>")  # GPT2Tokenizer's default for these three
+        # GPT2Tokenizer's default for these three; PreTrainedTokenizerFast and TokenizersBackend have none.
+        if tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer" and not any(key in source for source in sources):
+            named.append("<|endoftext|>")
     return named
 
 
@@ -2151,9 +2327,9 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tu
 
 # SpecialVocab: special token ids, add_*_token flags and the chat template.
 
-def post_processor_add_flags(tokenizer_json: dict) -> list[tuple[str, bool]]:
-    """The add flags SpecialVocab derives from tokenizer.json's post_processor, for the processors
-    that leave encoding unchanged (others are refused)."""
+def post_processor_add_flags(tokenizer_json: dict, tokenizer_config: Optional[dict] = None) -> list[tuple[str, bool]]:
+    """The add flags SpecialVocab derives from tokenizer.json's post_processor, in its order, for
+    the processors that leave encoding unchanged or only put the BOS token first (others are refused)."""
     post = tokenizer_json.get("post_processor")
     if not post:
         return []
@@ -2165,14 +2341,61 @@ def post_processor_add_flags(tokenizer_json: dict) -> list[tuple[str, bool]]:
             flags.setdefault("eos", False)
         elif kind == "TemplateProcessing" and is_noop_template(proc):
             pass  # a lone $A and $A $B: SpecialVocab finds no special token to add
+        elif kind == "TemplateProcessing" and bos_template_flags(proc, tokenizer_config or {}) is not None:
+            # Assigned, not defaulted: the template's flags replace ByteLevel's, in their places.
+            flags.update(bos_template_flags(proc, tokenizer_config or {}))
         else:
             added = sorted({item["SpecialToken"]["id"] for part in ("single", "pair") for item in proc.get(part, [])
                             if isinstance(item, dict) and isinstance(item.get("SpecialToken"), dict)})
             raise Refusal(f"tokenizer.json post_processor {kind} adds special tokens {added or ''}: llama.cpp "
-                             "derives add_bos/add_eos/add_sep from it and transformers adds them to the text "
-                             "whose ids name the pre-tokenizer; not supported (Llama 3's tokenizer, which "
-                             "llama.cpp names 'llama-bpe', is one)")
+                             "derives add_bos/add_eos/add_sep from it (and may rename tokenizer_config.json's "
+                             "special tokens); only a template putting tokenizer_config.json's bos_token "
+                             "before $A (and before $A and $B of a pair, as Llama 3's does) is supported")
     return list(flags.items())
+
+
+def bos_template_flags(proc: dict, tokenizer_config: dict) -> Optional[dict[str, bool]]:
+    """SpecialVocab's flags for a TemplateProcessing that puts the BOS token first -- single
+    [BOS, $A], pair [BOS, $A, BOS?, $B] or none, as Llama 3's -- with BOS tokenizer_config.json's
+    bos_token (or cls_token); None for any other template, whose crude parsing in SpecialVocab may
+    also rewrite the special tokens.
+
+    SpecialVocab: a special token leading `single` sets add_bos True; a single token between $A and
+    $B of `pair` sets add_sep, True only if it is the sep or eos token (Llama 3's BOS is neither)."""
+    def special(item: dict) -> Optional[str]:
+        token = item.get("SpecialToken")
+        return token.get("id") if isinstance(token, dict) else None
+
+    def sequence(item: dict) -> Optional[str]:
+        seq = item.get("Sequence")
+        return seq.get("id") if isinstance(seq, dict) else None
+
+    if not tokenizer_config or proc.get("special_tokens") is None:
+        return None
+    # The values as the file holds them, as SpecialVocab compares them: a token written as an object
+    # ({"content": ...}) never equals the template's string, and then add_bos is False.
+    cls, sep = tokenizer_config.get("cls_token"), tokenizer_config.get("sep_token")
+    bos = tokenizer_config.get("bos_token") or cls
+    eos = tokenizer_config.get("eos_token") or sep
+    single, pair = proc.get("single", []), proc.get("pair", [])
+    if len(single) != 2 or special(single[0]) is None or sequence(single[1]) != "A":
+        return None
+    first = special(single[0])
+    if not isinstance(bos, str) or first not in (bos, cls):
+        return None     # SpecialVocab then writes add_bos False, or makes the token the bos token
+    flags = {"bos": True}
+    if not pair:
+        return flags
+    if len(pair) < 3 or special(pair[0]) != first or sequence(pair[1]) != "A" or sequence(pair[-1]) != "B":
+        return None
+    middle = pair[2:-1]
+    if len(middle) > 1 or (middle and special(middle[0]) is None):
+        return None
+    if middle:
+        flags["sep"] = special(middle[0]) in (sep, eos)
+        if flags["sep"] and not sep:
+            return None     # SpecialVocab would then make the eos token the sep token too
+    return flags
 
 
 def is_noop_template(proc: dict) -> bool:
@@ -2223,7 +2446,7 @@ def special_ids(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
 
 def add_flags(tokenizer_json: dict, tokenizer_config: dict) -> list[tuple[str, bool]]:
     """SpecialVocab.add_special_token: the post-processor's, then tokenizer_config.json's add_*_token."""
-    flags = dict(post_processor_add_flags(tokenizer_json))
+    flags = dict(post_processor_add_flags(tokenizer_json, tokenizer_config))
     if tokenizer_config:
         for typ in SPECIAL_TYPES:
             value = tokenizer_config.get(f"add_{typ}_token")
@@ -3132,8 +3355,11 @@ def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | No
     return None
 
 
-def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType) -> list[PlannedTensor]:
-    """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal."""
+def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType,
+                 config_path: Path = Path("config.json")) -> list[PlannedTensor]:
+    """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal: the
+    family's generated tensors first (prepare_tensors chains generate_extra_tensors() before the
+    files' tensors), typed by the same rules as the rest."""
     plan: list[PlannedTensor] = []
     for src in sources:
         if src.name.endswith(family.dropped_suffixes):
@@ -3150,7 +3376,10 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
         plan.append(PlannedTensor(name, src, tensor_type(name, src.shape, out),
                                   tuple(reversed(src.shape)), family.permute_heads(name, p)))
     _refuse_incomplete(plan, family, p.block_count)
-    return plan
+    generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
+                 for g in family.generated_tensors(p)]
+    return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
+            for g in generated] + plan
 
 
 def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: int) -> None:
@@ -4146,7 +4375,10 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
 def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
     """The converted bytes of one job, in pieces, its source read from f through buffer."""
     t = job.tensor
-    data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
+    if t.source.data is not None:      # generated while planning: the bytes are in the plan
+        data = memoryview(t.source.data)[job.src_pos:job.src_pos + job.src_len]
+    else:
+        data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
     if t.permute_heads:
         rows_per_head = _row_count(t.source) // t.permute_heads
         row_bytes = _row_bytes(t.source)
@@ -4155,6 +4387,16 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
     yield from converted_pieces(data, t.source.dtype, t.ggml_type)
+
+
+def source_file(files: dict, source: SourceTensor):
+    """The file a tensor's bytes are read from, opened once and kept in files; None for a tensor
+    whose bytes the plan holds (a generated one)."""
+    if source.data is not None:
+        return None
+    if source.path not in files:
+        files[source.path] = open(source.path, "rb", buffering=0)
+    return files[source.path]
 
 
 def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
@@ -4468,11 +4710,8 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
     buffer = bytearray(max((j.src_len for j in jobs), default=0))
     try:
         for job in jobs:
-            path = job.tensor.source.path
-            if path not in files:
-                files[path] = open(path, "rb", buffering=0)
             written = 0
-            for piece in job_pieces(job, files[path], buffer):
+            for piece in job_pieces(job, source_file(files, job.tensor.source), buffer):
                 w.write(piece)
                 written += len(piece)
             if written != job.out_len:
@@ -4720,10 +4959,7 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
         kept_bytes = 0
         while (i := _next_job(todo)) is not None:
             job = unplaced[i]
-            path = job.tensor.source.path
-            if path not in files:
-                files[path] = open(path, "rb", buffering=0)
-            pieces = list(job_pieces(job, files[path], buffer))
+            pieces = list(job_pieces(job, source_file(files, job.tensor.source), buffer))
             if sum(map(len, pieces)) != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                        f"planned {job.out_len}")
@@ -5999,13 +6235,16 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
 
 def _source_note(t: PlannedTensor) -> str:
     src = t.source
+    if src.data is not None:
+        return f"  <- generated from {src.path.name}"
     return (f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
             f"{' Q/K rows permuted' if t.permute_heads else ''}")
 
 
 def _source_json(t: PlannedTensor) -> dict:
     return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
-            "file": t.source.path.name, "permuted": bool(t.permute_heads)}
+            "file": t.source.path.name, "permuted": bool(t.permute_heads),
+            **({"generated": True} if t.source.data is not None else {})}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:

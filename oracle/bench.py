@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The benchmark behind `make bench`: bankml_convert against llama.cpp's converter and a copy floor.
 
-    python3 oracle/bench.py [--rounds 3] [--no-reference] [--scale 3] [--json FILE] [--case C] [--outtypes f16,...]
+    python3 oracle/bench.py [--rounds 3] [--no-reference] [--scale 3] [--json FILE] [--case C] [--outtypes f16 ...]
 
 On the full-size SmolLM2-135M-Instruct directory (generated under build/bench/ when missing), each
 round runs, as whole processes one after another: bankml_convert for every --outtype it supports,
@@ -379,15 +379,17 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--scale", type=int, metavar="N",
                    help="also run bankml on a model with N times the layers and compare its peak RSS")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the raw measurements here")
-    p.add_argument("--case", default=FULL_CASE,
-                   help=f"the generated case to convert (default {FULL_CASE}; full-tinyllama: the 1.1B SentencePiece model)")
-    p.add_argument("--outtypes", help="comma-separated output types (default: every one bankml supports)")
+    p.add_argument("--case", default=FULL_CASE, choices=sorted(make_models.CASES_BY_NAME), metavar="CASE",
+                   help=f"the generated model to convert (default {FULL_CASE}; issue 12's is "
+                        "full-llama-3.2-1b-instruct, 2.5 GB; issue 13's full-tinyllama, 2.2 GB)")
+    p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
+                   help="output types to convert to (default: every one bankml supports)")
     args = p.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # the table and stderr's progress stay in order
     if args.rounds < 1 or (args.scale is not None and args.scale < 2):
         p.error("--rounds must be >= 1 and --scale >= 2")
 
-    outtypes = args.outtypes.split(",") if args.outtypes else list(bankml_convert.OUT_TYPES)
+    outtypes = args.outtypes or list(bankml_convert.OUT_TYPES)
     reference_ran = not args.no_reference and reference_ready()
     if not args.no_reference and not reference_ran:
         print(f"bench: llama.cpp's reference is not set up ({REF_ROOT}; run oracle/setup_reference.sh); "

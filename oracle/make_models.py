@@ -27,6 +27,22 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# Fixtures the project may not ship (Llama 3.2 is under Meta's licence): read from ../shared beside
+# the clone, as on the developers' machines and in CI; a case needing one says so when it is absent.
+SHARED_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
+
+
+class FixtureAbsent(FileNotFoundError):
+    """A case's file is in neither fixture folder: the shared one is missing on this machine."""
+
+
+def fixture_path(folder: str, file_name: str) -> Path:
+    """The fixture file, from the shipped fixtures or else the shared ones, or FixtureAbsent."""
+    for root in (FIXTURES, SHARED_FIXTURES):
+        if (root / folder / file_name).is_file():
+            return root / folder / file_name
+    raise FixtureAbsent(f"{SHARED_FIXTURES / folder / file_name} is absent (not shipped: read from "
+                        f"../shared/fixtures beside the clone)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,12 +55,14 @@ class TokenizerFixture:
     name: str
     files: tuple[tuple[str, str], ...]  # (fixture folder, file name), copied verbatim
     added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
+    resaved: bool = False   # then rewritten as transformers 5.18's save_pretrained writes it (resave_tokenizer)
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
 TINYLLAMA = "TinyLlama-1.1B-Chat-v1.0"
 TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
 TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
+LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -82,6 +100,18 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (SMOLLM2_135M_INSTRUCT, "vocab.json"),
             (SMOLLM2_135M_INSTRUCT, "merges.txt"),
         ), added_special_token="<|persona|>"),
+        # Llama 3.2 (Meta's licence: read from ../shared/fixtures, never copied into the project).
+        TokenizerFixture("llama-3.2-1b-instruct", (
+            (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
+            (LLAMA_32_1B_INSTRUCT, "tokenizer_config.json"),
+            (LLAMA_32_1B_INSTRUCT, "special_tokens_map.json"),
+        )),
+        # The same as transformers 5.18 re-saves it: pair merges, chat_template.jinja, a short
+        # tokenizer_config with class TokenizersBackend (derived here: the files are Meta-licensed).
+        TokenizerFixture("llama-3.2-1b-instruct-resaved-transformers-5", (
+            (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
+            (LLAMA_32_1B_INSTRUCT, "tokenizer_config.json"),
+        ), resaved=True),
         # SentencePiece (tokenizer.model): llama.cpp's _set_vocab_sentencepiece path.
         TokenizerFixture("tinyllama-1.1b-chat", (
             (TINYLLAMA, "tokenizer.json"),
@@ -147,9 +177,38 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
 
 def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
     for folder, file_name in fixture.files:
-        shutil.copyfile(FIXTURES / folder / file_name, out_dir / file_name)
+        shutil.copyfile(fixture_path(folder, file_name), out_dir / file_name)
     if fixture.added_special_token is not None:
         add_special_token(out_dir, fixture.added_special_token)
+    if fixture.resaved:
+        resave_tokenizer(out_dir)
+
+
+# What transformers 5.18's save_pretrained wrote for the Llama 3.2 tokenizer (measured with
+# AutoTokenizer.from_pretrained(...).save_pretrained(...) in the reference venv): these keys, in
+# this order, whatever the original tokenizer_config.json held besides bos/eos.
+_RESAVED_CONFIG_KEYS = ("backend", "bos_token", "clean_up_tokenization_spaces", "eos_token", "is_local",
+                        "local_files_only", "model_input_names", "model_max_length", "tokenizer_class")
+
+
+def resave_tokenizer(d: Path) -> None:
+    """Rewrite d's tokenizer as transformers 5.18 re-saves it: merges as pairs, the chat template
+    moved to chat_template.jinja, tokenizer_config.json cut to the keys it writes.  For Llama 3.2 this
+    gives the bytes of the real re-save (tokenizer.json sha256 6b9e4e7f..., tokenizer_config.json
+    06cf8bb5..., chat_template.jinja 5816fce1...), made without shipping them."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in tokenizer["model"]["merges"]]
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if "chat_template" in config:
+        (d / "chat_template.jinja").write_text(config["chat_template"], encoding="utf-8")
+    values = {**config, "backend": "tokenizers", "is_local": True, "local_files_only": False,
+              "tokenizer_class": "TokenizersBackend"}
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({k: values[k] for k in _RESAVED_CONFIG_KEYS if k in values}, indent=2, ensure_ascii=False)
+        + "\n", encoding="utf-8")
+    for name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+        (d / name).unlink(missing_ok=True)
 
 
 def add_special_token(d: Path, content: str) -> None:
@@ -186,6 +245,10 @@ class Dims:
 
 
 SMALL = Dims()
+# Llama 3.x shrunk: 2 heads of the real head_dim (set per case) over hidden 32, one KV head, and the
+# real 128,256-token vocabulary (the tokenizer's size, which llama.cpp checks).
+LLAMA3_TINY = Dims(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                   vocab_size=128256, max_position_embeddings=131072)
 
 
 @dataclass(frozen=True)
@@ -205,6 +268,7 @@ class Case:
     full_size: bool = False                    # the real config.json verbatim, real dims
     layers: Optional[int] = None               # full size only: num_hidden_layers instead of the real one
     seed: str = "small"                        # weights seeded per tensor by f"{seed}/{name}"
+    config_updates: tuple[tuple[str, object], ...] = ()   # config.json keys set after the dims (other shapes)
     dims: Dims = field(default=SMALL)
     description: str = ""
 
@@ -289,6 +353,26 @@ CASES: tuple[Case, ...] = (
     Case("tinyllama-without-tokenizer-model", tokenizer="tinyllama-1.1b-chat-without-tokenizer-model",
          config_from=TINYLLAMA, tied=False, dims=SPM_DIMS,
          description="the Hub's TinyLlama files without tokenizer.model (llama_hf path)"),
+    # Llama 3.x (issue 12): the real Llama-3.2-1B-Instruct tokenizer and config (../shared/fixtures),
+    # the real head_dim (64, or 128) so rope_freqs is the real one; one KV head and hidden 32 keep the
+    # 128,256-row embedding small.
+    Case("llama-3.2-1b-instruct", tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
+         head_dim=64, dims=LLAMA3_TINY,
+         description="Llama-3.2-1B-Instruct config and tokenizer, head_dim 64, llama3 rope factor 32"),
+    Case("llama-3.2-1b-instruct-f16", dtype="F16", tokenizer="llama-3.2-1b-instruct",
+         config_from=LLAMA_32_1B_INSTRUCT, head_dim=64, dims=LLAMA3_TINY,
+         description="the same from F16 weights"),
+    Case("llama-3.2-1b-instruct-resaved", tokenizer="llama-3.2-1b-instruct-resaved-transformers-5",
+         config_from=LLAMA_32_1B_INSTRUCT, head_dim=64, dims=LLAMA3_TINY,
+         description="the same, tokenizer re-saved by transformers 5.18 (pair merges, chat_template.jinja)"),
+    Case("llama-3.2-3b-shape", tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
+         head_dim=128, tied=False, dims=LLAMA3_TINY,
+         description="Llama-3.2-3B's head_dim 128 and llama3 rope factor 32, untied"),
+    Case("llama-3.1-8b-shape", dtype="F16", tokenizer="llama-3.2-1b-instruct",
+         config_from=LLAMA_32_1B_INSTRUCT, head_dim=128, tied=False, dims=LLAMA3_TINY,
+         config_updates=(("rope_scaling", {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}),),
+         description="Llama-3.1-8B's head_dim 128 and llama3 rope factor 8, untied, F16 weights"),
     Case("example", dirname="smollm2-tiny",
          dims=Dims(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2),
          description="the example model the README converts (example/smollm2-tiny)"),
@@ -316,6 +400,11 @@ BENCH_CASES: tuple[Case, ...] = (
     Case("full-tinyllama", full_size=True, dirname="tinyllama-1.1b-chat-v1.0", seed="full",
          tokenizer="tinyllama-1.1b-chat", config_from=TINYLLAMA, tied=False,
          description="real TinyLlama-1.1B-Chat-v1.0 config and tokenizer, random BF16 weights (~2.2 GB)"),
+    # Issue 12's bench: the real Llama-3.2-1B-Instruct config and tokenizer (../shared/fixtures),
+    # random BF16 weights, one 2.47 GB model.safetensors (tied: no lm_head).
+    Case("full-llama-3.2-1b-instruct", full_size=True, dirname="llama-3.2-1b-instruct", seed="full",
+         tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
+         description="real Llama-3.2-1B-Instruct config, random BF16 weights (~2.5 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
@@ -338,7 +427,7 @@ def hf_json_bytes(obj: dict) -> bytes:
 
 
 def fixture_bytes(folder: str, file_name: str) -> bytes:
-    return (FIXTURES / folder / file_name).read_bytes()
+    return fixture_path(folder, file_name).read_bytes()
 
 
 def case_config(case: Case) -> dict:
@@ -363,6 +452,7 @@ def case_config(case: Case) -> dict:
         config["head_dim"] = case.head_dim
     if case.name_or_path is not None:
         config["_name_or_path"] = case.name_or_path
+    config.update(case.config_updates)
     return config
 
 
@@ -480,9 +570,22 @@ def high_byte_table(dtype: str) -> bytes:
 HIGH_BYTE_TABLES = {d: high_byte_table(d) for d in DTYPE_SIZE}
 
 
+# randbytes draws one integer of 8 bits a byte, which CPython caps below 2**31 bits: bigger tensors
+# (Llama 3's 128,256-row embedding) are drawn in pieces of this many bytes, each seeded of its own;
+# smaller ones keep the one draw, so every existing case keeps its bytes.
+RANDBYTES_MAX = 1 << 27
+
+
 def random_weight_bytes(dtype: str, count: int, seed: str) -> bytearray:
     size = DTYPE_SIZE[dtype]
-    data = bytearray(random.Random(seed).randbytes(count * size))
+    n = count * size
+    if n <= RANDBYTES_MAX:
+        data = bytearray(random.Random(seed).randbytes(n))
+    else:
+        data = bytearray(n)
+        for k, start in enumerate(range(0, n, RANDBYTES_MAX)):
+            end = min(n, start + RANDBYTES_MAX)
+            data[start:end] = random.Random(f"{seed}/{k}").randbytes(end - start)
     high = slice(size - 1, None, size)  # little-endian: the last byte of each element
     data[high] = data[high].translate(HIGH_BYTE_TABLES[dtype])
     return data

@@ -62,7 +62,12 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("bf16", "f16", "f32", "shape-360m-instruct", "example", "full-135m-instruct",
                     *(c.name for c in make_models.SPM_CASES))
-       for t in OTHER_OUTTYPES])
+       for t in OTHER_OUTTYPES]
+    # Llama 3.x (issue 12): every output type from BF16 and from F16 weights; the head_dim 128
+    # shapes (rope_freqs of 64 values, lm_head) also in q8_0.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("llama-3.2-1b-instruct", "llama-3.2-1b-instruct-f16") for t in OTHER_OUTTYPES]
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0")) for case in ("llama-3.2-3b-shape", "llama-3.1-8b-shape")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 

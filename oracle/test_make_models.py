@@ -5,10 +5,12 @@ Run: python3 -m unittest oracle/test_make_models.py   (from the repository root;
 
 import hashlib
 import json
+import re
 import struct
 import sys
 import tempfile
 import unittest
+from unittest import mock
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,6 +260,28 @@ class Registry(unittest.TestCase):
         case = mm.CASES_BY_NAME["full-135m-instruct"]
         planned = mm.safetensors_size(mm.library_order(mm.case_entries(case)))
         self.assertEqual(planned, 269_060_552)
+
+
+
+class SharedFixtures(unittest.TestCase):
+    """Llama 3.2 cases read Meta-licensed files from ../shared/fixtures and say so when they are absent."""
+
+    def test_a_case_whose_shared_fixture_is_absent_raises_naming_the_path(self):
+        with tempfile.TemporaryDirectory() as t, mock.patch.object(mm, "SHARED_FIXTURES", Path(t) / "absent"):
+            with self.assertRaisesRegex(mm.FixtureAbsent, re.escape(str(Path(t) / "absent" / "Llama-3.2-1B-Instruct"))):
+                mm.make_case(mm.CASES_BY_NAME["llama-3.2-1b-instruct"], Path(t) / "out")
+
+    def test_resaved_llama_tokenizer_has_pair_merges_a_jinja_template_and_tokenizers_backend(self):
+        if not (mm.SHARED_FIXTURES / mm.LLAMA_32_1B_INSTRUCT).is_dir():
+            self.skipTest(f"{mm.SHARED_FIXTURES / mm.LLAMA_32_1B_INSTRUCT} is absent")
+        with tempfile.TemporaryDirectory() as t:
+            d = mm.make_case(mm.CASES_BY_NAME["llama-3.2-1b-instruct-resaved"], Path(t))
+            self.assertEqual(sorted(p.name for p in d.iterdir()), [
+                "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+                "tokenizer.json", "tokenizer_config.json"])
+            merges = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))["model"]["merges"]
+            self.assertEqual(merges[0], ["Ġ", "Ġ"])
+            self.assertEqual(json.loads((d / "tokenizer_config.json").read_text())["tokenizer_class"], "TokenizersBackend")
 
 
 if __name__ == "__main__":

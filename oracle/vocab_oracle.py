@@ -111,7 +111,16 @@ EDITS: dict[str, Callable[[Path], None]] = {
     "qwen3_config": lambda d: write_config(d, {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}),
     # A Llama 3 tokenizer under a qwen2 config: transformers builds a Qwen2Tokenizer from its files.
     "llama3_under_qwen2_config": lambda d: edit_json(d / "config.json", lambda c: c.update(model_type="qwen2")),
+    # The Llama 3 tokenizer as transformers 5.18 re-saves it (class TokenizersBackend, pair merges,
+    # chat_template.jinja), derived by make_models (the files are Meta-licensed, so none is shipped).
+    "resaved_transformers_5": lambda d: _make_models().resave_tokenizer(d),
 }
+
+
+def _make_models():
+    sys.path.insert(0, str(HERE))
+    import make_models
+    return make_models
 
 CASES: dict[str, Case] = {
     "SmolLM2-135M-Instruct": Case(_INSTRUCT),
@@ -159,6 +168,7 @@ CHKHSH_CASES: dict[str, Case] = {
     I + "+merge_outside_vocab": Case(_INSTRUCT, "merge_outside_vocab"),
     L3: Case(_LLAMA3),
     L3 + "+llama3_under_qwen2_config": Case(_LLAMA3, "llama3_under_qwen2_config"),
+    L3 + "+resaved_transformers_5": Case(_LLAMA3, "resaved_transformers_5"),
     Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
     Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
 }
