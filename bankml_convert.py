@@ -3914,7 +3914,9 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     _build_tables_for(unplaced)     # once, while the second core is idle, rather than in each worker
     read_end, write_end = os.pipe()
     start_read, start_write = os.pipe()
-    todo = _JobQueue(len(unplaced), ahead=workers * (2 + _EARLY_BYTES // CHUNK_BYTES))
+    # workers fewer than MAX_AHEAD: the one more job each gets once the header is written must fit too.
+    todo = _JobQueue(len(unplaced), ahead=min(workers * (2 + _EARLY_BYTES // CHUNK_BYTES),
+                                              _JobQueue.MAX_AHEAD - workers))
     pids = []
     flusher = None
     # This process's collector stays off while the workers run: a collection writes to every object
@@ -3948,6 +3950,10 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
         except BrokenPipeError:
             pass    # every worker has exited already; their reports and statuses say why
+        # A worker that used up the jobs handed out while the vocabulary was read, with less than
+        # _EARLY_BYTES kept, waits for its next job with nothing reported -- and reports are what hand
+        # out jobs.  One more job each lets it see the data's start and write what it kept.
+        todo.hand_out(workers)
         sha = hashlib.sha256(plan.header)
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread

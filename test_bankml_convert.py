@@ -2850,6 +2850,26 @@ class ChkhshEncoderRules(unittest.TestCase):
             bc.post_processor_ids({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]})
 
 
+class WorkersOutrunTheVocabulary(Workspace):
+    def test_workers_that_used_up_their_jobs_before_the_header_was_written_still_report(self):
+        # A slow vocabulary (Qwen's 151,643 tokens) let both workers take every job handed out, keep
+        # what they converted (under _EARLY_BYTES) and wait for more, while this process, once the
+        # header was written, waited for their reports: neither moved again.  Two jobs ahead forces it.
+        d = self.case("untied")
+
+        def alarm(signum, frame):
+            raise TimeoutError("the conversion hung")
+        previous = signal.signal(signal.SIGALRM, alarm)
+        signal.alarm(30)
+        try:
+            with mock.patch.object(bc._JobQueue, "MAX_AHEAD", 4):
+                r = bc.convert(d, self.tmp / "outrun.gguf", bc.Options(workers=2))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        self.assertEqual(r.sha256, GOLDEN["untied"]["sha256"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernels: every conversion of bc.CONVERSIONS, in its fast and its simple form, against what torch,
 # numpy and gguf-py make of the same bits, recorded by oracle/kernels_oracle.py --record (F16 and
