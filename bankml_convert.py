@@ -1257,8 +1257,8 @@ def naming_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional[
 # To add a tokenizer kind: its reading functions, one TokenizerKind(...) entry, and its place in
 # TOKENIZER_KINDS (at the end of this section) in the order llama.cpp tries its paths.
 
-# gguf-py's TokenType values; a BPE vocabulary uses only these three.
-NORMAL, CONTROL, UNUSED = 1, 3, 5
+# gguf-py's TokenType values; a BPE vocabulary uses only these four.
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
 # SpecialVocab's special_token_types, in the order it looks them up and stores them.
 SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -2095,35 +2095,55 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
-        if not t.special:
-            raise Refusal(f"non-special added token {t.content!r}: llama.cpp writes it as USER_DEFINED after "
-                             "a transformers decode round trip; not reproduced")
         if not t.normalized and not all("!" <= c <= "~" for c in t.content):
             # llama.cpp replaces a non-normalized added token by decode(encode(token)); for printable
             # ASCII without spaces the byte-level decoder and the space clean-up leave it unchanged.
             raise Refusal(f"added token {t.content!r} is not printable ASCII: llama.cpp rewrites it by a "
                              "transformers decode round trip; not reproduced")
     contents = {t.content for t in from_json}
-    for c in named_special_tokens(tokenizer_config, special_tokens_map):
+    named = named_special_tokens(tokenizer_config, special_tokens_map)
+    for c in named:
         if c not in contents:
             raise Refusal(f"special token {c!r} is not an added token: transformers would add it (and llama.cpp "
                              "mark it CONTROL or see a new id); not reproduced")
+    for t in from_json:
+        if not t.special and t.content in named:
+            # transformers may then count it special whatever its flag says; not measured.
+            raise Refusal(f"added token {t.content!r} is marked special: false but named a special token in "
+                          "tokenizer_config.json; not reproduced")
     return from_json
+
+
+def looks_special(text: str) -> bool:
+    """llama.cpp's does_token_look_special: added tokens some models leave special: false (command-r,
+    deepseek-coder, gemma, Qwen's <|fim_prefix|>) that it still writes as CONTROL."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or text.startswith("<|") and text.endswith("|>")
+            or text.startswith("<\uff5c") and text.endswith("\uff5c>")
+            or text.startswith("<unused") and text.endswith(">"))
+
+
+def added_token_type(t: AddedToken) -> int:
+    """get_vocab_base's type of an added token: CONTROL if special or it looks special, else USER_DEFINED."""
+    return CONTROL if t.special or looks_special(t.content) else USER_DEFINED
 
 
 def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tuple[list[str], list[int]]:
     """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
-    next ids), ids past both become [PAD{i}]; added tokens (all special here) are CONTROL."""
-    appended = [t.content for t in sorted(added) if t.id >= len(vocab)]
+    next ids), ids past both become [PAD{i}]; added tokens are CONTROL or USER_DEFINED (added_token_type),
+    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it."""
+    appended = sorted(t for t in added if t.id >= len(vocab))
     n = len(vocab) + len(appended)
     if n > vocab_size:
         raise Refusal(f"the tokenizer has {n} tokens but vocab_size is {vocab_size}: "
                          "llama.cpp's assertion fails")
-    tokens = list(vocab) + appended + [f"[PAD{i}]" for i in range(n, vocab_size)]
+    tokens = list(vocab) + [t.content for t in appended] + [f"[PAD{i}]" for i in range(n, vocab_size)]
     types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
     for t in added:
-        if 0 <= t.id < len(vocab):
-            types[t.id] = CONTROL
+        if 0 <= t.id < n:
+            types[t.id] = added_token_type(t)
+            if types[t.id] == USER_DEFINED:
+                tokens[t.id] = t.content.replace("\u2581", " ")
     return tokens, types
 
 

@@ -1727,13 +1727,6 @@ class VocabRefusals(VocabCaseDirs):
                                    "transformers adds them to the text whose ids name the pre-tokenizer; not "
                                    "supported (Llama 3's tokenizer, which llama.cpp names 'llama-bpe', is one)")
 
-    def test_non_special_added_token_is_refused(self):
-        d = self.case_dir(INSTRUCT)
-        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"][5].update(special=False))
-        edit_json(d / "tokenizer_config.json", lambda c: c["added_tokens_decoder"]["5"].update(special=False))
-        self.assertVocabRefuses(d, "non-special added token '<file_sep>': llama.cpp writes it as USER_DEFINED after "
-                                   "a transformers decode round trip; not reproduced")
-
     def test_special_token_missing_from_added_tokens_is_refused(self):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer_config.json", lambda c: c.update(pad_token="Ġthe"))

@@ -39,6 +39,7 @@ class TokenizerFixture:
     name: str
     files: tuple[tuple[str, str], ...]  # (fixture folder, file name), copied verbatim
     added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
+    unmarked_special: Optional[str] = None     # an added token then marked special: false in both files
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -79,6 +80,13 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (SMOLLM2_135M_INSTRUCT, "vocab.json"),
             (SMOLLM2_135M_INSTRUCT, "merges.txt"),
         ), added_special_token="<|persona|>"),
+        # SmolLM2's <file_sep> (id 5, inside the vocabulary) marked special: false: llama.cpp writes it
+        # USER_DEFINED, as it does Qwen's <think> past the vocabulary.
+        TokenizerFixture("smollm2-135m-instruct-non-special-file-sep", (
+            (SMOLLM2_135M_INSTRUCT, "tokenizer.json"),
+            (SMOLLM2_135M_INSTRUCT, "tokenizer_config.json"),
+            (SMOLLM2_135M_INSTRUCT, "special_tokens_map.json"),
+        ), unmarked_special="<file_sep>"),
         # SentencePiece (tokenizer.model): the converter refuses it, llama.cpp takes another path.
         TokenizerFixture("tinyllama-1.1b-chat", (
             ("TinyLlama-1.1B-Chat-v1.0", "tokenizer.json"),
@@ -95,6 +103,23 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         shutil.copyfile(FIXTURES / folder / file_name, out_dir / file_name)
     if fixture.added_special_token is not None:
         add_special_token(out_dir, fixture.added_special_token)
+    if fixture.unmarked_special is not None:
+        unmark_special(out_dir, fixture.unmarked_special)
+
+
+def unmark_special(d: Path, content: str) -> None:
+    """The added token `content` marked special: false in tokenizer.json and tokenizer_config.json
+    (rewritten as JSON, indent 2)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    for t in tokenizer["added_tokens"]:
+        if t["content"] == content:
+            t["special"] = False
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for t in config["added_tokens_decoder"].values():
+        if t["content"] == content:
+            t["special"] = False
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def add_special_token(d: Path, content: str) -> None:
@@ -192,6 +217,8 @@ CASES: tuple[Case, ...] = (
          description="SmolLM2-360M-Instruct config keys, its 15/5 head layout scaled down"),
     Case("persona-token", tokenizer="smollm2-135m-instruct-persona-token", dims=Dims(vocab_size=49153),
          description="one added special token at id 49,152, vocab_size 49,153 (issue 11)"),
+    Case("non-special-added-token", tokenizer="smollm2-135m-instruct-non-special-file-sep",
+         description="SmolLM2's <file_sep> marked special: false (USER_DEFINED, issue 14)"),
     Case("sentencepiece-tinyllama", tokenizer="tinyllama-1.1b-chat",
          config_from="TinyLlama-1.1B-Chat-v1.0", tied=False, dims=Dims(vocab_size=32000),
          description="TinyLlama config and SentencePiece tokenizer (refusal)"),
