@@ -801,7 +801,7 @@ class Family(NamedTuple):
     shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
     permute_heads: Callable[[str, Any], int]        # (GGUF name, params) -> heads of the Q/K row permutation, or 0
     # (model directory, config.json) -> None, or a Refusal for files or names beside config.json that
-    # make llama.cpp write otherwise (Qwen's modules.json pooling).
+    # make llama.cpp write otherwise (Qwen's modules.json pooling, Qwen3's reranker branch).
     refuse_directory: Callable[[Path, dict], None] = lambda model_dir, config: None
 
 
@@ -994,7 +994,7 @@ LLAMA = Family(
     permute_heads=llama_permute_heads,
 )
 
-# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model).
+# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
 
 class QwenParams(NamedTuple):
     """The hyperparameters llama.cpp writes for a Qwen2 or Qwen3 model, as transformers' Qwen2Config /
@@ -1159,8 +1159,66 @@ QWEN2 = Family(
 )
 
 
+def qwen3_params(config: dict) -> QwenParams:
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
+                      "model, which bankml_convert does not reproduce")
+    # Qwen3Config always has a head_dim (128 by default), so TextModel writes key/value_length.
+    return qwen_params(config, head_dim_default=128)
+
+
+def qwen3_hparam_kvs(p: QwenParams, file_type: int) -> list[KV]:
+    return qwen_text_model_kvs("qwen3", p, file_type)
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.QWEN3: Llama's names and the per-head q/k RMS norms.
+_QWEN3_BLOCK_TENSORS = {
+    **_LLAMA_BLOCK_TENSORS,
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+_RERANKER_HINTS = ("qwen3-reranker", "qwen3-vl-reranker")
+
+
+def refuse_qwen3_reranker(model_dir: Path, config: dict) -> None:
+    """Qwen3Model takes a reranker branch (pooling type, a cls.output tensor cut from the head, a named
+    chat template) when its README's text has a "# qwen3-reranker" heading or the directory's name or the
+    path given (transformers' _name_or_path) says qwen3-reranker.  Checked on the resolved path too: a
+    refusal where llama.cpp would convert is safe, the other way round is not."""
+    refuse_pooling(model_dir, config)
+    readme = model_dir / "README.md"
+    text = read_text(readme).lower() if readme.exists() else ""
+    if any(f"# {hint}" in text for hint in _RERANKER_HINTS):
+        raise Refusal("README.md names a Qwen3 reranker (# qwen3-reranker): llama.cpp then converts the model "
+                      "as a reranker (pooling type, classifier head, rerank template), which bankml_convert "
+                      "does not reproduce: use llama.cpp's converter")
+    names = (model_dir.name, str(model_dir), str(model_dir.resolve()))
+    if any(hint in name.lower() for name in names for hint in _RERANKER_HINTS):
+        raise Refusal(f"the path {str(model_dir)!r} says qwen3-reranker: llama.cpp then converts the model as a "
+                      "reranker (pooling type, classifier head, rerank template), which bankml_convert does "
+                      "not reproduce: rename the directory if it is not a reranker, else use llama.cpp's converter")
+
+
+QWEN3 = Family(
+    name="Qwen3",
+    architectures=("Qwen3ForCausalLM",),
+    model_type="qwen3",
+    gguf_arch="qwen3",
+    params=qwen3_params,
+    hparam_kvs=qwen3_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_QWEN3_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings (0.6B-4B): llama.cpp writes none
+    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
+    shape=qwen_shape,
+    permute_heads=no_permutation,
+    refuse_directory=refuse_qwen3_reranker,
+)
+
 # HF architecture name -> Family: the one place a family is registered.
-FAMILIES: dict[str, Family] = {arch: f for f in (LLAMA, QWEN2) for arch in f.architectures}
+FAMILIES: dict[str, Family] = {arch: f for f in (LLAMA, QWEN2, QWEN3) for arch in f.architectures}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -642,9 +642,9 @@ class RefusesWhatItWouldNotReproduce(Workspace):
 
     def test_other_architectures_are_refused(self):
         self.config_edit(lambda c: c.update(architectures=["MistralForCausalLM"]),
-                         "architecture 'MistralForCausalLM' is not LlamaForCausalLM or Qwen2ForCausalLM; "
-                         "bankml_convert reproduces llama.cpp only for Llama, Qwen2 models: use "
-                         "llama.cpp's convert_hf_to_gguf.py for the rest")
+                         "architecture 'MistralForCausalLM' is not LlamaForCausalLM or Qwen2ForCausalLM or "
+                         "Qwen3ForCausalLM; bankml_convert reproduces llama.cpp only for Llama, Qwen2, Qwen3 "
+                         "models: use llama.cpp's convert_hf_to_gguf.py for the rest")
 
     def test_text_config_is_refused(self):
         self.config_edit(lambda c: c.update(text_config={"hidden_size": 64}),
@@ -2865,11 +2865,12 @@ class WorkersOutrunTheVocabulary(Workspace):
 
 
 # ---------------------------------------------------------------------------------------------
-# Qwen2.5 (issue 14): its keys, tensors and vocabulary, and what is refused.  Their bytes
-# are pinned by the golden runs qwen2.5-* (OutputIsLlamaCppsBytes) against llama.cpp's.
+# Qwen2.5 and Qwen3 (issue 14): their keys, tensors and vocabulary, and what is refused.  Their bytes
+# are pinned by the golden runs qwen2.5-* and qwen3-* (OutputIsLlamaCppsBytes) against llama.cpp's.
 # ---------------------------------------------------------------------------------------------
 
 QWEN2_5 = "qwen2.5-0.5b-bf16"
+QWEN3 = "qwen3-0.6b-bf16"
 
 
 class QwenKeysAndTensors(Workspace):
@@ -2897,6 +2898,14 @@ class QwenKeysAndTensors(Workspace):
         keys = self.keys_of(QWEN2_5, lambda c: c.update(head_dim=8))
         self.assertEqual((keys["qwen2.attention.key_length"], keys["qwen2.attention.value_length"]), (8, 8))
 
+    def test_qwen3_writes_its_head_dim_as_key_and_value_length(self):
+        keys = self.keys_of(QWEN3)
+        self.assertEqual((keys["qwen3.attention.key_length"], keys["qwen3.attention.value_length"]), (16, 16))
+
+    def test_qwen3_head_dim_defaults_to_qwen3_configs_128(self):
+        family, params = self.params_of(QWEN3, lambda c: c.pop("head_dim"))
+        self.assertEqual((params.key_length, params.head_dim), (128, 128))
+
     def test_qwen2_config_defaults_fill_what_config_json_leaves_out(self):
         def strip(c):
             for key in ("num_key_value_heads", "rope_theta", "rms_norm_eps", "vocab_size", "max_position_embeddings"):
@@ -2919,13 +2928,23 @@ class QwenKeysAndTensors(Workspace):
                 self.assertEqual({(t.ggml_type, len(t.dims)) for t in biases}, {(bc.GGML_F32, 1)})
 
     def test_qwen_q_and_k_rows_are_not_permuted(self):
-        self.assertEqual({t.permute_heads for t in self.plan(QWEN2_5).tensors}, {0})
+        for case in (QWEN2_5, QWEN3):
+            with self.subTest(case):
+                self.assertEqual({t.permute_heads for t in self.plan(case).tensors}, {0})
 
     def test_tied_qwen2_writes_no_output_tensor(self):
         self.assertNotIn("output.weight", {t.name for t in self.plan(QWEN2_5).tensors})
 
     def test_untied_qwen2_writes_the_lm_head_as_output(self):
         self.assertIn("output.weight", {t.name for t in self.plan("qwen2.5-7b-untied").tensors})
+
+    def test_qwen3_plans_per_head_q_and_k_norms_as_f32_and_no_biases(self):
+        tensors = self.plan(QWEN3, "q8_0").tensors
+        norms = {t.name: (t.ggml_type, t.dims) for t in tensors if "_norm" in t.name and "attn_" in t.name}
+        self.assertEqual(norms, {f"blk.{b}.attn_{x}_norm.weight": (bc.GGML_F32, (16,))
+                                 for b in range(2) for x in ("q", "k")} | {
+                                 f"blk.{b}.attn_norm.weight": (bc.GGML_F32, (32,)) for b in range(2)})
+        self.assertFalse([t.name for t in tensors if t.name.endswith(".bias")])
 
 
 class QwenVocabulary(Workspace):
@@ -2996,9 +3015,9 @@ class QwenRefusals(Workspace):
         for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration"):
             with self.subTest(arch):
                 self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
-                                 f"architecture {arch!r} is not LlamaForCausalLM or Qwen2ForCausalLM; "
-                                 "bankml_convert reproduces llama.cpp only for Llama, Qwen2 models: use "
-                                 "llama.cpp's convert_hf_to_gguf.py for the rest")
+                                 f"architecture {arch!r} is not LlamaForCausalLM or Qwen2ForCausalLM or "
+                                 "Qwen3ForCausalLM; bankml_convert reproduces llama.cpp only for Llama, Qwen2, "
+                                 "Qwen3 models: use llama.cpp's convert_hf_to_gguf.py for the rest")
 
     def test_null_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
         self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=None),
@@ -3022,12 +3041,34 @@ class QwenRefusals(Workspace):
                          "config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for "
                          "it, which bankml_convert does not reproduce")
 
+    def test_qwen3_attention_bias_is_refused(self):
+        self.config_edit(QWEN3, lambda c: c.update(attention_bias=True),
+                         "config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
+                         "model, which bankml_convert does not reproduce")
+
     def test_sentence_transformers_modules_json_is_refused(self):
-        d = self.case(QWEN2_5)
-        (d / "modules.json").write_text('[{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]')
-        self.assertRefuses(d, "modules.json (a sentence-transformers embedding model): llama.cpp writes a "
-                              "pooling type from it, which bankml_convert does not reproduce: use "
-                              "llama.cpp's converter")
+        for case in (QWEN2_5, QWEN3):
+            with self.subTest(case):
+                d = self.case(case)
+                (d / "modules.json").write_text('[{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]')
+                self.assertRefuses(d, "modules.json (a sentence-transformers embedding model): llama.cpp writes a "
+                                      "pooling type from it, which bankml_convert does not reproduce: use "
+                                      "llama.cpp's converter")
+
+    def test_qwen3_reranker_named_by_its_readme_is_refused(self):
+        d = self.case(QWEN3)
+        (d / "README.md").write_text("# Qwen3-Reranker-0.6B\n\nA fine-tune.\n", encoding="utf-8")
+        self.assertRefuses(d, "README.md names a Qwen3 reranker (# qwen3-reranker): llama.cpp then converts the "
+                              "model as a reranker (pooling type, classifier head, rerank template), which "
+                              "bankml_convert does not reproduce: use llama.cpp's converter")
+
+    def test_qwen3_reranker_named_by_its_directory_is_refused(self):
+        d = self.case(QWEN3)
+        named = d.rename(d.parent / "Qwen3-Reranker-0.6B-ft")
+        self.assertRefuses(named, re.compile(
+            r"the path '.*/Qwen3-Reranker-0\.6B-ft' says qwen3-reranker: llama\.cpp then converts the model as a "
+            r"reranker \(pooling type, classifier head, rerank template\), which bankml_convert does not "
+            r"reproduce: rename the directory if it is not a reranker, else use llama\.cpp's converter"))
 
     def test_a_generic_tokenizer_class_under_a_qwen2_config_is_refused(self):
         # transformers 5.18 would build a Qwen2Tokenizer from another model's files; llama.cpp then fails.

@@ -165,6 +165,8 @@ SMALL = Dims()
 # 32-value blocks allow, so the vocabulary, not the weights, is what they cost.
 QWEN_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768)
+QWEN3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=40960)
 QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
                     num_key_value_heads=2, vocab_size=152064, max_position_embeddings=32768)
 
@@ -173,6 +175,7 @@ QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, n
 # indent 2, sorted keys), for models whose files oracle/fixtures does not hold.
 QWEN2_5_0_5B_INSTRUCT = "Qwen2.5-0.5B-Instruct"
 QWEN2_5_7B_INSTRUCT = "Qwen2.5-7B-Instruct"
+QWEN3_0_6B = "Qwen3-0.6B"
 _QWEN2_5_COMMON = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151645, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768,
@@ -195,6 +198,20 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
                         "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
                         "sliding_window": 131072, "tie_word_embeddings": False, "vocab_size": 152064},
         "generation_config.json": {**_QWEN2_5_GENERATION, "repetition_penalty": 1.05},
+    },
+    QWEN3_0_6B: {
+        "config.json": {
+            "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+            "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+            "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+            "use_sliding_window": False, "vocab_size": 151936},
+        "generation_config.json": {
+            "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"},
     },
 }
 
@@ -278,6 +295,16 @@ CASES: tuple[Case, ...] = (
          description="Qwen2.5-7B-Instruct config (untied lm_head, vocab 152,064), BF16, Qwen3 tokenizer"),
     Case("qwen2.5-0.5b-sharded", tokenizer="qwen3", config_from=QWEN2_5_0_5B_INSTRUCT, dims=QWEN_TINY, shards=3,
          dirname="qwen2.5-0.5b-instruct-sharded", description="the Qwen2.5-0.5B case in three shards"),
+    # Qwen3: no biases, per-head q/k norms, an explicit head_dim (16 here, as 128 is in the real 0.6B,
+    # unlike hidden_size / heads).
+    Case("qwen3-0.6b-bf16", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
+         special_values=True, dirname="qwen3-0.6b",
+         description="Qwen3-0.6B config (tied, head_dim), BF16 with special values, Qwen3 tokenizer"),
+    Case("qwen3-0.6b-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
+         special_values=True, dirname="qwen3-0.6b-f16",
+         description="Qwen3-0.6B config (tied, head_dim), F16 with special values, Qwen3 tokenizer"),
+    Case("qwen3-0.6b-sharded", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
+         shards=3, dirname="qwen3-0.6b-sharded", description="the Qwen3-0.6B case in three shards"),
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
 )
@@ -396,7 +423,8 @@ class TensorSpec:
 
 
 def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_type: str = "llama") -> list[TensorSpec]:
-    """LlamaForCausalLM's state_dict; model_type qwen2 adds Qwen2's q/k/v biases after each weight."""
+    """LlamaForCausalLM's state_dict; model_type qwen2 adds Qwen2's q/k/v biases after each weight,
+    qwen3 its per-head q/k norms after o_proj (Qwen3Attention registers them last)."""
     hd = head_dim if head_dim is not None else dims.hidden_size // dims.num_attention_heads
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
     specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
@@ -411,6 +439,8 @@ def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_ty
             TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
             *([TensorSpec(p + "self_attn.v_proj.bias", (kv_out,))] if biases else []),
             TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
+            *([TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
+              if model_type == "qwen3" else []),
             TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
             TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
             TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),

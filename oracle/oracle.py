@@ -61,7 +61,7 @@ RUNS: tuple[Run, ...] = tuple(
     # are not whole Q8_0 blocks (llama.cpp's F16 fallback), and on the full-size model.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("bf16", "f16", "f32", "shape-360m-instruct", "example", "full-135m-instruct",
-                    "qwen2.5-0.5b-bf16", "qwen2.5-0.5b-f16", "qwen2.5-7b-untied")
+                    "qwen2.5-0.5b-bf16", "qwen2.5-0.5b-f16", "qwen2.5-7b-untied", "qwen3-0.6b-bf16", "qwen3-0.6b-f16")
        for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
