@@ -561,6 +561,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     family = family_of(config)
     refuse_config(config)
     params = family.params(config)
+    family.refuse_directory(model_dir, config)
     sources, weight_files = index_tensors(model_dir)
     out = out_type(options.outtype, sources)
     tensors = plan_tensors(sources, family, params, out, config_path)
@@ -818,6 +819,9 @@ class Family(NamedTuple):
     permute_heads: Callable[[str, Any], int]        # (GGUF name, params) -> heads of the Q/K row permutation, or 0
     # params -> the tensors generate_extra_tensors computes (rope factors), or a Refusal; none by default
     generated_tensors: Callable[[Any], list[GeneratedTensor]] = no_generated_tensors
+    # (model directory, config.json) -> None, or a Refusal for files or names beside config.json that
+    # make llama.cpp write otherwise (Qwen's modules.json pooling, Qwen3's reranker branch).
+    refuse_directory: Callable[[Path, dict], None] = lambda model_dir, config: None
 
 
 def family_of(config: dict) -> Family:
@@ -924,6 +928,14 @@ class Llama3Rope(NamedTuple):
 # The keys transformers 5.18 accepts in a llama3 rope_scaling (it raises KeyError when one of the
 # four numbers is missing, and llama.cpp then reads config.json raw: another path).
 _LLAMA3_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _refuse_rope_scaling(config: dict) -> None:
+    """Refuse any rope scaling, for the families whose llama.cpp class reads none the way it is
+    reproduced here (Qwen's YaRN writes rope.scaling.* keys; llama3 factors are LlamaModel's)."""
+    if llama3_rope(config) is not None:
+        raise Refusal("config.json: rope scaling of rope_type 'llama3' outside the Llama family; "
+                      "llama.cpp's converter treats it otherwise and bankml_convert does not reproduce that")
 
 
 def llama3_rope(config: dict) -> Optional[Llama3Rope]:
@@ -1175,8 +1187,231 @@ LLAMA = Family(
     generated_tensors=llama_generated_tensors,
 )
 
+# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
+
+class QwenParams(NamedTuple):
+    """The hyperparameters llama.cpp writes for a Qwen2 or Qwen3 model, as transformers' Qwen2Config /
+    Qwen3Config fill them."""
+    block_count: int
+    context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rope_freq_base: float
+    rms_norm_eps: float
+    head_dim: int                   # the attention's, for the tensor shapes
+    key_length: Optional[int]       # head_dim as the config's to_dict() holds it, written as key/value_length
+    vocab_size: int
+
+
+# The keys a Qwen config's dataclass types exactly (transformers 5.18's @strict Qwen2Config/Qwen3Config):
+# a null or another type makes AutoConfig raise, and llama.cpp then reads config.json as written,
+# without the config class's defaults -- a path bankml_convert does not reproduce.  bool is not int there.
+_QWEN_STRICT_TYPES = {
+    "vocab_size": (int,), "hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
+    "num_attention_heads": (int,), "num_key_value_heads": (int, type(None)), "max_position_embeddings": (int,),
+    "rms_norm_eps": (float,), "head_dim": (int,),
+}
+
+
+def _refuse_unstrict_qwen_config(config: dict) -> None:
+    for key, types in _QWEN_STRICT_TYPES.items():
+        if key in config and type(config[key]) not in types:
+            raise Refusal(f"config.json: {key} is {config[key]!r}; transformers' Qwen config rejects it, and "
+                          f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
+                          f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
+
+
+def qwen_params(config: dict, head_dim_default: Optional[int]) -> QwenParams:
+    """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
+    Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
+    _refuse_unstrict_qwen_config(config)
+    _refuse_rope_scaling(config)
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
+        # to_dict() keeps the null in rope_parameters, and TextModel then writes no rope.freq_base.
+        raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
+                      "bankml_convert does not reproduce: write the model's rope_theta")
+    if config.get("classifier_pooling") is not None:
+        raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
+                      "which bankml_convert does not reproduce")
+    hidden = config_integer(config, "hidden_size", 4096)
+    heads = config_integer(config, "num_attention_heads", 32)
+    if hidden % heads:
+        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                      f"not reproduced")
+    kv_heads = config_integer(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
+                      f"num_key_value_heads {kv_heads}")
+    # Qwen2Config has no head_dim, but keeps one config.json names: TextModel then writes it.
+    key_length = None
+    if "head_dim" in config or head_dim_default is not None:
+        key_length = config_integer(config, "head_dim", head_dim_default)
+    return QwenParams(
+        block_count=config_integer(config, "num_hidden_layers", 32),
+        context_length=config_integer(config, "max_position_embeddings", 32768),
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", 22016),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+        head_dim=key_length or hidden // heads,
+        key_length=key_length,
+        vocab_size=config_integer(config, "vocab_size", 151936),
+    )
+
+
+def qwen2_params(config: dict) -> QwenParams:
+    # Qwen2's attention always has q/k/v biases (no attention_bias switch in Qwen2Config).
+    return qwen_params(config, head_dim_default=None)
+
+
+def qwen_text_model_kvs(arch: str, p: QwenParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys, which Qwen2Model and Qwen3Model write unchanged: no
+    vocab_size and no rope.dimension_count (those are LlamaModel's own), key/value_length only where
+    the config's to_dict() has a head_dim (Qwen3Config always; Qwen2Config only if config.json names one)."""
+    kvs = [
+        KV(f"{arch}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{arch}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{arch}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{arch}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{arch}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{arch}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{arch}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{arch}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+    ]
+    if p.key_length is not None:
+        kvs += [KV(f"{arch}.attention.key_length", GGUF_UINT32, p.key_length),
+                KV(f"{arch}.attention.value_length", GGUF_UINT32, p.key_length)]
+    return kvs + [KV("general.file_type", GGUF_UINT32, file_type)]
+
+
+def qwen2_hparam_kvs(p: QwenParams, file_type: int) -> list[KV]:
+    return qwen_text_model_kvs("qwen2", p, file_type)
+
+
+def qwen_vocab_kvs(p: QwenParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+    """Qwen2Model.set_vocab: the vocabulary path's keys as they are (no add_space_prefix, no 49,152 rule:
+    those are LlamaModel's)."""
+    return list(tokenizer_kvs)
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.QWEN2: Llama's names, and the q/k/v biases mapped by the
+# ".bias" suffix its get_name tries beside ".weight".
+_QWEN2_BLOCK_TENSORS = {
+    **_LLAMA_BLOCK_TENSORS,
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+
+
+def qwen_shape(gguf_name: str, p: QwenParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a Qwen tensor must have: Llama's, plus 1-D biases of the q/k/v rows and
+    (Qwen3) per-head norms of head_dim."""
+    kind, part = gguf_name.split(".")[-2:]
+    if part == "bias":
+        return (p.head_count if kind == "attn_q" else p.head_count_kv) * p.head_dim,
+    if kind in ("attn_q_norm", "attn_k_norm"):
+        return p.head_dim,
+    return llama_shape(gguf_name, p)
+
+
+def no_permutation(gguf_name: str, p: Any) -> int:
+    # Qwen2Model.modify_tensors permutes nothing: llama.cpp's qwen2/qwen3 graphs apply NEOX-style rope,
+    # which takes HF's rotate-half row order as it is.
+    return 0
+
+
+def refuse_pooling(model_dir: Path, config: dict) -> None:
+    # Qwen2Model.set_gguf_parameters' _try_set_pooling_type: a sentence-transformers modules.json
+    # (Qwen3-Embedding ships one) makes llama.cpp write a pooling type.
+    if (model_dir / "modules.json").exists():
+        raise Refusal("modules.json (a sentence-transformers embedding model): llama.cpp writes a pooling "
+                      "type from it, which bankml_convert does not reproduce: use llama.cpp's converter")
+
+
+QWEN2 = Family(
+    name="Qwen2",
+    architectures=("Qwen2ForCausalLM",),
+    model_types=("qwen2",),
+    gguf_arch="qwen2",
+    params=qwen2_params,
+    hparam_kvs=qwen2_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_QWEN2_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings (0.5B-3B): llama.cpp writes none
+    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
+    shape=qwen_shape,
+    permute_heads=no_permutation,
+    refuse_directory=refuse_pooling,
+)
+
+
+def qwen3_params(config: dict) -> QwenParams:
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
+                      "model, which bankml_convert does not reproduce")
+    # Qwen3Config always has a head_dim (128 by default), so TextModel writes key/value_length.
+    return qwen_params(config, head_dim_default=128)
+
+
+def qwen3_hparam_kvs(p: QwenParams, file_type: int) -> list[KV]:
+    return qwen_text_model_kvs("qwen3", p, file_type)
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.QWEN3: Llama's names and the per-head q/k RMS norms.
+_QWEN3_BLOCK_TENSORS = {
+    **_LLAMA_BLOCK_TENSORS,
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+_RERANKER_HINTS = ("qwen3-reranker", "qwen3-vl-reranker")
+
+
+def refuse_qwen3_reranker(model_dir: Path, config: dict) -> None:
+    """Qwen3Model takes a reranker branch (pooling type, a cls.output tensor cut from the head, a named
+    chat template) when its README's text has a "# qwen3-reranker" heading or the directory's name or the
+    path given (transformers' _name_or_path) says qwen3-reranker.  Checked on the resolved path too: a
+    refusal where llama.cpp would convert is safe, the other way round is not."""
+    refuse_pooling(model_dir, config)
+    readme = model_dir / "README.md"
+    text = read_text(readme).lower() if readme.exists() else ""
+    if any(f"# {hint}" in text for hint in _RERANKER_HINTS):
+        raise Refusal("README.md names a Qwen3 reranker (# qwen3-reranker): llama.cpp then converts the model "
+                      "as a reranker (pooling type, classifier head, rerank template), which bankml_convert "
+                      "does not reproduce: use llama.cpp's converter")
+    names = (model_dir.name, str(model_dir), str(model_dir.resolve()))
+    if any(hint in name.lower() for name in names for hint in _RERANKER_HINTS):
+        raise Refusal(f"the path {str(model_dir)!r} says qwen3-reranker: llama.cpp then converts the model as a "
+                      "reranker (pooling type, classifier head, rerank template), which bankml_convert does "
+                      "not reproduce: rename the directory if it is not a reranker, else use llama.cpp's converter")
+
+
+QWEN3 = Family(
+    name="Qwen3",
+    architectures=("Qwen3ForCausalLM",),
+    model_types=("qwen3",),
+    gguf_arch="qwen3",
+    params=qwen3_params,
+    hparam_kvs=qwen3_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_QWEN3_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings (0.6B-4B): llama.cpp writes none
+    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
+    shape=qwen_shape,
+    permute_heads=no_permutation,
+    refuse_directory=refuse_qwen3_reranker,
+)
+
 # HF architecture name -> Family: the one place a family is registered.
-FAMILIES: dict[str, Family] = {arch: f for f in (LLAMA,) for arch in f.architectures}
+FAMILIES: dict[str, Family] = {arch: f for f in (LLAMA, QWEN2, QWEN3) for arch in f.architectures}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1442,8 +1677,8 @@ def naming_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional[
 # To add a tokenizer kind: its reading functions, one TokenizerKind(...) entry, and its place in
 # TOKENIZER_KINDS (at the end of this section) in the order llama.cpp tries its paths.
 
-# gguf-py's TokenType values; a BPE vocabulary uses only these three.
-NORMAL, CONTROL, UNUSED = 1, 3, 5
+# gguf-py's TokenType values; a BPE vocabulary uses only these four.
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
 # SpecialVocab's special_token_types, in the order it looks them up and stores them.
 SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -2211,24 +2446,48 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
 
 
-_BPE_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend")
+# config.json model_type -> the class transformers 5.18 builds when tokenizer_config.json names a generic
+# one (its TOKENIZER_MAPPING), for the model types whose class differs from the files' own.
+_MODEL_TYPE_TOKENIZERS = {"qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer"}
+_GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend", None)
+
+
+def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict]) -> None:
+    """A generic tokenizer_class under a Qwen model_type: transformers 5.18 then builds a Qwen2Tokenizer
+    from whatever files are there (another model's, e.g. Llama 3's), and llama.cpp's converter fails on
+    the result (an assertion on the vocabulary size, or a chkhsh it does not know)."""
+    cls = tokenizer_config.get("tokenizer_class")
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if cls in _GENERIC_TOKENIZER_CLASSES and model_type in _MODEL_TYPE_TOKENIZERS:
+        raise Refusal(f"tokenizer_class {cls!r} under config.json model_type {model_type!r}: transformers 5.18 "
+                      f"builds a {_MODEL_TYPE_TOKENIZERS[model_type]} from these files instead, and llama.cpp's "
+                      f"converter fails on it; use the model's own tokenizer files (tokenizer_class "
+                      f"{_MODEL_TYPE_TOKENIZERS[model_type]})")
+
+
+# The classes whose build of tokenizer.json the oracle measured (CHECK_BUILDS says for which
+# model_type): transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes
+# and reads.  GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges;
+# PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes when it
+# re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
+# (LlamaTokenizer, none) may build different ones.
+_MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer")
 
 
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
-    if tokenizer_config.get("tokenizer_class") not in _BPE_TOKENIZER_CLASSES:
-        # transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes and
-        # reads: GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges;
-        # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes
-        # when it re-saves one) load tokenizer.json as written; others (LlamaTokenizer, none) differ.
-        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: only "
-                      f"{', '.join(_BPE_TOKENIZER_CLASSES)} tokenizers are measured against llama.cpp")
+    cls = tokenizer_config.get("tokenizer_class")
+    if cls not in _MEASURED_TOKENIZER_CLASSES:
+        raise Refusal(f"tokenizer_class {cls!r}: only {', '.join(_MEASURED_TOKENIZER_CLASSES)} "
+                      "tokenizers are measured against llama.cpp")
     if "fast_tokenizer_files" in tokenizer_config:
         raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
     if (d / "added_tokens.json").is_file():
         raise Refusal("added_tokens.json: transformers' legacy added tokens are not reproduced")
-    if tokenizer_json.get("normalizer") is not None:
-        raise Refusal("tokenizer.json has a normalizer: GPT2Tokenizer drops it while llama.cpp writes "
-                         "normalizer flags from it; not supported")
+    # Qwen2Tokenizer rebuilds NFC itself, and SpecialVocab writes no normalizer key for NFC.
+    if tokenizer_json.get("normalizer") is not None and not (
+            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}):
+        raise Refusal(f"tokenizer.json has a normalizer: {cls} drops it while llama.cpp writes "
+                      "normalizer flags from it; not supported")
 
 
 # Added and special tokens: what transformers' added vocabulary holds, and llama.cpp's token types.
@@ -2293,35 +2552,55 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
-        if not t.special:
-            raise Refusal(f"non-special added token {t.content!r}: llama.cpp writes it as USER_DEFINED after "
-                             "a transformers decode round trip; not reproduced")
         if not t.normalized and not all("!" <= c <= "~" for c in t.content):
             # llama.cpp replaces a non-normalized added token by decode(encode(token)); for printable
             # ASCII without spaces the byte-level decoder and the space clean-up leave it unchanged.
             raise Refusal(f"added token {t.content!r} is not printable ASCII: llama.cpp rewrites it by a "
                              "transformers decode round trip; not reproduced")
     contents = {t.content for t in from_json}
-    for c in named_special_tokens(tokenizer_config, special_tokens_map):
+    named = named_special_tokens(tokenizer_config, special_tokens_map)
+    for c in named:
         if c not in contents:
             raise Refusal(f"special token {c!r} is not an added token: transformers would add it (and llama.cpp "
                              "mark it CONTROL or see a new id); not reproduced")
+    for t in from_json:
+        if not t.special and t.content in named:
+            # transformers may then count it special whatever its flag says; not measured.
+            raise Refusal(f"added token {t.content!r} is marked special: false but named a special token in "
+                          "tokenizer_config.json; not reproduced")
     return from_json
+
+
+def looks_special(text: str) -> bool:
+    """llama.cpp's does_token_look_special: added tokens some models leave special: false (command-r,
+    deepseek-coder, gemma, Qwen's <|fim_prefix|>) that it still writes as CONTROL."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or text.startswith("<|") and text.endswith("|>")
+            or text.startswith("<\uff5c") and text.endswith("\uff5c>")
+            or text.startswith("<unused") and text.endswith(">"))
+
+
+def added_token_type(t: AddedToken) -> int:
+    """get_vocab_base's type of an added token: CONTROL if special or it looks special, else USER_DEFINED."""
+    return CONTROL if t.special or looks_special(t.content) else USER_DEFINED
 
 
 def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tuple[list[str], list[int]]:
     """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
-    next ids), ids past both become [PAD{i}]; added tokens (all special here) are CONTROL."""
-    appended = [t.content for t in sorted(added) if t.id >= len(vocab)]
+    next ids), ids past both become [PAD{i}]; added tokens are CONTROL or USER_DEFINED (added_token_type),
+    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it."""
+    appended = sorted(t for t in added if t.id >= len(vocab))
     n = len(vocab) + len(appended)
     if n > vocab_size:
         raise Refusal(f"the tokenizer has {n} tokens but vocab_size is {vocab_size}: "
                          "llama.cpp's assertion fails")
-    tokens = list(vocab) + appended + [f"[PAD{i}]" for i in range(n, vocab_size)]
+    tokens = list(vocab) + [t.content for t in appended] + [f"[PAD{i}]" for i in range(n, vocab_size)]
     types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
     for t in added:
-        if 0 <= t.id < len(vocab):
-            types[t.id] = CONTROL
+        if 0 <= t.id < n:
+            types[t.id] = added_token_type(t)
+            if types[t.id] == USER_DEFINED:
+                tokens[t.id] = t.content.replace("\u2581", " ")
     return tokens, types
 
 
@@ -2501,6 +2780,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
     refuse_other_paths(d, tokenizer_json, tokenizer_config)
     assert tokenizer_json is not None
+    refuse_swapped_tokenizer_class(tokenizer_config, config)
     refuse_malformed(tokenizer_json, tokenizer_config)
     add_prefix_space = tokenizer_config.get("add_prefix_space")
     if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
@@ -4790,7 +5070,9 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     _build_tables_for(unplaced)     # once, while the second core is idle, rather than in each worker
     read_end, write_end = os.pipe()
     start_read, start_write = os.pipe()
-    todo = _JobQueue(len(unplaced), ahead=workers * (2 + _EARLY_BYTES // CHUNK_BYTES))
+    # workers fewer than MAX_AHEAD: the one more job each gets once the header is written must fit too.
+    todo = _JobQueue(len(unplaced), ahead=min(workers * (2 + _EARLY_BYTES // CHUNK_BYTES),
+                                              _JobQueue.MAX_AHEAD - workers))
     pids = []
     flusher = None
     # This process's collector stays off while the workers run: a collection writes to every object
@@ -4824,6 +5106,10 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
         except BrokenPipeError:
             pass    # every worker has exited already; their reports and statuses say why
+        # A worker that used up the jobs handed out while the vocabulary was read, with less than
+        # _EARLY_BYTES kept, waits for its next job with nothing reported -- and reports are what hand
+        # out jobs.  One more job each lets it see the data's start and write what it kept.
+        todo.hand_out(workers)
         sha = hashlib.sha256(plan.header)
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread

@@ -646,9 +646,9 @@ class RefusesWhatItWouldNotReproduce(Workspace):
 
     def test_other_architectures_are_refused(self):
         self.config_edit(lambda c: c.update(architectures=["Gemma2ForCausalLM"]),
-                         "architecture 'Gemma2ForCausalLM' is not LlamaForCausalLM or MistralForCausalLM; "
-                         "bankml_convert reproduces llama.cpp only for Llama models: use llama.cpp's "
-                         "convert_hf_to_gguf.py for the rest")
+                         "architecture 'Gemma2ForCausalLM' is not LlamaForCausalLM or MistralForCausalLM or "
+                         "Qwen2ForCausalLM or Qwen3ForCausalLM; bankml_convert reproduces llama.cpp only for "
+                         "Llama, Qwen2, Qwen3 models: use llama.cpp's convert_hf_to_gguf.py for the rest")
 
     def test_text_config_is_refused(self):
         self.config_edit(lambda c: c.update(text_config={"hidden_size": 64}),
@@ -1696,7 +1696,8 @@ class VocabRefusals(VocabCaseDirs):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="LlamaTokenizerFast"))
         self.assertVocabRefuses(d, "tokenizer_class 'LlamaTokenizerFast': only GPT2Tokenizer, "
-                                   "PreTrainedTokenizerFast, TokenizersBackend tokenizers are measured against llama.cpp")
+                                   "PreTrainedTokenizerFast, TokenizersBackend, Qwen2Tokenizer tokenizers are "
+                                   "measured against llama.cpp")
 
     def test_normalizer_is_refused(self):
         d = self.case_dir(INSTRUCT)
@@ -1716,13 +1717,6 @@ class VocabRefusals(VocabCaseDirs):
                                    "rename tokenizer_config.json's special tokens); only a template putting "
                                    "tokenizer_config.json's bos_token before $A (and before $A and $B of a pair, "
                                    "as Llama 3's does) is supported")
-
-    def test_non_special_added_token_is_refused(self):
-        d = self.case_dir(INSTRUCT)
-        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"][5].update(special=False))
-        edit_json(d / "tokenizer_config.json", lambda c: c["added_tokens_decoder"]["5"].update(special=False))
-        self.assertVocabRefuses(d, "non-special added token '<file_sep>': llama.cpp writes it as USER_DEFINED after "
-                                   "a transformers decode round trip; not reproduced")
 
     def test_special_token_missing_from_added_tokens_is_refused(self):
         d = self.case_dir(INSTRUCT)
@@ -2838,6 +2832,256 @@ class ChkhshEncoderRules(unittest.TestCase):
     def test_a_post_processor_of_another_kind_is_refused(self):
         with self.assertRaises(bc.Refusal):
             bc.post_processor_ids({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]})
+
+
+class WorkersOutrunTheVocabulary(Workspace):
+    def test_workers_that_used_up_their_jobs_before_the_header_was_written_still_report(self):
+        # A slow vocabulary (Qwen's 151,643 tokens) let both workers take every job handed out, keep
+        # what they converted (under _EARLY_BYTES) and wait for more, while this process, once the
+        # header was written, waited for their reports: neither moved again.  Two jobs ahead forces it.
+        d = self.case("untied")
+
+        def alarm(signum, frame):
+            raise TimeoutError("the conversion hung")
+        previous = signal.signal(signal.SIGALRM, alarm)
+        signal.alarm(30)
+        try:
+            with mock.patch.object(bc._JobQueue, "MAX_AHEAD", 4):
+                r = bc.convert(d, self.tmp / "outrun.gguf", bc.Options(workers=2))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        self.assertEqual(r.sha256, GOLDEN["untied"]["sha256"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen2.5 and Qwen3 (issue 14): their keys, tensors and vocabulary, and what is refused.  Their bytes
+# are pinned by the golden runs qwen2.5-* and qwen3-* (OutputIsLlamaCppsBytes) against llama.cpp's.
+# ---------------------------------------------------------------------------------------------
+
+QWEN2_5 = "qwen2.5-0.5b-bf16"
+QWEN3 = "qwen3-0.6b-bf16"
+
+
+class QwenKeysAndTensors(Workspace):
+    def params_of(self, case: str, change=None):
+        config = json.loads((self.case(case) / "config.json").read_text(encoding="utf-8"))
+        if change is not None:
+            change(config)
+        family = bc.family_of(config)
+        return family, family.params(config)
+
+    def keys_of(self, case: str, change=None) -> dict:
+        family, params = self.params_of(case, change)
+        return {kv.key: kv.value for kv in family.hparam_kvs(params, 1)}
+
+    def plan(self, case: str, outtype: str = "f16") -> bc.TensorPlan:
+        return bc.plan_tensor_data(self.case(case), bc.Options(outtype=outtype))
+
+    def test_qwen2_writes_text_model_keys_in_order_and_no_others(self):
+        self.assertEqual(list(self.keys_of(QWEN2_5)), [
+            "qwen2.block_count", "qwen2.context_length", "qwen2.embedding_length", "qwen2.feed_forward_length",
+            "qwen2.attention.head_count", "qwen2.attention.head_count_kv", "qwen2.rope.freq_base",
+            "qwen2.attention.layer_norm_rms_epsilon", "general.file_type"])
+
+    def test_qwen2_head_dim_named_in_config_json_is_written_as_key_and_value_length(self):
+        keys = self.keys_of(QWEN2_5, lambda c: c.update(head_dim=8))
+        self.assertEqual((keys["qwen2.attention.key_length"], keys["qwen2.attention.value_length"]), (8, 8))
+
+    def test_qwen3_writes_its_head_dim_as_key_and_value_length(self):
+        keys = self.keys_of(QWEN3)
+        self.assertEqual((keys["qwen3.attention.key_length"], keys["qwen3.attention.value_length"]), (16, 16))
+
+    def test_qwen3_head_dim_defaults_to_qwen3_configs_128(self):
+        family, params = self.params_of(QWEN3, lambda c: c.pop("head_dim"))
+        self.assertEqual((params.key_length, params.head_dim), (128, 128))
+
+    def test_qwen2_config_defaults_fill_what_config_json_leaves_out(self):
+        def strip(c):
+            for key in ("num_key_value_heads", "rope_theta", "rms_norm_eps", "vocab_size", "max_position_embeddings"):
+                c.pop(key)
+        family, p = self.params_of(QWEN2_5, strip)
+        self.assertEqual((p.head_count_kv, p.rope_freq_base, p.rms_norm_eps, p.vocab_size, p.context_length),
+                         (p.head_count, 10000.0, 1e-6, 151936, 32768))
+
+    def test_use_sliding_window_changes_no_key(self):
+        # Qwen2Config nulls sliding_window unless use_sliding_window, but llama.cpp's Qwen2Model reads
+        # neither (nor layer_types): the same keys either way.
+        self.assertEqual(self.keys_of(QWEN2_5, lambda c: c.update(use_sliding_window=True)), self.keys_of(QWEN2_5))
+
+    def test_qwen2_q_k_v_biases_are_f32_vectors_in_every_output_type(self):
+        for outtype in ("f16", "q8_0", "bf16"):
+            with self.subTest(outtype):
+                biases = [t for t in self.plan(QWEN2_5, outtype).tensors if t.name.endswith(".bias")]
+                self.assertEqual(sorted(t.name for t in biases), [
+                    f"blk.{b}.attn_{x}.bias" for b in range(2) for x in "kqv"])
+                self.assertEqual({(t.ggml_type, len(t.dims)) for t in biases}, {(bc.GGML_F32, 1)})
+
+    def test_qwen_q_and_k_rows_are_not_permuted(self):
+        for case in (QWEN2_5, QWEN3):
+            with self.subTest(case):
+                self.assertEqual({t.permute_heads for t in self.plan(case).tensors}, {0})
+
+    def test_tied_qwen2_writes_no_output_tensor(self):
+        self.assertNotIn("output.weight", {t.name for t in self.plan(QWEN2_5).tensors})
+
+    def test_untied_qwen2_writes_the_lm_head_as_output(self):
+        self.assertIn("output.weight", {t.name for t in self.plan("qwen2.5-7b-untied").tensors})
+
+    def test_qwen3_plans_per_head_q_and_k_norms_as_f32_and_no_biases(self):
+        tensors = self.plan(QWEN3, "q8_0").tensors
+        norms = {t.name: (t.ggml_type, t.dims) for t in tensors if "_norm" in t.name and "attn_" in t.name}
+        self.assertEqual(norms, {f"blk.{b}.attn_{x}_norm.weight": (bc.GGML_F32, (16,))
+                                 for b in range(2) for x in ("q", "k")} | {
+                                 f"blk.{b}.attn_norm.weight": (bc.GGML_F32, (32,)) for b in range(2)})
+        self.assertFalse([t.name for t in tensors if t.name.endswith(".bias")])
+
+
+class QwenVocabulary(Workspace):
+    """The Qwen3 tokenizer under the Qwen2.5-0.5B config, read once (151,643 tokens)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        d = cls.case(QWEN2_5)
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        cls.vocab = bc.bpe_vocab(d, config, bc.QWEN2.params(config).vocab_size)
+
+    def type_of(self, text: str) -> int:
+        return self.vocab.toktypes[self.vocab.tokens.index(text)]
+
+    def test_pre_tokenizer_is_qwen2(self):
+        self.assertEqual(self.vocab.pre, "qwen2")
+
+    def test_the_151643_base_tokens_are_normal(self):
+        self.assertEqual(set(self.vocab.toktypes[:151643]), {bc.NORMAL})
+        self.assertNotEqual(self.vocab.toktypes[151643], bc.NORMAL)
+
+    def test_special_added_tokens_are_control(self):
+        self.assertEqual((self.type_of("<|endoftext|>"), self.type_of("<|im_end|>")), (bc.CONTROL, bc.CONTROL))
+
+    def test_non_special_added_tokens_that_look_special_are_control(self):
+        self.assertEqual({self.type_of(t) for t in ("<|fim_prefix|>", "<|repo_name|>", "<|file_sep|>")}, {bc.CONTROL})
+
+    def test_other_non_special_added_tokens_are_user_defined(self):
+        self.assertEqual({self.type_of(t) for t in ("<think>", "</think>", "<tool_call>", "</tool_response>")},
+                         {bc.USER_DEFINED})
+
+    def test_ids_past_the_tokenizer_up_to_vocab_size_are_unused_pads(self):
+        self.assertEqual(len(self.vocab.tokens), 151936)
+        self.assertEqual(self.vocab.tokens[151669:151671], ["[PAD151669]", "[PAD151670]"])
+        self.assertEqual(set(self.vocab.toktypes[151669:]), {bc.UNUSED})
+
+    def test_special_ids_are_eos_pad_then_bos_from_config_json(self):
+        self.assertEqual(self.vocab.special_ids, [("eos", 151645), ("pad", 151643), ("bos", 151643)])
+
+    def test_byte_level_post_processor_adds_neither_bos_nor_eos(self):
+        self.assertEqual(self.vocab.add_flags, [("bos", False), ("eos", False)])
+
+    def test_a_user_defined_token_writes_u2581_as_a_space(self):
+        t = bc.AddedToken(2, "\u2581hi", special=False, normalized=True, lstrip=False, rstrip=False, single_word=False)
+        self.assertEqual(bc.token_list(["a", "b"], [t], 3), (["a", "b", " hi"], [bc.NORMAL, bc.NORMAL, bc.USER_DEFINED]))
+
+    def test_looks_special_is_llama_cpps_list(self):
+        for text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]", "<|x|>", "<\uff5cx\uff5c>", "<unused7>"):
+            self.assertTrue(bc.looks_special(text), text)
+        for text in ("<think>", "<|x", "<s>", "|>"):
+            self.assertFalse(bc.looks_special(text), text)
+
+
+class QwenRefusals(Workspace):
+    def config_edit(self, case: str, change, reason):
+        d = self.case(case)
+        edit_json(d / "config.json", change)
+        return self.assertRefuses(d, reason)
+
+    def test_yarn_rope_scaling_is_refused(self):
+        self.config_edit(QWEN2_5, lambda c: c.update(rope_scaling={
+            "factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}),
+            "config.json: rope_scaling asks for rope scaling ('yarn', factor, original_max_position_embeddings); "
+            "llama.cpp writes rope factors for it that bankml_convert does not reproduce")
+
+    def test_qwen_mixture_of_experts_and_vision_language_architectures_are_refused(self):
+        for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration"):
+            with self.subTest(arch):
+                self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
+                                 f"architecture {arch!r} is not LlamaForCausalLM or MistralForCausalLM or "
+                                 "Qwen2ForCausalLM or Qwen3ForCausalLM; bankml_convert reproduces llama.cpp only "
+                                 "for Llama, Qwen2, Qwen3 models: use llama.cpp's convert_hf_to_gguf.py for the rest")
+
+    def test_null_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
+        self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=None),
+                         "config.json: rms_norm_eps is None; transformers' Qwen config rejects it, and llama.cpp "
+                         "then reads config.json without the config's defaults, which bankml_convert does not "
+                         "reproduce: write a float")
+
+    def test_integer_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
+        self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=0),
+                         "config.json: rms_norm_eps is 0; transformers' Qwen config rejects it, and llama.cpp "
+                         "then reads config.json without the config's defaults, which bankml_convert does not "
+                         "reproduce: write a float")
+
+    def test_null_rope_theta_is_refused(self):
+        self.config_edit(QWEN2_5, lambda c: c.update(rope_theta=None),
+                         "config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
+                         "bankml_convert does not reproduce: write the model's rope_theta")
+
+    def test_classifier_pooling_is_refused(self):
+        self.config_edit(QWEN2_5, lambda c: c.update(classifier_pooling="mean"),
+                         "config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for "
+                         "it, which bankml_convert does not reproduce")
+
+    def test_qwen3_attention_bias_is_refused(self):
+        self.config_edit(QWEN3, lambda c: c.update(attention_bias=True),
+                         "config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
+                         "model, which bankml_convert does not reproduce")
+
+    def test_sentence_transformers_modules_json_is_refused(self):
+        for case in (QWEN2_5, QWEN3):
+            with self.subTest(case):
+                d = self.case(case)
+                (d / "modules.json").write_text('[{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]')
+                self.assertRefuses(d, "modules.json (a sentence-transformers embedding model): llama.cpp writes a "
+                                      "pooling type from it, which bankml_convert does not reproduce: use "
+                                      "llama.cpp's converter")
+
+    def test_qwen3_reranker_named_by_its_readme_is_refused(self):
+        d = self.case(QWEN3)
+        (d / "README.md").write_text("# Qwen3-Reranker-0.6B\n\nA fine-tune.\n", encoding="utf-8")
+        self.assertRefuses(d, "README.md names a Qwen3 reranker (# qwen3-reranker): llama.cpp then converts the "
+                              "model as a reranker (pooling type, classifier head, rerank template), which "
+                              "bankml_convert does not reproduce: use llama.cpp's converter")
+
+    def test_qwen3_reranker_named_by_its_directory_is_refused(self):
+        d = self.case(QWEN3)
+        named = d.rename(d.parent / "Qwen3-Reranker-0.6B-ft")
+        self.assertRefuses(named, re.compile(
+            r"the path '.*/Qwen3-Reranker-0\.6B-ft' says qwen3-reranker: llama\.cpp then converts the model as a "
+            r"reranker \(pooling type, classifier head, rerank template\), which bankml_convert does not "
+            r"reproduce: rename the directory if it is not a reranker, else use llama\.cpp's converter"))
+
+    def test_a_generic_tokenizer_class_under_a_qwen2_config_is_refused(self):
+        # transformers 5.18 would build a Qwen2Tokenizer from another model's files; llama.cpp then fails.
+        d = self.case(QWEN2_5)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assertRefuses(d, "tokenizer_class 'PreTrainedTokenizerFast' under config.json model_type 'qwen2': "
+                              "transformers 5.18 builds a Qwen2Tokenizer from these files instead, and llama.cpp's "
+                              "converter fails on it; use the model's own tokenizer files (tokenizer_class "
+                              "Qwen2Tokenizer)")
+
+    def test_a_gpt2_tokenizer_under_a_qwen2_config_is_refused_as_unconfirmed(self):
+        d = self.case(QWEN2_5)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(ORACLE / "fixtures" / "SmolLM2-135M-Instruct" / f, d / f)
+        self.assertRefuses(d, re.compile(
+            r"tokenizer_class 'GPT2Tokenizer' with config\.json model_type 'qwen2': how transformers builds this "
+            r"tokenizer \(and so llama\.cpp's chkhsh\) was not confirmed; run .*"))
+
+    def test_a_non_special_added_token_named_as_a_special_token_is_refused(self):
+        d = self.case(QWEN2_5)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(pad_token="<think>"))
+        self.assertRefuses(d, "added token '<think>' is marked special: false but named a special token in "
+                              "tokenizer_config.json; not reproduced")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class TokenizerFixture:
     files: tuple[tuple[str, str], ...]  # (fixture folder, file name), copied verbatim
     added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
     resaved: bool = False   # then rewritten as transformers 5.18's save_pretrained writes it (resave_tokenizer)
+    unmarked_special: Optional[str] = None     # an added token then marked special: false in both files
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -100,6 +101,18 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (SMOLLM2_135M_INSTRUCT, "vocab.json"),
             (SMOLLM2_135M_INSTRUCT, "merges.txt"),
         ), added_special_token="<|persona|>"),
+        # The real Qwen3 tokenizer (Qwen2.5's 151,643-token vocabulary and merges, Qwen3's added tokens).
+        TokenizerFixture("qwen3", (
+            ("Qwen3-tokenizer", "tokenizer.json"),
+            ("Qwen3-tokenizer", "tokenizer_config.json"),
+        )),
+        # SmolLM2's <file_sep> (id 5, inside the vocabulary) marked special: false: llama.cpp writes it
+        # USER_DEFINED, as it does Qwen's <think> past the vocabulary.
+        TokenizerFixture("smollm2-135m-instruct-non-special-file-sep", (
+            (SMOLLM2_135M_INSTRUCT, "tokenizer.json"),
+            (SMOLLM2_135M_INSTRUCT, "tokenizer_config.json"),
+            (SMOLLM2_135M_INSTRUCT, "special_tokens_map.json"),
+        ), unmarked_special="<file_sep>"),
         # Llama 3.2 (Meta's licence: read from ../shared/fixtures, never copied into the project).
         TokenizerFixture("llama-3.2-1b-instruct", (
             (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
@@ -182,6 +195,8 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         add_special_token(out_dir, fixture.added_special_token)
     if fixture.resaved:
         resave_tokenizer(out_dir)
+    if fixture.unmarked_special is not None:
+        unmark_special(out_dir, fixture.unmarked_special)
 
 
 # What transformers 5.18's save_pretrained wrote for the Llama 3.2 tokenizer (measured with
@@ -209,6 +224,21 @@ def resave_tokenizer(d: Path) -> None:
         + "\n", encoding="utf-8")
     for name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
         (d / name).unlink(missing_ok=True)
+
+
+def unmark_special(d: Path, content: str) -> None:
+    """The added token `content` marked special: false in tokenizer.json and tokenizer_config.json
+    (rewritten as JSON, indent 2)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    for t in tokenizer["added_tokens"]:
+        if t["content"] == content:
+            t["special"] = False
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for t in config["added_tokens_decoder"].values():
+        if t["content"] == content:
+            t["special"] = False
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def add_special_token(d: Path, content: str) -> None:
@@ -249,6 +279,61 @@ SMALL = Dims()
 # real 128,256-token vocabulary (the tokenizer's size, which llama.cpp checks).
 LLAMA3_TINY = Dims(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                    vocab_size=128256, max_position_embeddings=131072)
+
+
+# Qwen cases: the real 151,936-entry embedding (the tokenizer must fit), widths as small as Q8_0's
+# 32-value blocks allow, so the vocabulary, not the weights, is what they cost.
+QWEN_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768)
+QWEN3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=40960)
+QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+                    num_key_value_heads=2, vocab_size=152064, max_position_embeddings=32768)
+
+
+# Configs that are not copied fixtures: written here as the Hub ships them (transformers' to_json_string:
+# indent 2, sorted keys), for models whose files oracle/fixtures does not hold.
+QWEN2_5_0_5B_INSTRUCT = "Qwen2.5-0.5B-Instruct"
+QWEN2_5_7B_INSTRUCT = "Qwen2.5-7B-Instruct"
+QWEN3_0_6B = "Qwen3-0.6B"
+_QWEN2_5_COMMON = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768,
+    "model_type": "qwen2", "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False,
+}
+_QWEN2_5_GENERATION = {
+    "bos_token_id": 151643, "pad_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+    "repetition_penalty": 1.1, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "transformers_version": "4.37.0",
+}
+WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    QWEN2_5_0_5B_INSTRUCT: {
+        "config.json": {**_QWEN2_5_COMMON, "hidden_size": 896, "intermediate_size": 4864, "max_window_layers": 21,
+                        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+                        "sliding_window": 32768, "tie_word_embeddings": True, "vocab_size": 151936},
+        "generation_config.json": _QWEN2_5_GENERATION,
+    },
+    QWEN2_5_7B_INSTRUCT: {
+        "config.json": {**_QWEN2_5_COMMON, "hidden_size": 3584, "intermediate_size": 18944, "max_window_layers": 28,
+                        "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+                        "sliding_window": 131072, "tie_word_embeddings": False, "vocab_size": 152064},
+        "generation_config.json": {**_QWEN2_5_GENERATION, "repetition_penalty": 1.05},
+    },
+    QWEN3_0_6B: {
+        "config.json": {
+            "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+            "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+            "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+            "use_sliding_window": False, "vocab_size": 151936},
+        "generation_config.json": {
+            "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -373,9 +458,33 @@ CASES: tuple[Case, ...] = (
          config_updates=(("rope_scaling", {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}),),
          description="Llama-3.1-8B's head_dim 128 and llama3 rope factor 8, untied, F16 weights"),
+    Case("non-special-added-token", tokenizer="smollm2-135m-instruct-non-special-file-sep",
+         description="SmolLM2's <file_sep> marked special: false (USER_DEFINED, issue 14)"),
     Case("example", dirname="smollm2-tiny",
          dims=Dims(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2),
          description="the example model the README converts (example/smollm2-tiny)"),
+    # Qwen2.5 (issue 14): the real Qwen3 tokenizer under Qwen2.5 configs, biases, no Q/K permutation.
+    Case("qwen2.5-0.5b-bf16", tokenizer="qwen3", config_from=QWEN2_5_0_5B_INSTRUCT, dims=QWEN_TINY,
+         special_values=True, dirname="qwen2.5-0.5b-instruct",
+         description="Qwen2.5-0.5B-Instruct config (tied), BF16 with special values, Qwen3 tokenizer"),
+    Case("qwen2.5-0.5b-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN2_5_0_5B_INSTRUCT, dims=QWEN_TINY,
+         special_values=True, dirname="qwen2.5-0.5b-instruct-f16",
+         description="Qwen2.5-0.5B-Instruct config (tied), F16 with special values, Qwen3 tokenizer"),
+    Case("qwen2.5-7b-untied", tokenizer="qwen3", config_from=QWEN2_5_7B_INSTRUCT, dims=QWEN_7B_TINY, tied=False,
+         dirname="qwen2.5-7b-instruct",
+         description="Qwen2.5-7B-Instruct config (untied lm_head, vocab 152,064), BF16, Qwen3 tokenizer"),
+    Case("qwen2.5-0.5b-sharded", tokenizer="qwen3", config_from=QWEN2_5_0_5B_INSTRUCT, dims=QWEN_TINY, shards=3,
+         dirname="qwen2.5-0.5b-instruct-sharded", description="the Qwen2.5-0.5B case in three shards"),
+    # Qwen3: no biases, per-head q/k norms, an explicit head_dim (16 here, as 128 is in the real 0.6B,
+    # unlike hidden_size / heads).
+    Case("qwen3-0.6b-bf16", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
+         special_values=True, dirname="qwen3-0.6b",
+         description="Qwen3-0.6B config (tied, head_dim), BF16 with special values, Qwen3 tokenizer"),
+    Case("qwen3-0.6b-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
+         special_values=True, dirname="qwen3-0.6b-f16",
+         description="Qwen3-0.6B config (tied, head_dim), F16 with special values, Qwen3 tokenizer"),
+    Case("qwen3-0.6b-sharded", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
+         shards=3, dirname="qwen3-0.6b-sharded", description="the Qwen3-0.6B case in three shards"),
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
 )
@@ -427,6 +536,8 @@ def hf_json_bytes(obj: dict) -> bytes:
 
 
 def fixture_bytes(folder: str, file_name: str) -> bytes:
+    if folder in WRITTEN_FIXTURES:
+        return hf_json_bytes(WRITTEN_FIXTURES[folder][file_name])
     return fixture_path(folder, file_name).read_bytes()
 
 
@@ -504,17 +615,25 @@ class TensorSpec:
         return math.prod(self.shape)
 
 
-def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool) -> list[TensorSpec]:
+def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_type: str = "llama") -> list[TensorSpec]:
+    """LlamaForCausalLM's state_dict; model_type qwen2 adds Qwen2's q/k/v biases after each weight,
+    qwen3 its per-head q/k norms after o_proj (Qwen3Attention registers them last)."""
     hd = head_dim if head_dim is not None else dims.hidden_size // dims.num_attention_heads
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
     specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    biases = model_type == "qwen2"
     for i in range(dims.num_hidden_layers):
         p = f"model.layers.{i}."
         specs += [
             TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
+            *([TensorSpec(p + "self_attn.q_proj.bias", (q_out,))] if biases else []),
             TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
+            *([TensorSpec(p + "self_attn.k_proj.bias", (kv_out,))] if biases else []),
             TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
+            *([TensorSpec(p + "self_attn.v_proj.bias", (kv_out,))] if biases else []),
             TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
+            *([TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
+              if model_type == "qwen3" else []),
             TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
             TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
             TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
@@ -637,6 +756,7 @@ SPECIAL_TENSORS: tuple[str, ...] = (
     "model.layers.1.mlp.down_proj.weight",
     "model.layers.0.input_layernorm.weight",
     "model.norm.weight",
+    "model.layers.0.self_attn.q_proj.bias",     # Qwen2: a 1-D tensor written as F32
 )
 
 
@@ -782,7 +902,7 @@ def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
     tied = config.get("tie_word_embeddings", True)
-    specs = llama_tensor_specs(dims, config.get("head_dim"), tied)
+    specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     return [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
 
 

@@ -61,7 +61,8 @@ RUNS: tuple[Run, ...] = tuple(
     # SentencePiece Llama/Mistral case.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("bf16", "f16", "f32", "shape-360m-instruct", "example", "full-135m-instruct",
-                    *(c.name for c in make_models.SPM_CASES))
+                    *(c.name for c in make_models.SPM_CASES),
+                    "qwen2.5-0.5b-bf16", "qwen2.5-0.5b-f16", "qwen2.5-7b-untied", "qwen3-0.6b-bf16", "qwen3-0.6b-f16")
        for t in OTHER_OUTTYPES]
     # Llama 3.x (issue 12): every output type from BF16 and from F16 weights; the head_dim 128
     # shapes (rope_freqs of 64 values, lm_head) also in q8_0.
