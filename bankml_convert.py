@@ -5390,7 +5390,8 @@ class _Flusher:
         self._fd = fd
         self._wanted = threading.Event()
         self._stopped = False
-        self._flushed_to = 0
+        self._flushed_to = 0        # the end of the output asked to be flushed
+        self._synced_to = 0         # the end this thread has flushed (or begun to)
         self._thread = threading.Thread(target=self._run, name="bankml-flush", daemon=True)
         self._thread.start()
 
@@ -5403,12 +5404,16 @@ class _Flusher:
         while True:
             self._wanted.wait()
             self._wanted.clear()
+            # A flush asked for is made even when stop() came first: on a busy machine this thread
+            # may not run until then, and whether it flushed should not depend on that.
+            if self._flushed_to > self._synced_to:
+                self._synced_to = self._flushed_to
+                try:
+                    os.fdatasync(self._fd)
+                except OSError:
+                    return      # the closing fsync reports what is wrong
             if self._stopped:
                 return
-            try:
-                os.fdatasync(self._fd)
-            except OSError:
-                return      # the closing fsync reports what is wrong
 
     def stop(self) -> None:
         self._stopped = True
