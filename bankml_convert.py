@@ -1169,6 +1169,9 @@ def llama_permute_heads(gguf_name: str, p: LlamaParams) -> int:
     return heads
 
 
+# Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
+_OLD_BUFFERS = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
+
 LLAMA = Family(
     name="Llama",
     architectures=("LlamaForCausalLM", "MistralForCausalLM"),
@@ -1180,8 +1183,7 @@ LLAMA = Family(
     top_tensors=_LLAMA_TOP_TENSORS,
     block_tensors=_LLAMA_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),      # tied embeddings: llama.cpp writes none
-    # Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
-    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
+    dropped_suffixes=_OLD_BUFFERS,
     shape=llama_shape,
     permute_heads=llama_permute_heads,
     generated_tensors=llama_generated_tensors,
@@ -1345,7 +1347,7 @@ QWEN2 = Family(
     top_tensors=_LLAMA_TOP_TENSORS,
     block_tensors=_QWEN2_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),      # tied embeddings (0.5B-3B): llama.cpp writes none
-    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
+    dropped_suffixes=_OLD_BUFFERS,
     shape=qwen_shape,
     permute_heads=no_permutation,
     refuse_directory=refuse_pooling,
@@ -1393,20 +1395,15 @@ def refuse_qwen3_reranker(model_dir: Path, config: dict) -> None:
                       "not reproduce: rename the directory if it is not a reranker, else use llama.cpp's converter")
 
 
-QWEN3 = Family(
+# llama.cpp's Qwen3Model is a Qwen2Model subclass: the entry is Qwen2's with what Qwen3 changes.
+QWEN3 = QWEN2._replace(
     name="Qwen3",
     architectures=("Qwen3ForCausalLM",),
     model_types=("qwen3",),
     gguf_arch="qwen3",
     params=qwen3_params,
     hparam_kvs=qwen3_hparam_kvs,
-    vocab_kvs=qwen_vocab_kvs,
-    top_tensors=_LLAMA_TOP_TENSORS,
-    block_tensors=_QWEN3_BLOCK_TENSORS,
-    optional_tensors=frozenset({"output.weight"}),      # tied embeddings (0.6B-4B): llama.cpp writes none
-    dropped_suffixes=(".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"),
-    shape=qwen_shape,
-    permute_heads=no_permutation,
+    block_tensors=_QWEN3_BLOCK_TENSORS,     # tied embeddings (0.6B-4B) too: no output.weight
     refuse_directory=refuse_qwen3_reranker,
 )
 
