@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""bankml_convert: a Hugging Face safetensors Llama directory to GGUF, byte-identical to llama.cpp.
+"""bankml_convert: a Hugging Face safetensors model directory to GGUF, byte-identical to llama.cpp.
 
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
-(commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for SmolLM2-class ``LlamaForCausalLM``
-directories, pins the result (sha256 of the output and of every input) and refuses, with the reason,
+(commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
+(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5 and Qwen3 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
 anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
 The file reads top to bottom the way the data flows: read the directory -> decide (family,
