@@ -1710,6 +1710,19 @@ class Vocab(NamedTuple):
     scores: Optional[list[float]] = None  # SentencePiece only: each token's float32 score
 
 
+def add_special_vocab(kv: KvList, v: Vocab) -> None:
+    """gguf-py's SpecialVocab.add_to_gguf, which every vocabulary path ends with: the special token
+    ids, the add_*_token flags, then the chat template."""
+    for typ, tid in v.special_ids:
+        if typ in ID_KEYS:
+            kv.uint32(ID_KEYS[typ], tid)
+    for typ, flag in v.add_flags:
+        if typ in ADD_KEYS:
+            kv.bool(ADD_KEYS[typ], flag)
+    if v.chat_template is not None:
+        kv.string("tokenizer.chat_template", v.chat_template)
+
+
 def bpe_kvs(v: Vocab) -> list[KV]:
     """The tokenizer.* keys llama.cpp's gpt2 path writes for ``v``, in file order (the family's
     set_vocab adds its own around them)."""
@@ -1719,14 +1732,7 @@ def bpe_kvs(v: Vocab) -> list[KV]:
     kv.array("tokenizer.ggml.tokens", GGUF_STRING, list(v.tokens))
     kv.array("tokenizer.ggml.token_type", GGUF_INT32, list(v.toktypes))
     kv.array("tokenizer.ggml.merges", GGUF_STRING, list(v.merges))
-    for typ, tid in v.special_ids:
-        if typ in ID_KEYS:
-            kv.uint32(ID_KEYS[typ], tid)
-    for typ, flag in v.add_flags:
-        if typ in ADD_KEYS:
-            kv.bool(ADD_KEYS[typ], flag)
-    if v.chat_template is not None:
-        kv.string("tokenizer.chat_template", v.chat_template)
+    add_special_vocab(kv, v)
     return kv.items()
 
 
@@ -3334,14 +3340,7 @@ def spm_kvs(v: Vocab) -> list[KV]:
     kv.array("tokenizer.ggml.tokens", GGUF_STRING, list(v.tokens))
     kv.array("tokenizer.ggml.scores", GGUF_FLOAT32, list(v.scores or ()))
     kv.array("tokenizer.ggml.token_type", GGUF_INT32, list(v.toktypes))
-    for typ, tid in v.special_ids:
-        if typ in ID_KEYS:
-            kv.uint32(ID_KEYS[typ], tid)
-    for typ, flag in v.add_flags:
-        if typ in ADD_KEYS:
-            kv.bool(ADD_KEYS[typ], flag)
-    if v.chat_template is not None:
-        kv.string("tokenizer.chat_template", v.chat_template)
+    add_special_vocab(kv, v)
     return kv.items()
 
 
