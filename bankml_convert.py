@@ -524,7 +524,7 @@ class TensorPlan(NamedTuple):
     to start converting tensor data while the vocabulary is still being read."""
     config: dict
     family: Family
-    params: Any             # the family's hyperparameters (LlamaParams for Llama)
+    params: TextParams      # the family's hyperparameters, as its config class fills them
     tensors: list[PlannedTensor]
     inputs: list[Path]
     outtype: OutType
@@ -839,11 +839,9 @@ def family_of(config: dict) -> Family:
     return family
 
 
-# Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2, TinyLlama, Llama 2, every plain LlamaForCausalLM,
-# and MistralForCausalLM (llama.cpp registers it for the same class).
-
-class LlamaParams(NamedTuple):
-    """The hyperparameters llama.cpp writes for a Llama model, as transformers' LlamaConfig fills them."""
+class TextParams(NamedTuple):
+    """The hyperparameters llama.cpp's TextModel reads, as one family's transformers config class
+    fills them; each family's params function makes one."""
     block_count: int
     context_length: int
     embedding_length: int
@@ -852,12 +850,35 @@ class LlamaParams(NamedTuple):
     head_count_kv: int
     rope_freq_base: float
     rms_norm_eps: float
-    head_dim: int
+    head_dim: int                           # the attention's, for the tensor shapes
     vocab_size: int
+    key_length: Optional[int] = None        # head_dim as the config's to_dict() holds it (None: no key)
     rope_llama3: Optional[Llama3Rope] = None    # rope_scaling of rope_type "llama3": rope_freqs.weight
 
 
-def llama_params(config: dict) -> LlamaParams:
+def text_model_kvs(arch: str, p: TextParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys, which every family's set_gguf_parameters starts with:
+    key/value_length only where the config's to_dict() has a head_dim, then general.file_type."""
+    kvs = [
+        KV(f"{arch}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{arch}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{arch}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{arch}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{arch}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{arch}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{arch}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{arch}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+    ]
+    if p.key_length is not None:
+        kvs += [KV(f"{arch}.attention.key_length", GGUF_UINT32, p.key_length),
+                KV(f"{arch}.attention.value_length", GGUF_UINT32, p.key_length)]
+    return kvs + [KV("general.file_type", GGUF_UINT32, file_type)]
+
+
+# Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2, TinyLlama, Llama 2, every plain LlamaForCausalLM,
+# and MistralForCausalLM (llama.cpp registers it for the same class).
+
+def llama_params(config: dict) -> TextParams:
     """The Llama hyperparameters of config.json, or a Refusal for anything llama.cpp would treat otherwise.
 
     llama.cpp reads config.json through transformers' ``AutoConfig(...).to_dict()``, so a key
@@ -883,7 +904,8 @@ def llama_params(config: dict) -> LlamaParams:
         raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
                       f"num_key_value_heads {kv_heads}")
     rope = config.get("rope_parameters") or {}
-    params = LlamaParams(
+    head_dim = config_integer(config, "head_dim", hidden // heads)
+    params = TextParams(
         block_count=config_integer(config, "num_hidden_layers", 32),
         context_length=config_integer(config, "max_position_embeddings", defaults.max_position_embeddings),
         embedding_length=hidden,
@@ -892,8 +914,9 @@ def llama_params(config: dict) -> LlamaParams:
         head_count_kv=kv_heads,
         rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
         rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=config_integer(config, "head_dim", hidden // heads),
+        head_dim=head_dim,
         vocab_size=config_integer(config, "vocab_size", 32000),
+        key_length=head_dim,        # LlamaConfig's to_dict() always holds one: key/value_length written
         rope_llama3=rope_llama3,
     )
     if params.vocab_size == 32016:
@@ -1074,7 +1097,7 @@ def llama3_rope_freqs(base: float, dim: int, rope: Llama3Rope) -> list[float]:
     return factors
 
 
-def llama_generated_tensors(p: LlamaParams) -> list[GeneratedTensor]:
+def llama_generated_tensors(p: TextParams) -> list[GeneratedTensor]:
     """LlamaModel.generate_extra_tensors: rope_freqs.weight for a llama3 rope scaling, else nothing."""
     if p.rope_llama3 is None:
         return []
@@ -1082,26 +1105,15 @@ def llama_generated_tensors(p: LlamaParams) -> list[GeneratedTensor]:
     return [GeneratedTensor("rope_freqs.weight", struct.pack(f"<{len(factors)}f", *factors), (len(factors),))]
 
 
-def llama_hparam_kvs(p: LlamaParams, file_type: int) -> list[KV]:
+def llama_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
     """TextModel.set_gguf_parameters' keys, then LlamaModel's own (general.file_type falls between)."""
-    return [
-        KV("llama.block_count", GGUF_UINT32, p.block_count),
-        KV("llama.context_length", GGUF_UINT32, p.context_length),
-        KV("llama.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV("llama.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV("llama.attention.head_count", GGUF_UINT32, p.head_count),
-        KV("llama.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
-        KV("llama.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
-        KV("llama.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
-        KV("llama.attention.key_length", GGUF_UINT32, p.head_dim),
-        KV("llama.attention.value_length", GGUF_UINT32, p.head_dim),
-        KV("general.file_type", GGUF_UINT32, file_type),
+    return text_model_kvs("llama", p, file_type) + [
         KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
         KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
     ]
 
 
-def llama_vocab_kvs(p: LlamaParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+def llama_vocab_kvs(p: TextParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
     """LlamaModel.set_vocab: add_space_prefix before any tokenizer path, then the path's keys."""
     kv = KvList()
     if v.add_space_prefix is not None:
@@ -1135,7 +1147,7 @@ _LLAMA_BLOCK_TENSORS = {
 }
 
 
-def llama_shape(gguf_name: str, p: LlamaParams) -> tuple[int, ...]:
+def llama_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
     """The HF shape (rows first) a Llama tensor must have for the config llama.cpp writes."""
     q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
     kind = gguf_name.split(".")[-2]
@@ -1155,7 +1167,7 @@ def llama_shape(gguf_name: str, p: LlamaParams) -> tuple[int, ...]:
     }[kind]
 
 
-def llama_permute_heads(gguf_name: str, p: LlamaParams) -> int:
+def llama_permute_heads(gguf_name: str, p: TextParams) -> int:
     """LlamaModel.modify_tensors permutes Q and K rows from HF's rotate-half order to GGML's
     interleaved one, per head: Q with the attention heads, K with the KV heads."""
     if gguf_name.endswith("attn_q.weight"):
@@ -1191,22 +1203,6 @@ LLAMA = Family(
 
 # Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
 
-class QwenParams(NamedTuple):
-    """The hyperparameters llama.cpp writes for a Qwen2 or Qwen3 model, as transformers' Qwen2Config /
-    Qwen3Config fill them."""
-    block_count: int
-    context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rope_freq_base: float
-    rms_norm_eps: float
-    head_dim: int                   # the attention's, for the tensor shapes
-    key_length: Optional[int]       # head_dim as the config's to_dict() holds it, written as key/value_length
-    vocab_size: int
-
-
 # The keys a Qwen config's dataclass types exactly (transformers 5.18's @strict Qwen2Config/Qwen3Config):
 # a null or another type makes AutoConfig raise, and llama.cpp then reads config.json as written,
 # without the config class's defaults -- a path bankml_convert does not reproduce.  bool is not int there.
@@ -1225,7 +1221,7 @@ def _refuse_unstrict_qwen_config(config: dict) -> None:
                           f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
 
 
-def qwen_params(config: dict, head_dim_default: Optional[int]) -> QwenParams:
+def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
     """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
     Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
     _refuse_unstrict_qwen_config(config)
@@ -1251,7 +1247,7 @@ def qwen_params(config: dict, head_dim_default: Optional[int]) -> QwenParams:
     key_length = None
     if "head_dim" in config or head_dim_default is not None:
         key_length = config_integer(config, "head_dim", head_dim_default)
-    return QwenParams(
+    return TextParams(
         block_count=config_integer(config, "num_hidden_layers", 32),
         context_length=config_integer(config, "max_position_embeddings", 32768),
         embedding_length=hidden,
@@ -1266,36 +1262,16 @@ def qwen_params(config: dict, head_dim_default: Optional[int]) -> QwenParams:
     )
 
 
-def qwen2_params(config: dict) -> QwenParams:
+def qwen2_params(config: dict) -> TextParams:
     # Qwen2's attention always has q/k/v biases (no attention_bias switch in Qwen2Config).
     return qwen_params(config, head_dim_default=None)
 
 
-def qwen_text_model_kvs(arch: str, p: QwenParams, file_type: int) -> list[KV]:
-    """TextModel.set_gguf_parameters' keys, which Qwen2Model and Qwen3Model write unchanged: no
-    vocab_size and no rope.dimension_count (those are LlamaModel's own), key/value_length only where
-    the config's to_dict() has a head_dim (Qwen3Config always; Qwen2Config only if config.json names one)."""
-    kvs = [
-        KV(f"{arch}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{arch}.context_length", GGUF_UINT32, p.context_length),
-        KV(f"{arch}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{arch}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{arch}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{arch}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
-        KV(f"{arch}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
-        KV(f"{arch}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
-    ]
-    if p.key_length is not None:
-        kvs += [KV(f"{arch}.attention.key_length", GGUF_UINT32, p.key_length),
-                KV(f"{arch}.attention.value_length", GGUF_UINT32, p.key_length)]
-    return kvs + [KV("general.file_type", GGUF_UINT32, file_type)]
+def qwen2_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
+    return text_model_kvs("qwen2", p, file_type)
 
 
-def qwen2_hparam_kvs(p: QwenParams, file_type: int) -> list[KV]:
-    return qwen_text_model_kvs("qwen2", p, file_type)
-
-
-def qwen_vocab_kvs(p: QwenParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+def qwen_vocab_kvs(p: TextParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
     """Qwen2Model.set_vocab: the vocabulary path's keys as they are (no add_space_prefix, no 49,152 rule:
     those are LlamaModel's)."""
     return list(tokenizer_kvs)
@@ -1311,7 +1287,7 @@ _QWEN2_BLOCK_TENSORS = {
 }
 
 
-def qwen_shape(gguf_name: str, p: QwenParams) -> tuple[int, ...]:
+def qwen_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
     """The HF shape (rows first) a Qwen tensor must have: Llama's, plus 1-D biases of the q/k/v rows and
     (Qwen3) per-head norms of head_dim."""
     kind, part = gguf_name.split(".")[-2:]
@@ -1354,7 +1330,7 @@ QWEN2 = Family(
 )
 
 
-def qwen3_params(config: dict) -> QwenParams:
+def qwen3_params(config: dict) -> TextParams:
     if config.get("attention_bias"):
         raise Refusal("config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
                       "model, which bankml_convert does not reproduce")
@@ -1362,8 +1338,8 @@ def qwen3_params(config: dict) -> QwenParams:
     return qwen_params(config, head_dim_default=128)
 
 
-def qwen3_hparam_kvs(p: QwenParams, file_type: int) -> list[KV]:
-    return qwen_text_model_kvs("qwen3", p, file_type)
+def qwen3_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
+    return text_model_kvs("qwen3", p, file_type)
 
 
 # gguf-py's TensorNameMap for MODEL_ARCH.QWEN3: Llama's names and the per-head q/k RMS norms.
