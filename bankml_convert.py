@@ -3293,18 +3293,18 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     pieces = read_tokenizer_model(d / "tokenizer.model")
     tokens, scores, toktypes = spm_tokens(pieces, vocab_size, legacy_added, tokenizer_config)
     ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(tokens))
-    return Vocab(
-        tokens=tokens,
-        toktypes=toktypes,
-        merges=[],
-        pre="default",
-        special_ids=ids,
-        add_flags=flags,
-        chat_template=chat_template(d, tokenizer_config),
-        add_space_prefix=add_prefix_space,
-        model="llama",
-        scores=scores,
-    )
+    return llama_model_vocab(tokens, scores, toktypes, ids, flags, chat_template(d, tokenizer_config),
+                             add_prefix_space)
+
+
+def llama_model_vocab(tokens: list[str], scores: list[float], toktypes: list[int],
+                      special_ids: list[tuple[str, int]], add_flags: list[tuple[str, bool]],
+                      template: Optional[str], add_space_prefix: Optional[bool]) -> Vocab:
+    """A vocabulary of tokenizer.ggml.model 'llama', as both SentencePiece-style paths write it:
+    pre-tokenizer 'default' (no chkhsh is computed on these paths), scores, no merges."""
+    return Vocab(tokens=tokens, toktypes=toktypes, merges=[], pre="default", special_ids=special_ids,
+                 add_flags=add_flags, chat_template=template, add_space_prefix=add_space_prefix,
+                 model="llama", scores=scores)
 
 
 def spm_kvs(v: Vocab) -> list[KV]:
@@ -3418,18 +3418,8 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     toktypes = [BYTE if _HF_BYTE_TOKEN.fullmatch(t) else CONTROL if i in special else NORMAL
                 for i, t in enumerate(vocab)]
     sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
-    return Vocab(
-        tokens=list(vocab),
-        toktypes=toktypes,
-        merges=[],
-        pre="default",
-        special_ids=sids,
-        add_flags=flags,
-        chat_template=chat_template(d, tokenizer_config),
-        add_space_prefix=add_prefix_space,
-        model="llama",
-        scores=[-1000.0] * len(vocab),
-    )
+    return llama_model_vocab(list(vocab), [-1000.0] * len(vocab), toktypes, sids, flags,
+                             chat_template(d, tokenizer_config), add_prefix_space)
 
 
 # The tokenizer kinds: llama.cpp's vocabulary paths, as data.
