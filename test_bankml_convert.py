@@ -4324,6 +4324,39 @@ class OutputTypeRules(unittest.TestCase):
             bc.ggml_nbytes(bc.GGML_Q8_0, 33)
 
 
+# ---------------------------------------------------------------------------------------------
+# Mistral's own layout (issue 13): params.json and consolidated.safetensors, which llama.cpp reads only
+# with --mistral-format.  Beside the Hugging Face files, as Mistral's Hub repos ship them, they change
+# nothing: the golden run 'mistral-v0.3-hub-layout' pins that against llama.cpp's file.
+# ---------------------------------------------------------------------------------------------
+
+class MistralOwnLayout(Workspace):
+    MISTRAL_LAYOUT = ("Mistral's own layout (params.json, consolidated.safetensors), which llama.cpp converts only "
+                      "with --mistral-format through mistral-common and bankml_convert does not reproduce: convert "
+                      "the model's Hugging Face-format files (config.json, model*.safetensors) instead")
+
+    def own_layout(self, *keep: str) -> Path:
+        """The Hub-layout case with only Mistral's own files left, and `keep`."""
+        d = self.case("mistral-v0.3-hub-layout")
+        for f in d.iterdir():
+            if f.name not in ("params.json", "consolidated.safetensors", "tokenizer.model.v3", *keep):
+                f.unlink()
+        return d
+
+    def test_params_json_without_config_json_is_refused_as_mistrals_own_layout(self):
+        d = self.own_layout()
+        self.assertRefuses(d, f"params.json and no config.json in {d}: {self.MISTRAL_LAYOUT}")
+
+    def test_consolidated_safetensors_without_model_files_is_refused_as_mistrals_own_layout(self):
+        d = self.own_layout("config.json", "tokenizer.model", "tokenizer_config.json")
+        self.assertRefuses(d, f"no model*.safetensors in {d}, only consolidated*.safetensors: {self.MISTRAL_LAYOUT}")
+
+    def test_the_hub_layout_reads_only_the_hugging_face_files(self):
+        d = self.case("mistral-v0.3-hub-layout")
+        read = {p.name for p in bc.plan_tensor_data(d, bc.Options()).inputs}
+        self.assertEqual(read & {"params.json", "consolidated.safetensors", "tokenizer.model.v3"}, set())
+
+
 def main() -> int:
     """Run these tests and the oracle tooling's own (oracle/test_*.py); end on a plain count line."""
     loader = unittest.TestLoader()
