@@ -304,8 +304,10 @@ QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, n
 #   1.5B) against 1.05 (7B) as Qwen's published per-size defaults.
 # - Qwen2.5-7B-Instruct config.json: the sizes, max_window_layers 28, sliding_window 131072,
 #   tie_word_embeddings false and vocab_size 152064 as quoted from the Hub file; the keys the two
-#   Instruct files share (ids, eps, rope_theta, transformers_version 4.43.1) as in the 0.5B file.
-# - Qwen3-0.6B config.json: every key and value, as quoted whole from the Hub file.
+#   Instruct files share (ids, eps, rope_theta) as in the 0.5B file -- its transformers_version
+#   4.43.1 was not seen in a copy (llama.cpp reads no such key).
+# - Qwen3-0.6B config.json: every key and value, as quoted whole from the Hub file; generation_config's
+#   temperature 0.6, top_k 20, top_p 0.95 and ids as public copies of Qwen3-0.6B's defaults give them.
 # - Llama-3.1-8B-Instruct config.json: NousResearch/Meta-Llama-3.1-8B/config.json quoted byte for byte
 #   (no head_dim; rope_scaling factor 8; untied; transformers 4.42.3) with the Instruct file's
 #   eos_token_id [128001, 128008, 128009]; generation_config as Llama-3.2-1B-Instruct's (temperature
