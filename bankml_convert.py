@@ -413,6 +413,8 @@ def model_part_names(model_dir: Path) -> tuple[list[str], Path | None]:
         return sorted(listed), index
     names = _safetensors_files(model_dir)
     if not names:
+        if any(n.startswith("consolidated") and n.endswith(".safetensors") for n in os.listdir(model_dir)):
+            raise Refusal(f"no model*.safetensors in {model_dir}, only consolidated*.safetensors: {_MISTRAL_LAYOUT}")
         bins = [n for n in os.listdir(model_dir) if n.endswith((".bin", ".pt", ".pth", ".gguf"))]
         hint = (f" (found {', '.join(sorted(bins)[:3])}: save the model with safetensors, "
                 f"e.g. save_pretrained(..., safe_serialization=True))") if bins else ""
@@ -556,7 +558,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     refuse_model_card(model_dir, options)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise Refusal(f"no config.json in {model_dir}; is this a Hugging Face model directory?")
+        raise Refusal(no_config_reason(model_dir))
     config = read_json_object(config_path)
     family = family_of(config)
     refuse_config(config)
@@ -597,6 +599,20 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     kvs = kv.items()
     name = next((k.value for k in kvs if k.key == "general.name"), "")
     return Plan(kvs, tensors, inputs, n_params, name, gguf_header(kvs, tensors), out)
+
+
+# Mistral's own checkpoint layout (mistral-inference): llama.cpp reads it only with --mistral-format,
+# through mistral-common, with params.json's names for the hyperparameters.
+_MISTRAL_LAYOUT = ("Mistral's own layout (params.json, consolidated.safetensors), which llama.cpp converts only "
+                   "with --mistral-format through mistral-common and bankml_convert does not reproduce: convert the "
+                   "model's Hugging Face-format files (config.json, model*.safetensors) instead")
+
+
+def no_config_reason(model_dir: Path) -> str:
+    """Why a directory without config.json is refused, naming Mistral's own layout when it is that."""
+    if (model_dir / "params.json").is_file():
+        return f"params.json and no config.json in {model_dir}: {_MISTRAL_LAYOUT}"
+    return f"no config.json in {model_dir}; is this a Hugging Face model directory?"
 
 
 def refuse_model_card(model_dir: Path, options: Options) -> None:

@@ -185,10 +185,30 @@ class OutputIsLlamaCppsBytes(Workspace):
             out.unlink()
 
 
+# Cases make test converts in every output type.  Every other case it converts in f16, and in q8_0
+# when its weights are BF16: what an output type changes besides the kernels (which tensors stay F32 --
+# norms, Qwen's biases and q/k norms, Llama 3's rope_freqs --, Q8_0's F16 fallback, what auto picks) is
+# decided per family and vocabulary path, not per case or source dtype, so one case of each in every
+# type tests it; and each source dtype's kernels in each type are pinned by the SmolLM2 bf16/f16/f32
+# cases (special values) here and by the kernel records.  `python3 oracle/oracle.py --recorded compare
+# all` checks every recorded run.
+EVERY_TYPE_IN_MAKE_TEST = frozenset({
+    "bf16", "f16", "f32", "shape-360m-instruct", "example",         # SmolLM2: each source dtype, Q8_0 fallback
+    "sentencepiece-tinyllama", "tinyllama-resaved-transformers-5",  # SentencePiece and llama_hf vocabularies
+    "mistral-nemo-head-dim",                                        # MistralForCausalLM, head_dim of its own
+    "llama-3.2-1b-instruct",                                        # Llama 3: rope_freqs.weight
+    "qwen2.5-0.5b-bf16", "qwen3-0.6b-bf16",                         # Qwen2 biases, Qwen3 q/k norms
+})
+
+
 def _in_make_test(run: dict) -> bool:
+    outtype = run["args"][run["args"].index("--outtype") + 1] if "--outtype" in run["args"] else "f16"
     # The full-size model in f32, bf16, q8_0 and auto writes 270-540 MB a run and takes up to half
     # a minute in pure Python; make oracle compares those against llama.cpp, make test does f16.
-    return run["case"] != "full-135m-instruct" or run["args"] == ["--outtype", "f16"]
+    if run["case"] == "full-135m-instruct":
+        return outtype == "f16"
+    return (outtype == "f16" or run["case"] in EVERY_TYPE_IN_MAKE_TEST
+            or (outtype == "q8_0" and make_models.CASES_BY_NAME[run["case"]].dtype == "BF16"))
 
 
 def _add_golden_tests():
@@ -4322,6 +4342,74 @@ class OutputTypeRules(unittest.TestCase):
                 self.assertEqual(len(fast(row.key, data)), bc.ggml_nbytes(row.key[1], len(data) // width))
         with self.assertRaises(ValueError):
             bc.ggml_nbytes(bc.GGML_Q8_0, 33)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mistral's own layout (issue 13): params.json and consolidated.safetensors, which llama.cpp reads only
+# with --mistral-format.  Beside the Hugging Face files, as Mistral's Hub repos ship them, they change
+# nothing: the golden run 'mistral-v0.3-hub-layout' pins that against llama.cpp's file.
+# ---------------------------------------------------------------------------------------------
+
+class MistralOwnLayout(Workspace):
+    MISTRAL_LAYOUT = ("Mistral's own layout (params.json, consolidated.safetensors), which llama.cpp converts only "
+                      "with --mistral-format through mistral-common and bankml_convert does not reproduce: convert "
+                      "the model's Hugging Face-format files (config.json, model*.safetensors) instead")
+
+    def own_layout(self, *keep: str) -> Path:
+        """The Hub-layout case with only Mistral's own files left, and `keep`."""
+        d = self.case("mistral-v0.3-hub-layout")
+        for f in d.iterdir():
+            if f.name not in ("params.json", "consolidated.safetensors", "tokenizer.model.v3", *keep):
+                f.unlink()
+        return d
+
+    def test_params_json_without_config_json_is_refused_as_mistrals_own_layout(self):
+        d = self.own_layout()
+        self.assertRefuses(d, f"params.json and no config.json in {d}: {self.MISTRAL_LAYOUT}")
+
+    def test_consolidated_safetensors_without_model_files_is_refused_as_mistrals_own_layout(self):
+        d = self.own_layout("config.json", "tokenizer.model", "tokenizer_config.json")
+        self.assertRefuses(d, f"no model*.safetensors in {d}, only consolidated*.safetensors: {self.MISTRAL_LAYOUT}")
+
+    def test_the_hub_layout_reads_only_the_hugging_face_files(self):
+        d = self.case("mistral-v0.3-hub-layout")
+        read = {p.name for p in bc.plan_tensor_data(d, bc.Options()).inputs}
+        self.assertEqual(read & {"params.json", "consolidated.safetensors", "tokenizer.model.v3"}, set())
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen vocabulary sizes (issue 14): the golden runs pin 151,936 (0.5B, 0.6B: [PAD] ids past the
+# tokenizer), 152,064 (7B) and 151,669 (qwen3-0.6b-resized-vocab: the tokenizer's own size, no [PAD]).
+# ---------------------------------------------------------------------------------------------
+
+class QwenVocabularySize(Workspace):
+    def test_a_vocab_size_below_the_tokenizers_is_refused_as_llama_cpps_assertion_fails(self):
+        # llama.cpp: `assert max(tokenizer.vocab.values()) < vocab_size` in get_vocab_base (run with
+        # the reference on this directory: AssertionError).
+        resized = make_models.CASES_BY_NAME["qwen3-0.6b-resized-vocab"]
+        case = dataclasses.replace(resized, name="qwen3-vocab-151668", dirname="qwen3-vocab-151668",
+                                   dims=dataclasses.replace(resized.dims, vocab_size=151668))
+        d = make_models.make_case(case, self.out_dir())
+        self.assertRefuses(d, "the tokenizer has 151669 tokens but vocab_size is 151668: llama.cpp's assertion fails")
+
+
+# ---------------------------------------------------------------------------------------------
+# Which recorded runs make test converts (EVERY_TYPE_IN_MAKE_TEST, _in_make_test above).
+# ---------------------------------------------------------------------------------------------
+
+class MakeTestChecksEveryCase(unittest.TestCase):
+    """The runs make test leaves to `oracle.py --recorded compare all` are only other output types of
+    cases it converts; each case it names for every type has all five recorded."""
+
+    def test_every_recorded_case_is_converted_by_make_test(self):
+        self.assertEqual({r["case"] for r in GOLDEN.values() if _in_make_test(r)}, {r["case"] for r in GOLDEN.values()})
+
+    def test_every_case_named_for_every_type_has_every_type_recorded(self):
+        for case in EVERY_TYPE_IN_MAKE_TEST:
+            with self.subTest(case):
+                outtypes = {r["args"][r["args"].index("--outtype") + 1] for r in GOLDEN.values()
+                            if r["case"] == case and "--model-name" not in r["args"]}
+                self.assertEqual(outtypes, {*bc.OUT_TYPES, "auto"})
 
 
 def main() -> int:

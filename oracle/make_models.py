@@ -279,6 +279,10 @@ SMALL = Dims()
 # real 128,256-token vocabulary (the tokenizer's size, which llama.cpp checks).
 LLAMA3_TINY = Dims(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                    vocab_size=128256, max_position_embeddings=131072)
+# Llama-3.1-8B's config.json names no head_dim: llama.cpp takes hidden_size / heads (4096 / 32 = 128).
+# One head over hidden 128 keeps that derivation and the real head_dim 128.
+LLAMA31_8B_TINY = Dims(hidden_size=128, intermediate_size=64, num_attention_heads=1, num_key_value_heads=1,
+                       vocab_size=128256, max_position_embeddings=131072)
 
 
 # Qwen cases: the real 151,936-entry embedding (the tokenizer must fit), widths as small as Q8_0's
@@ -293,9 +297,26 @@ QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, n
 
 # Configs that are not copied fixtures: written here as the Hub ships them (transformers' to_json_string:
 # indent 2, sorted keys), for models whose files oracle/fixtures does not hold.
+#
+# Provenance (checked against copies of the Hub's files found on GitHub, 2026-12-01):
+# - Qwen2.5-0.5B-Instruct config.json: every key and value, as quoted whole ("exactly what
+#   Qwen2.5-0.5B-Instruct ships") in public test code; generation_config's repetition_penalty 1.1 (0.5B,
+#   1.5B) against 1.05 (7B) as Qwen's published per-size defaults.
+# - Qwen2.5-7B-Instruct config.json: the sizes, max_window_layers 28, sliding_window 131072,
+#   tie_word_embeddings false and vocab_size 152064 as quoted from the Hub file; the keys the two
+#   Instruct files share (ids, eps, rope_theta) as in the 0.5B file -- its transformers_version
+#   4.43.1 was not seen in a copy (llama.cpp reads no such key).
+# - Qwen3-0.6B config.json: every key and value, as quoted whole from the Hub file; generation_config's
+#   temperature 0.6, top_k 20, top_p 0.95 and ids as public copies of Qwen3-0.6B's defaults give them.
+# - Llama-3.1-8B-Instruct config.json: NousResearch/Meta-Llama-3.1-8B/config.json quoted byte for byte
+#   (no head_dim; rope_scaling factor 8; untied; transformers 4.42.3) with the Instruct file's
+#   eos_token_id [128001, 128008, 128009]; generation_config as Llama-3.2-1B-Instruct's (temperature
+#   0.6, top_p 0.9) with 4.42.3.  Llama-3.2-3B's (head_dim 128, factor 32, tied) has the 1B file's keys,
+#   so its case takes the 1B fixture with head_dim 128.
 QWEN2_5_0_5B_INSTRUCT = "Qwen2.5-0.5B-Instruct"
 QWEN2_5_7B_INSTRUCT = "Qwen2.5-7B-Instruct"
 QWEN3_0_6B = "Qwen3-0.6B"
+LLAMA_31_8B_INSTRUCT = "Llama-3.1-8B-Instruct"
 _QWEN2_5_COMMON = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151645, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768,
@@ -333,6 +354,21 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
             "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"},
     },
+    LLAMA_31_8B_INSTRUCT: {
+        "config.json": {
+            "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu",
+            "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+            "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "transformers_version": "4.42.3", "use_cache": True, "vocab_size": 128256},
+        "generation_config.json": {
+            "bos_token_id": 128000, "do_sample": True, "eos_token_id": [128001, 128008, 128009],
+            "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.42.3"},
+    },
 }
 
 
@@ -354,6 +390,9 @@ class Case:
     layers: Optional[int] = None               # full size only: num_hidden_layers instead of the real one
     seed: str = "small"                        # weights seeded per tensor by f"{seed}/{name}"
     config_updates: tuple[tuple[str, object], ...] = ()   # config.json keys set after the dims (other shapes)
+    mistral_files: bool = False                # also Mistral's own params.json, consolidated.safetensors
+                                               # and tokenizer.model.v3, as Mistral's Hub repos ship beside
+                                               # the Hugging Face files
     dims: Dims = field(default=SMALL)
     description: str = ""
 
@@ -438,6 +477,11 @@ CASES: tuple[Case, ...] = (
     Case("tinyllama-without-tokenizer-model", tokenizer="tinyllama-1.1b-chat-without-tokenizer-model",
          config_from=TINYLLAMA, tied=False, dims=SPM_DIMS,
          description="the Hub's TinyLlama files without tokenizer.model (llama_hf path)"),
+    # Mistral's Hub repos ship its own layout beside the HF one; llama.cpp reads only the HF files.
+    Case("mistral-v0.3-hub-layout", tokenizer="mistral-v0.3", config_from="Mistral-7B-Instruct-v0.3-shape",
+         tied=False, shards=2, mistral_files=True, dims=replace(SPM_DIMS, vocab_size=32768, max_position_embeddings=32768),
+         description="the v0.3 shape as its Hub repo ships: HF shards plus params.json, consolidated.safetensors, "
+                     "tokenizer.model.v3"),
     # Llama 3.x (issue 12): the real Llama-3.2-1B-Instruct tokenizer and config (../shared/fixtures),
     # the real head_dim (64, or 128) so rope_freqs is the real one; one KV head and hidden 32 keep the
     # 128,256-row embedding small.
@@ -450,14 +494,23 @@ CASES: tuple[Case, ...] = (
     Case("llama-3.2-1b-instruct-resaved", tokenizer="llama-3.2-1b-instruct-resaved-transformers-5",
          config_from=LLAMA_32_1B_INSTRUCT, head_dim=64, dims=LLAMA3_TINY,
          description="the same, tokenizer re-saved by transformers 5.18 (pair merges, chat_template.jinja)"),
+    Case("llama-3.2-1b-instruct-resaved-f16", dtype="F16", tokenizer="llama-3.2-1b-instruct-resaved-transformers-5",
+         config_from=LLAMA_32_1B_INSTRUCT, head_dim=64, dims=LLAMA3_TINY,
+         description="the re-saved tokenizer case from F16 weights"),
+    # Llama-3.2-3B as the Hub ships it: the 1B file's keys with head_dim 128, rope factor 32, tied.
     Case("llama-3.2-3b-shape", tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
-         head_dim=128, tied=False, dims=LLAMA3_TINY,
-         description="Llama-3.2-3B's head_dim 128 and llama3 rope factor 32, untied"),
-    Case("llama-3.1-8b-shape", dtype="F16", tokenizer="llama-3.2-1b-instruct",
-         config_from=LLAMA_32_1B_INSTRUCT, head_dim=128, tied=False, dims=LLAMA3_TINY,
-         config_updates=(("rope_scaling", {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}),),
-         description="Llama-3.1-8B's head_dim 128 and llama3 rope factor 8, untied, F16 weights"),
+         head_dim=128, dims=LLAMA3_TINY,
+         description="Llama-3.2-3B's head_dim 128 and llama3 rope factor 32, tied"),
+    Case("llama-3.2-3b-shape-f16", dtype="F16", tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
+         head_dim=128, dims=LLAMA3_TINY,
+         description="the Llama-3.2-3B shape from F16 weights"),
+    # Llama-3.1-8B-Instruct's own config: no head_dim (128 from hidden / heads), rope factor 8, untied.
+    Case("llama-3.1-8b-shape", tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_31_8B_INSTRUCT,
+         tied=False, dims=LLAMA31_8B_TINY,
+         description="Llama-3.1-8B-Instruct's config (no head_dim: 128 from hidden/heads), rope factor 8, untied"),
+    Case("llama-3.1-8b-shape-f16", dtype="F16", tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_31_8B_INSTRUCT,
+         tied=False, dims=LLAMA31_8B_TINY,
+         description="the Llama-3.1-8B shape from F16 weights"),
     Case("non-special-added-token", tokenizer="smollm2-135m-instruct-non-special-file-sep",
          description="SmolLM2's <file_sep> marked special: false (USER_DEFINED, issue 14)"),
     Case("example", dirname="smollm2-tiny",
@@ -473,6 +526,9 @@ CASES: tuple[Case, ...] = (
     Case("qwen2.5-7b-untied", tokenizer="qwen3", config_from=QWEN2_5_7B_INSTRUCT, dims=QWEN_7B_TINY, tied=False,
          dirname="qwen2.5-7b-instruct",
          description="Qwen2.5-7B-Instruct config (untied lm_head, vocab 152,064), BF16, Qwen3 tokenizer"),
+    Case("qwen2.5-7b-untied-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN2_5_7B_INSTRUCT, dims=QWEN_7B_TINY,
+         tied=False, dirname="qwen2.5-7b-instruct-f16",
+         description="Qwen2.5-7B-Instruct config (untied lm_head, vocab 152,064), F16, Qwen3 tokenizer"),
     Case("qwen2.5-0.5b-sharded", tokenizer="qwen3", config_from=QWEN2_5_0_5B_INSTRUCT, dims=QWEN_TINY, shards=3,
          dirname="qwen2.5-0.5b-instruct-sharded", description="the Qwen2.5-0.5B case in three shards"),
     # Qwen3: no biases, per-head q/k norms, an explicit head_dim (16 here, as 128 is in the real 0.6B,
@@ -485,6 +541,10 @@ CASES: tuple[Case, ...] = (
          description="Qwen3-0.6B config (tied, head_dim), F16 with special values, Qwen3 tokenizer"),
     Case("qwen3-0.6b-sharded", tokenizer="qwen3", config_from=QWEN3_0_6B, dims=QWEN3_TINY, head_dim=16,
          shards=3, dirname="qwen3-0.6b-sharded", description="the Qwen3-0.6B case in three shards"),
+    # A fine-tune that resized its embeddings to len(tokenizer) (151,669): no [PAD] ids at all.
+    Case("qwen3-0.6b-resized-vocab", tokenizer="qwen3", config_from=QWEN3_0_6B,
+         dims=replace(QWEN3_TINY, vocab_size=151669), head_dim=16, dirname="qwen3-0.6b-resized",
+         description="Qwen3-0.6B config with vocab_size 151,669, the tokenizer's own size (no [PAD] ids)"),
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
 )
@@ -932,7 +992,40 @@ def make_case(case: Case, root: Path) -> Path:
             write_safetensors(out / name, file_order(case, shard, name))
         (out / "model.safetensors.index.json").write_bytes(shard_index_bytes(shards))
     copy_tokenizer(TOKENIZERS[case.tokenizer], out)
+    if case.mistral_files:
+        write_mistral_files(case, entries, out)
     return out
+
+
+# Mistral's own names for the Hugging Face tensors (mistral-inference's checkpoint layout).
+_MISTRAL_NAMES = (("model.embed_tokens.", "tok_embeddings."), ("model.norm.", "norm."), ("lm_head.", "output."),
+                  ("model.layers.", "layers."), ("self_attn.q_proj", "attention.wq"),
+                  ("self_attn.k_proj", "attention.wk"), ("self_attn.v_proj", "attention.wv"),
+                  ("self_attn.o_proj", "attention.wo"), ("mlp.gate_proj", "feed_forward.w1"),
+                  ("mlp.down_proj", "feed_forward.w2"), ("mlp.up_proj", "feed_forward.w3"),
+                  ("input_layernorm", "attention_norm"), ("post_attention_layernorm", "ffn_norm"))
+
+
+def mistral_name(hf_name: str) -> str:
+    for hf, native in _MISTRAL_NAMES:
+        hf_name = hf_name.replace(hf, native)
+    return hf_name
+
+
+def write_mistral_files(case: Case, entries: Sequence[Entry], out: Path) -> None:
+    """params.json, consolidated.safetensors (the same tensors under Mistral's names) and
+    tokenizer.model.v3 (a copy of tokenizer.model), as mistralai/Mistral-7B-Instruct-v0.3 ships them
+    beside its Hugging Face files; llama.cpp reads them only with --mistral-format."""
+    config = case_config(case)
+    params = {"dim": config["hidden_size"], "n_layers": config["num_hidden_layers"],
+              "head_dim": config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]),
+              "hidden_dim": config["intermediate_size"], "n_heads": config["num_attention_heads"],
+              "n_kv_heads": config["num_key_value_heads"], "norm_eps": config["rms_norm_eps"],
+              "vocab_size": config["vocab_size"], "rope_theta": config["rope_theta"]}
+    (out / "params.json").write_text(json.dumps(params, indent=4) + "\n", encoding="utf-8")
+    native = [replace(e, name=mistral_name(e.name)) for e in entries]
+    write_safetensors(out / "consolidated.safetensors", library_order(native))
+    shutil.copyfile(out / "tokenizer.model", out / "tokenizer.model.v3")
 
 
 def directory_size(path: Path) -> int:

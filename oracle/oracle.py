@@ -62,13 +62,18 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("bf16", "f16", "f32", "shape-360m-instruct", "example", "full-135m-instruct",
                     *(c.name for c in make_models.SPM_CASES),
-                    "qwen2.5-0.5b-bf16", "qwen2.5-0.5b-f16", "qwen2.5-7b-untied", "qwen3-0.6b-bf16", "qwen3-0.6b-f16")
+                    "qwen2.5-0.5b-bf16", "qwen2.5-0.5b-f16", "qwen2.5-7b-untied", "qwen2.5-7b-untied-f16",
+                    "qwen2.5-0.5b-sharded", "qwen3-0.6b-bf16", "qwen3-0.6b-f16", "qwen3-0.6b-sharded")
        for t in OTHER_OUTTYPES]
-    # Llama 3.x (issue 12): every output type from BF16 and from F16 weights; the head_dim 128
-    # shapes (rope_freqs of 64 values, lm_head) also in q8_0.
+    # Mistral's Hub layout and Qwen3's resized vocabulary: one rule each, shown in f16 and q8_0.
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0")) for case in ("mistral-v0.3-hub-layout", "qwen3-0.6b-resized-vocab")]
+    # Llama 3.x (issue 12): every output type from BF16 and from F16 weights, for the 1B (both
+    # tokenizers), the 3B shape (head_dim 128 named, tied) and the 8B shape (head_dim 128 derived, untied).
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("llama-3.2-1b-instruct", "llama-3.2-1b-instruct-f16") for t in OTHER_OUTTYPES]
-    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0")) for case in ("llama-3.2-3b-shape", "llama-3.1-8b-shape")])
+       for case in ("llama-3.2-1b-instruct", "llama-3.2-1b-instruct-f16", "llama-3.2-1b-instruct-resaved",
+                    "llama-3.2-1b-instruct-resaved-f16", "llama-3.2-3b-shape", "llama-3.2-3b-shape-f16",
+                    "llama-3.1-8b-shape", "llama-3.1-8b-shape-f16")
+       for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
