@@ -4,6 +4,7 @@
 
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
+    python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
@@ -552,13 +553,14 @@ _PICKLE_OPS = _OPS_PROTOCOL_2 | _OPS_PROTOCOL_4
 # its "Unsupported operand 149", so a pickle_protocol=4 file stops llama.cpp's converter.
 _TORCH_WEIGHTS_ONLY_OPS = _OPS_PROTOCOL_2
 
-# Limits no state dict comes near (SmolLM2-135M's data.pkl: 272 tensors, 31 KB, depth 4) and
-# that keep a hostile pickle's cost to milliseconds and megabytes.
+# Limits no state dict comes near and that keep a hostile pickle's cost to seconds and megabytes.
+# For scale: the full-size SmolLM2-135M .bin (python3 oracle/make_models.py OUT full-135m-instruct-bin)
+# pickles 273 tensors in 48,787 bytes and about 11,000 opcodes, 4 MARKs deep at most.
 PICKLE_MAX_BYTES = 64 << 20
 _PICKLE_MAX_STACK = 1_000_000
 _PICKLE_MAX_MARKS = 256
 _PICKLE_MAX_MEMO_GAP = 1024     # a memo index at most this far past the puts so far
-_PICKLE_MAX_OBJECTS = 4_000_000  # containers, tuples and tensors built
+_PICKLE_MAX_OBJECTS = 2_000_000  # opcodes interpreted, and so values built (about 40 a tensor)
 _PICKLE_MAX_LINE = 256          # a GLOBAL's module or name
 _PICKLE_MAX_INT_BYTES = 16      # LONG1: torch writes its legacy magic number in 10
 _MAX_TENSOR_DIMS = 64
@@ -617,6 +619,19 @@ def _pickle_error(what: str) -> _PickleRefusal:
     return _PickleRefusal(what)
 
 
+# Opcodes whose argument has a fixed width: op -> (argument bytes, values popped, values pushed).
+_SCAN_FIXED = {
+    0x95: (8, 0, 0),                                    # FRAME: a read-ahead hint only
+    0x4a: (4, 0, 1), 0x4b: (1, 0, 1), 0x4d: (2, 0, 1),  # BININT, BININT1, BININT2
+    0x29: (0, 0, 1), 0x7d: (0, 0, 1), 0x5d: (0, 0, 1),  # EMPTY_TUPLE, EMPTY_DICT, EMPTY_LIST
+    0x4e: (0, 0, 1), 0x88: (0, 0, 1), 0x89: (0, 0, 1),  # NONE, NEWTRUE, NEWFALSE
+    0x85: (0, 1, 1), 0x51: (0, 1, 1),                   # TUPLE1, BINPERSID
+    0x86: (0, 2, 1), 0x52: (0, 2, 1), 0x93: (0, 2, 1),  # TUPLE2, REDUCE, STACK_GLOBAL
+    0x62: (0, 2, 1), 0x61: (0, 2, 1),                   # BUILD, APPEND
+    0x87: (0, 3, 1), 0x73: (0, 3, 1),                   # TUPLE3, SETITEM
+}
+
+
 def _scan_pickle(data: bytes, pos: int, end: int) -> tuple[int, frozenset, int]:
     """Walk one pickle from pos without building anything: (the position after its STOP, the
     opcodes it uses, its protocol).  Refuses an opcode, global, length, memo index, stack or MARK
@@ -625,28 +640,32 @@ def _scan_pickle(data: bytes, pos: int, end: int) -> tuple[int, frozenset, int]:
     protocol = 0
     depth = 0                   # values on the stack above the innermost MARK
     saved: list[int] = []       # the depths below each open MARK
-    total = 0
+    total = 0                   # values on the whole stack
     puts = 0
     memo: set[int] = set()
+    fixed_ops = _SCAN_FIXED
     while True:
         if pos >= end:
             raise _pickle_error("the pickle ends without STOP (truncated)")
         op = data[pos]
         at = pos
         pos += 1
-        if op not in _PICKLE_OPS:
-            raise _pickle_error(f"opcode {bytes([op])!r} at byte {at} is not one a state dict uses")
-        ops_seen.add(op)
-        pushes, pops = 1, 0
-        if op == 0x80:          # PROTO
-            if pos + 1 > end:
-                raise _pickle_error("truncated PROTO")
-            protocol = data[pos]
-            pos += 1
-            pushes = 0
-        elif op == 0x95:        # FRAME: only a read-ahead hint
-            pos += 8
-            pushes = 0
+        if op not in ops_seen:
+            if op not in _PICKLE_OPS:
+                raise _pickle_error(f"opcode {bytes([op])!r} at byte {at} is not one a state dict uses")
+            ops_seen.add(op)
+        fixed = fixed_ops.get(op)
+        if fixed is not None:
+            width, pops, pushes = fixed
+            pos += width
+            if pos > end:
+                raise _pickle_error("the pickle ends inside an opcode (truncated)")
+            if depth < pops:
+                raise _pickle_error(f"opcode {bytes([op])!r} at byte {at} on a stack too short")
+            depth += pushes - pops
+            total += pushes - pops
+            if total > _PICKLE_MAX_STACK:
+                raise _pickle_error(f"a stack deeper than {_PICKLE_MAX_STACK:,} values")
         elif op in b"qr\x94":   # BINPUT, LONG_BINPUT, MEMOIZE
             if op == 0x94:
                 index = puts
@@ -662,48 +681,51 @@ def _scan_pickle(data: bytes, pos: int, end: int) -> tuple[int, frozenset, int]:
                 raise _pickle_error("memo put on an empty stack")
             memo.add(index)
             puts += 1
-            pushes = 0
-        elif op in b"hj":       # BINGET, LONG_BINGET
-            width = 1 if op == 0x68 else 4
-            if pos + width > end:
-                raise _pickle_error("truncated memo index")
-            index = int.from_bytes(data[pos:pos + width], "little")
-            pos += width
-            if index not in memo:
-                raise _pickle_error(f"memo index {index} read before it is stored")
-        elif op in b"X\x8c":    # BINUNICODE, SHORT_BINUNICODE
-            width = 4 if op == 0x58 else 1
-            if pos + width > end:
-                raise _pickle_error("truncated string length")
-            n = int.from_bytes(data[pos:pos + width], "little")
-            pos += width + n
+        elif op in b"X\x8c\x63hj\x8a":  # values pushed: strings, GLOBAL, memo gets, LONG1
+            if op in b"hj":     # BINGET, LONG_BINGET
+                width = 1 if op == 0x68 else 4
+                if pos + width > end:
+                    raise _pickle_error("truncated memo index")
+                index = int.from_bytes(data[pos:pos + width], "little")
+                pos += width
+                if index not in memo:
+                    raise _pickle_error(f"memo index {index} read before it is stored")
+            elif op == 0x63:    # GLOBAL module\nname\n
+                module_end = data.find(b"\n", pos, min(end, pos + _PICKLE_MAX_LINE))
+                name_end = data.find(b"\n", module_end + 1, min(end, module_end + 1 + _PICKLE_MAX_LINE)) \
+                    if module_end >= 0 else -1
+                if name_end < 0:
+                    raise _pickle_error("a GLOBAL without its two lines")
+                key = (data[pos:module_end].decode("latin-1"), data[module_end + 1:name_end].decode("latin-1"))
+                if key not in _TORCH_GLOBALS:
+                    raise _pickle_error(f"global {key[0]}.{key[1]} is not one a state dict uses")
+                pos = name_end + 1
+            elif op == 0x8a:    # LONG1
+                if pos + 1 > end:
+                    raise _pickle_error("truncated LONG1")
+                n = data[pos]
+                if n > _PICKLE_MAX_INT_BYTES:
+                    raise _pickle_error(f"an integer of {n} bytes")
+                pos += 1 + n
+            else:               # BINUNICODE, SHORT_BINUNICODE
+                width = 4 if op == 0x58 else 1
+                if pos + width > end:
+                    raise _pickle_error("truncated string length")
+                n = int.from_bytes(data[pos:pos + width], "little")
+                pos += width + n
+                if pos > end:
+                    raise _pickle_error(f"a string of {n} bytes runs past the pickle's end")
             if pos > end:
-                raise _pickle_error(f"a string of {n} bytes runs past the pickle's end")
-        elif op == 0x63:        # GLOBAL module\nname\n
-            module_end = data.find(b"\n", pos, min(end, pos + _PICKLE_MAX_LINE))
-            name_end = data.find(b"\n", module_end + 1, min(end, module_end + 1 + _PICKLE_MAX_LINE)) \
-                if module_end >= 0 else -1
-            if name_end < 0:
-                raise _pickle_error("a GLOBAL without its two lines")
-            key = (data[pos:module_end].decode("latin-1"), data[module_end + 1:name_end].decode("latin-1"))
-            if key not in _TORCH_GLOBALS:
-                raise _pickle_error(f"global {key[0]}.{key[1]} is not one a state dict uses")
-            pos = name_end + 1
-        elif op in b"JKM":      # BININT, BININT1, BININT2
-            pos += {0x4a: 4, 0x4b: 1, 0x4d: 2}[op]
-        elif op == 0x8a:        # LONG1
-            if pos + 1 > end:
-                raise _pickle_error("truncated LONG1")
-            n = data[pos]
-            if n > _PICKLE_MAX_INT_BYTES:
-                raise _pickle_error(f"an integer of {n} bytes")
-            pos += 1 + n
+                raise _pickle_error("the pickle ends inside an opcode (truncated)")
+            depth += 1
+            total += 1
+            if total > _PICKLE_MAX_STACK:
+                raise _pickle_error(f"a stack deeper than {_PICKLE_MAX_STACK:,} values")
         elif op == 0x28:        # MARK
             if len(saved) >= _PICKLE_MAX_MARKS:
                 raise _pickle_error(f"more than {_PICKLE_MAX_MARKS} nested MARKs")
             saved.append(depth)
             depth = 0
-            pushes = 0
         elif op in b"tue":      # TUPLE, SETITEMS, APPENDS: pop to the MARK
             if not saved:
                 raise _pickle_error("a MARK-taking opcode without MARK")
@@ -711,29 +733,20 @@ def _scan_pickle(data: bytes, pos: int, end: int) -> tuple[int, frozenset, int]:
                 raise _pickle_error("SETITEMS with an odd number of items")
             total -= depth
             depth = saved.pop()
-            pushes, pops = (1, 0) if op == 0x74 else (0, 0)
-            if op != 0x74 and depth < 1:
+            if op == 0x74:
+                depth += 1
+                total += 1
+            elif depth < 1:
                 raise _pickle_error("SETITEMS/APPENDS without a container")
-        elif op in b"\x85Q":    # TUPLE1, BINPERSID: one in, one out
-            pushes, pops = 1, 1
-        elif op in b"\x86R\x93ba":  # TUPLE2, REDUCE, STACK_GLOBAL, BUILD, APPEND
-            pushes, pops = 1, 2
-        elif op in b"\x87s":    # TUPLE3, SETITEM
-            pushes, pops = 1, 3
-        elif op == 0x2e:        # STOP
+        elif op == 0x80:        # PROTO
+            if pos + 1 > end:
+                raise _pickle_error("truncated PROTO")
+            protocol = data[pos]
+            pos += 1
+        else:                   # STOP, the only opcode left
             if saved or depth != 1:
                 raise _pickle_error("STOP with a stack other than one value")
-            if pos > end:
-                raise _pickle_error("truncated pickle")
             return pos, frozenset(ops_seen), protocol
-        if pos > end:
-            raise _pickle_error("the pickle ends inside an opcode (truncated)")
-        if depth < pops:
-            raise _pickle_error(f"opcode {bytes([op])!r} at byte {at} on a stack too short")
-        depth += pushes - pops
-        total += pushes - pops
-        if total > _PICKLE_MAX_STACK:
-            raise _pickle_error(f"a stack deeper than {_PICKLE_MAX_STACK:,} values")
 
 
 def _unpickle(data: bytes, pos: int, end: int, persistent_load: Callable[[tuple], object]) -> tuple[object, int]:
