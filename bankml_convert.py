@@ -7719,6 +7719,21 @@ def convert_state_dict(state_dict: Path, out: Path, gguf: str | None = None) -> 
     return GGMLJob(out, hashlib.sha256(data).hexdigest(), len(data), len(tensors), source)
 
 
+def ggml_fork_json(job: GGMLJob, source: str, gguf: str | None) -> str:
+    """The pin of a ggml job as FORK.json text: output and input by size and sha256, so that
+    `verify OUT FORK.json --inputs DIR` checks it as it checks a conversion's pin."""
+    doc = {
+        "tool": f"bankml_convert {__version__}",
+        "reference": ("gguf-py's GGUFWriter as ggml's mnist-train-fc.py uses it" if gguf else
+                      "ggml examples/mnist/convert-h5-to-ggml.py (73999158)"),
+        "source": source,
+        "output": {"name": job.out.name, "bytes": job.bytes, "sha256": job.sha256},
+        "format": gguf or "ggml-legacy",
+        "inputs": [{"name": job.input.name, "bytes": job.input.size, "sha256": job.input.sha256}],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -7921,6 +7936,8 @@ def _command_parser() -> argparse.ArgumentParser:
     g.add_argument("state_dict", metavar="STATE_DICT")
     g.add_argument("-o", "--outfile", required=True, metavar="OUT")
     g.add_argument("--gguf", choices=[MNIST_FC_ARCH], help="write ggml's mnist-fc GGUF instead")
+    g.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s "
+                   "(verify checks it as a conversion's)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
@@ -8024,8 +8041,13 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _ggml(args: argparse.Namespace) -> int:
+    fork = Path(args.fork) if args.fork else None
     try:
+        if fork is not None:
+            _check_pin_path(fork)
         job = convert_state_dict(Path(args.state_dict), Path(args.outfile), args.gguf)
+        if fork is not None:
+            _write_text_atomically(fork, ggml_fork_json(job, str(Path(args.state_dict).resolve()), args.gguf))
     except Refusal as e:
         return _failed("ggml", e.reason, args.json)
     if args.json:

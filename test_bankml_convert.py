@@ -4795,6 +4795,18 @@ class GGMLMnistFiles(unittest.TestCase):
                                                                           numel=24))), {"0": b"\0" * 96})
         self.assertEqual(cli("ggml", path, "-o", self.dir / "out").code, 2)
 
+    def test_the_pin_names_the_state_dict_and_verifies(self):
+        inputs = self.dir / "in"
+        inputs.mkdir()
+        shutil.copy(TORCH_FIXTURES / "mnist-h16-bf16.pt", inputs / "model.pt")
+        r = cli("ggml", inputs / "model.pt", "-o", self.dir / "out", "--fork", self.dir / "out.json")
+        self.assertEqual(r.code, 0, r.err)
+        pin = json.loads((self.dir / "out.json").read_text())
+        self.assertEqual([i["name"] for i in pin["inputs"]], ["model.pt"])
+        self.assertEqual(cli("verify", self.dir / "out", self.dir / "out.json", "--inputs", inputs).code, 0)
+        (inputs / "model.pt").write_bytes(b"changed")
+        self.assertEqual(cli("verify", self.dir / "out", self.dir / "out.json", "--inputs", inputs).code, 1)
+
     def test_inspect_reads_a_legacy_ggml_file(self):
         self.assertEqual(self.run_case("mnist-f32.pt:ggml").code, 0)
         doc = json.loads(cli("inspect", self.dir / "out", "--json").out)
