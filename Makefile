@@ -42,11 +42,14 @@ bench:
 # or refuse in one line, never crash, never leave a .part or write elsewhere. About 45 minutes on
 # two cores; FUZZ_ARGS="--inputs 2000" for a quick run. Then 100,000 mutated GGUF files through the
 # reader, inspect, diff and verify (about 10 minutes): each returns or raises GGUFError/Refusal.
+# Then 50,000 mutated torch.save checkpoints through the checkpoint reader and the ggml job: 0
+# crashes and 0 executions of a spliced-in payload.
 FUZZ_ARGS ?= --inputs 100000 --seed 1 --workers 2
 fuzz:
 	mkdir -p build/fuzz
 	$(PYTHON) oracle/fuzz.py $(FUZZ_ARGS) --report build/fuzz/report.json --progress build/fuzz/progress
 	$(PYTHON) oracle/fuzz.py --gguf --inputs 100000 --seed 1 --report build/fuzz/gguf-report.json
+	$(PYTHON) oracle/fuzz.py --checkpoint --inputs 50000 --seed 1 --convert-every 100 --report build/fuzz/checkpoint-report.json
 
 clean:
 	rm -rf build *.egg-info

@@ -4,6 +4,7 @@
 
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
+    python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
@@ -298,7 +299,7 @@ def read_json_object(path: Path) -> dict:
     return value
 
 
-def read_safetensors_header(path: Path) -> list[SourceTensor]:
+def read_safetensors_header(path: Path, dtypes: dict[str, int] = SAFETENSORS_DTYPES) -> list[SourceTensor]:
     """The tensors a safetensors file declares, in header order, each checked against the file.
 
     safetensors is little-endian by definition and carries no byte-order mark, so the data is
@@ -331,7 +332,7 @@ def read_safetensors_header(path: Path) -> list[SourceTensor]:
         raise Refusal(f"{path.name}: header must be a JSON object")
     data_start = 8 + header_len
     data_len = size - data_start
-    tensors = [_source_tensor(path, name, meta, data_start, data_len)
+    tensors = [_source_tensor(path, name, meta, data_start, data_len, dtypes)
                for name, meta in header.items() if name != "__metadata__"]
     _check_tensor_layout(path, tensors, data_start, data_len)
     return tensors
@@ -348,11 +349,12 @@ def _refuse_duplicate_keys(file_name: str):
     return pairs_to_dict
 
 
-def _source_tensor(path: Path, name: str, meta: object, data_start: int, data_len: int) -> SourceTensor:
+def _source_tensor(path: Path, name: str, meta: object, data_start: int, data_len: int,
+                   dtypes: dict[str, int] = SAFETENSORS_DTYPES) -> SourceTensor:
     if not isinstance(meta, dict):
         raise Refusal(f"{path.name}: entry {name!r} is not an object")
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+    if not isinstance(dtype, str) or dtype not in dtypes:
         raise Refusal(f"{path.name}: tensor {name!r} has dtype {dtype!r}; only BF16, F16 and F32 "
                       f"are converted (llama.cpp's F16 path is reproduced for those alone)")
     if (not isinstance(shape, list) or len(shape) > 8
@@ -366,7 +368,7 @@ def _source_tensor(path: Path, name: str, meta: object, data_start: int, data_le
         raise Refusal(f"{path.name}: tensor {name!r} ends at {end}, past the data "
                       f"({data_len} bytes); the file is truncated")
     tensor = SourceTensor(name, dtype, tuple(shape), path, data_start + begin, end - begin)
-    if tensor.n_elements * SAFETENSORS_DTYPES[dtype] != tensor.nbytes:
+    if tensor.n_elements * dtypes[dtype] != tensor.nbytes:
         raise Refusal(f"{path.name}: tensor {name!r} has shape {list(shape)} ({dtype}) but "
                       f"{tensor.nbytes} bytes of data")
     return tensor
@@ -387,39 +389,53 @@ def _check_tensor_layout(path: Path, tensors: list[SourceTensor], data_start: in
 
 
 def model_part_names(model_dir: Path) -> tuple[list[str], Path | None]:
-    """The safetensors files llama.cpp reads, in its order, and the index that named them (if any).
+    """The weight files llama.cpp reads, in its order, and the index that named them (if any).
 
     llama.cpp lists ``model*.safetensors`` in the directory, sorted; when
     ``model.safetensors.index.json`` exists it reads exactly the files the index's weight_map
-    names instead, sorted, and ignores any other file.
+    names instead, sorted, and ignores any other file.  Only when there is neither does it take
+    ``pytorch_model*.bin`` (or ``pytorch_model.bin.index.json``'s files) the same way.
     """
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise Refusal("model.safetensors.index.json has no weight_map object")
-        for tensor, part in weight_map.items():
-            if not isinstance(part, str) or not _is_plain_file_name(part):
-                raise Refusal(f"model.safetensors.index.json maps {tensor!r} to {part!r}, "
-                              f"which is not a file name inside the model directory")
-        listed = set(weight_map.values())
-        # llama.cpp silently skips weights in files the index does not name; a stale or extra
-        # shard is more likely a mistake than something to drop without a word.
-        unlisted = sorted(n for n in _safetensors_files(model_dir) if n not in listed)
-        if unlisted:
-            raise Refusal(f"{unlisted[0]} is in the model directory but not in "
-                          f"model.safetensors.index.json; llama.cpp would ignore its tensors: "
-                          f"remove the file or add its tensors to the index")
-        return sorted(listed), index
-    names = _safetensors_files(model_dir)
-    if not names:
-        if any(n.startswith("consolidated") and n.endswith(".safetensors") for n in os.listdir(model_dir)):
-            raise Refusal(f"no model*.safetensors in {model_dir}, only consolidated*.safetensors: {_MISTRAL_LAYOUT}")
-        bins = [n for n in os.listdir(model_dir) if n.endswith((".bin", ".pt", ".pth", ".gguf"))]
-        hint = (f" (found {', '.join(sorted(bins)[:3])}: save the model with safetensors, "
-                f"e.g. save_pretrained(..., safe_serialization=True))") if bins else ""
-        raise Refusal(f"no model*.safetensors in {model_dir}{hint}")
-    return names, None
+    for index_name, listed_files in (("model.safetensors.index.json", _safetensors_files),
+                                     (TORCH_BIN_INDEX, torch_bin_files)):
+        index = model_dir / index_name
+        if index.is_file():
+            return _indexed_part_names(model_dir, index, listed_files), index
+        names = listed_files(model_dir)
+        if names:
+            return names, None
+    if any(n.startswith("consolidated") and n.endswith(".safetensors") for n in os.listdir(model_dir)):
+        raise Refusal(f"no model*.safetensors in {model_dir}, only consolidated*.safetensors: {_MISTRAL_LAYOUT}")
+    others = [n for n in os.listdir(model_dir) if n.endswith((".bin", ".pt", ".pth", ".gguf"))]
+    hint = (f" (found {', '.join(sorted(others)[:3])}: save the model with safetensors, "
+            f"e.g. save_pretrained(..., safe_serialization=True))") if others else ""
+    raise Refusal(f"no model*.safetensors in {model_dir}{hint}")
+
+
+def _indexed_part_names(model_dir: Path, index: Path, listed_files: Callable[[Path], list[str]]) -> list[str]:
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise Refusal(f"{index.name} has no weight_map object")
+    for tensor, part in weight_map.items():
+        if not isinstance(part, str) or not _is_plain_file_name(part):
+            raise Refusal(f"{index.name} maps {tensor!r} to {part!r}, "
+                          f"which is not a file name inside the model directory")
+    listed = set(weight_map.values())
+    # llama.cpp silently skips weights in files the index does not name; a stale or extra
+    # shard is more likely a mistake than something to drop without a word.
+    unlisted = sorted(n for n in listed_files(model_dir) if n not in listed)
+    if unlisted:
+        raise Refusal(f"{unlisted[0]} is in the model directory but not in "
+                      f"{index.name}; llama.cpp would ignore its tensors: "
+                      f"remove the file or add its tensors to the index")
+    return sorted(listed)
+
+
+def part_tensors(path: Path) -> list[SourceTensor]:
+    """One weight file's tensors in the order llama.cpp takes them."""
+    if path.name.endswith(".bin"):
+        return torch_bin_tensors(path)
+    return sorted(read_safetensors_header(path), key=lambda t: t.name)
 
 
 def _safetensors_files(model_dir: Path) -> list[str]:
@@ -446,8 +462,8 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
     """Every tensor of the model in llama.cpp's order, and the files they came from.
 
     llama.cpp's safetensors reader returns each file's tensors sorted by name (as the
-    safetensors library does), file after file in sorted file-name order; that order is the
-    order of the tensors in the GGUF.
+    safetensors library does), and torch.load a .bin's in its pickle order, file after file in
+    sorted file-name order; that order is the order of the tensors in the GGUF.
     """
     part_names, index = model_part_names(model_dir)
     tensors: list[SourceTensor] = []
@@ -456,10 +472,10 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
     for part in part_names:
         path = model_dir / part
         if not _is_file(path):
-            raise Refusal(f"model.safetensors.index.json names {part}, which is missing; "
+            raise Refusal(f"{index.name if index else 'the index'} names {part}, which is missing; "
                           f"the download is incomplete")
         files.append(path)
-        for t in sorted(read_safetensors_header(path), key=lambda t: t.name):
+        for t in part_tensors(path):
             if t.name in seen:
                 raise Refusal(f"tensor {t.name!r} is in both {seen[t.name]} and {part}")
             seen[t.name] = part
@@ -469,15 +485,843 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
         missing = sorted(set(weight_map) - set(seen))
         extra = sorted(set(seen) - set(weight_map))
         if missing or extra:
-            raise Refusal("model.safetensors.index.json does not match the shards: "
+            raise Refusal(f"{index.name} does not match the shards: "
                           + "; ".join(filter(None, [
                               missing and f"missing tensors {', '.join(missing[:5])}",
                               extra and f"tensors not in the index {', '.join(extra[:5])}"])))
         misplaced = sorted(n for n, part in seen.items() if weight_map[n] != part)
         if misplaced:
-            raise Refusal(f"model.safetensors.index.json puts {misplaced[0]!r} in "
+            raise Refusal(f"{index.name} puts {misplaced[0]!r} in "
                           f"{weight_map[misplaced[0]]}, but it is in {seen[misplaced[0]]}")
     return tensors, files
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading PyTorch checkpoints: torch.save files (zip and legacy) as the SourceTensor records the
+# safetensors reader gives, without torch and without calling anything a pickle names.
+# ---------------------------------------------------------------------------------------------
+# A pickle is a program; torch.load runs it.  Here it is first scanned without building anything
+# (opcode and global allowlists, memo, stack, nesting and length limits), then interpreted by
+# _unpickle, which knows only the allowlisted opcodes and maps each allowed global to a stand-in
+# of this file: nothing the file names is imported, looked up or called.
+
+# torch dtype name -> (the safetensors-style name this file uses, bytes per element).
+TORCH_DTYPES = {
+    "float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2), "float64": ("F64", 8),
+    "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1),
+    "uint8": ("U8", 1), "bool": ("BOOL", 1), "uint16": ("U16", 2), "uint32": ("U32", 4),
+    "uint64": ("U64", 8), "float8_e4m3fn": ("F8_E4M3", 1), "float8_e5m2": ("F8_E5M2", 1),
+}
+# The legacy typed storage classes (torch.FloatStorage, ...) and the dtype each holds.
+_STORAGE_CLASSES = {
+    "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "DoubleStorage": "float64", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+}
+
+
+class _Global(NamedTuple):
+    """What a GLOBAL of the file stands for here: a tag, never the object it names."""
+    kind: str       # "ordered_dict", "rebuild_v1/v2/v3", "parameter", "parameter_state", "storage", "dtype"
+    dtype: str = ""  # for a storage class or a dtype: the torch dtype name ("" for UntypedStorage)
+
+
+def _allowed_globals() -> dict[tuple[str, str], _Global]:
+    # Exactly what real state dicts use (the census in shared/research/torch-checkpoints-and-ggml.md);
+    # torch's own weights_only list is wider (Counter, device, _codecs.encode, sparse tensors...).
+    table = {("collections", "OrderedDict"): _Global("ordered_dict"),
+             ("torch._utils", "_rebuild_tensor"): _Global("rebuild_v1"),
+             ("torch._utils", "_rebuild_tensor_v2"): _Global("rebuild_v2"),
+             ("torch._utils", "_rebuild_tensor_v3"): _Global("rebuild_v3"),
+             ("torch._utils", "_rebuild_parameter"): _Global("parameter"),
+             ("torch._utils", "_rebuild_parameter_with_state"): _Global("parameter_state"),
+             ("torch.storage", "UntypedStorage"): _Global("storage", "")}
+    for cls, dtype in _STORAGE_CLASSES.items():
+        table[("torch", cls)] = table[("torch.cuda", cls)] = _Global("storage", dtype)
+    for dtype in TORCH_DTYPES:
+        table[("torch", dtype)] = _Global("dtype", dtype)
+    return table
+
+
+_TORCH_GLOBALS = _allowed_globals()
+
+# The opcodes interpreted (protocol 2 as torch.save writes it, plus protocol 4's framing and short
+# forms so that a pickle_protocol=4 file can be read too).  Everything else -- INST, OBJ, NEWOBJ,
+# EXT*, PERSID, BINBYTES, floats, sets -- is refused before anything is built.
+_OPS_PROTOCOL_2 = frozenset(b"\x80c\x85\x86\x87(t)}]suaeXJKM\x8a\x89\x88NQRbqrhj.")
+_OPS_PROTOCOL_4 = frozenset(b"\x95\x94\x8c\x93")
+_PICKLE_OPS = _OPS_PROTOCOL_2 | _OPS_PROTOCOL_4
+# The opcodes torch.load(weights_only=True) -- what llama.cpp calls -- accepts of those: FRAME is
+# its "Unsupported operand 149", so a pickle_protocol=4 file stops llama.cpp's converter.
+_TORCH_WEIGHTS_ONLY_OPS = _OPS_PROTOCOL_2
+
+# Limits no state dict comes near and that keep a hostile pickle's cost to seconds and megabytes.
+# For scale: the full-size SmolLM2-135M .bin (python3 oracle/make_models.py OUT full-135m-instruct-bin)
+# pickles 273 tensors in 48,787 bytes and about 11,000 opcodes, 4 MARKs deep at most.
+PICKLE_MAX_BYTES = 64 << 20
+_PICKLE_MAX_STACK = 1_000_000
+_PICKLE_MAX_MARKS = 256
+_PICKLE_MAX_MEMO_GAP = 1024     # a memo index at most this far past the puts so far
+_PICKLE_MAX_OBJECTS = 2_000_000  # opcodes interpreted, and so values built (about 40 a tensor)
+_PICKLE_MAX_LINE = 256          # a GLOBAL's module or name
+_PICKLE_MAX_INT_BYTES = 16      # LONG1: torch writes its legacy magic number in 10
+_MAX_TENSOR_DIMS = 64
+_STORAGE_KEY = re.compile(r"[0-9A-Za-z_]{1,64}\Z")
+
+
+class CheckpointTensor(NamedTuple):
+    """One tensor of a torch.save file as its pickle describes it, checked against the storage."""
+    name: str
+    dtype: str                  # F32, F16, BF16, F64, I64, ... (TORCH_DTYPES)
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    path: Path
+    start: int                  # absolute byte offset of its first element in the file
+    nbytes: int                 # its elements' bytes when contiguous
+    contiguous: bool
+    storage: str                # the storage key (tensors that share a storage share the key)
+
+    def source(self) -> SourceTensor:
+        return SourceTensor(self.name, self.dtype, self.shape, self.path, self.start, self.nbytes)
+
+
+class Checkpoint(NamedTuple):
+    """A torch.save file: its tensors in the state dict's (pickle) order, and how it was written."""
+    path: Path
+    format: str                 # "zip" (torch >= 1.6) or "legacy"
+    protocol: int               # the pickle protocol
+    tensors: list[CheckpointTensor]
+    # Why torch.load(mmap=True, weights_only=True) -- llama.cpp's call -- cannot read it, or "".
+    torch_unreadable: str
+
+
+class _Tensor(NamedTuple):
+    dtype: str                  # torch dtype name
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int                 # in elements of dtype
+    storage: "_StorageRef"
+
+
+class _StorageRef(NamedTuple):
+    key: str
+    dtype: str                  # torch dtype name; "" for an UntypedStorage (numel in bytes)
+    numel: int
+
+
+class _OrderedDict(dict):
+    """The stand-in for collections.OrderedDict: a dict (insertion-ordered) that can say what it was."""
+
+
+class _PickleRefusal(Exception):
+    pass
+
+
+def _pickle_error(what: str) -> _PickleRefusal:
+    return _PickleRefusal(what)
+
+
+# Opcodes whose argument has a fixed width: op -> (argument bytes, values popped, values pushed).
+_SCAN_FIXED = {
+    0x95: (8, 0, 0),                                    # FRAME: a read-ahead hint only
+    0x4a: (4, 0, 1), 0x4b: (1, 0, 1), 0x4d: (2, 0, 1),  # BININT, BININT1, BININT2
+    0x29: (0, 0, 1), 0x7d: (0, 0, 1), 0x5d: (0, 0, 1),  # EMPTY_TUPLE, EMPTY_DICT, EMPTY_LIST
+    0x4e: (0, 0, 1), 0x88: (0, 0, 1), 0x89: (0, 0, 1),  # NONE, NEWTRUE, NEWFALSE
+    0x85: (0, 1, 1), 0x51: (0, 1, 1),                   # TUPLE1, BINPERSID
+    0x86: (0, 2, 1), 0x52: (0, 2, 1), 0x93: (0, 2, 1),  # TUPLE2, REDUCE, STACK_GLOBAL
+    0x62: (0, 2, 1), 0x61: (0, 2, 1),                   # BUILD, APPEND
+    0x87: (0, 3, 1), 0x73: (0, 3, 1),                   # TUPLE3, SETITEM
+}
+
+
+def _scan_pickle(data: bytes, pos: int, end: int) -> tuple[int, frozenset, int]:
+    """Walk one pickle from pos without building anything: (the position after its STOP, the
+    opcodes it uses, its protocol).  Refuses an opcode, global, length, memo index, stack or MARK
+    depth outside what a state dict needs."""
+    ops_seen = set()
+    protocol = 0
+    depth = 0                   # values on the stack above the innermost MARK
+    saved: list[int] = []       # the depths below each open MARK
+    total = 0                   # values on the whole stack
+    puts = 0
+    memo: set[int] = set()
+    fixed_ops = _SCAN_FIXED
+    while True:
+        if pos >= end:
+            raise _pickle_error("the pickle ends without STOP (truncated)")
+        op = data[pos]
+        at = pos
+        pos += 1
+        if op not in ops_seen:
+            if op not in _PICKLE_OPS:
+                raise _pickle_error(f"opcode {bytes([op])!r} at byte {at} is not one a state dict uses")
+            ops_seen.add(op)
+        fixed = fixed_ops.get(op)
+        if fixed is not None:
+            width, pops, pushes = fixed
+            pos += width
+            if pos > end:
+                raise _pickle_error("the pickle ends inside an opcode (truncated)")
+            if depth < pops:
+                raise _pickle_error(f"opcode {bytes([op])!r} at byte {at} on a stack too short")
+            depth += pushes - pops
+            total += pushes - pops
+            if total > _PICKLE_MAX_STACK:
+                raise _pickle_error(f"a stack deeper than {_PICKLE_MAX_STACK:,} values")
+        elif op in b"qr\x94":   # BINPUT, LONG_BINPUT, MEMOIZE
+            if op == 0x94:
+                index = puts
+            else:
+                width = 1 if op == 0x71 else 4
+                if pos + width > end:
+                    raise _pickle_error("truncated memo index")
+                index = int.from_bytes(data[pos:pos + width], "little")
+                pos += width
+            if index > puts + _PICKLE_MAX_MEMO_GAP:
+                raise _pickle_error(f"memo index {index} far past the {puts} values stored")
+            if depth < 1:
+                raise _pickle_error("memo put on an empty stack")
+            memo.add(index)
+            puts += 1
+        elif op in b"X\x8c\x63hj\x8a":  # values pushed: strings, GLOBAL, memo gets, LONG1
+            if op in b"hj":     # BINGET, LONG_BINGET
+                width = 1 if op == 0x68 else 4
+                if pos + width > end:
+                    raise _pickle_error("truncated memo index")
+                index = int.from_bytes(data[pos:pos + width], "little")
+                pos += width
+                if index not in memo:
+                    raise _pickle_error(f"memo index {index} read before it is stored")
+            elif op == 0x63:    # GLOBAL module\nname\n
+                module_end = data.find(b"\n", pos, min(end, pos + _PICKLE_MAX_LINE))
+                name_end = data.find(b"\n", module_end + 1, min(end, module_end + 1 + _PICKLE_MAX_LINE)) \
+                    if module_end >= 0 else -1
+                if name_end < 0:
+                    raise _pickle_error("a GLOBAL without its two lines")
+                key = (data[pos:module_end].decode("latin-1"), data[module_end + 1:name_end].decode("latin-1"))
+                if key not in _TORCH_GLOBALS:
+                    raise _pickle_error(f"global {key[0]}.{key[1]} is not one a state dict uses")
+                pos = name_end + 1
+            elif op == 0x8a:    # LONG1
+                if pos + 1 > end:
+                    raise _pickle_error("truncated LONG1")
+                n = data[pos]
+                if n > _PICKLE_MAX_INT_BYTES:
+                    raise _pickle_error(f"an integer of {n} bytes")
+                pos += 1 + n
+            else:               # BINUNICODE, SHORT_BINUNICODE
+                width = 4 if op == 0x58 else 1
+                if pos + width > end:
+                    raise _pickle_error("truncated string length")
+                n = int.from_bytes(data[pos:pos + width], "little")
+                pos += width + n
+                if pos > end:
+                    raise _pickle_error(f"a string of {n} bytes runs past the pickle's end")
+            if pos > end:
+                raise _pickle_error("the pickle ends inside an opcode (truncated)")
+            depth += 1
+            total += 1
+            if total > _PICKLE_MAX_STACK:
+                raise _pickle_error(f"a stack deeper than {_PICKLE_MAX_STACK:,} values")
+        elif op == 0x28:        # MARK
+            if len(saved) >= _PICKLE_MAX_MARKS:
+                raise _pickle_error(f"more than {_PICKLE_MAX_MARKS} nested MARKs")
+            saved.append(depth)
+            depth = 0
+        elif op in b"tue":      # TUPLE, SETITEMS, APPENDS: pop to the MARK
+            if not saved:
+                raise _pickle_error("a MARK-taking opcode without MARK")
+            if op == 0x75 and depth % 2:
+                raise _pickle_error("SETITEMS with an odd number of items")
+            total -= depth
+            depth = saved.pop()
+            if op == 0x74:
+                depth += 1
+                total += 1
+            elif depth < 1:
+                raise _pickle_error("SETITEMS/APPENDS without a container")
+        elif op == 0x80:        # PROTO
+            if pos + 1 > end:
+                raise _pickle_error("truncated PROTO")
+            protocol = data[pos]
+            pos += 1
+        else:                   # STOP, the only opcode left
+            if saved or depth != 1:
+                raise _pickle_error("STOP with a stack other than one value")
+            return pos, frozenset(ops_seen), protocol
+
+
+def _unpickle(data: bytes, pos: int, end: int, persistent_load: Callable[[tuple], object]) -> tuple[object, int]:
+    """Interpret one pickle that _scan_pickle accepted: (its value, the position after STOP).
+
+    Every check is made again here, so this is safe without the scan; the values built are
+    str, int, bool, None, tuple, list, dict, _OrderedDict, _Global, _StorageRef and _Tensor."""
+    stack: list = []
+    marks: list[list] = []
+    memo: dict[int, object] = {}
+    built = 0
+    while True:
+        if pos >= end:
+            raise _pickle_error("the pickle ends without STOP (truncated)")
+        op = data[pos]
+        pos += 1
+        if op not in _PICKLE_OPS:
+            raise _pickle_error(f"opcode {bytes([op])!r} is not one a state dict uses")
+        if op == 0x80:
+            pos += 1
+        elif op == 0x95:
+            pos += 8
+        elif op in b"qr\x94":
+            if not stack:
+                raise _pickle_error("memo put on an empty stack")
+            if op == 0x94:
+                index = len(memo)
+            else:
+                width = 1 if op == 0x71 else 4
+                index = int.from_bytes(data[pos:pos + width], "little")
+                pos += width
+            if index > len(memo) + _PICKLE_MAX_MEMO_GAP:
+                raise _pickle_error(f"memo index {index} far past the values stored")
+            memo[index] = stack[-1]
+        elif op in b"hj":
+            width = 1 if op == 0x68 else 4
+            index = int.from_bytes(data[pos:pos + width], "little")
+            pos += width
+            if index not in memo:
+                raise _pickle_error(f"memo index {index} read before it is stored")
+            stack.append(memo[index])
+        elif op in b"X\x8c":
+            width = 4 if op == 0x58 else 1
+            n = int.from_bytes(data[pos:pos + width], "little")
+            pos += width
+            if pos + n > end:
+                raise _pickle_error(f"a string of {n} bytes runs past the pickle's end")
+            try:
+                stack.append(data[pos:pos + n].decode("utf-8", "surrogatepass"))
+            except UnicodeDecodeError:
+                raise _pickle_error("a string that is not UTF-8") from None
+            pos += n
+        elif op == 0x63:
+            module_end = data.find(b"\n", pos, min(end, pos + _PICKLE_MAX_LINE))
+            name_end = data.find(b"\n", module_end + 1, min(end, module_end + 1 + _PICKLE_MAX_LINE)) \
+                if module_end >= 0 else -1
+            if name_end < 0:
+                raise _pickle_error("a GLOBAL without its two lines")
+            stack.append(_global(data[pos:module_end].decode("latin-1"), data[module_end + 1:name_end].decode("latin-1")))
+            pos = name_end + 1
+        elif op == 0x93:
+            if len(stack) < 2:
+                raise _pickle_error("STACK_GLOBAL on a stack too short")
+            name, module = stack.pop(), stack.pop()
+            if type(module) is not str or type(name) is not str:
+                raise _pickle_error("STACK_GLOBAL of something other than two strings")
+            stack.append(_global(module, name))
+        elif op == 0x4a:
+            stack.append(int.from_bytes(data[pos:pos + 4], "little", signed=True))
+            pos += 4
+        elif op == 0x4b:
+            stack.append(data[pos])
+            pos += 1
+        elif op == 0x4d:
+            stack.append(int.from_bytes(data[pos:pos + 2], "little"))
+            pos += 2
+        elif op == 0x8a:
+            n = data[pos]
+            if n > _PICKLE_MAX_INT_BYTES:
+                raise _pickle_error(f"an integer of {n} bytes")
+            stack.append(int.from_bytes(data[pos + 1:pos + 1 + n], "little", signed=True))
+            pos += 1 + n
+        elif op in b"N\x88\x89":
+            stack.append({0x4e: None, 0x88: True, 0x89: False}[op])
+        elif op == 0x28:
+            if len(marks) >= _PICKLE_MAX_MARKS:
+                raise _pickle_error(f"more than {_PICKLE_MAX_MARKS} nested MARKs")
+            marks.append(stack)
+            stack = []
+        elif op in b"tue":
+            if not marks:
+                raise _pickle_error("a MARK-taking opcode without MARK")
+            items, stack = stack, marks.pop()
+            if op == 0x74:
+                stack.append(tuple(items))
+            elif not stack:
+                raise _pickle_error("SETITEMS/APPENDS without a container")
+            elif op == 0x65:
+                _append(stack[-1], items)
+            else:
+                if len(items) % 2:
+                    raise _pickle_error("SETITEMS with an odd number of items")
+                _set_items(stack[-1], items)
+        elif op in b")}]":
+            stack.append({0x29: (), 0x7d: {}, 0x5d: []}[op])
+        elif op in b"\x85\x86\x87":
+            n = op - 0x84
+            if len(stack) < n:
+                raise _pickle_error("TUPLE on a stack too short")
+            items = tuple(stack[-n:])
+            del stack[-n:]
+            stack.append(items)
+        elif op == 0x61:
+            if len(stack) < 2:
+                raise _pickle_error("APPEND on a stack too short")
+            item = stack.pop()
+            _append(stack[-1], [item])
+        elif op == 0x73:
+            if len(stack) < 3:
+                raise _pickle_error("SETITEM on a stack too short")
+            value, key = stack.pop(), stack.pop()
+            _set_items(stack[-1], [key, value])
+        elif op == 0x51:
+            if not stack:
+                raise _pickle_error("BINPERSID on an empty stack")
+            stack.append(persistent_load(stack.pop()))
+        elif op == 0x52:
+            if len(stack) < 2:
+                raise _pickle_error("REDUCE on a stack too short")
+            args, func = stack.pop(), stack.pop()
+            stack.append(_reduce(func, args))
+        elif op == 0x62:
+            if len(stack) < 2:
+                raise _pickle_error("BUILD on a stack too short")
+            _build(stack[-2], stack.pop())
+        elif op == 0x2e:
+            if marks or len(stack) != 1:
+                raise _pickle_error("STOP with a stack other than one value")
+            return stack[0], pos
+        if pos > end:
+            raise _pickle_error("the pickle ends inside an opcode (truncated)")
+        built += 1
+        if built > _PICKLE_MAX_OBJECTS or len(stack) > _PICKLE_MAX_STACK:
+            raise _pickle_error("more values than a state dict holds")
+
+
+def _shown(value: object) -> str:
+    # A value from a hostile pickle may be a list nested a million deep: only strings and ints
+    # are shown, never repr'd structures.
+    if type(value) in (str, int):
+        return repr(value)[:80]
+    return f"(a {type(value).__name__})"
+
+
+def _global(module: str, name: str) -> _Global:
+    found = _TORCH_GLOBALS.get((module, name))
+    if found is None:
+        raise _pickle_error(f"global {module}.{name} is not one a state dict uses")
+    return found
+
+
+def _append(target: object, items: list) -> None:
+    if type(target) is not list:
+        raise _pickle_error(f"APPEND to a {type(target).__name__}, not a list")
+    target.extend(items)
+
+
+def _set_items(target: object, items: list) -> None:
+    if type(target) not in (dict, _OrderedDict):
+        raise _pickle_error(f"SETITEM on a {type(target).__name__}, not a dict")
+    for i in range(0, len(items), 2):
+        key = items[i]
+        if type(key) not in (str, int):
+            raise _pickle_error(f"a dict key of type {type(key).__name__}")
+        target[key] = items[i + 1]
+
+
+def _build(target: object, state: object) -> None:
+    # torch pickles a state_dict() as OrderedDict plus BUILD of its __dict__, {'_metadata': ...}
+    # (module versions transformers and torch never need to convert); nothing else is built.
+    if type(target) is not _OrderedDict or type(state) is not dict or not set(state) <= {"_metadata"}:
+        raise _pickle_error(f"BUILD on a {type(target).__name__} with {type(state).__name__} state")
+
+
+def _reduce(func: object, args: object) -> object:
+    if type(func) is not _Global or type(args) is not tuple:
+        raise _pickle_error(f"REDUCE of a {type(func).__name__}, which is not a call a state dict makes")
+    if func.kind == "ordered_dict":
+        if args:
+            raise _pickle_error("OrderedDict called with arguments")
+        return _OrderedDict()
+    if func.kind in ("rebuild_v1", "rebuild_v2", "rebuild_v3"):
+        return _rebuild_tensor(func.kind, args)
+    if func.kind in ("parameter", "parameter_state"):
+        n = 3 if func.kind == "parameter" else 4
+        if len(args) != n or type(args[0]) is not _Tensor or type(args[1]) is not bool:
+            raise _pickle_error("_rebuild_parameter with arguments a Parameter does not have")
+        _no_hooks(args[2])
+        if n == 4 and not (args[3] in (None, ()) or (type(args[3]) in (dict, _OrderedDict) and not args[3])):
+            raise _pickle_error("_rebuild_parameter_with_state with a state")
+        return args[0]
+    raise _pickle_error(f"REDUCE of {func.kind}, which is not a call a state dict makes")
+
+
+def _no_hooks(hooks: object) -> None:
+    if type(hooks) not in (dict, _OrderedDict) or hooks:
+        raise _pickle_error("a tensor with backward hooks")
+
+
+def _rebuild_tensor(kind: str, args: tuple) -> _Tensor:
+    sizes = {"rebuild_v1": (4,), "rebuild_v2": (6, 7), "rebuild_v3": (7, 8)}[kind]
+    if len(args) not in sizes:
+        raise _pickle_error(f"_{kind} with {len(args)} arguments")
+    storage, offset, shape, stride = args[:4]
+    if type(storage) is not _StorageRef:
+        raise _pickle_error("a tensor whose storage is not a storage record")
+    if kind != "rebuild_v1":
+        if type(args[4]) is not bool:
+            raise _pickle_error("a tensor whose requires_grad is not a bool")
+        _no_hooks(args[5])
+        metadata = args[7] if kind == "rebuild_v3" and len(args) == 8 else \
+            args[6] if kind == "rebuild_v2" and len(args) == 7 else None
+        if metadata is not None and not (type(metadata) in (dict, _OrderedDict) and not metadata):
+            # {'conj': True} / {'neg': True}: torch applies the bit when the tensor is read.
+            raise _pickle_error("a tensor with conj/neg metadata bits")
+    if kind == "rebuild_v3":
+        dtype = args[6]
+        if type(dtype) is not _Global or dtype.kind != "dtype":
+            raise _pickle_error("_rebuild_tensor_v3 without a dtype")
+        dtype_name = dtype.dtype
+        if storage.dtype not in ("", dtype_name):
+            raise _pickle_error("a tensor whose dtype differs from its storage's")
+    else:
+        dtype_name = storage.dtype
+        if not dtype_name:
+            raise _pickle_error("an UntypedStorage outside _rebuild_tensor_v3")
+    if type(offset) is not int or offset < 0:
+        raise _pickle_error("a tensor with an invalid storage offset")
+    for dims in (shape, stride):
+        if (type(dims) is not tuple or len(dims) > _MAX_TENSOR_DIMS
+                or not all(type(d) is int and 0 <= d < 2**62 for d in dims)):
+            raise _pickle_error("a tensor with an invalid size or stride")
+    if len(shape) != len(stride):
+        raise _pickle_error("a tensor whose size and stride differ in length")
+    itemsize = TORCH_DTYPES[dtype_name][1]
+    storage_bytes = storage.numel * (TORCH_DTYPES[storage.dtype][1] if storage.dtype else 1)
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel:
+        last = offset + sum((d - 1) * s for d, s in zip(shape, stride))
+        if (last + 1) * itemsize > storage_bytes:
+            raise _pickle_error(f"a tensor view reaching past its storage ({storage_bytes} bytes)")
+    return _Tensor(dtype_name, shape, stride, offset, storage)
+
+
+def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    # torch's is_contiguous: size-1 dims may have any stride, and an empty tensor is contiguous.
+    if 0 in shape:
+        return True
+    expected = 1
+    for d, s in zip(reversed(shape), reversed(stride)):
+        if d != 1 and s != expected:
+            return False
+        expected *= d
+    return True
+
+
+class _ZipMember(NamedTuple):
+    name: str
+    start: int                  # absolute offset of the member's bytes
+    size: int
+
+
+_EOCD = struct.Struct("<4sHHHHIIH")
+_EOCD64_LOCATOR = struct.Struct("<4sIQI")
+_EOCD64 = struct.Struct("<4sQHHIIQQQQ")
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+# The central directory of a checkpoint with 10,000 tensors is about 1 MB.
+_ZIP_MAX_CENTRAL = 64 << 20
+
+
+def _zip_members(path: Path, f, size: int) -> dict[str, _ZipMember]:
+    """Every member of a zip as torch's reader finds it: central directory, then each member's
+    local header for where its bytes start.  Only what torch.save writes is accepted: stored (not
+    compressed), not encrypted, sizes agreeing, names unique, bytes inside the file."""
+    def read_at(offset: int, n: int) -> bytes:
+        if offset < 0 or offset + n > size:
+            raise Refusal(f"{path.name}: a zip record at {offset} runs past the end of the file "
+                          f"({size} bytes); the file is truncated or not a torch.save checkpoint")
+        f.seek(offset)
+        return f.read(n)
+
+    tail_len = min(size, 65535 + _EOCD.size)
+    tail = read_at(size - tail_len, tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + _EOCD.size > len(tail):
+        raise Refusal(f"{path.name}: no zip end-of-central-directory record; the file is truncated")
+    eocd_at = size - tail_len + at
+    _, disk, cd_disk, n_here, n_total, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
+    if eocd_at >= _EOCD64_LOCATOR.size:
+        loc = read_at(eocd_at - _EOCD64_LOCATOR.size, _EOCD64_LOCATOR.size)
+        if loc[:4] == b"PK\x06\x07":
+            _, _, eocd64_at, _ = _EOCD64_LOCATOR.unpack(loc)
+            rec = read_at(eocd64_at, _EOCD64.size)
+            if rec[:4] != b"PK\x06\x06":
+                raise Refusal(f"{path.name}: the zip64 locator points at no zip64 record")
+            _, _, _, _, disk, cd_disk, n_here, n_total, cd_size, cd_offset = _EOCD64.unpack(rec)
+    if disk or cd_disk or n_here != n_total:
+        raise Refusal(f"{path.name}: a multi-part zip; torch.save writes one file")
+    if cd_size > _ZIP_MAX_CENTRAL or n_total > cd_size // _CENTRAL.size:
+        raise Refusal(f"{path.name}: the zip central directory claims {n_total} members in {cd_size} bytes")
+    central = read_at(cd_offset, cd_size)
+    members: dict[str, _ZipMember] = {}
+    pos = 0
+    for _ in range(n_total):
+        if pos + _CENTRAL.size > len(central) or central[pos:pos + 4] != b"PK\x01\x02":
+            raise Refusal(f"{path.name}: the zip central directory is damaged")
+        (_, _, _, flags, method, _, _, _, csize, usize, name_len, extra_len, comment_len,
+         _, _, _, local_at) = _CENTRAL.unpack_from(central, pos)
+        name_at = pos + _CENTRAL.size
+        raw_name = central[name_at:name_at + name_len]
+        extra = central[name_at + name_len:name_at + name_len + extra_len]
+        pos = name_at + name_len + extra_len + comment_len
+        if pos > len(central):
+            raise Refusal(f"{path.name}: the zip central directory is damaged")
+        usize, csize, local_at = _zip64_fields(path, extra, usize, csize, local_at)
+        name = raw_name.decode("utf-8", "replace")
+        if flags & 0x41 or method != 0:
+            raise Refusal(f"{path.name}: member {name!r} is compressed or encrypted; torch.save "
+                          f"stores every member as it is, so this file was rewritten by another tool")
+        if csize != usize:
+            raise Refusal(f"{path.name}: member {name!r} has different stored and real sizes")
+        if name in members:
+            raise Refusal(f"{path.name}: the zip names {name!r} twice")
+        local = read_at(local_at, _LOCAL.size)
+        sig, *_, local_name_len, local_extra_len = _LOCAL.unpack(local)
+        if sig != b"PK\x03\x04" or read_at(local_at + _LOCAL.size, local_name_len) != raw_name:
+            raise Refusal(f"{path.name}: the local header of {name!r} does not match the central directory")
+        start = local_at + _LOCAL.size + local_name_len + local_extra_len
+        if start + usize > size:
+            raise Refusal(f"{path.name}: member {name!r} runs past the end of the file; the file is truncated")
+        members[name] = _ZipMember(name, start, usize)
+    return members
+
+
+def _zip64_fields(path: Path, extra: bytes, usize: int, csize: int, local_at: int) -> tuple[int, int, int]:
+    # The zip64 extra field (id 1) holds, in this order, each of the three that overflowed 32 bits.
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, n = struct.unpack_from("<HH", extra, pos)
+        body = extra[pos + 4:pos + 4 + n]
+        pos += 4 + n
+        if tag != 1:
+            continue
+        values = [usize, csize, local_at]
+        at = 0
+        for i, v in enumerate(values):
+            if v == 0xFFFFFFFF:
+                if at + 8 > len(body):
+                    raise Refusal(f"{path.name}: a zip64 field is missing")
+                values[i] = int.from_bytes(body[at:at + 8], "little")
+                at += 8
+        return values[0], values[1], values[2]
+    return usize, csize, local_at
+
+
+def is_torch_checkpoint(path: Path) -> bool:
+    """Whether a file starts as torch.save's zip or legacy pickle does (and is not a GGUF)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head == b"PK\x03\x04" or head[:2] == b"\x80\x02"
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """The tensors of a torch.save file (a state dict: names to tensors) in its order, or a Refusal."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            magic = f.read(4)
+            try:
+                if magic == b"PK\x03\x04":
+                    return _read_zip_checkpoint(path, f, size)
+                if magic[:2] == b"\x80\x02":
+                    return _read_legacy_checkpoint(path, f, size)
+            except _PickleRefusal as e:
+                raise Refusal(f"{path.name}: {e}; bankml_convert reads plain state dicts and runs "
+                              f"nothing a checkpoint names") from None
+    except OSError as e:
+        raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
+    raise Refusal(f"{path.name} is not a torch.save checkpoint (neither zip nor legacy pickle)")
+
+
+def _read_zip_checkpoint(path: Path, f, size: int) -> Checkpoint:
+    members = _zip_members(path, f, size)
+    pickles = [n for n in members if n.endswith("/data.pkl") and n.count("/") == 1]
+    if len(pickles) != 1:
+        raise Refusal(f"{path.name}: {'no' if not pickles else 'more than one'} data.pkl; not a torch.save checkpoint")
+    prefix = pickles[0][:-len("data.pkl")]
+    if any(not n.startswith(prefix) for n in members):
+        raise Refusal(f"{path.name}: members outside {prefix!r}; not a torch.save checkpoint")
+    if prefix + "constants.pkl" in members:
+        raise Refusal(f"{path.name} is a TorchScript archive (torch.jit.save), not a state dict")
+    order = members.get(prefix + "byteorder")
+    if order is not None and _member_bytes(f, order, 16) != b"little":
+        raise Refusal(f"{path.name} was saved on a big-endian machine; torch byte-swaps it on "
+                      f"load, which bankml_convert does not reproduce")
+    pkl = members[pickles[0]]
+    if pkl.size > PICKLE_MAX_BYTES:
+        raise Refusal(f"{path.name}: data.pkl is {pkl.size:,} bytes, more than a state dict's")
+    data = _member_bytes(f, pkl, pkl.size)
+    _, ops, protocol = _scan_pickle(data, 0, len(data))
+    storages: dict[str, _StorageRef] = {}
+
+    def load(pid: object) -> _StorageRef:
+        ref = _storage_ref(pid, 5, storages)
+        record = members.get(f"{prefix}data/{ref.key}")
+        if record is None:
+            raise _pickle_error(f"storage {ref.key!r} has no record data/{ref.key}")
+        itemsize = TORCH_DTYPES[ref.dtype][1] if ref.dtype else 1
+        if record.size != ref.numel * itemsize:
+            # torch checks this too ("storage size mismatch").
+            raise _pickle_error(f"storage {ref.key!r} declares {ref.numel * itemsize} bytes, its record holds {record.size}")
+        return ref
+
+    value, end = _unpickle(data, 0, len(data), load)
+    if end != len(data):
+        raise _pickle_error("bytes after the pickle's STOP")
+    starts = {key: members[f"{prefix}data/{key}"].start for key in storages}
+    unreadable = "" if ops <= _TORCH_WEIGHTS_ONLY_OPS else (
+        f"it is pickled with protocol {protocol}, whose opcodes torch.load(weights_only=True) "
+        f"does not read (llama.cpp's converter stops on it): save it again with torch.save's "
+        f"default protocol")
+    return Checkpoint(path, "zip", protocol, _state_dict_tensors(path, value, starts), unreadable)
+
+
+def _member_bytes(f, member: _ZipMember, limit: int) -> bytes:
+    f.seek(member.start)
+    return f.read(min(member.size, limit))
+
+
+def _storage_ref(pid: object, n_fields: int, storages: dict[str, _StorageRef]) -> _StorageRef:
+    if (type(pid) is not tuple or len(pid) != n_fields or pid[0] != "storage"
+            or type(pid[1]) is not _Global or pid[1].kind != "storage"):
+        raise _pickle_error("a persistent id that is not a storage record")
+    _, cls, key, location, numel = pid[:5]
+    if n_fields == 6 and pid[5] is not None:
+        raise _pickle_error("a storage view (legacy view_metadata)")
+    if type(key) is not str or not _STORAGE_KEY.match(key):
+        raise _pickle_error(f"storage key {_shown(key)} is not a plain name")
+    if type(location) is not str or len(location) > 64 or type(numel) is not int or not 0 <= numel < 2**62:
+        raise _pickle_error("a storage record with an invalid location or size")
+    ref = _StorageRef(key, cls.dtype, numel)
+    if storages.setdefault(key, ref) != ref:
+        raise _pickle_error(f"storage {key!r} declared twice with different types or sizes")
+    return ref
+
+
+def _state_dict_tensors(path: Path, value: object, starts: dict[str, int]) -> list[CheckpointTensor]:
+    if type(value) not in (dict, _OrderedDict):
+        raise Refusal(f"{path.name} holds a {type(value).__name__}, not a state dict (names to tensors)")
+    tensors = []
+    for name, t in value.items():
+        if type(name) is not str or type(t) is not _Tensor:
+            raise Refusal(f"{path.name}: entry {_shown(name)} is not a tensor; bankml_convert "
+                          f"reads state dicts of tensors only (model.state_dict(), not a training checkpoint)")
+        dtype, itemsize = TORCH_DTYPES[t.dtype]
+        numel = 1
+        for d in t.shape:
+            numel *= d
+        contiguous = _is_contiguous(t.shape, t.stride)
+        tensors.append(CheckpointTensor(name, dtype, t.shape, t.stride, path,
+                                        starts[t.storage.key] + t.offset * itemsize,
+                                        numel * itemsize, contiguous, t.storage.key))
+    return tensors
+
+
+# torch's legacy format opens with this number (torch/serialization.py MAGIC_NUMBER) and protocol 1001.
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL = 1001
+
+
+def _read_legacy_checkpoint(path: Path, f, size: int) -> Checkpoint:
+    f.seek(0)
+    # The pickles come first and are small; the storages after them are not read here.
+    window = min(size, 1 << 20)
+    while True:
+        f.seek(0)
+        data = f.read(window)
+        try:
+            return _legacy_checkpoint(path, f, size, data)
+        except _PickleRefusal:
+            if window >= min(size, PICKLE_MAX_BYTES):
+                raise
+            window = min(size, PICKLE_MAX_BYTES)
+
+
+def _legacy_checkpoint(path: Path, f, size: int, data: bytes) -> Checkpoint:
+    pos = 0
+    values = []
+    protocol = 2
+    ops_all: set = set()
+    storages: dict[str, _StorageRef] = {}
+    for i in range(5):
+        _, ops, proto = _scan_pickle(data, pos, len(data))
+        ops_all |= ops
+        if i == 3:
+            protocol = proto
+        value, pos = _unpickle(data, pos, len(data), lambda pid: _storage_ref(pid, 6, storages))
+        values.append(value)
+        if i == 2:
+            if values[0] != _LEGACY_MAGIC or values[1] != _LEGACY_PROTOCOL:
+                raise Refusal(f"{path.name} is not a torch.save checkpoint (no legacy magic number)")
+            if type(value) is not dict or value.get("little_endian") is not True:
+                raise Refusal(f"{path.name} was saved on a big-endian machine; torch byte-swaps it on "
+                              f"load, which bankml_convert does not reproduce")
+    keys = values[4]
+    if type(keys) is not list or not all(type(k) is str for k in keys) or set(keys) != set(storages) \
+            or len(keys) != len(storages):
+        raise Refusal(f"{path.name}: the legacy storage list does not match the storages the tensors use")
+    starts = {}
+    for key in keys:
+        ref = storages[key]
+        itemsize = TORCH_DTYPES[ref.dtype][1] if ref.dtype else 1
+        f.seek(pos)
+        numel = int.from_bytes(f.read(8), "little")
+        if numel != ref.numel:
+            raise Refusal(f"{path.name}: legacy storage {key!r} holds {numel} elements, its tensors say {ref.numel}")
+        starts[key] = pos + 8
+        pos += 8 + numel * itemsize
+        if pos > size:
+            raise Refusal(f"{path.name}: legacy storage {key!r} runs past the end of the file; the file is truncated")
+    if pos != size:
+        raise Refusal(f"{path.name}: {size - pos} bytes after the last legacy storage")
+    return Checkpoint(path, "legacy", protocol, _state_dict_tensors(path, values[3], starts),
+                      "it is in torch's legacy format (_use_new_zipfile_serialization=False), which "
+                      "torch.load(mmap=True) -- llama.cpp's converter -- cannot read: save it again "
+                      "with torch.save's defaults")
+
+
+# Model directories with .bin weights, as llama.cpp's index_tensors reads them when there are no
+# safetensors: torch.load(path, map_location="cpu", mmap=True, weights_only=True) per part.
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+def torch_bin_files(model_dir: Path) -> list[str]:
+    """The pytorch_model*.bin files of a directory, sorted, as llama.cpp lists them."""
+    try:
+        return sorted(n for n in os.listdir(model_dir) if n.startswith("pytorch_model") and n.endswith(".bin"))
+    except OSError as e:
+        raise Refusal(f"cannot list {model_dir}: {e.strerror or e}") from None
+
+
+def torch_bin_tensors(path: Path) -> list[SourceTensor]:
+    """A .bin part's tensors in its pickle order -- llama.cpp keeps torch.load's dict order, where
+    it sorts a safetensors part by name -- each one a contiguous BF16, F16 or F32 byte range."""
+    checkpoint = read_checkpoint(path)
+    if checkpoint.torch_unreadable:
+        raise Refusal(f"{path.name}: {checkpoint.torch_unreadable}; bankml_convert refuses it "
+                      f"rather than write a GGUF llama.cpp has no reference for")
+    for t in checkpoint.tensors:
+        if t.dtype not in SAFETENSORS_DTYPES:
+            raise Refusal(f"{path.name}: tensor {t.name!r} is {t.dtype}; only BF16, F16 and F32 "
+                          f"are converted (llama.cpp's F16 path is reproduced for those alone)")
+        if not t.contiguous:
+            raise Refusal(f"{path.name}: tensor {t.name!r} is a non-contiguous view (stride "
+                          f"{list(t.stride)}); save it with .contiguous() first")
+    return [t.source() for t in checkpoint.tensors]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -6326,11 +7170,14 @@ class DeclaredTensor(NamedTuple):
 
 
 def declared_tensors(path: Path) -> list[DeclaredTensor]:
-    """The tensors a safetensors header names, sorted by name as llama.cpp reads them.
+    """The tensors a safetensors header names, sorted by name as llama.cpp reads them (a PyTorch
+    checkpoint's in its pickle order, as llama.cpp reads those).
 
     Nothing is checked beyond what is needed to read the header; read_safetensors_header does the
     checking. An unreadable header is a Refusal.
     """
+    if is_torch_checkpoint(path):
+        return [DeclaredTensor(path.name, t.name, t.dtype, t.shape) for t in read_checkpoint(path).tensors]
     try:
         with open(path, "rb") as f:
             prefix = f.read(8)
@@ -6358,7 +7205,7 @@ def declared_tensors(path: Path) -> list[DeclaredTensor]:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a directory: those the converter reads, or, if it cannot say
+    """The weight files of a directory: those the converter reads, or, if it cannot say
     (a broken index, no model*.safetensors), every *.safetensors there is."""
     try:
         names, _ = model_part_names(model_dir)
@@ -6391,11 +7238,17 @@ def inspect_path(path, options: Options) -> Inspection:
     try:
         if path.is_dir():
             plan = plan_conversion(path, options)
+        elif is_torch_checkpoint(path):
+            torch_bin_tensors(path)
         else:
             read_safetensors_header(path)
     except Refusal as e:
         refusal = e.reason
     return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal)
+
+
+def _weight_kind(doc: dict) -> str:
+    return "pytorch .bin" if any(t["file"].endswith(".bin") for t in doc["tensors"]) else "safetensors"
 
 
 def dtype_counts(declared: list[DeclaredTensor]) -> dict[str, int]:
@@ -6420,8 +7273,8 @@ def inspect_dir_lines(path, options: Options) -> list[str]:
     is_dir, converts = doc["format"] == "directory", "general.name" in doc
     n_files = len({t["file"] for t in doc["tensors"]}) + len(doc["unreadable"])
     dtypes = ", ".join(f"{d} {n}" for d, n in doc["dtypes"].items())
-    what = f"model directory {doc['path']}: {n_files} safetensors file(s)," if is_dir \
-        else f"safetensors file {doc['path']}:"
+    what = f"model directory {doc['path']}: {n_files} {_weight_kind(doc)} file(s)," if is_dir \
+        else f"{'PyTorch checkpoint' if doc['format'] == 'torch' else 'safetensors file'} {doc['path']}:"
     lines = [f"{what} {doc['tensor_count']} tensors{f' ({dtypes})' if dtypes else ''}"]
     lines += [f"unreadable: {reason}" for reason in doc["unreadable"]]
     if converts:
@@ -6461,7 +7314,8 @@ def inspect_dir_json(path, options: Options) -> dict:
         tensors.append(row)
     # For a directory "refusal" says why the converter refuses it; for a single file, why its
     # header does not describe the file.
-    doc = {"path": str(ins.path), "format": "directory" if ins.is_dir else "safetensors",
+    doc = {"path": str(ins.path),
+           "format": "directory" if ins.is_dir else "torch" if is_torch_checkpoint(ins.path) else "safetensors",
            "converts": ins.plan is not None if ins.is_dir else None,
            "refusal": ins.refusal, "unreadable": ins.unreadable,
            "dtypes": dtype_counts(ins.declared), "tensor_count": len(ins.declared), "tensors": tensors}
@@ -6713,6 +7567,256 @@ def refusal_json(reason: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# ggml's MNIST files: a state dict (.pt/.bin/.safetensors) as the legacy GGML file ggml's
+# convert-h5-to-ggml.py wrote, or as the mnist-fc GGUF its current example reads; and reading back.
+# ---------------------------------------------------------------------------------------------
+# convert-h5-to-ggml.py (ggml 73999158..879dcb84) writes, with native-endian struct.pack("i") and
+# ndarray.tofile: the magic, then for each state dict entry in its order the n_dims of the
+# squeezed tensor, its dims innermost first, and its values as float32.  No names, no types:
+# mnist_model_load reads it by position.  Little-endian is written explicitly here.
+
+GGML_FILE_MAGIC = 0x67676D6C        # "ggml", ggml.h
+MNIST_FC_ARCH = "mnist-fc"
+# ggml's mnist-common.h: what mnist_model_init_from_file asserts, as HF shapes (rows first).
+MNIST_FC_TENSORS = {"fc1.weight": (500, 784), "fc1.bias": (500,), "fc2.weight": (10, 500), "fc2.bias": (10,)}
+_GGUF_MAX_DIMS = 4                  # GGML_MAX_DIMS: gguf.cpp refuses a tensor of more
+_GGML_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+class StateTensor(NamedTuple):
+    """One entry of a state dict: its name, squeezed shape (rows first) and float32 LE values."""
+    name: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """torch's squeeze(): every size-1 dimension dropped."""
+    return tuple(d for d in shape if d != 1)
+
+
+def float32_bytes(data: bytes, dtype: str) -> bytes:
+    """Little-endian values of dtype as float32, exactly as torch's .float() / numpy's astype do."""
+    if dtype == "F32":
+        return bytes(data)
+    if dtype in ("F16", "BF16"):
+        return converted_bytes(data, dtype, GGML_F32)
+    if dtype == "F64":
+        # array('f') stores each double with C's (float) cast, numpy's astype: round to nearest
+        # even, overflow to infinity, NaN quietened with its payload's top bits kept.
+        doubles = array("d", data)
+        if not _LITTLE_ENDIAN_HOST:
+            doubles.byteswap()
+        singles = array("f", doubles)
+        if not _LITTLE_ENDIAN_HOST:
+            singles.byteswap()
+        return singles.tobytes()
+    raise Refusal(f"{dtype} values are not floats; ggml's MNIST model is float32")
+
+
+def state_dict_tensors(path: Path) -> list[StateTensor]:
+    """A state dict file's tensors in its order, squeezed and as float32: a torch.save file's
+    pickle order, or a safetensors file's names sorted (the order safetensors' keys() gives)."""
+    path = Path(path)
+    if is_torch_checkpoint(path):
+        sources = []
+        for t in read_checkpoint(path).tensors:
+            if not t.contiguous:
+                raise Refusal(f"{path.name}: tensor {t.name!r} is a non-contiguous view (stride "
+                              f"{list(t.stride)}); save it with .contiguous() first")
+            sources.append(t.source())
+    else:
+        sources = sorted(read_safetensors_header(path, dict(SAFETENSORS_DTYPES, F64=8)), key=lambda t: t.name)
+    tensors = []
+    with open(path, "rb") as f:
+        for t in sources:
+            if t.dtype not in _GGML_FLOAT_DTYPES:
+                raise Refusal(f"{path.name}: tensor {t.name!r} is {t.dtype}; ggml's MNIST tensors are "
+                              f"float32 (from F32, F16, BF16 or F64)")
+            f.seek(t.start)
+            raw = f.read(t.nbytes)
+            if len(raw) != t.nbytes:
+                raise Refusal(f"{path.name}: tensor {t.name!r} runs past the end of the file")
+            tensors.append(StateTensor(t.name, squeezed(t.shape), float32_bytes(raw, t.dtype)))
+    if not tensors:
+        raise Refusal(f"{path.name} holds no tensors")
+    return tensors
+
+
+def refuse_unloadable_legacy(tensors: list[StateTensor]) -> None:
+    """Refuse what mnist_model_load cannot read back: it takes fc1's weight (n_input x n_hidden),
+    n_hidden bias values, fc2's weight (n_hidden x n_classes) and n_classes bias values, by
+    position, reading every bias header as two int32 (the bias's n_dims and its one dim)."""
+    ranks = [len(t.shape) for t in tensors]
+    layout = ("four tensors by position: fc1's weight (2-D), its bias (1-D, one value per row), fc2's "
+              "weight (2-D, as many columns as fc1 has rows) and its bias (1-D, one value per row)")
+    if ranks != [2, 1, 2, 1]:
+        shapes = ", ".join(f"{t.name} {list(t.shape)}" for t in tensors[:6])
+        raise Refusal(f"ggml's MNIST loader (mnist_model_load) reads {layout}; squeezed, this state dict "
+                      f"holds {shapes}{' ...' if len(tensors) > 6 else ''}: write --gguf mnist-fc "
+                      f"(tensors by name) or fix the state dict")
+    (hidden, _), (bias1,), (classes, hidden2), (bias2,) = (t.shape for t in tensors)
+    if bias1 != hidden or hidden2 != hidden or bias2 != classes:
+        raise Refusal(f"ggml's MNIST loader (mnist_model_load) reads {layout}; these shapes "
+                      f"({', '.join(str(list(t.shape)) for t in tensors)}) do not chain")
+    for t in tensors:
+        if any(d >= 2**31 for d in t.shape):
+            raise Refusal(f"tensor {t.name!r} has a dimension past int32, which the GGML header stores")
+
+
+def legacy_ggml_bytes(tensors: list[StateTensor]) -> bytes:
+    """The file convert-h5-to-ggml.py writes for these tensors (little-endian)."""
+    parts = [struct.pack("<I", GGML_FILE_MAGIC)]
+    for t in tensors:
+        parts.append(struct.pack(f"<i{len(t.shape)}i", len(t.shape), *reversed(t.shape)))
+        parts.append(t.data)
+    return b"".join(parts)
+
+
+def mnist_fc_gguf_bytes(tensors: list[StateTensor], source: Path) -> bytes:
+    """The GGUF ggml's mnist-train-fc.py writes with gguf-py (GGUFWriter(path, "mnist-fc"),
+    add_tensor per entry, squeezed, float32): architecture key, tensors in state dict order."""
+    by_name = {t.name: t for t in tensors}
+    for name, shape in MNIST_FC_TENSORS.items():
+        if name not in by_name or by_name[name].shape != shape:
+            got = list(by_name[name].shape) if name in by_name else "absent"
+            raise Refusal(f"ggml's mnist-fc loader (mnist_model_init_from_file) needs {name} of shape "
+                          f"{list(shape)} (squeezed, rows first); it is {got}")
+    for t in tensors:
+        if not 1 <= len(t.shape) <= _GGUF_MAX_DIMS:
+            raise Refusal(f"tensor {t.name!r} has {len(t.shape)} dimensions once squeezed; a GGUF "
+                          f"tensor has 1 to {_GGUF_MAX_DIMS}")
+    planned = [PlannedTensor(t.name, SourceTensor(t.name, "F32", t.shape, source, 0, len(t.data), t.data),
+                             GGML_F32, tuple(reversed(t.shape)), 0) for t in tensors]
+    parts = [gguf_header([KV("general.architecture", GGUFValueType.STRING, MNIST_FC_ARCH)], planned)]
+    for t in tensors:
+        parts += [t.data, bytes(padding(len(t.data)))]
+    return b"".join(parts)
+
+
+class GGMLJob(NamedTuple):
+    """What the ggml command wrote: output path, its sha256 and size, and the input's."""
+    out: Path
+    sha256: str
+    bytes: int
+    tensors: int
+    input: InputFile
+
+
+def convert_state_dict(state_dict: Path, out: Path, gguf: str | None = None) -> GGMLJob:
+    """Write the legacy GGML file (or, with gguf="mnist-fc", the GGUF) for a state dict file."""
+    state_dict, out = Path(state_dict), Path(out)
+    if gguf not in (None, MNIST_FC_ARCH):
+        raise Refusal(f"--gguf {gguf}: only {MNIST_FC_ARCH} is written")
+    try:
+        if out.resolve() == state_dict.resolve():
+            raise Refusal("the output would overwrite the state dict")
+    except OSError as e:
+        raise Refusal(f"{out}: {e.strerror or e}") from None
+    tensors = state_dict_tensors(state_dict)
+    if gguf is None:
+        refuse_unloadable_legacy(tensors)
+        data = legacy_ggml_bytes(tensors)
+    else:
+        data = mnist_fc_gguf_bytes(tensors, state_dict)
+    part = out.with_name(out.name + ".part")
+    try:
+        part.write_bytes(data)
+        os.replace(part, out)
+    except BaseException as e:
+        try:
+            part.unlink()
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise Refusal(f"cannot write {out}: {e.strerror or e}") from None
+        raise
+    source = InputFile(state_dict.name, state_dict.stat().st_size, sha256_file(state_dict))
+    return GGMLJob(out, hashlib.sha256(data).hexdigest(), len(data), len(tensors), source)
+
+
+def ggml_fork_json(job: GGMLJob, source: str, gguf: str | None) -> str:
+    """The pin of a ggml job as FORK.json text: output and input by size and sha256, so that
+    `verify OUT FORK.json --inputs DIR` checks it as it checks a conversion's pin."""
+    doc = {
+        "tool": f"bankml_convert {__version__}",
+        "reference": ("gguf-py's GGUFWriter as ggml's mnist-train-fc.py uses it" if gguf else
+                      "ggml examples/mnist/convert-h5-to-ggml.py (73999158)"),
+        "source": source,
+        "output": {"name": job.out.name, "bytes": job.bytes, "sha256": job.sha256},
+        "format": gguf or "ggml-legacy",
+        "inputs": [{"name": job.input.name, "bytes": job.input.size, "sha256": job.input.sha256}],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# Reading a legacy GGML file back: its records, as far as they parse.
+
+class GGMLRecord(NamedTuple):
+    offset: int
+    dims: tuple[int, ...]       # innermost first, as written
+    nbytes: int
+
+
+def is_legacy_ggml(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == struct.pack("<I", GGML_FILE_MAGIC)
+    except OSError:
+        return False
+
+
+def read_legacy_ggml(path: Path) -> tuple[list[GGMLRecord], str]:
+    """The records of an MNIST-style legacy GGML file, and "" or why reading stopped early."""
+    data = Path(path).read_bytes()
+    if data[:4] != struct.pack("<I", GGML_FILE_MAGIC):
+        raise Refusal(f"{Path(path).name} is not a legacy GGML file (no 'ggml' magic)")
+    records, pos = [], 4
+    while pos < len(data):
+        if pos + 4 > len(data):
+            return records, f"{len(data) - pos} stray bytes at {pos}"
+        (n_dims,) = struct.unpack_from("<i", data, pos)
+        if not 0 <= n_dims <= _GGUF_MAX_DIMS or pos + 4 + 4 * n_dims > len(data):
+            return records, f"no tensor record at {pos} (n_dims {n_dims})"
+        dims = struct.unpack_from(f"<{n_dims}i", data, pos + 4)
+        if any(d < 1 for d in dims):
+            return records, f"a record at {pos} with dims {list(dims)}"
+        nbytes = 4 * math.prod(dims)
+        if pos + 4 + 4 * n_dims + nbytes > len(data):
+            return records, f"the record at {pos} ({list(dims)}) runs past the end of the file"
+        records.append(GGMLRecord(pos, tuple(dims), nbytes))
+        pos += 4 + 4 * n_dims + nbytes
+    return records, ""
+
+
+def inspect_ggml_json(path) -> dict:
+    records, stopped = read_legacy_ggml(Path(path))
+    return {"path": str(path), "format": "ggml-legacy", "bytes": Path(path).stat().st_size,
+            "tensor_count": len(records), "stopped": stopped or None,
+            "tensors": [{"dims": list(r.dims), "type": "F32", "file_offset": r.offset, "bytes": r.nbytes}
+                        for r in records]}
+
+
+def inspect_ggml_lines(path) -> list[str]:
+    doc = inspect_ggml_json(path)
+    lines = [f"legacy GGML file {doc['path']}: {doc['bytes']:,} bytes, {doc['tensor_count']} unnamed F32 "
+             f"tensors (ggml's MNIST layout: n_dims, dims innermost first, float32 values)"]
+    if doc["stopped"]:
+        lines.append(f"stopped: {doc['stopped']}")
+    for n, t in enumerate(doc["tensors"], 1):
+        lines.append(f"  {n:5}: F32   {_shape_text(t['dims']):18} at {t['file_offset']} ({t['bytes']:,} bytes)")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
 # Command line: `bankml_convert.py DIR -o OUT.gguf` converts; `inspect`, `verify` and `diff` look
 # at files. Exit codes: 0 ok, 1 verify/diff found a difference, 2 refused or unreadable, 3 the
 # conversion failed (ConversionFailed: a bug or a fault of the machine, not the input), 128+N signal N.
@@ -6739,7 +7843,7 @@ def _conversion_failed(failure: ConversionFailed, as_json: bool = False) -> int:
     return _EXIT_FAILED
 
 
-SUBCOMMANDS = ("inspect", "verify", "diff")
+SUBCOMMANDS = ("inspect", "verify", "diff", "ggml")
 
 
 def _prog() -> str:
@@ -6755,6 +7859,7 @@ commands:
   inspect FILE|DIR          what a GGUF, a .safetensors file or a model directory holds
   verify FILE FORK.json     a GGUF (and with --inputs DIR its inputs) against its pin
   diff A.gguf B.gguf        where two GGUF files differ
+  ggml STATE_DICT -o OUT    ggml's MNIST file from a state dict (--gguf mnist-fc: its GGUF)
 
 examples:
   {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --fork smollm2-F16.gguf.FORK.json
@@ -6836,6 +7941,20 @@ def _command_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("a", metavar="A.gguf")
     d.add_argument("b", metavar="B.gguf")
+    g = sub.add_parser("ggml", help="ggml's MNIST file from a state dict (.pt, .bin or .safetensors)",
+                       description="Write the legacy GGML file ggml's examples/mnist/convert-h5-to-ggml.py "
+                                   "wrote from a state dict (magic; per tensor, squeezed: n_dims, dims "
+                                   "innermost first, float32 values), or with --gguf mnist-fc the GGUF "
+                                   "ggml's current MNIST example reads. Nothing in the file is run.",
+                       epilog=f"examples:\n  {prog} ggml mnist_model.state_dict -o ggml-model-f32.bin\n"
+                              f"  {prog} ggml mnist_model.state_dict -o mnist-fc-f32.gguf --gguf mnist-fc",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("state_dict", metavar="STATE_DICT")
+    g.add_argument("-o", "--outfile", required=True, metavar="OUT")
+    g.add_argument("--gguf", choices=[MNIST_FC_ARCH], help="write ggml's mnist-fc GGUF instead")
+    g.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s "
+                   "(verify checks it as a conversion's)")
+    g.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
 
@@ -6881,7 +8000,9 @@ def _print_json(doc: dict) -> None:
 def _inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     try:
-        if path.is_dir() or (path.suffix == ".safetensors" and not _looks_like_gguf(path)):
+        if is_legacy_ggml(path):
+            result = inspect_ggml_json(path) if args.json else inspect_ggml_lines(path)
+        elif path.is_dir() or (path.suffix == ".safetensors" and not _looks_like_gguf(path)) or is_torch_checkpoint(path):
             result = inspect_dir_json(path, _options(args)) if args.json else inspect_dir_lines(path, _options(args))
         else:
             result = inspect_gguf_json(path, args.full) if args.json else inspect_gguf_lines(path, args.full)
@@ -6908,7 +8029,7 @@ def _reason(e: BaseException) -> str:
 
 
 def _failed(command: str, reason: str, as_json: bool = False) -> int:
-    print(f"bankml {command}: {'refuse' if command == 'convert' else 'error'}: {reason}", file=sys.stderr)
+    print(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}", file=sys.stderr)
     if as_json:
         print(refusal_json(reason))
     return 2
@@ -6933,6 +8054,25 @@ def _diff(args: argparse.Namespace) -> int:
         return _failed("diff", e.reason)
     _print_lines(lines or ["identical"])
     return code
+
+
+def _ggml(args: argparse.Namespace) -> int:
+    fork = Path(args.fork) if args.fork else None
+    try:
+        if fork is not None:
+            _check_pin_path(fork)
+        job = convert_state_dict(Path(args.state_dict), Path(args.outfile), args.gguf)
+        if fork is not None:
+            _write_text_atomically(fork, ggml_fork_json(job, str(Path(args.state_dict).resolve()), args.gguf))
+    except Refusal as e:
+        return _failed("ggml", e.reason, args.json)
+    if args.json:
+        _print_json({"ok": True, "output": {"name": str(job.out), "bytes": job.bytes, "sha256": job.sha256},
+                     "tensors": job.tensors, "format": args.gguf or "ggml-legacy",
+                     "inputs": [{"name": job.input.name, "bytes": job.input.size, "sha256": job.input.sha256}]})
+    else:
+        print(f"{job.sha256}  {job.out}")
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -6986,7 +8126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:
             args = _command_parser().parse_args(argv)
-            return {"inspect": _inspect, "verify": _verify, "diff": _diff}[args.command](args)
+            return {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)
         return _convert(_parser().parse_args(argv))
     except KeyboardInterrupt:
         print("bankml: interrupted", file=sys.stderr)

@@ -39,6 +39,14 @@ The last line is ``fuzz: N inputs, C crashes
 
     python3 oracle/fuzz.py --tokenizer-model --inputs N --seed S [--start I] [--convert-every K] [--report F]
 
+--checkpoint fuzzes the torch.save reader: oracle/fixtures/torch's small files and a hand-written
+.bin get byte, zip-structure and pickle-opcode mutations (hostile globals and payloads that would
+create a marker file among them) through read_checkpoint, declared_tensors and both ggml writers;
+every K-th (--convert-every) instead converts a tiny pytorch_model.bin model.  The last line is
+``fuzz --checkpoint: N inputs, C crashes, E executions, ...``; exit 1 on a crash or an execution.
+
+    python3 oracle/fuzz.py --checkpoint --inputs N --seed S [--convert-every K] [--report F]
+
 --tokenizer-model fuzzes the SentencePiece reader: mutants of a real tokenizer.model (protobuf-aware
 edits of pieces, types, scores, wire types, lengths, trainer/normalizer specs, plus byte damage)
 go through sentencepiece_pieces, every K-th also through convert() in a tiny model directory; the
@@ -3244,6 +3252,236 @@ def run_spm_campaign(args) -> int:
     return 1 if crashes or partials else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# --checkpoint: torch.save files (oracle/fixtures/torch, and a hand-written .bin model part) mutated
+# at the byte, zip and pickle level -- hostile globals and payloads spliced in among them -- through
+# read_checkpoint, the ggml job's reader and writers, and every K-th through a model conversion.
+# ---------------------------------------------------------------------------------------------
+
+CK_FIXTURES = ROOT / "oracle" / "fixtures" / "torch"
+# Payloads that would create the marker file were anything from the file ever run.
+CK_MARKER = "bankml-fuzz-payload-ran"
+
+
+def ck_bases() -> dict[str, bytes]:
+    bases = {p.name: p.read_bytes() for p in sorted(CK_FIXTURES.glob("*.pt")) if p.stat().st_size < 120_000}
+    part = mm.Entry("model.norm.weight", "F16", (4,), lambda: b"\0\x3c" * 4)
+    tied = mm.Entry("lm_head.weight", "F16", (4,), part.payload, shares="model.norm.weight")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pytorch_model.bin"
+        mm.write_torch_bin(path, [part, tied])
+        bases["pytorch_model.bin"] = path.read_bytes()
+    return bases
+
+
+def ck_members(data: bytes) -> Optional[list[tuple[str, bytes]]]:
+    import io
+    import zipfile
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            return [(i.filename, z.read(i)) for i in z.infolist()]
+    except Exception:
+        return None
+
+
+def ck_zip(members: list[tuple[str, bytes]], deflate: set[str] = frozenset()) -> bytes:
+    import io
+    import zipfile
+    import warnings
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as z:
+        warnings.simplefilter("ignore")     # the duplicate members are the point
+        for name, body in members:
+            z.writestr(name, body, zipfile.ZIP_DEFLATED if name in deflate else zipfile.ZIP_STORED)
+    return buf.getvalue()
+
+
+def ck_payload(rng: random.Random, marker: str) -> bytes:
+    command = f"touch {marker}".encode()
+    arg = b"X" + struct.pack("<I", len(command)) + command
+    return rng.choice([
+        b"cos\nsystem\n(" + arg + b"tR", b"cposix\nsystem\n(" + arg + b"tR",
+        b"cbuiltins\neval\n(X" + struct.pack("<I", len(command) + 30) + b"__import__('os').system('" + command
+        + b"')tR",
+        b"\x8c\x02os\x8c\x06system\x93(" + arg + b"tR", b"(" + arg + b"ios\nsystem\n",
+        b"(cos\nsystem\n" + arg + b"o", b"cos\nsystem\n(" + arg + b"t\x81", b"\x82\x01(" + arg + b"tR",
+        b"ctorch._utils\n_rebuild_tensor_v2\n(" + arg + b"K\x00)\x29\x89}tR",
+        b"ccollections\nOrderedDict\n)R}X\x09\x00\x00\x00__class__cos\nsystem\nsb",
+        b"P" + command + b"\n", b"c__main__\nNet\n)R",
+    ])
+
+
+def ck_mutate_pickle(rng: random.Random, pkl: bytes, marker: str) -> tuple[bytes, str]:
+    import pickletools
+    try:
+        ops = [(pos, op.code, arg) for op, arg, pos in pickletools.genops(pkl)]
+    except Exception:
+        ops = [(0, "", None)]
+    pos, code, _ = rng.choice(ops)
+    next_pos = min([p for p, _, _ in ops if p > pos] or [len(pkl)])
+    kind = rng.randrange(9)
+    if kind == 0:
+        return pkl[:pos] + ck_payload(rng, marker) + pkl[pos:], f"payload at op {pos}"
+    if kind == 1:
+        return pkl[:pos] + bytes([rng.randrange(256)]) + pkl[pos + 1:], f"opcode at {pos} replaced"
+    if kind == 2:
+        return pkl[:pos] + pkl[next_pos:], f"op at {pos} deleted"
+    if kind == 3:
+        return pkl[:next_pos] + pkl[pos:next_pos] + pkl[next_pos:], f"op at {pos} doubled"
+    if kind == 4 and next_pos - pos > 1:
+        value = rng.choice([0, 1, 0x7F, 0x80, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF])
+        width = min(4, next_pos - pos - 1)
+        return (pkl[:pos + 1] + (value & ((1 << 8 * width) - 1)).to_bytes(width, "little")
+                + pkl[pos + 1 + width:]), f"argument of op at {pos} set to {value:#x}"
+    if kind == 5:
+        glob = rng.choice([b"cos\nsystem\n", b"ctorch\nLongStorage\n", b"ctorch\nfloat16\n",
+                           b"ctorch._utils\n_rebuild_tensor_v3\n", b"ctorch._utils\n_rebuild_parameter\n",
+                           b"ccollections\nOrderedDict\n", b"ctorch.storage\nUntypedStorage\n", b"c__builtin__\nset\n"])
+        return pkl[:pos] + glob + pkl[next_pos:], f"op at {pos} replaced by {glob[1:-1]!r}"
+    if kind == 6:
+        return pkl[:pos] + rng.choice([b"(" * 300, b"]" * 5000, b"r\x00\x00\x00\x40", b"N" * 1000,
+                                       b"h\xff", b"\x95" + b"\xff" * 8, b"e", b"u", b"b", b"."]) + pkl[pos:], \
+            f"bomb at {pos}"
+    if kind == 7:
+        a, b = sorted(rng.randrange(len(pkl) + 1) for _ in range(2))
+        return pkl[:a] + pkl[b:], f"bytes {a}..{b} cut"
+    return pkl[:rng.randrange(len(pkl) + 1)], "truncated"
+
+
+def ck_mutate(rng: random.Random, data: bytes, marker: str) -> tuple[bytes, str]:
+    if not data:    # an earlier mutation truncated it to nothing
+        return bytes([rng.randrange(256)]) * rng.randrange(1, 64), "bytes from nothing"
+    members = ck_members(data) if data[:2] == b"PK" else None
+    kind = rng.randrange(10)
+    if members and kind < 5:
+        names = [n for n, _ in members]
+        pkl_name = next((n for n in names if n.endswith("data.pkl")), names[0])
+        if kind < 3:
+            body = dict(members)[pkl_name]
+            new, what = ck_mutate_pickle(rng, body, marker)
+            return ck_zip([(n, new if n == pkl_name else b) for n, b in members]), what
+        if kind == 3:
+            victim = rng.choice(names)
+            change = rng.randrange(5)
+            if change == 0:
+                return ck_zip([(n, b) for n, b in members if n != victim]), f"{victim} removed"
+            if change == 1:
+                return ck_zip(members, {victim}), f"{victim} deflated"
+            if change == 2:
+                return ck_zip(members + [(victim, b"")]), f"{victim} twice"
+            if change == 3:
+                return ck_zip([(rng.choice(["../" + n, n + "/", "x/" + n]) if n == victim else n, b)
+                               for n, b in members]), f"{victim} renamed"
+            return ck_zip([(n, b[:len(b) // 2] if n == victim else b) for n, b in members]), f"{victim} halved"
+        # a central directory or local header field set to a boundary value
+        for _ in range(10):
+            at = data.find(rng.choice([b"PK\x01\x02", b"PK\x03\x04", b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07"]),
+                           rng.randrange(len(data)))
+            if at >= 0:
+                break
+        else:
+            at = rng.randrange(len(data))
+        off = at + rng.randrange(4, 46)
+        width = rng.choice([2, 4, 8])
+        value = rng.choice([0, 1, 0xFFFF, 0xFFFFFFFF, (1 << 64) - 1, len(data), len(data) + 1, 2**40]) & ((1 << 8 * width) - 1)
+        mutated = bytearray(data)
+        mutated[off:off + width] = value.to_bytes(width, "little")
+        return bytes(mutated[:len(data)]), f"zip field at {off} = {value:#x}"
+    if data[:2] == b"\x80\x02" and kind < 7:
+        cut = rng.randrange(len(data))
+        new, what = ck_mutate_pickle(rng, data[:cut], marker)
+        return new + data[cut:], "legacy: " + what
+    if kind < 8:
+        mutated = bytearray(data)
+        for _ in range(rng.choice((1, 1, 2, 8))):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        return bytes(mutated), "bytes flipped"
+    if kind == 8:
+        return data[:rng.randrange(len(data))], "file truncated"
+    a = rng.randrange(len(data))
+    return data[:a] + data[a:a + rng.randrange(1, 200)] * 2 + data[a + 200:], "bytes repeated"
+
+
+def ck_mutant(seed: str, index: int, bases: dict[str, bytes], marker: str) -> tuple[str, bytes, list[str]]:
+    rng = random.Random(f"{seed}/ck/{index}")
+    base = rng.choice(sorted(bases))
+    data, done = bases[base], []
+    for k in range(rng.choice((1, 1, 2, 3))):
+        data, what = ck_mutate(random.Random(f"{seed}/ck/{index}/{k}"), data, marker)
+        done.append(what)
+    return base, data, done
+
+
+def run_checkpoint_campaign(args) -> int:
+    limit_memory(args.memory_mb)
+    bases = ck_bases()
+    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-ck-", dir=args.workdir)).resolve()
+    marker = work / CK_MARKER
+    model = mm.make_case(mm.replace(mm.CASES_BY_NAME["bin-module-tied"], name="fuzz-bin", dims=mm.Dims(
+        hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=49152)), work / "model")
+    model_bin = (model / "pytorch_model.bin").read_bytes()
+    path = work / "state.pt"
+    counts: Counter = Counter()
+    refusals: Counter = Counter()
+    crashes: list[dict] = []
+    executions: list[int] = []
+    start = time.perf_counter()
+    try:
+        for index in range(args.start, args.start + args.inputs):
+            if args.convert_every and index % args.convert_every == 0:
+                base, data, mutations = ck_mutant(args.seed, index, {"model": model_bin}, str(marker))
+                (model / "pytorch_model.bin").write_bytes(data)
+                out = work / "out.gguf"
+                calls = {"convert": lambda: bc.convert(model, out, bc.Options(hash_inputs=False, workers=1))}
+            else:
+                base, data, mutations = ck_mutant(args.seed, index, bases, str(marker))
+                path.write_bytes(data)
+                out = work / "out.ggml"
+                calls = {"read_checkpoint": lambda: bc.read_checkpoint(path),
+                         "declared_tensors": lambda: bc.declared_tensors(path),
+                         "ggml": lambda: bc.convert_state_dict(path, out),
+                         "mnist-fc": lambda: bc.convert_state_dict(path, out, "mnist-fc")}
+            for name, call in calls.items():
+                kind, detail = spm_outcome(call, args.timeout)
+                counts[f"{name}-{kind}"] += 1
+                if kind == "refusal":
+                    reason = detail.split(": ", 1)[1] if ": " in detail else detail
+                    refusals[re.sub(r"\d+", "N", reason)[:70]] += 1
+                elif kind == "crash":
+                    crashes.append({"index": index, "base": base, "call": name, "mutations": mutations,
+                                    "error": detail})
+                if out.with_name(out.name + ".part").exists():
+                    crashes.append({"index": index, "call": name, "error": "a .part was left"})
+                out.unlink(missing_ok=True)
+            if marker.exists():
+                executions.append(index)
+                marker.unlink()
+            if (index + 1) % args.every == 0 and args.progress:
+                with open(args.progress, "a", encoding="utf-8") as f:
+                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
+              "crashes": crashes[:50], "executions": executions[:50], "seconds": round(seconds, 1),
+              "peak_rss_mb": round(peak_mb, 1), "memory_limit_mb": args.memory_mb,
+              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
+              "command": "python3 oracle/fuzz.py --checkpoint " + " ".join(sys.argv[1:])}
+    if args.report:
+        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
+    for c in crashes[:10]:
+        print(f"crash at input {c['index']}: {c['error'][:200]} ({c.get('mutations')})")
+    for reason, n in refusals.most_common(12):
+        print(f"  {n:>7}  {reason}")
+    accepted = sum(v for k, v in counts.items() if k.endswith("-ok"))
+    print(f"fuzz --checkpoint: {args.inputs} inputs, {len(crashes)} crashes, {len(executions)} executions, "
+          f"{accepted} calls returned, {sum(refusals.values())} refused, peak RSS {peak_mb:.0f} MB, "
+          f"{seconds:.0f} s ({args.inputs / max(seconds, 1e-9):.0f} inputs/s)")
+    return 1 if crashes or executions else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
     p.add_argument("--inputs", type=int, default=2000, help="how many inputs (default 2000)")
@@ -3272,6 +3510,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="with --gguf --replay: cut the mutant down to a smaller file with the same finding")
     p.add_argument("--tokenizer-model", action="store_true",
                    help="fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead")
     p.add_argument("--convert-every", type=int, default=25,
                    help="with --tokenizer-model: also convert every Nth mutant in a tiny model directory (0: never)")
     args = p.parse_args(argv)
@@ -3284,6 +3524,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Messages quote hostile input (lone surrogates included); printing them must not fail.
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(errors="backslashreplace")
+    if args.checkpoint:
+        return run_checkpoint_campaign(args)
     if args.tokenizer_model:
         return run_spm_campaign(args)
     if args.gguf:

@@ -395,6 +395,9 @@ class Case:
                                                # the Hugging Face files
     dims: Dims = field(default=SMALL)
     description: str = ""
+    # "safetensors"; "bin": pytorch_model*.bin in name order per file; "bin-module": transformers 4's
+    # module order with a tied lm_head.weight saved beside the embedding it shares storage with.
+    weights: str = "safetensors"
 
     @property
     def directory_name(self) -> str:
@@ -545,8 +548,24 @@ CASES: tuple[Case, ...] = (
     Case("qwen3-0.6b-resized-vocab", tokenizer="qwen3", config_from=QWEN3_0_6B,
          dims=replace(QWEN3_TINY, vocab_size=151669), head_dim=16, dirname="qwen3-0.6b-resized",
          description="Qwen3-0.6B config with vocab_size 151,669, the tokenizer's own size (no [PAD] ids)"),
+    # pytorch_model.bin directories, which llama.cpp reads with torch.load when there is no safetensors.
+    Case("bin-bf16", weights="bin", special_values=True,
+         description="pytorch_model.bin (torch.save zip), BF16, name order"),
+    Case("bin-f16", weights="bin", dtype="F16", special_values=True,
+         description="pytorch_model.bin, F16"),
+    Case("bin-f32", weights="bin", dtype="F32", special_values=True,
+         description="pytorch_model.bin, F32"),
+    Case("bin-sharded-3", weights="bin", shards=3,
+         description="three pytorch_model-0000i-of-00003.bin and pytorch_model.bin.index.json"),
+    Case("bin-module-tied", weights="bin-module",
+         description="transformers 4 pytorch_model.bin: module order, tied lm_head.weight kept"),
+    Case("bin-module-tied-sharded-2", weights="bin-module", shards=2, dtype="F16",
+         description="two transformers 4 .bin shards, F16, tied lm_head.weight in the last"),
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
+    Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
+         weights="bin-module",
+         description="the full-size case as transformers 4's pytorch_model.bin (tied lm_head.weight kept)"),
 )
 
 
@@ -878,6 +897,7 @@ class Entry:
     dtype: str
     shape: tuple[int, ...]
     payload: Callable[[], bytes]  # called once, while writing, so big files stream
+    shares: Optional[str] = None  # .bin only: the entry whose storage this one is a view of
 
     @property
     def nbytes(self) -> int:
@@ -955,6 +975,133 @@ def shard_index_bytes(shards: Sequence[Sequence[Entry]]) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------
+# torch.save writer: the zip torch >= 1.6 writes (members under the file's stem, each stored,
+# data 64-byte aligned) around a protocol-2 pickle of the state dict as torch pickles it:
+# OrderedDict of _rebuild_tensor_v2(storage persistent id, offset, size, stride, False, hooks).
+# Deterministic (serialization_id fixed), so a case's inputs have one digest.
+# ---------------------------------------------------------------------------------------------
+
+TORCH_STORAGE_CLASS = {"BF16": "BFloat16Storage", "F16": "HalfStorage", "F32": "FloatStorage"}
+
+
+def _pickle_str(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _pickle_int(n: int) -> bytes:
+    if 0 <= n < 256:
+        return b"K" + bytes([n])
+    if 0 <= n < 65536:
+        return b"M" + struct.pack("<H", n)
+    if -2**31 <= n < 2**31:
+        return b"J" + struct.pack("<i", n)
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def _pickle_tuple(items: list[bytes]) -> bytes:
+    if 1 <= len(items) <= 3:
+        return b"".join(items) + bytes([0x84 + len(items)])
+    return b"(" + b"".join(items) + b"t" if items else b")"
+
+
+def state_dict_pickle(entries: Sequence[Entry], keys: dict[str, str]) -> bytes:
+    ordered_dict = b"ccollections\nOrderedDict\n"
+    out = [b"\x80\x02", ordered_dict, b")R("]
+    for e in entries:
+        numel = math.prod(e.shape)
+        stride, acc = [], 1
+        for d in reversed(e.shape):
+            stride.append(acc)
+            acc *= d
+        pid = _pickle_tuple([_pickle_str("storage"), b"ctorch\n" + TORCH_STORAGE_CLASS[e.dtype].encode() + b"\n",
+                             _pickle_str(keys[e.shares or e.name]), _pickle_str("cpu"), _pickle_int(numel)])
+        out += [_pickle_str(e.name), b"ctorch._utils\n_rebuild_tensor_v2\n",
+                _pickle_tuple([pid + b"Q", _pickle_int(0), _pickle_tuple([_pickle_int(d) for d in e.shape]),
+                               _pickle_tuple([_pickle_int(s) for s in reversed(stride)]), b"\x89",
+                               ordered_dict + b")R"]), b"R"]
+    out.append(b"u.")
+    return b"".join(out)
+
+
+class _ZipWriter:
+    """Stored members with 64-byte aligned data (torch's "FB" extra-field padding), then the
+    central directory and end record; sizes and CRCs in the local headers."""
+
+    def __init__(self, f):
+        self.f, self.central, self.at = f, [], 0
+
+    def add(self, name: str, data: bytes) -> None:
+        import zlib
+        raw = name.encode()
+        crc = zlib.crc32(data)
+        base = self.at + 30 + len(raw) + 4
+        pad = -base % 64
+        extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+        header = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(data), len(data),
+                             len(raw), len(extra))
+        self.central.append(struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc,
+                                        len(data), len(data), len(raw), 0, 0, 0, 0, 0, self.at) + raw)
+        self.f.write(header + raw + extra)
+        self.f.write(data)
+        self.at += len(header) + len(raw) + len(extra) + len(data)
+
+    def close(self) -> None:
+        directory = b"".join(self.central)
+        self.f.write(directory)
+        self.f.write(struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(self.central), len(self.central),
+                                 len(directory), self.at, 0))
+
+
+def write_torch_bin(path: Path, entries: Sequence[Entry]) -> None:
+    keys: dict[str, str] = {}
+    for e in entries:
+        if e.shares is None:
+            keys[e.name] = str(len(keys))
+    prefix = path.name.rsplit(".", 1)[0]
+    with open(path, "wb") as f:
+        z = _ZipWriter(f)
+        z.add(f"{prefix}/data.pkl", state_dict_pickle(entries, keys))
+        z.add(f"{prefix}/.format_version", b"1")
+        z.add(f"{prefix}/.storage_alignment", b"64")
+        z.add(f"{prefix}/byteorder", b"little")
+        for e in entries:
+            if e.shares is None:
+                data = e.payload()
+                if len(data) != e.nbytes:
+                    raise ValueError(f"{e.name}: {len(data)} bytes for {e.nbytes}")
+                z.add(f"{prefix}/data/{keys[e.name]}", bytes(data))
+        z.add(f"{prefix}/version", b"3\n")
+        z.add(f"{prefix}/.data/serialization_id", b"0" * 40)
+        z.close()
+
+
+def bin_file_name(i: int, n: int) -> str:
+    return "pytorch_model.bin" if n == 1 else f"pytorch_model-{i + 1:05d}-of-{n:05d}.bin"
+
+
+def write_bin_case(case: Case, out: Path, entries: Sequence[Entry]) -> None:
+    shards = split_into_shards(entries, case.shards)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = bin_file_name(i, len(shards))
+        ordered = file_order(case, shard, name)
+        # A tied head is saved in the shard of the embedding it views (torch stores a storage once
+        # per file); here the embedding is first and the head last, so they share one shard only
+        # when it is a single file: otherwise the head gets a storage of its own in its shard.
+        names = {e.name for e in ordered}
+        ordered = [e if e.shares is None or e.shares in names else
+                   Entry(e.name, e.dtype, e.shape, e.payload) for e in ordered]
+        write_torch_bin(out / name, ordered)
+        weight_map.update({e.name: name for e in shard})
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(e.nbytes for e in entries if e.shares is None)},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        (out / "pytorch_model.bin.index.json").write_bytes(hf_json_bytes(index))
+
+
+# ---------------------------------------------------------------------------------------------
 # Directories: one case in, one model directory out.
 # ---------------------------------------------------------------------------------------------
 
@@ -963,10 +1110,18 @@ def case_entries(case: Case) -> list[Entry]:
     dims = dims_of(config) if case.full_size else case.dims
     tied = config.get("tie_word_embeddings", True)
     specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
-    return [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
+    entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
+    if case.weights == "bin-module" and tied:
+        # transformers 4's state_dict() has the tied head too; torch.save stores its storage once.
+        embedding = entries[0]
+        entries.append(Entry("lm_head.weight", embedding.dtype, embedding.shape, embedding.payload,
+                             shares=embedding.name))
+    return entries
 
 
 def file_order(case: Case, entries: Sequence[Entry], file_name: str) -> list[Entry]:
+    if case.weights == "bin-module":
+        return list(entries)
     if case.shuffle:
         return shuffled_order(entries, f"{case.name}/{file_name}/order")
     return library_order(entries)
@@ -983,7 +1138,9 @@ def make_case(case: Case, root: Path) -> Path:
     if generation is not None:
         (out / "generation_config.json").write_bytes(generation)
     entries = case_entries(case)
-    if case.shards == 1:
+    if case.weights != "safetensors":
+        write_bin_case(case, out, entries)
+    elif case.shards == 1:
         write_safetensors(out / "model.safetensors", file_order(case, entries, "model.safetensors"))
     else:
         shards = split_into_shards(entries, case.shards)
