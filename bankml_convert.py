@@ -7619,7 +7619,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outtype", default="f16", metavar="TYPE", help=outtype_help("f16"))
     p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
     p.add_argument("--ignore-model-card", action="store_true",
-                   help="convert although README.md has a model card (the result then differs from llama.cpp's)")
+                   help="leave README.md's model card out, the way past a card it refuses (the result then differs from llama.cpp's)")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ Run in the reference venv (PyYAML 6.0.4) with the reference's gguf-py on the pat
 or by hand:
 
     REF=oracle/.ref/llama_cpp_python-0.3.36/vendor/llama.cpp
-    PYTHONPATH=$REF/gguf-py oracle/.ref/venv/bin/python oracle/cards_oracle.py [--record] [--random N]
+    PYTHONPATH=$REF/gguf-py oracle/.ref/venv/bin/python oracle/cards_oracle.py [--record] [--random N] [--mutants N]
 
 Three parts:
 
@@ -21,6 +21,8 @@ Three parts:
   each packed to catch what llama.cpp fails to write) beside bankml's general_kvs.  Each card is
   "same", "refused" (bankml refuses; the reason printed) or a silent difference.
 - ``--random N``: N generated documents read by both; a document both read must give the same value.
+- ``--mutants N``: N cards mutated as ``oracle/fuzz.py --model-card`` mutates them, whole card path
+  (gguf-py's keys beside bankml's), counted like the corpus.
 
 Exits 1 on any silent difference.  Test inputs and expected values are never typed in by hand:
 test_bankml_convert.py reads them from oracle/recorded/cards.json.
@@ -300,7 +302,8 @@ def corpus_files() -> list[Path]:
     return sorted(p for p in CORPUS.glob("*.md") if p.name != "PROVENANCE.md")
 
 
-def run_corpus(bc) -> int:
+def run_corpus(bc, answers: dict) -> int:
+    """Compare every corpus card; gguf-py's keys for each go into answers (file name -> keys)."""
     files = corpus_files()
     n_same = n_refused = n_both_fail = 0
     silent = []
@@ -308,6 +311,7 @@ def run_corpus(bc) -> int:
     for f in files:
         readme = f.read_bytes()
         want = gguf_py_keys(readme)
+        answers[f.name] = want
         got = bankml_keys(bc, readme)
         if got[:1] == ["refused"]:
             if want[:1] == ["error"]:
@@ -373,10 +377,35 @@ def run_random(bc, n: int, seed: int) -> int:
     return n_diff
 
 
+def run_mutants(bc, n: int, seed: str) -> int:
+    """n mutated corpus cards (oracle/fuzz.py --model-card's mutants), gguf-py's keys beside bankml's."""
+    sys.path.insert(0, str(HERE))
+    import fuzz
+    bases = fuzz.card_bases()
+    counts = {"same": 0, "refused": 0, "both fail": 0}
+    silent = []
+    for index in range(n):
+        base, data, mutations = fuzz.card_mutant(seed, index, bases)
+        want, got = gguf_py_keys(data), bankml_keys(bc, data)
+        if got[:1] == ["refused"]:
+            counts["both fail" if want[:1] == ["error"] else "refused"] += 1
+        elif want == got:
+            counts["same"] += 1
+        else:
+            silent.append(index)
+            print(f"  DIFFERENT mutant {index} of {base} ({mutations}):\n    gguf-py {json.dumps(want)[:400]}\n"
+                  f"    bankml  {json.dumps(got)[:400]}")
+    print(f"cards mutants: {n} mutated cards (seed {seed}), {counts['same']} same keys, {counts['refused']} refused "
+          f"(gguf-py reads them), {counts['both fail']} refused (llama.cpp fails on them too), "
+          f"{len(silent)} silent differences")
+    return len(silent)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--record", action="store_true", help="write PyYAML's answers to oracle/recorded/cards.json")
     ap.add_argument("--random", type=int, default=0, metavar="N", help="also N random documents")
+    ap.add_argument("--mutants", type=int, default=0, metavar="N", help="also N mutated corpus cards (fuzz.py's)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     import yaml
@@ -392,17 +421,21 @@ def main(argv: list[str]) -> int:
             print(line)
         print(f"cards {label}: {len(docs)} documents, {n_same} same, {n_refused} refused, {n_diff} silent differences")
         failures += n_diff
+    if args.random:
+        failures += run_random(bc, args.random, args.seed)
+    if args.mutants:
+        failures += run_mutants(bc, args.mutants, str(args.seed))
+    corpus_answers: dict = {}
+    failures += run_corpus(bc, corpus_answers)
     if args.record:
         RECORD_FILE.write_text(json.dumps({
             "command": "python3 oracle/oracle.py cards --record",
             "pyyaml": yaml.__version__,
             "typing": {"alphabet": TYPING_ALPHABET, "answers": typing_answers},
             "documents": [[d, a] for d, a in zip(DOCUMENTS, doc_answers)],
+            "corpus": {"dir_name": CORPUS_DIR_NAME, "total_params": TOTAL_PARAMS, "keys": corpus_answers},
         }, ensure_ascii=True, indent=0) + "\n", encoding="utf-8")
         print(f"recorded {RECORD_FILE.relative_to(MAIN)}")
-    if args.random:
-        failures += run_random(bc, args.random, args.seed)
-    failures += run_corpus(bc)
     return 1 if failures else 0
 
 

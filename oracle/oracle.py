@@ -5,7 +5,8 @@ model directories and compare the files sha256 for sha256.
     python3 oracle/oracle.py record [RUN ...]    # llama.cpp's sha256s -> oracle/recorded/golden.json
     python3 oracle/oracle.py compare [RUN ...]   # both converters; exit 1 on any mismatch
     python3 oracle/oracle.py names               # gguf-py's name heuristics vs bankml's, every id
-    python3 oracle/oracle.py cards [--record]    # PyYAML/gguf-py's model-card reading vs bankml's: YAML
+    python3 oracle/oracle.py cards [--record] [--random N] [--mutants N]
+                                                 # PyYAML/gguf-py's model-card reading vs bankml's: YAML
                                                  # typing, documents, oracle/fixtures/cards/ (the corpus)
     python3 oracle/oracle.py chkhsh [DIR ...]    # llama.cpp's pre-tokenizer hash and name beside bankml's
                                                  # (default: every tokenizer case; --record saves them)
@@ -357,13 +358,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--record", action="store_true",
                    help="chkhsh: save the reference's answers to oracle/recorded/chkhsh.json; "
                    "cards: PyYAML's to oracle/recorded/cards.json")
+    if argv[:1] == ["cards"]:       # its own options (--random, --mutants, ...) go to cards_oracle.py
+        return run_in_reference("cards", argv[1:])
     args = p.parse_intermixed_args(argv)
     if args.command == "chkhsh":
         return chkhsh_table(args.runs, args.record)
     if args.command == "names":
         return run_in_reference(args.command, args.runs)
-    if args.command == "cards":
-        return run_in_reference(args.command, (["--record"] if args.record else []) + args.runs)
     if args.command == "inspect":
         return inspect_against_gguf_py([RUNS_BY_NAME[n] for n in args.runs or ["full-135m-instruct"]])
     if args.command == "list":
