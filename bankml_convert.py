@@ -2145,15 +2145,14 @@ class _CardReader:
             return None
         if not self.plain_may_start(row, c, flow=False):
             return None
-        i = c
-        while True:
-            colon = row.find(":", i)
-            hash_at = row.find(" #", c)
-            if colon < 0 or (0 <= hash_at < colon):
-                return None
-            if colon + 1 == len(row) or row[colon + 1] == " ":
-                break
-            i = colon + 1
+        # The key ends at the first ':' followed by a space or the line's end, unless a comment
+        # (a '#' after a space) comes first.
+        hash_at = row.find(" #", c)
+        colon = row.find(": ", c, len(row) if hash_at < 0 else hash_at + 1)
+        if colon < 0 and hash_at < 0 and row.endswith(":") and len(row) > c:
+            colon = len(row) - 1
+        if colon < 0:
+            return None
         text = row[c:colon].rstrip(" ")
         if len(text) > _CARD_MAX_KEY_CHARS:
             raise CardError(r, "a key longer than PyYAML's 1024-character limit allows for certain")
@@ -2172,7 +2171,7 @@ class _CardReader:
     def plain(self, r: int, text: str) -> Any:
         try:
             return yaml_plain_value(text)
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:    # OverflowError: PyYAML's 1:2:...:3.5 past float range
             raise CardError(r, f"the value {text[:40]!r}: {e}") from None
 
     def scalar(self, r: int, c: int, parent: int) -> tuple[Any, int]:

@@ -4433,6 +4433,12 @@ class HostileModelCards(Workspace):
     def test_deeply_nested_lists_are_refused(self):
         self.assertIn("nesting deeper than 48 levels", self.refusal(b"---\nk: \n" + b"- " * 5000 + b"x\n---\n"))
 
+    def test_a_megabyte_line_of_colons_is_refused_in_linear_time(self):
+        # Each ':' not followed by a space could end a key; looking for the comment again at each
+        # one took minutes on this line.
+        self.assertIn("a key longer than PyYAML's 1024-character limit",
+                      self.refusal(b"---\nk" + b"a:" * 500_000 + b" v\n---\n"))
+
     def test_an_alias_bomb_is_refused(self):
         laughs = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
         laughs += [f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join(["*" + chr(97 + i)] * 9) + "]" for i in range(8)]

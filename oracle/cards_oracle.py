@@ -164,6 +164,12 @@ DOCUMENTS = (
     "a:\n    - x\n    - y\n",
     "a:\n- b: 1\n  c:\n  - d\n- e\n",
     "a: 123456789012345678901234567890\n",
+    "a: 1" + ":1" * 200 + ".5\n",
+    "a: 1" + ":1" * 200 + "\n",
+    "a: " + "7" * 5000 + "\n",
+    "a: 0x" + "f" * 5000 + "\n",
+    "k" * 1000 + ": v\n",
+    "k" * 1030 + ": v\n",
 )
 
 
@@ -188,7 +194,8 @@ def encoded(value) -> list:
     if isinstance(value, bool):
         return ["bool", value]
     if isinstance(value, int):
-        return ["int", str(value)]
+        # Python refuses str() of an int past 4,300 digits; hex has no limit.
+        return ["int", str(value) if abs(value) < 10 ** 4000 else hex(value)]
     if isinstance(value, float):
         return ["float", repr(value)]
     if isinstance(value, str):
