@@ -1787,10 +1787,6 @@ def general_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional
     size = named("size_label", from_config.size_label, from_dir.size_label)
     if size is None and total_params > 0:
         size = size_label(total_params, shared_params, expert_params, expert_count)
-    card_string = {field: gguf_string_of(fields[field], field) for field, _ in _CARD_STRING_KEYS
-                   if field in fields and field != "license"}
-    if "license" in fields:
-        card_string["license"] = _license_text(fields["license"])
 
     kv = KvList()
     kv.string("general.name", name)
@@ -1803,7 +1799,9 @@ def general_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional
     kv.string("general.description", gguf_string_of(fields.get("description"), "description"))
     kv.string("general.size_label", size)
     for field, key in _CARD_STRING_KEYS:
-        kv.string(key, card_string.get(field))
+        if field in fields:
+            value = fields[field]
+            kv.string(key, _license_text(value) if field == "license" else gguf_string_of(value, field))
     for kind, keys in (("base_model", ("base_model", "base_models", "base_model_sources")),
                        ("dataset", ("datasets", "dataset", "dataset_sources"))):
         entries = card_sources(card, keys, total_params)
