@@ -20,11 +20,13 @@ example:
 # Runs llama.cpp's converter (its own venv under oracle/.ref, set up on first use) and
 # bankml_convert on every generated case and compares sha256s, showing the first difference on a
 # mismatch; then gguf-py's name heuristics against bankml's over every id in oracle/names_ids.txt,
+# PyYAML's and gguf-py's model-card reading against bankml's (oracle/fixtures/cards/, 0 silent differences),
 # llama.cpp's pre-tokenizer hash (chkhsh) of every tokenizer fixture against bankml's, and bankml's
 # inspect against gguf-py's GGUFReader on the full-size output.
 oracle:
 	$(PYTHON) oracle/oracle.py compare all
 	$(PYTHON) oracle/oracle.py names
+	$(PYTHON) oracle/oracle.py cards
 	$(PYTHON) oracle/oracle.py chkhsh
 	$(PYTHON) oracle/oracle.py inspect
 

@@ -26,6 +26,7 @@ Library use::
 from __future__ import annotations
 
 import argparse
+import datetime
 import fnmatch
 import gc
 import hashlib
@@ -1399,7 +1400,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     if not is_dir:
         raise Refusal(f"{model_dir} is not a directory")
     out_type(options.outtype)       # an unknown type is refused before anything is read
-    refuse_model_card(model_dir, options)
+    model_card(model_dir, options)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise Refusal(no_config_reason(model_dir))
@@ -1431,9 +1432,9 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     for s in sampling_kvs(load_generation_config(model_dir)):
         kv.set(s.key, s.vtype, s.value)
     name_or_path = config.get("_name_or_path")
-    for key, value in naming_kvs(name_or_path if isinstance(name_or_path, str) else None,
-                                 model_dir.name, options.model_name, n_params, n_params, 0, 0):
-        kv.string(key, value)
+    for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None, model_dir.name,
+                         options.model_name, n_params, n_params, 0, 0, model_card(model_dir, options)):
+        kv.set(g.key, g.vtype, g.value, g.array)
     for h in family.hparam_kvs(params, out.file_type):
         kv.set(h.key, h.vtype, h.value)
     kv.uint32("general.quantization_version", 2)
@@ -1459,24 +1460,19 @@ def no_config_reason(model_dir: Path) -> str:
     return f"no config.json in {model_dir}; is this a Hugging Face model directory?"
 
 
-def refuse_model_card(model_dir: Path, options: Options) -> None:
-    """Refuse a README.md with YAML front matter unless told to ignore it.
+def model_card(model_dir: Path, options: Options) -> dict:
+    """README.md's front matter as llama.cpp reads it ({} without one, or with --ignore-model-card),
+    or a Refusal for a card whose keys llama.cpp would fail on or this file would not reproduce.
 
-    llama.cpp copies a model card's licence, tags, languages, base models and datasets into the
-    GGUF; a README without front matter (first line not ``---``) adds nothing, so it is accepted.
+    llama.cpp copies a card's licence, tags, languages, base models and datasets into general.*
+    keys; every value those keys take is checked here, before any byte is written.
     """
-    card = model_dir / "README.md"
-    if options.ignore_model_card or not card.is_file():
-        return
-    try:
-        first = card.read_bytes().split(b"\n", 1)[0].rstrip(b"\r")
-    except OSError as e:
-        raise Refusal(f"cannot read README.md: {e.strerror or e}") from None
-    if first == b"---":
-        raise Refusal("README.md has a model card (YAML front matter); llama.cpp would copy its "
-                      "licence, tags, base models and datasets into the GGUF, which bankml_convert "
-                      "does not reproduce: pass --ignore-model-card to convert without it (the "
-                      "result then differs from llama.cpp's) or move README.md away")
+    if options.ignore_model_card:
+        return {}
+    card = load_model_card(model_dir)
+    if card:
+        general_kvs(None, model_dir.name, None, 0, 0, 0, 0, card)
+    return card
 
 
 # Keys that make llama.cpp take a path this file does not reproduce, whatever the family
@@ -2456,7 +2452,8 @@ def _is_model_id(name_or_path: Optional[str]) -> bool:
 def naming_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional[str],
                total_params: int, shared_params: int, expert_params: int,
                expert_count: int) -> list[tuple[str, str]]:
-    """The general.* naming keys llama.cpp writes, in its order; every value is a GGUF string.
+    """The general.* naming keys llama.cpp writes for a directory without a model card, in its
+    order; every value is a GGUF string.  general_kvs below writes them with a card.
 
     Inputs, as ``convert_hf_to_gguf.py DIR --outtype f16`` (no --metadata, no README.md) sees them:
 
@@ -2479,28 +2476,889 @@ def naming_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional[
     no id supplies one and ``total_params > 0``. Keys are written in ``set_gguf_meta_model``'s order,
     and an empty string is not written at all (``GGUFWriter.add_string`` skips falsy values).
     """
+    return [(k.key, k.value) for k in general_kvs(name_or_path, dir_name, model_name, total_params,
+                                                 shared_params, expert_params, expert_count, {})]
+
+
+# A model card's keys for each Metadata field, in the order apply_metadata_heuristic tries them: the
+# first key present whose value is not null wins; "url" and the like are the *source* model's.
+_CARD_FIELD_KEYS = (
+    ("name", ("name", "model_name")),
+    ("author", ("author", "model_author", "model_creator")),
+    ("version", ("version", "model_version")),
+    ("organization", ("organization", "model_organization")),
+    ("description", ("description", "model_description")),
+    ("finetune", ("finetune", "model_finetune")),
+    ("basename", ("basename", "model_basename", "model_type")),
+    ("size_label", ("size_label", "model_size_label")),
+    ("source_url", ("url", "model_url")),
+    ("source_doi", ("doi", "model_doi")),
+    ("source_uuid", ("uuid", "model_uuid")),
+    ("source_repo_url", ("repo_url", "model_repo_url")),
+    ("license", ("license",)),
+    ("license_name", ("license_name",)),
+    ("license_link", ("license_link",)),
+)
+
+# set_gguf_meta_model's order for the fields after the naming ones, with their GGUF keys.
+_CARD_STRING_KEYS = (
+    ("license", "general.license"), ("license_name", "general.license.name"),
+    ("license_link", "general.license.link"),
+    ("source_url", "general.source.url"), ("source_doi", "general.source.doi"),
+    ("source_uuid", "general.source.uuid"), ("source_repo_url", "general.source.repo_url"),
+)
+
+# The keys of one base model or dataset entry, in the order gguf-py writes them.
+_SOURCE_ENTRY_KEYS = ("name", "author", "version", "organization", "description", "url", "doi", "uuid", "repo_url")
+
+# A base model or dataset given as a Hugging Face URL (the "." is any character, as in gguf-py).
+_HF_URL = re.compile(r"https?://huggingface.co/([^/]+/[^/]+)$")
+
+
+def card_fields(card: dict) -> dict[str, Any]:
+    """Metadata field -> the card's value, for the fields the card sets (null does not set one)."""
+    fields = {}
+    for field, keys in _CARD_FIELD_KEYS:
+        for key in keys:
+            if key in card and card[key] is not None:
+                fields[field] = card[key]
+                break
+    return fields
+
+
+def _card_type(value: Any) -> str:
+    return {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "a mapping",
+            datetime.date: "a date", datetime.datetime: "a date and time"}.get(type(value), "a value")
+
+
+def gguf_string_of(value: Any, what: str) -> str:
+    """What GGUFWriter.add_string writes for a card value: a string as it is, nothing ('') for an
+    empty or false value; anything else crashes llama.cpp (it calls len() on it), so it is refused."""
+    if isinstance(value, str):
+        return value
+    if not value:
+        return ""
+    raise Refusal(f"README.md's model card gives {what} as {_card_type(value)} ({str(value)[:40]!r}), "
+                  f"which llama.cpp fails to write into the GGUF: quote it in README.md, or pass "
+                  f"--ignore-model-card to convert without the card (the result then differs from llama.cpp's)")
+
+
+def _license_text(value: Any) -> str:
+    # gguf-py joins a list of licences with commas; a list holding anything but strings crashes it.
+    if isinstance(value, list):
+        if not all(isinstance(v, str) for v in value):
+            return gguf_string_of(value, "license")
+        return ",".join(value)
+    return gguf_string_of(value, "license")
+
+
+def card_sources(card: dict, keys: tuple[str, ...], total_params: int) -> Optional[list[dict]]:
+    """gguf-py's base models (keys base_model, base_models, base_model_sources) or datasets: None
+    when the card has none of the keys, else one entry per id, URL or mapping given.
+
+    A string becomes name, organization and version by the id heuristics (and repo_url for an id
+    or URL); a mapping is taken as it is; anything else becomes an empty entry, which is counted."""
+    if not any(k in card for k in keys):
+        return None
+    value = next((card[k] for k in keys if k in card), None)
+    given = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    entries = []
+    for item in given:
+        entry: dict = {}
+        if isinstance(item, str):
+            if item.startswith(("http://", "https://", "ssh://")):
+                entry["repo_url"] = item
+                match = _HF_URL.match(item) if "huggingface.co" in item else None
+                if match:
+                    parts = model_id_components(match.group(1), total_params)
+                    _put_id_parts(entry, parts)
+            else:
+                parts = model_id_components(item, total_params)
+                _put_id_parts(entry, parts)
+                if parts.org is not None and parts.name is not None:
+                    entry["repo_url"] = f"https://huggingface.co/{parts.org}/{parts.name}"
+        elif isinstance(item, dict):
+            entry = item
+        entries.append(entry)
+    return entries
+
+
+def _put_id_parts(entry: dict, parts: IdParts) -> None:
+    if parts.name is not None:
+        entry["name"] = id_to_title(parts.name)
+    if parts.org is not None:
+        entry["organization"] = id_to_title(parts.org)
+    if parts.version is not None:
+        entry["version"] = parts.version
+
+
+def card_list(card: dict, keys: tuple[str, ...]) -> Optional[list]:
+    """gguf-py's tags (tags, then pipeline_tag) or languages (languages, then language): each
+    string appended and each list's items, in order; None when every key is absent or null."""
+    found: Optional[list] = None
+    for key in keys:
+        value = card.get(key)
+        if value is None:
+            continue
+        found = found if found is not None else []
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list):
+            found.extend(value)
+    return found
+
+
+def _string_array(values: Optional[list], what: str) -> list[str]:
+    if not values:
+        return []
+    if not all(isinstance(v, str) for v in values):
+        odd = next(v for v in values if not isinstance(v, str))
+        raise Refusal(f"README.md's model card lists {_card_type(odd)} ({str(odd)[:40]!r}) among its {what}; "
+                      f"llama.cpp then writes a typed array or fails, which bankml_convert does not reproduce: "
+                      f"quote it in README.md, or pass --ignore-model-card to convert without the card "
+                      f"(the result then differs from llama.cpp's)")
+    return values
+
+
+def general_kvs(name_or_path: Optional[str], dir_name: str, model_name: Optional[str],
+                total_params: int, shared_params: int, expert_params: int,
+                expert_count: int, card: dict) -> list[KV]:
+    """Every general.* key set_gguf_meta_model writes, in its order, from the model card (as
+    load_model_card returns it; {} without one), config.json's _name_or_path and the directory's name.
+
+    apply_metadata_heuristic takes each field from the card first, then from _name_or_path, then
+    from the directory's name (see naming_kvs for those two); a card value that is empty or false
+    is not written but still keeps the later sources out.
+    """
+    fields = card_fields(card)
     from_config = model_id_components(name_or_path, total_params) if _is_model_id(name_or_path) else IdParts(None, None, None, None, None, None)
     from_dir = model_id_components(dir_name, total_params)
 
-    name = _first_set(_title_or_none(from_config.name), _title_or_none(from_dir.name))
+    def named(field: str, config_value: Optional[str], dir_value: Optional[str]) -> Optional[str]:
+        if field in fields:
+            return gguf_string_of(fields[field], field)
+        return _first_set(config_value, dir_value)
+
+    name = named("name", _title_or_none(from_config.name), _title_or_none(from_dir.name))
     if model_name is not None:
         name = model_name
     if name is None:
         name = dir_name
-    size = _first_set(from_config.size_label, from_dir.size_label)
+    size = named("size_label", from_config.size_label, from_dir.size_label)
     if size is None and total_params > 0:
         size = size_label(total_params, shared_params, expert_params, expert_count)
 
-    written = [
-        ("general.name", name),
-        ("general.version", _first_set(from_config.version, from_dir.version)),
-        ("general.organization", _first_set(_title_or_none(from_config.org), _title_or_none(from_dir.org))),
-        ("general.finetune", _first_set(from_config.finetune, from_dir.finetune)),
-        ("general.basename", _first_set(from_config.basename, from_dir.basename)),
-        ("general.size_label", size),
-    ]
-    return [(key, value) for key, value in written if value]
+    kv = KvList()
+    kv.string("general.name", name)
+    kv.string("general.author", gguf_string_of(fields.get("author"), "author"))
+    kv.string("general.version", named("version", from_config.version, from_dir.version))
+    kv.string("general.organization", named("organization", _title_or_none(from_config.org),
+                                            _title_or_none(from_dir.org)))
+    kv.string("general.finetune", named("finetune", from_config.finetune, from_dir.finetune))
+    kv.string("general.basename", named("basename", from_config.basename, from_dir.basename))
+    kv.string("general.description", gguf_string_of(fields.get("description"), "description"))
+    kv.string("general.size_label", size)
+    for field, key in _CARD_STRING_KEYS:
+        if field in fields:
+            value = fields[field]
+            kv.string(key, _license_text(value) if field == "license" else gguf_string_of(value, field))
+    for kind, keys in (("base_model", ("base_model", "base_models", "base_model_sources")),
+                       ("dataset", ("datasets", "dataset", "dataset_sources"))):
+        entries = card_sources(card, keys, total_params)
+        if entries is None:
+            continue
+        kv.uint32(f"general.{kind}.count", len(entries))
+        for i, entry in enumerate(entries):
+            for sub in _SOURCE_ENTRY_KEYS:
+                if sub in entry:
+                    kv.string(f"general.{kind}.{i}.{sub}", gguf_string_of(entry[sub], f"{kind} {i}'s {sub}"))
+    kv.array("general.tags", GGUF_STRING, _string_array(card_list(card, ("tags", "pipeline_tag")), "tags"))
+    kv.array("general.languages", GGUF_STRING,
+             _string_array(card_list(card, ("languages", "language")), "languages"))
+    return kv.items()
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Model cards: README.md's YAML front matter read as gguf-py's load_model_card reads it (its cut and
+# text rewrites, then PyYAML 6.0's safe_load, YAML 1.1 types), for the YAML model cards use.
+# ---------------------------------------------------------------------------------------------
+# What this reader does not parse with certainty -- anchors, aliases, tags, flow mappings, nested
+# flow collections, directives, document markers, complex keys -- is refused with its line; it never
+# guesses.  `python3 oracle/oracle.py cards` checks it against PyYAML on real cards.
+
+# llama.cpp reads the whole README as UTF-8 text, so the whole file is read; beyond these sizes
+# the file is not a model card but an attack on the reader.
+_CARD_MAX_BYTES = 64 << 20
+_FRONT_MATTER_MAX_CHARS = 1 << 20
+# PyYAML composes nodes recursively; real cards nest about 6 deep (model-index).
+_CARD_MAX_DEPTH = 48
+# PyYAML forgets a possible simple key after 1024 characters; well below that a key is certain.
+_CARD_MAX_KEY_CHARS = 1000
+
+# PyYAML's Reader refuses these characters anywhere in the stream.
+_YAML_NON_PRINTABLE = re.compile('[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010ffff]')
+
+# PyYAML's YAML 1.1 implicit resolvers (resolver.py), tried in this order for a plain scalar.
+_YAML_BOOL = re.compile(r'^(?:yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$')
+_YAML_FLOAT = re.compile(r'''^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$''', re.X)
+_YAML_INT = re.compile(r'''^(?:[-+]?0b[0-1_]+
+                    |[-+]?0[0-7_]+
+                    |[-+]?(?:0|[1-9][0-9_]*)
+                    |[-+]?0x[0-9a-fA-F_]+
+                    |[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+)$''', re.X)
+_YAML_NULL = re.compile(r'^(?:~|null|Null|NULL|)$')
+_YAML_TIMESTAMP = re.compile(r'''^(?:[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]
+                    |[0-9][0-9][0-9][0-9] -[0-9][0-9]? -[0-9][0-9]?
+                     (?:[Tt]|[ \t]+)[0-9][0-9]?
+                     :[0-9][0-9] :[0-9][0-9] (?:\.[0-9]*)?
+                     (?:[ \t]*(?:Z|[-+][0-9][0-9]?(?::[0-9][0-9])?))?)$''', re.X)
+# The constructor's own, finer pattern for the fields of a timestamp the resolver accepted.
+_YAML_TIMESTAMP_FIELDS = re.compile(r'''^(?P<year>[0-9][0-9][0-9][0-9])
+                -(?P<month>[0-9][0-9]?)
+                -(?P<day>[0-9][0-9]?)
+                (?:(?:[Tt]|[ \t]+)
+                (?P<hour>[0-9][0-9]?)
+                :(?P<minute>[0-9][0-9])
+                :(?P<second>[0-9][0-9])
+                (?:\.(?P<fraction>[0-9]*))?
+                (?:[ \t]*(?P<tz>Z|(?P<tz_sign>[-+])(?P<tz_hour>[0-9][0-9]?)
+                (?::(?P<tz_minute>[0-9][0-9]))?))?)?$''', re.X)
+_YAML_BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
+
+# Double-quoted escapes (PyYAML's ESCAPE_REPLACEMENTS and ESCAPE_CODES).
+_YAML_ESCAPES = {"0": "\0", "a": "\x07", "b": "\x08", "t": "\x09", "\t": "\x09", "n": "\x0A", "v": "\x0B",
+                 "f": "\x0C", "r": "\x0D", "e": "\x1B", " ": "\x20", '"': '"', "\\": "\\", "/": "/",
+                 "N": "\x85", "_": "\xA0", "L": "\u2028", "P": "\u2029"}
+_YAML_ESCAPE_DIGITS = {"x": 2, "u": 4, "U": 8}
+
+# Python 3.11+ refuses int() of more decimal digits than this (PyYAML then fails); 3.10 does not.
+_YAML_INT_MAX_DIGITS = 4300
+
+
+class CardError(Exception):
+    """Where and why the card reader stopped: a 0-based row of the front matter and a reason."""
+
+    def __init__(self, row: int, reason: str):
+        super().__init__(reason)
+        self.row = row
+        self.reason = reason
+
+
+def front_matter(text: str) -> Optional[str]:
+    """The YAML gguf-py's load_model_card hands to PyYAML, or None when README.md has no front matter.
+
+    The front matter is what lies between a first line that is exactly ``---`` and the next such line
+    (or the end), lines split as str.splitlines splits them; gguf-py then quotes every ``- no`` list
+    item (the "Norway problem") and turns each tab into two spaces, wherever they are.
+    """
+    lines = text.splitlines()
+    if not lines or lines[0] != "---":
+        return None
+    body = []
+    for line in lines[1:]:
+        if line == "---":
+            break
+        body.append(line)
+    yaml_text = "\n".join(body) + "\n"
+    return yaml_text.replace("- no\n", '- "no"\n').replace("\t", "  ")
+
+
+def _yaml_int(text: str) -> int:
+    value = text.replace("_", "")
+    sign = -1 if value[0] == "-" else 1
+    if value[0] in "+-":
+        value = value[1:]
+    if value == "0":
+        return 0
+    if value.startswith("0b"):
+        return sign * int(value[2:], 2)
+    if value.startswith("0x"):
+        return sign * int(value[2:], 16)
+    if value[0] == "0":
+        return sign * int(value, 8)
+    if len(value) > _YAML_INT_MAX_DIGITS:
+        raise ValueError("more digits than Python's int() accepts")
+    if ":" in value:
+        total = 0
+        for part in value.split(":"):
+            total = total * 60 + int(part)
+        return sign * total
+    return sign * int(value)
+
+
+def _yaml_float(text: str) -> float:
+    value = text.replace("_", "").lower()
+    sign = -1 if value[0] == "-" else 1
+    if value[0] in "+-":
+        value = value[1:]
+    if value == ".inf":
+        return sign * math.inf
+    if value == ".nan":
+        return math.nan
+    if ":" in value:
+        # PyYAML sums the parts lowest first, each times a growing power of 60, in floats.
+        total, base = 0.0, 1
+        for part in reversed(value.split(":")):
+            total += float(part) * base
+            base *= 60
+        return sign * total
+    return sign * float(value)
+
+
+def _yaml_timestamp(text: str) -> Any:
+    f = _YAML_TIMESTAMP_FIELDS.match(text).groupdict()
+    year, month, day = int(f["year"]), int(f["month"]), int(f["day"])
+    if not f["hour"]:
+        return datetime.date(year, month, day)
+    fraction = int(f["fraction"][:6].ljust(6, "0")) if f["fraction"] else 0
+    tz = None
+    if f["tz_sign"]:
+        delta = datetime.timedelta(hours=int(f["tz_hour"]), minutes=int(f["tz_minute"] or 0))
+        tz = datetime.timezone(-delta if f["tz_sign"] == "-" else delta)
+    elif f["tz"]:
+        tz = datetime.timezone.utc
+    return datetime.datetime(year, month, day, int(f["hour"]), int(f["minute"]), int(f["second"]),
+                             fraction, tzinfo=tz)
+
+
+def yaml_plain_value(text: str) -> Any:
+    """What PyYAML's safe_load makes of a plain (unquoted) scalar: YAML 1.1's implicit types.
+
+    Raises ValueError where PyYAML's constructor fails (``0b``, ``2024-13-01``) or where the
+    scalar takes a path this reader does not follow (``<<`` merge keys, ``=`` values).
+    """
+    first = text[:1]
+    if first in "yYnNtTfFoO" and first and _YAML_BOOL.match(text):
+        return _YAML_BOOLS[text.lower()]
+    if first in "-+0123456789." and first and _YAML_FLOAT.match(text):
+        return _yaml_float(text)
+    if first in "-+0123456789" and first and _YAML_INT.match(text):
+        return _yaml_int(text)
+    if text == "<<":
+        raise ValueError("a merge key (<<)")
+    if first in "~nN" and _YAML_NULL.match(text):
+        return None
+    if first in "0123456789" and first and _YAML_TIMESTAMP.match(text):
+        return _yaml_timestamp(text)
+    if text == "=":
+        raise ValueError("a YAML 1.1 value key (=), which safe_load cannot construct")
+    return text
+
+
+def _blank(row: str) -> bool:
+    return row.strip(" ") == ""
+
+
+def _indent(row: str) -> int:
+    return len(row) - len(row.lstrip(" "))
+
+
+def _is_entry(row: str, col: int) -> bool:
+    return row.startswith("-", col) and (len(row) == col + 1 or row[col + 1] == " ")
+
+
+def _rest_is_comment(row: str, col: int) -> bool:
+    """Whether nothing but spaces and a comment (a '#' after a space) follows col."""
+    rest = row[col:]
+    stripped = rest.lstrip(" ")
+    return stripped == "" or (stripped[0] == "#" and len(stripped) < len(rest))
+
+
+class _CardReader:
+    """PyYAML's reading of the front matter, for block collections, flow sequences of scalars, and
+    plain, quoted and block scalars.  Rows are the text's lines; the last row stands for the end."""
+
+    def __init__(self, text: str):
+        self.rows = text.split("\n")
+        self.end = len(self.rows) - 1
+
+    def read(self) -> Any:
+        for r, row in enumerate(self.rows):
+            bad = _YAML_NON_PRINTABLE.search(row)
+            if bad:
+                raise CardError(r, f"character U+{ord(bad.group()):04X}, which PyYAML does not read")
+            if any(ch in row for ch in "\r\x85\u2028\u2029"):
+                raise CardError(r, "a line break other than \\n, which gguf-py's cut would have split")
+            if "\ufeff" in row:
+                raise CardError(r, "a byte order mark inside the front matter")
+            if row.startswith(("---", "...", "%")):
+                raise CardError(r, "a YAML directive or document marker")
+        r = self.next_content(0)
+        if r is None:
+            return None
+        value, r = self.node(r, _indent(self.rows[r]), -1, 0)
+        after = self.next_content(r)
+        if after is not None:
+            raise CardError(after, "content after the end of the top-level node")
+        return value
+
+    def next_content(self, r: int) -> Optional[int]:
+        """The first row from r on that holds more than spaces and a comment."""
+        while r < self.end:
+            stripped = self.rows[r].lstrip(" ")
+            if stripped and stripped[0] != "#":
+                return r
+            r += 1
+        return None
+
+    # Block collections
+
+    def node(self, r: int, c: int, parent: int, depth: int) -> tuple[Any, int]:
+        """The node starting at row r, column c, inside a block collection indented ``parent``."""
+        if depth > _CARD_MAX_DEPTH:
+            raise CardError(r, f"nesting deeper than {_CARD_MAX_DEPTH} levels")
+        row = self.rows[r]
+        if _is_entry(row, c):
+            return self.sequence(r, c, depth, indentless=False)
+        if self.key(r, c) is not None:
+            return self.mapping(r, c, depth)
+        return self.scalar(r, c, parent)
+
+    def nested(self, r: int, indent: int, depth: int, indentless_ok: bool) -> tuple[Any, int]:
+        """The value after a ``key:`` or ``-`` with nothing more on its row: a node on later rows
+        indented deeper, a sequence at the key's own indentation (after a key), or null."""
+        nr = self.next_content(r + 1)
+        if nr is not None:
+            ind = _indent(self.rows[nr])
+            if ind > indent:
+                return self.node(nr, ind, indent, depth)
+            if indentless_ok and ind == indent and _is_entry(self.rows[nr], ind):
+                return self.sequence(nr, ind, depth, indentless=True)
+        return None, r + 1
+
+    def sequence(self, r: int, s: int, depth: int, indentless: bool) -> tuple[list, int]:
+        items = []
+        while True:
+            row = self.rows[r]
+            c = s + 1
+            while c < len(row) and row[c] == " ":
+                c += 1
+            if c == len(row) or row[c] == "#":
+                item, r = self.nested(r, s, depth + 1, indentless_ok=False)
+            else:
+                item, r = self.node(r, c, s, depth + 1)
+            items.append(item)
+            nr = self.next_content(r)
+            if nr is None:
+                return items, r
+            ind = _indent(self.rows[nr])
+            if ind < s:
+                return items, r
+            if ind > s:
+                raise CardError(nr, "a line indented deeper than the list item before it")
+            if not _is_entry(self.rows[nr], s):
+                if indentless:
+                    return items, r
+                raise CardError(nr, "a line at a list's indentation that is not a '- ' item")
+            r = nr
+
+    def mapping(self, r: int, m: int, depth: int) -> tuple[dict, int]:
+        result: dict = {}
+        while True:
+            found = self.key(r, m)
+            if found is None:
+                raise CardError(r, "a line in a mapping that is not 'key: value'")
+            key, c = found
+            row = self.rows[r]
+            while c < len(row) and row[c] == " ":
+                c += 1
+            if c == len(row) or row[c] == "#":
+                value, r = self.nested(r, m, depth + 1, indentless_ok=True)
+            elif _is_entry(row, c):
+                raise CardError(r, "a '- ' list item on the line of its key")
+            else:
+                value, r = self.scalar(r, c, m)
+            result[key] = value
+            nr = self.next_content(r)
+            if nr is None:
+                return result, r
+            ind = _indent(self.rows[nr])
+            if ind < m:
+                return result, r
+            if ind > m:
+                raise CardError(nr, "a line indented deeper than the mapping entry before it")
+            r = nr
+
+    def key(self, r: int, c: int) -> Optional[tuple[Any, int]]:
+        """The simple key at row r, column c and the column after its ':', or None if there is none."""
+        row = self.rows[r]
+        ch = row[c]
+        if ch in "\"'":
+            try:
+                value, end = self.quoted_on_row(r, c)
+            except CardError:
+                return None
+            e = end
+            while e < len(row) and row[e] == " ":
+                e += 1
+            if row.startswith(":", e) and (e + 1 == len(row) or row[e + 1] == " "):
+                if end - c > _CARD_MAX_KEY_CHARS:
+                    raise CardError(r, "a key longer than PyYAML's 1024-character limit allows for certain")
+                return value, e + 1
+            return None
+        if not self.plain_may_start(row, c, flow=False):
+            return None
+        # The key ends at the first ':' followed by a space or the line's end, unless a comment
+        # (a '#' after a space) comes first.
+        hash_at = row.find(" #", c)
+        colon = row.find(": ", c, len(row) if hash_at < 0 else hash_at + 1)
+        if colon < 0 and hash_at < 0 and row.endswith(":") and len(row) > c:
+            colon = len(row) - 1
+        if colon < 0:
+            return None
+        text = row[c:colon].rstrip(" ")
+        if len(text) > _CARD_MAX_KEY_CHARS:
+            raise CardError(r, "a key longer than PyYAML's 1024-character limit allows for certain")
+        return self.plain(r, text), colon + 1
+
+    # Scalars
+
+    @staticmethod
+    def plain_may_start(row: str, c: int, flow: bool) -> bool:
+        ch = row[c]
+        following = row[c + 1] if c + 1 < len(row) else " "
+        if ch not in "-?:,[]{}#&*!|>'\"%@`":
+            return True
+        return following != " " and (ch == "-" or (not flow and ch in "?:"))
+
+    def plain(self, r: int, text: str) -> Any:
+        try:
+            return yaml_plain_value(text)
+        except (ValueError, OverflowError) as e:    # OverflowError: PyYAML's 1:2:...:3.5 past float range
+            raise CardError(r, f"the value {text[:40]!r}: {e}") from None
+
+    def scalar(self, r: int, c: int, parent: int) -> tuple[Any, int]:
+        """A scalar or flow sequence at row r, column c; the row after it."""
+        row = self.rows[r]
+        ch = row[c]
+        if ch in "\"'":
+            return self.quoted(r, c, parent)
+        if ch == "[":
+            return self.flow_sequence(r, c)
+        if ch in "|>":
+            return self.block_scalar(r, c, parent)
+        if ch == "{":
+            raise CardError(r, "a flow mapping ({...})")
+        if ch in "&*":
+            raise CardError(r, "a YAML anchor or alias (& or *)")
+        if ch == "!":
+            raise CardError(r, "a YAML tag (!)")
+        if not self.plain_may_start(row, c, flow=False):
+            raise CardError(r, f"a value starting with {ch!r}, which PyYAML reads as an indicator")
+        return self.plain_block(r, c, parent)
+
+    @staticmethod
+    def plain_segment(row: str, c: int) -> tuple[str, bool]:
+        """The plain text of row from c (trailing spaces dropped) and whether a comment ends it;
+        ValueError where a ': ' inside would make PyYAML read a mapping."""
+        end = len(row)
+        commented = False
+        hash_at = row.find(" #", c)
+        if hash_at >= 0:
+            end, commented = hash_at, True
+        text = row[c:end]
+        if ": " in text or text.endswith(":"):
+            raise ValueError("a ': ' inside a plain value, where PyYAML would read a mapping")
+        return text.rstrip(" "), commented
+
+    def plain_block(self, r: int, c: int, parent: int) -> tuple[Any, int]:
+        """A plain scalar in block context: continued on later rows indented deeper than its
+        collection, lines folded to one space and blank lines kept as line breaks."""
+        try:
+            first, commented = self.plain_segment(self.rows[r], c)
+        except ValueError as e:
+            raise CardError(r, str(e)) from None
+        chunks = [first]
+        r += 1
+        breaks = 0
+        while not commented and r < self.end:
+            row = self.rows[r]
+            if _blank(row):
+                breaks += 1
+                r += 1
+                continue
+            ind = _indent(row)
+            if row[ind] == "#" or ind <= parent:
+                break
+            try:
+                segment, commented = self.plain_segment(row, ind)
+            except ValueError as e:
+                raise CardError(r, str(e)) from None
+            chunks.append("\n" * breaks if breaks else " ")
+            chunks.append(segment)
+            breaks = 0
+            r += 1
+        return self.plain(r - 1, "".join(chunks)), r
+
+    def quoted_on_row(self, r: int, c: int) -> tuple[str, int]:
+        """A quoted scalar closed on its own row: its value and the column after the closing quote."""
+        value, end_row, end_col = self.quoted_text(r, c, single_row=True)
+        return value, end_col
+
+    def quoted(self, r: int, c: int, parent: int) -> tuple[str, int]:
+        value, end_row, end_col = self.quoted_text(r, c, single_row=False, parent=parent)
+        if not _rest_is_comment(self.rows[end_row], end_col):
+            raise CardError(end_row, "text after a quoted value")
+        return value, end_row + 1
+
+    def quoted_text(self, r: int, c: int, single_row: bool, parent: int = -1) -> tuple[str, int, int]:
+        """PyYAML's flow scalar: '' escapes a single quote, backslash escapes in double quotes,
+        and a line break folds to a space (blank lines to line breaks, an escaped break to nothing)."""
+        row = self.rows[r]
+        double = row[c] == '"'
+        quote = row[c]
+        chunks: list[str] = []
+        i = c + 1
+        raw_spaces = 0          # spaces just before a line break are dropped, escaped ones are not
+        while True:
+            # The text of this row up to its closing quote, an escape, or its end.
+            while i < len(row):
+                ch = row[i]
+                if ch == " ":
+                    raw_spaces += 1
+                    chunks.append(ch)
+                    i += 1
+                    continue
+                raw_spaces = 0
+                if ch == quote:
+                    if not double and row.startswith("''", i):
+                        chunks.append("'")
+                        i += 2
+                        continue
+                    return "".join(chunks), r, i + 1
+                if double and ch == "\\":
+                    if i + 1 == len(row):
+                        break           # an escaped line break
+                    esc = row[i + 1]
+                    if esc in _YAML_ESCAPES:
+                        chunks.append(_YAML_ESCAPES[esc])
+                        i += 2
+                        continue
+                    n = _YAML_ESCAPE_DIGITS.get(esc)
+                    digits = row[i + 2:i + 2 + n] if n else ""
+                    if not n or len(digits) != n or any(d not in "0123456789ABCDEFabcdef" for d in digits):
+                        raise CardError(r, "an escape in a double-quoted value that PyYAML does not accept")
+                    code = int(digits, 16)
+                    if 0xD800 <= code <= 0xDFFF:
+                        raise CardError(r, "an escaped surrogate, which cannot be written as UTF-8")
+                    chunks.append(chr(code))
+                    i += 2 + n
+                    continue
+                chunks.append(ch)
+                i += 1
+            if single_row:
+                raise CardError(r, "a quoted value that does not end on its line")
+            escaped_break = double and i < len(row)
+            if not escaped_break:
+                # Spaces before a line break are dropped; a break folds to a space unless blank
+                # lines follow, which are kept as line breaks.
+                del chunks[len(chunks) - raw_spaces:]
+            blank_rows = 0
+            r += 1
+            while r < self.end and _blank(self.rows[r]):
+                blank_rows += 1
+                r += 1
+            if r >= self.end:
+                raise CardError(r, "a quoted value that never ends")
+            if _indent(self.rows[r]) <= parent:
+                raise CardError(r, "a quoted value continued at its key's indentation or less")
+            if not escaped_break:
+                chunks.append("\n" * blank_rows if blank_rows else " ")
+            else:
+                chunks.append("\n" * blank_rows)
+            row = self.rows[r]
+            i = _indent(row)
+            raw_spaces = 0
+
+    def flow_sequence(self, r: int, c: int) -> tuple[list, int]:
+        """``[a, "b", c]``, on one row or several; items are scalars, a trailing comma allowed."""
+        items: list = []
+        row = self.rows[r]
+        i = c + 1
+        want_item = True        # at the start or after a comma
+        while True:
+            while i < len(row) and row[i] == " ":
+                i += 1
+            if i == len(row) or row[i] == "#":
+                r += 1
+                if r >= self.end:
+                    raise CardError(r, "a [ list that never ends")
+                row, i = self.rows[r], 0
+                continue
+            ch = row[i]
+            if ch == "]":
+                if not _rest_is_comment(row, i + 1):
+                    raise CardError(r, "text after a [ list ]")
+                return items, r + 1
+            if ch == ",":
+                if want_item:
+                    raise CardError(r, "an empty item in a [ list ]")
+                want_item = True
+                i += 1
+                continue
+            if not want_item:
+                raise CardError(r, "a [ list ] item not followed by ',' or ']'")
+            if ch in "\"'":
+                value, i = self.quoted_on_row(r, i)
+                items.append(value)
+            elif ch in "[{":
+                raise CardError(r, "a nested [ ] or { } inside a [ list ]")
+            elif not self.plain_may_start(row, i, flow=True):
+                raise CardError(r, f"a [ list ] item starting with {ch!r}")
+            else:
+                j = i
+                while j < len(row):
+                    cj = row[j]
+                    if cj in ",]":
+                        break
+                    if cj in "[]{}?":
+                        raise CardError(r, f"a {cj!r} inside a [ list ] item")
+                    if cj == ":" and (j + 1 == len(row) or row[j + 1] in " ,[]{}"):
+                        raise CardError(r, "a ': ' inside a [ list ] item")
+                    if cj == " " and row.startswith("#", j + 1):
+                        break
+                    j += 1
+                text = row[i:j].rstrip(" ")
+                if j == len(row) or row[j] == " ":
+                    # The item reaches the end of its row: PyYAML would continue it on the next
+                    # row unless that starts with a separator or a comment.
+                    nr = r + 1
+                    while nr < self.end and _blank(self.rows[nr]):
+                        nr += 1
+                    following = self.rows[nr].lstrip(" ")[:1] if nr < self.end else ""
+                    if following not in (",", "]", "#"):
+                        raise CardError(r, "a [ list ] item that may continue on the next line")
+                items.append(self.plain(r, text))
+                i = j
+            want_item = False
+
+    def block_scalar(self, r: int, c: int, parent: int) -> tuple[str, int]:
+        """``|`` (literal) or ``>`` (folded) with PyYAML's chomping and indentation rules."""
+        row = self.rows[r]
+        folded = row[c] == ">"
+        i = c + 1
+        chomping: Optional[bool] = None         # None: clip, True: keep (+), False: strip (-)
+        increment: Optional[int] = None
+        for _ in range(2):
+            if i < len(row) and row[i] in "+-" and chomping is None:
+                chomping = row[i] == "+"
+                i += 1
+            elif i < len(row) and row[i] in "0123456789" and increment is None:
+                increment = int(row[i])
+                if increment == 0:
+                    raise CardError(r, "a block scalar indentation indicator of 0")
+                i += 1
+        if i < len(row) and row[i] != " ":
+            raise CardError(r, "text after a block scalar's | or >")
+        while i < len(row) and row[i] == " ":
+            i += 1
+        if i < len(row) and row[i] != "#":
+            raise CardError(r, "text after a block scalar's | or >")
+        min_indent = max(parent + 1, 1)
+        cur = r + 1
+        breaks: list[str] = []
+        if increment is None:
+            max_indent = 0
+            while cur < self.end:
+                k = _indent(self.rows[cur])
+                max_indent = max(max_indent, k)
+                if k < len(self.rows[cur]):
+                    break
+                breaks.append("\n")
+                cur += 1
+            col = _indent(self.rows[cur]) if cur < self.end else 0
+            indent = max(min_indent, max_indent)
+        else:
+            indent = min_indent + increment - 1
+            breaks, cur, col = self.block_breaks(cur, indent)
+        chunks: list[str] = []
+        line_break = ""
+        while col == indent and cur < self.end:
+            chunks.extend(breaks)
+            text = self.rows[cur][col:]
+            leading_non_space = text[:1] != " "
+            chunks.append(text)
+            line_break = "\n"
+            breaks, cur, col = self.block_breaks(cur + 1, indent)
+            if col == indent and cur < self.end:
+                if folded and leading_non_space and self.rows[cur][col:col + 1] != " ":
+                    if not breaks:
+                        chunks.append(" ")
+                else:
+                    chunks.append(line_break)
+            else:
+                break
+        if chomping is not False:
+            chunks.append(line_break)
+        if chomping is True:
+            chunks.extend(breaks)
+        return "".join(chunks), cur
+
+    def block_breaks(self, cur: int, indent: int) -> tuple[list[str], int, int]:
+        """PyYAML's scan_block_scalar_breaks: the rows blank up to ``indent`` from cur on, and where
+        the next text starts (row, column); the end row when the text ends."""
+        breaks = []
+        while cur < self.end:
+            row = self.rows[cur]
+            k = min(_indent(row), indent)
+            if k < len(row):
+                return breaks, cur, k
+            breaks.append("\n")
+            cur += 1
+        return breaks, cur, 0
+
+
+def read_card_yaml(text: str) -> Any:
+    """What ``yaml.safe_load(text)`` (PyYAML 6.0, YAML 1.1) returns for the YAML model cards use;
+    CardError (row, reason) for anything this reader is not certain to read the same way."""
+    if len(text) > _FRONT_MATTER_MAX_CHARS:
+        raise CardError(0, f"front matter of more than {_FRONT_MATTER_MAX_CHARS} characters")
+    return _CardReader(text).read()
+
+
+def _card_refusal(line: int, reason: str) -> Refusal:
+    return Refusal(f"README.md line {line}: {reason}; bankml_convert reads a model card only where it is "
+                   f"sure to read it as llama.cpp's PyYAML does: pass --ignore-model-card to convert "
+                   f"without it (the result then differs from llama.cpp's)")
+
+
+def load_model_card(model_dir: Path) -> dict:
+    """gguf-py's ``Metadata.load_model_card``: README.md's front matter as a dict ({} without one).
+
+    llama.cpp reads the whole file as UTF-8 and fails on anything PyYAML fails on; both are refused
+    here, as is YAML this reader does not follow.  A front matter that is not a mapping gives {}, as
+    gguf-py logs and goes on.
+    """
+    card = model_dir / "README.md"
+    if not card.is_file():
+        return {}
+    try:
+        size = card.stat().st_size
+        if size > _CARD_MAX_BYTES:
+            raise Refusal(f"README.md is {size} bytes, more than a model card's {_CARD_MAX_BYTES}; "
+                          f"pass --ignore-model-card to convert without it (the result then differs "
+                          f"from llama.cpp's) or move README.md away")
+        data = card.read_bytes()
+    except OSError as e:
+        raise Refusal(f"cannot read README.md: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Refusal(f"README.md is not UTF-8 (byte {e.start}), which llama.cpp fails to read; "
+                      f"pass --ignore-model-card to convert without it or move README.md away") from None
+    yaml_text = front_matter(text)
+    if yaml_text is None:
+        return {}
+    try:
+        value = read_card_yaml(yaml_text)
+    except CardError as e:
+        raise _card_refusal(e.row + 2, e.reason) from None
+    return value if isinstance(value, dict) else {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -7879,7 +8737,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outtype", default="f16", metavar="TYPE", help=outtype_help("f16"))
     p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
     p.add_argument("--ignore-model-card", action="store_true",
-                   help="convert although README.md has a model card (the result then differs from llama.cpp's)")
+                   help="leave README.md's model card out, the way past a card it refuses (the result then differs from llama.cpp's)")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -736,14 +736,6 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                          "the model has no tensor blk.2.attn_norm.weight (and 19327352804 more); "
                          "the checkpoint is incomplete")
 
-    def test_model_card_is_refused_without_ignore_flag(self):
-        d = self.case("bf16")
-        (d / "README.md").write_text("---\nlicense: apache-2.0\n---\n# A model\n", encoding="utf-8")
-        self.assertRefuses(d, "README.md has a model card (YAML front matter); llama.cpp would copy its licence, "
-                              "tags, base models and datasets into the GGUF, which bankml_convert does not "
-                              "reproduce: pass --ignore-model-card to convert without it (the result then "
-                              "differs from llama.cpp's) or move README.md away")
-
     def test_model_card_is_left_out_with_ignore_flag(self):
         # llama.cpp's file for the same directory without the card: the card adds nothing.
         d = self.case("bf16")
@@ -4905,6 +4897,179 @@ class GGMLMnistFiles(unittest.TestCase):
         self.assertEqual(doc["format"], "ggml-legacy")
         self.assertEqual([t["dims"] for t in doc["tensors"]], [[784, 500], [500], [500, 10], [10]])
         self.assertIsNone(doc["stopped"])
+# Model cards (issue 15).  Every expected value is PyYAML's or gguf-py's, recorded by
+# `python3 oracle/oracle.py cards --record` in oracle/recorded/cards.json; the documents, the typing
+# inputs and the corpus come from oracle/cards_oracle.py and oracle/fixtures/cards/.
+import cards_oracle   # noqa: E402  (standard library at import; PyYAML and gguf-py only in its oracle runs)
+
+CARDS_RECORD = json.loads((ORACLE / "recorded" / "cards.json").read_text(encoding="utf-8"))
+
+# What PyYAML reads that the card reader refuses on purpose (the subset it does not follow).
+CARD_DOCUMENTS_REFUSED = {
+    "tags: [a, [b]]\n", "tags: [a, {b: c}]\n", "tags: [a: b]\n", "tags: [a\n  b]\n",
+    'a: "surrogate \\ud800"\n', "a: &x 1\nb: *x\n", "a: !!str 1\n", "a: {b: c}\n", "? a\n: b\n",
+    "a: x\n...\n", 'a: [x, "y\n  z"]\n', "a: \ufeffx\n",
+}
+
+
+def _holds_a_flow_pair(encoded: list) -> bool:
+    # PyYAML reads [a: b] as a list holding the mapping {a: b}; the reader refuses a ': ' in [ ].
+    kind, value = encoded[0], encoded[1:] and encoded[1]
+    if kind == "list":
+        return any(item[0] == "map" for item in value) or any(_holds_a_flow_pair(i) for i in value)
+    if kind == "map":
+        return any(_holds_a_flow_pair(v) for _, v in value)
+    return False
+
+
+class ModelCardYaml(unittest.TestCase):
+    """read_card_yaml against PyYAML 6.0.4's yaml.safe_load (YAML 1.1 implicit types)."""
+
+    def test_plain_scalars_take_pyyamls_yaml_1_1_types(self):
+        # Every string of up to 4 characters over "01_:.-+eE", and the words and timestamps the
+        # resolvers know, as a value and inside [ ]: bool, int (0b, 0x, 0 octal, 1:30), float
+        # (.inf, .nan, 1:30.5), null (~), date and datetime exactly where PyYAML gives them.
+        docs = cards_oracle.typing_documents()
+        answers = CARDS_RECORD["typing"]["answers"]
+        self.assertEqual(len(docs), len(answers))
+        wrong = []
+        for doc, want in zip(docs, answers):
+            got = cards_oracle.our_answer(bc, doc)
+            if want[0] == "error":
+                ok = got[0] == "refused"
+            elif got[0] == "refused":
+                ok = _holds_a_flow_pair(want)
+            else:
+                ok = cards_oracle.same(want, got)
+            if not ok:
+                wrong.append((doc, want, got))
+        self.assertEqual(wrong, [])
+
+    def test_yes_no_on_off_are_booleans_but_y_and_n_are_strings(self):
+        self.assertEqual([bc.yaml_plain_value(v) for v in ("yes", "No", "ON", "off", "y", "n", "yEs")],
+                         [True, False, True, False, "y", "n", "yEs"])
+
+    def test_documents_are_read_as_pyyaml_reads_them(self):
+        for doc, want in CARDS_RECORD["documents"]:
+            with self.subTest(doc=doc):
+                got = cards_oracle.our_answer(bc, doc)
+                if want[0] == "error" or doc in CARD_DOCUMENTS_REFUSED:
+                    self.assertEqual(got[0], "refused")
+                else:
+                    self.assertTrue(cards_oracle.same(want, got), (want, got))
+
+    def test_a_refusal_names_the_line(self):
+        with self.assertRaises(bc.CardError) as c:
+            bc.read_card_yaml("license: mit\ntags:\n- &a x\n")
+        self.assertEqual((c.exception.row, c.exception.reason), (2, "a YAML anchor or alias (& or *)"))
+
+
+class ModelCardCorpus(unittest.TestCase):
+    """gguf-py's general.* keys for each card of oracle/fixtures/cards/ beside general_kvs'."""
+
+    def test_every_card_gives_gguf_pys_keys_or_is_refused(self):
+        recorded = CARDS_RECORD["corpus"]["keys"]
+        files = cards_oracle.corpus_files()
+        self.assertEqual(sorted(f.name for f in files), sorted(recorded))
+        self.assertGreaterEqual(sum(f.name.startswith("real-") for f in files), 100)
+        for f in files:
+            with self.subTest(card=f.name):
+                got = cards_oracle.bankml_keys(bc, f.read_bytes())
+                want = recorded[f.name]
+                if want[:1] == ["error"]:
+                    self.assertEqual(got[0], "refused")
+                elif got[:1] != ["refused"]:
+                    self.assertEqual(got, want)
+
+    def test_real_cards_without_braces_are_read_not_refused(self):
+        # Cards written by people and tools; the ones holding {placeholders} of unfilled templates
+        # are YAML flow mappings, which the reader refuses.
+        for f in cards_oracle.corpus_files():
+            data = f.read_bytes()
+            if f.name.startswith("real-") and b"{" not in data and b"$" not in data:
+                with self.subTest(card=f.name):
+                    self.assertNotEqual(cards_oracle.bankml_keys(bc, data)[0], "refused")
+
+
+class HostileModelCards(Workspace):
+    """Cards built to hurt a reader are refused in well under a second, with a reason."""
+
+    def refusal(self, readme: bytes) -> str:
+        d = Path(tempfile.mkdtemp(dir=self.tmp))
+        (d / "README.md").write_bytes(readme)
+        start = time.perf_counter()
+        with self.assertRaises(bc.Refusal) as c:
+            bc.load_model_card(d)
+        self.assertLess(time.perf_counter() - start, 2.0)
+        return str(c.exception)
+
+    def test_a_huge_front_matter_is_refused(self):
+        self.assertIn("front matter of more than 1048576 characters",
+                      self.refusal(b"---\n" + b"tags:\n" + b"- a\n" * 300_000 + b"---\n"))
+
+    def test_deeply_nested_mappings_are_refused(self):
+        body = "".join(" " * i + "k:\n" for i in range(200))
+        self.assertIn("nesting deeper than 48 levels", self.refusal(f"---\n{body}---\n".encode()))
+
+    def test_deeply_nested_lists_are_refused(self):
+        self.assertIn("nesting deeper than 48 levels", self.refusal(b"---\nk: \n" + b"- " * 5000 + b"x\n---\n"))
+
+    def test_a_megabyte_line_of_colons_is_refused_in_linear_time(self):
+        # Each ':' not followed by a space could end a key; looking for the comment again at each
+        # one took minutes on this line.
+        self.assertIn("a key longer than PyYAML's 1024-character limit",
+                      self.refusal(b"---\nk" + b"a:" * 500_000 + b" v\n---\n"))
+
+    def test_an_alias_bomb_is_refused(self):
+        laughs = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+        laughs += [f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join(["*" + chr(97 + i)] * 9) + "]" for i in range(8)]
+        self.assertIn("README.md line 2: a YAML anchor or alias",
+                      self.refusal(("---\n" + "\n".join(laughs) + "\n---\n").encode()))
+
+    def test_invalid_utf8_anywhere_in_readme_is_refused(self):
+        # llama.cpp reads the whole file as UTF-8 before it looks for front matter.
+        self.assertIn("README.md is not UTF-8 (byte 25)", self.refusal(b"# A model\nwithout a card \xff\n"))
+
+    def test_a_readme_beyond_the_size_limit_is_refused_unread(self):
+        with mock.patch.object(bc, "_CARD_MAX_BYTES", 100):
+            self.assertIn("README.md is 201 bytes", self.refusal(b"---\nlicense: mit\n---\n" + b"x" * 180))
+
+    def test_characters_pyyaml_does_not_read_are_refused(self):
+        self.assertIn("character U+0007", self.refusal(b"---\nlicense: \x07\n---\n"))
+
+
+class ModelCardConversion(Workspace):
+    """README.md through the converter: pinned, refused with its line, or skipped with the flag."""
+
+    def test_the_card_is_pinned_as_an_input(self):
+        d = self.case("card-folded")
+        r = bc.convert(d, self.tmp / "card.gguf")
+        r.out.unlink()
+        readme = [i for i in r.inputs if i.name == "README.md"]
+        self.assertEqual([(i.size, i.sha256) for i in readme],
+                         [((d / "README.md").stat().st_size, sha256_file(d / "README.md"))])
+
+    def test_a_card_the_reader_does_not_follow_is_refused_with_its_line(self):
+        d = self.case("bf16")
+        (d / "README.md").write_text("---\nlicense: mit\nbase_model: &b org/name\n---\n", encoding="utf-8")
+        self.assertRefuses(d, "README.md line 3: a YAML anchor or alias (& or *); bankml_convert reads a model "
+                              "card only where it is sure to read it as llama.cpp's PyYAML does: pass "
+                              "--ignore-model-card to convert without it (the result then differs from llama.cpp's)")
+
+    def test_a_value_llama_cpp_fails_to_write_is_refused(self):
+        d = self.case("bf16")
+        (d / "README.md").write_text("---\nversion: 1.0\n---\n", encoding="utf-8")
+        self.assertRefuses(d, "README.md's model card gives version as a number ('1.0'), which llama.cpp fails "
+                              "to write into the GGUF: quote it in README.md, or pass --ignore-model-card to "
+                              "convert without the card (the result then differs from llama.cpp's)")
+
+    def test_ignore_model_card_skips_even_a_card_it_would_refuse(self):
+        d = self.case("bf16")
+        (d / "README.md").write_text("---\nbase_model: &b org/name\n---\n", encoding="utf-8")
+        r = bc.convert(d, self.tmp / "ignored.gguf", bc.Options(ignore_model_card=True))
+        r.out.unlink()
+        self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
+
 
 
 def main() -> int:

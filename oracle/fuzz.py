@@ -47,6 +47,16 @@ every K-th (--convert-every) instead converts a tiny pytorch_model.bin model.  T
 
     python3 oracle/fuzz.py --checkpoint --inputs N --seed S [--convert-every K] [--report F]
 
+    python3 oracle/fuzz.py --model-card --inputs N --seed S [--start I] [--convert-every K] [--report F]
+
+--model-card fuzzes the README.md model-card path: mutants of the cards in oracle/fixtures/cards/ and
+make_models.MODEL_CARDS (lines duplicated, dropped, swapped, re-indented, tabbed; YAML indicators,
+YAML 1.1 specials, ': ' and quotes inserted; deep nesting, anchors, CRLF, other line breaks, NULs,
+no closing line, plus byte damage) go through load_model_card and general_kvs, every K-th also
+through convert() in a tiny model directory; the last line is ``fuzz --model-card: N inputs (M also
+converted), C crashes, P partial outputs, A read, R refused``.  oracle/cards_oracle.py --random
+runs PyYAML and gguf-py beside the reader on generated documents.
+
 --tokenizer-model fuzzes the SentencePiece reader: mutants of a real tokenizer.model (protobuf-aware
 edits of pieces, types, scores, wire types, lengths, trainer/normalizer specs, plus byte damage)
 go through sentencepiece_pieces, every K-th also through convert() in a tiny model directory; the
@@ -1009,6 +1019,7 @@ MUTATORS: tuple[tuple[Callable[[Ctx], Optional[str]], int], ...] = (
     (safetensors_bytes, 8),
     (mutate_file_kind, 9),
     (add_extra_file, 4),
+    (lambda ctx: write_card_mutant(ctx), 3),
     (mutate_index, 6),
     (mutate_names, 6),
 )
@@ -3482,6 +3493,190 @@ def run_checkpoint_campaign(args) -> int:
     return 1 if crashes or executions else 0
 
 
+
+# ---------------------------------------------------------------------------------------------
+# --model-card: README.md front matter, mutated line by line and byte by byte (issue 15).
+# ---------------------------------------------------------------------------------------------
+
+CARD_INSERTS = ("&a ", "*a", "!!str ", "|", ">-", "{", "}", "[", "]", ", ", ": ", " #", "? ", "- ", "'", '"',
+                "%", "@", "`", "~", "\\", "\t", "\r", "\x85", "\u2028", "\ufeff", "\x00", "\x07", "---", "...")
+CARD_SPECIALS = ("yes", "no", "on", "Off", "~", "null", "0x1f", "0b2", "012", "08", "1:30", "1:30.5", ".inf",
+                 ".NaN", "1e999", "1_000", "2024-01-02", "2024-13-45", "2001-12-14t21:59:43.10-05:00", "=",
+                 "<<", "", "''", '""', '"\\ud800"', '"\\x4"', "[]", "[a, b]", "|", "- x")
+
+
+def card_bases() -> dict[str, bytes]:
+    bases = {f"fixtures/cards/{p.name}": p.read_bytes() for p in sorted((ORACLE / "fixtures" / "cards").glob("*.md"))
+             if p.name != "PROVENANCE.md"}
+    bases.update({f"make_models.MODEL_CARDS[{k}]": v.encode("utf-8") for k, v in mm.MODEL_CARDS.items()})
+    return bases
+
+
+def mutate_card(rng: random.Random, data: bytes) -> tuple[bytes, str]:
+    """data with one line-level or byte-level change a card reader must survive, and what was done."""
+    if chance(rng, 0.15):
+        return byte_damage(rng, data)
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return byte_damage(rng, data)
+    n = len(lines)
+    i = rng.randrange(n)
+    op = rng.choice(["dup", "drop", "swap", "indent", "dedent", "insert", "special", "nest", "anchors",
+                     "crlf", "unclose", "huge-key", "long-list", "quote-open"])
+    if op == "dup":
+        lines.insert(i, lines[i])
+        what = f"line {i + 1} doubled"
+    elif op == "drop" and n > 1:
+        del lines[i]
+        what = f"line {i + 1} dropped"
+    elif op == "swap" and n > 1:
+        j = rng.randrange(n)
+        lines[i], lines[j] = lines[j], lines[i]
+        what = f"lines {i + 1} and {j + 1} swapped"
+    elif op == "indent":
+        k = rng.choice([1, 2, 3, 4, 8])
+        lines[i] = " " * k + lines[i]
+        what = f"line {i + 1} indented by {k}"
+    elif op == "dedent":
+        lines[i] = lines[i].lstrip(" ")
+        what = f"line {i + 1} dedented"
+    elif op == "insert":
+        at = rng.randrange(len(lines[i]) + 1)
+        junk = rng.choice(CARD_INSERTS)
+        lines[i] = lines[i][:at] + junk + lines[i][at:]
+        what = f"{junk!r} inserted in line {i + 1} at {at}"
+    elif op == "special":
+        head, sep, _ = lines[i].partition(": ")
+        value = rng.choice(CARD_SPECIALS)
+        lines[i] = (head + ": " if sep else lines[i] + " ") + value if not lines[i].lstrip().startswith("- ") \
+            else lines[i][:lines[i].index("- ") + 2] + value
+        what = f"line {i + 1} given the value {value!r}"
+    elif op == "nest":
+        depth = rng.choice([10, 47, 48, 49, 60, 500])
+        block = [" " * d + f"k{d}:" for d in range(depth)] if chance(rng, 0.5) else ["k: " + "- " * depth + "x"]
+        lines[i:i] = block
+        what = f"{depth} levels of nesting at line {i + 1}"
+    elif op == "anchors":
+        lines[i:i] = ["a: &a [x, x, x]", "b: &b [*a, *a, *a]", "c: *b"]
+        what = f"anchors and aliases at line {i + 1}"
+    elif op == "crlf":
+        return data.replace(b"\n", b"\r\n"), "CRLF line ends"
+    elif op == "unclose":
+        closing = [k for k, line in enumerate(lines) if k > 0 and line == "---"]
+        if not closing:
+            return data + b"---\n", "a closing --- appended"
+        del lines[closing[0]]
+        what = "the closing --- removed"
+    elif op == "huge-key":
+        k = rng.choice([999, 1000, 1001, 1025, 5000])
+        lines.insert(i, "k" * k + ": v")
+        what = f"a {k}-character key at line {i + 1}"
+    elif op == "long-list":
+        k = rng.choice([1000, 20000])
+        lines[i:i] = ["tags:"] + [f"- t{j}" for j in range(k)]
+        what = f"a {k}-item list at line {i + 1}"
+    else:
+        lines[i] = lines[i] + rng.choice(['"', "'", ' "open', " 'open", " [open", ' "\\'])
+        what = f"an unclosed quote or bracket at the end of line {i + 1}"
+    return "\n".join(lines).encode("utf-8", "surrogatepass"), what
+
+
+_CARD_BASES: dict[str, bytes] = {}
+
+
+def write_card_mutant(ctx: Ctx) -> Optional[str]:
+    """A README.md model card, mutated as --model-card mutates it (the whole campaign covers cards too)."""
+    if not _CARD_BASES:
+        _CARD_BASES.update(card_bases())
+    base = ctx.rng.choice(sorted(_CARD_BASES))
+    data, what = mutate_card(ctx.rng, _CARD_BASES[base])
+    put(ctx.dir / "README.md", data)
+    return f"README.md: {base}, {what}"
+
+
+def card_mutant(seed: str, index: int, bases: dict[str, bytes]) -> tuple[str, bytes, list[str]]:
+    """Input `index` of campaign `seed`: its base card, its bytes and its mutations."""
+    rng = random.Random(f"{seed}/card/{index}")
+    base = rng.choice(sorted(bases))
+    data, done = bases[base], []
+    for k in range(rng.choice((1, 1, 2, 3))):
+        data, what = mutate_card(random.Random(f"{seed}/card/{index}/{k}"), data)
+        done.append(what)
+    return base, data, done
+
+
+def read_card(card_dir: Path) -> object:
+    """The card path of a conversion: the front matter read, then every general.* key it gives."""
+    return bc.general_kvs(None, card_dir.name, None, 134_515_008, 134_515_008, 0, 0, bc.load_model_card(card_dir))
+
+
+def run_card_campaign(args) -> int:
+    limit_memory(args.memory_mb)
+    bases = card_bases()
+    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-card-", dir=args.workdir)).resolve()
+    card_dir = work / "card"
+    card_dir.mkdir()
+    model = mm.make_case(BASES[0][0], work / "base")
+    counts: Counter = Counter()
+    refusals: Counter = Counter()
+    crashes: list[dict] = []
+    partials: list[dict] = []
+    start = time.perf_counter()
+    try:
+        for index in range(args.start, args.start + args.inputs):
+            base, data, mutations = card_mutant(args.seed, index, bases)
+            (card_dir / "README.md").write_bytes(data)
+            kind, detail = spm_outcome(lambda: read_card(card_dir), args.timeout)
+            counts[kind] += 1
+            if kind == "refusal":
+                reason = re.sub(r"^README\.md line \d+: ", "", detail).split(";")[0]
+                refusals[re.sub(r"\d+", "N", re.sub(r"\(.*\)", "(...)", reason))[:70]] += 1
+            elif kind == "crash":
+                crashes.append({"index": index, "base": base, "mutations": mutations, "error": detail})
+            if args.convert_every and index % args.convert_every == 0:
+                (model / "README.md").write_bytes(data)
+                before = sorted(p.name for p in work.iterdir())
+                out = work / "out.gguf"
+                ckind, cdetail = spm_outcome(lambda: bc.convert(model, out, bc.Options(hash_inputs=False)),
+                                             args.timeout * 3)
+                counts["convert-" + ckind] += 1
+                if ckind == "crash":
+                    crashes.append({"index": index, "base": base, "mutations": mutations, "error": cdetail,
+                                    "in": "convert"})
+                elif ckind != kind and "crash" not in (kind, ckind):
+                    crashes.append({"index": index, "mutations": mutations,
+                                    "error": f"card path {kind} but convert {ckind}: {cdetail}"})
+                out.unlink(missing_ok=True)
+                after = sorted(p.name for p in work.iterdir())
+                if after != before:
+                    partials.append({"index": index, "mutations": mutations,
+                                     "leftovers": sorted(set(after) - set(before))})
+                    for name in set(after) - set(before):
+                        (work / name).unlink()
+            if (index + 1) % args.every == 0 and args.progress:
+                with open(args.progress, "a", encoding="utf-8") as f:
+                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - start
+    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
+              "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
+              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
+              "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
+    if args.report:
+        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
+    for c in crashes[:10]:
+        print(f"crash at input {c['index']}: {c['error'][:200]} ({c['mutations']})")
+    for p in partials[:10]:
+        print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
+    for reason, n in refusals.most_common(12):
+        print(f"  {n:>7}  {reason}")
+    conversions = sum(v for k, v in counts.items() if k.startswith("convert-"))
+    print(f"fuzz --model-card: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
+          f"{len(partials)} partial outputs, {counts['ok']} read, {counts['refusal']} refused, {seconds:.0f} s")
+    return 1 if crashes or partials else 0
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
     p.add_argument("--inputs", type=int, default=2000, help="how many inputs (default 2000)")
@@ -3508,6 +3703,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="with --gguf and one worker: report the reader/diff/verify lines never executed")
     p.add_argument("--shrink", action="store_true",
                    help="with --gguf --replay: cut the mutant down to a smaller file with the same finding")
+    p.add_argument("--model-card", action="store_true",
+                   help="fuzz the README.md model-card reader (and every --convert-every-th input through convert)")
     p.add_argument("--tokenizer-model", action="store_true",
                    help="fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead")
     p.add_argument("--checkpoint", action="store_true",
@@ -3528,6 +3725,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return run_checkpoint_campaign(args)
     if args.tokenizer_model:
         return run_spm_campaign(args)
+    if args.model_card:
+        return run_card_campaign(args)
     if args.gguf:
         return run_gguf_replay(args) if args.replay is not None else run_gguf_campaign(args)
     if args.replay is not None:

@@ -398,6 +398,7 @@ class Case:
     # "safetensors"; "bin": pytorch_model*.bin in name order per file; "bin-module": transformers 4's
     # module order with a tied lm_head.weight saved beside the embedding it shares storage with.
     weights: str = "safetensors"
+    card: Optional[str] = None                 # key of MODEL_CARDS: README.md with YAML front matter
 
     @property
     def directory_name(self) -> str:
@@ -444,6 +445,73 @@ SPM_CASES: tuple[Case, ...] = tuple(
 
 # Small cases share one seed, so cases that differ only in a name, a file layout or a config key
 # hold the same tensor values, and their GGUFs can differ only where that difference reaches.
+# README.md model cards (issue 15): the front matter shapes real Hub cards use, for llama.cpp's
+# load_model_card and apply_metadata_heuristic (general.license, tags, languages, base models, datasets).
+MODEL_CARDS: dict[str, str] = {
+    "realistic": (
+        "---\n"
+        "license: apache-2.0\n"
+        "language:\n"
+        "- en\n"
+        "- fr\n"
+        "- no\n"
+        "tags: [text-generation, 'smollm2', \"lora\"]\n"
+        "base_model:\n"
+        "  - HuggingFaceTB/SmolLM2-135M-Instruct   # the one it was tuned from\n"
+        "  - https://huggingface.co/HuggingFaceTB/SmolLM2-360M\n"
+        "datasets:\n"
+        "- HuggingFaceTB/smoltalk\n"
+        "- https://huggingface.co/datasets/openai/gsm8k\n"
+        "- name: In-house chats\n"
+        "  version: 'v2'\n"
+        "pipeline_tag: text-generation\n"
+        "library_name: transformers\n"
+        "description: |\n"
+        "  A tiny SmolLM2 fine-tune.\n"
+        "  Trained on \"chats\" & maths.\n"
+        "model-index:\n"
+        "- name: smol-tune\n"
+        "  results:\n"
+        "  - task:\n"
+        "      type: text-generation\n"
+        "    metrics:\n"
+        "    - type: acc\n"
+        "      value: 45.3\n"
+        "---\n\n# smol-tune\n\nA model card's prose is not read.\n"),
+    "names": (
+        "---\n"
+        "model_name: Smol Tune\n"
+        "model_creator: Jane Doe\n"
+        "model_type: smollm2\n"
+        "version: \"1.0\"\n"
+        "license: other\n"
+        "license_name: smol-license\n"
+        "license_link: https://example.com/LICENSE\n"
+        "url: https://example.com/smol-tune\n"
+        "base_model: HuggingFaceTB/SmolLM2-135M-Instruct\n"
+        "languages: en\n"
+        "language:\n"
+        "\t- de\n"
+        "---\n\n# Smol Tune\n"),
+    "folded": (
+        "---\n"
+        "# Written by a training script\n"
+        "license:\n"
+        "  - mit\n"
+        "  - cc-by-4.0\n"
+        "description: >-\n"
+        "  Folded into\n"
+        "  one line.\n"
+        "\n"
+        "  Then a paragraph.\n"
+        "tags:\n"
+        "- chat\n"
+        "dataset: allenai/tulu-3-sft-mixture\n"
+        "base_model:\n"
+        "inference: false\n"
+        "---\n"),
+}
+
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -468,6 +536,14 @@ CASES: tuple[Case, ...] = (
     Case("merged", description="directory named `merged`, as mindXtrain's LoRA merge writes"),
     Case("name-or-path", name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct",
          description="config.json with _name_or_path"),
+    Case("card-realistic", card="realistic",
+         description="README.md card: licence, language list with `- no`, inline tags, two base models, "
+                     "datasets (id, URL, mapping), a `|` description, model-index"),
+    Case("card-names", card="names", name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct",
+         description="README.md card naming the model (model_name, model_creator, model_type, version) over "
+                     "_name_or_path; licence name and link, source url, a tab-indented language list"),
+    Case("card-folded", card="folded",
+         description="README.md card: a licence list, a `>-` description, dataset, an empty base_model"),
     Case("base-135m", tokenizer="smollm2-135m", config_from="SmolLM2-135M",
          description="base SmolLM2-135M config and tokenizer (no chat template)"),
     Case("shape-360m-instruct", config_from="SmolLM2-360M-Instruct",
@@ -1151,6 +1227,8 @@ def make_case(case: Case, root: Path) -> Path:
     copy_tokenizer(TOKENIZERS[case.tokenizer], out)
     if case.mistral_files:
         write_mistral_files(case, entries, out)
+    if case.card is not None:
+        (out / "README.md").write_bytes(MODEL_CARDS[case.card].encode("utf-8"))
     return out
 
 

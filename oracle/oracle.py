@@ -5,6 +5,9 @@ model directories and compare the files sha256 for sha256.
     python3 oracle/oracle.py record [RUN ...]    # llama.cpp's sha256s -> oracle/recorded/golden.json
     python3 oracle/oracle.py compare [RUN ...]   # both converters; exit 1 on any mismatch
     python3 oracle/oracle.py names               # gguf-py's name heuristics vs bankml's, every id
+    python3 oracle/oracle.py cards [--record] [--random N] [--mutants N]
+                                                 # PyYAML/gguf-py's model-card reading vs bankml's: YAML
+                                                 # typing, documents, oracle/fixtures/cards/ (the corpus)
     python3 oracle/oracle.py chkhsh [DIR ...]    # llama.cpp's pre-tokenizer hash and name beside bankml's
                                                  # (default: every tokenizer case; --record saves them)
     python3 oracle/oracle.py inspect [RUN ...]   # bankml's inspect vs gguf-py's reader (default: full size)
@@ -220,9 +223,10 @@ def compare(runs: list[Run], use_recorded: bool) -> int:
 
 
 def run_in_reference(command: str, rest: list[str]) -> int:
-    """names_oracle.py, in the reference venv with its gguf-py."""
+    """names_oracle.py or cards_oracle.py, in the reference venv with its gguf-py."""
     env = dict(os.environ, PYTHONPATH=str(reference_dir() / "gguf-py"))
-    return subprocess.run([str(reference_python()), str(HERE / "names_oracle.py"), *rest], env=env).returncode
+    script = {"names": "names_oracle.py", "cards": "cards_oracle.py"}[command]
+    return subprocess.run([str(reference_python()), str(HERE / script), *rest], env=env).returncode
 
 
 def reference_chkhshs(dirs: list[Path]) -> dict[Path, dict]:
@@ -351,13 +355,16 @@ def print_diff(a: Path, b: Path) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("record", "compare", "names", "chkhsh", "inspect", "list"))
+    p.add_argument("command", choices=("record", "compare", "names", "cards", "chkhsh", "inspect", "list"))
     p.add_argument("runs", nargs="*", help="run names (default: all but the full-size one; 'all' for every "
                    "run); directories for chkhsh")
     p.add_argument("--recorded", action="store_true",
                    help="compare against oracle/recorded/golden.json instead of running llama.cpp")
     p.add_argument("--record", action="store_true",
-                   help="chkhsh: save the reference's answers to oracle/recorded/chkhsh.json")
+                   help="chkhsh: save the reference's answers to oracle/recorded/chkhsh.json; "
+                   "cards: PyYAML's to oracle/recorded/cards.json")
+    if argv[:1] == ["cards"]:       # its own options (--random, --mutants, ...) go to cards_oracle.py
+        return run_in_reference("cards", argv[1:])
     args = p.parse_intermixed_args(argv)
     if args.command == "chkhsh":
         return chkhsh_table(args.runs, args.record)
