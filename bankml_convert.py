@@ -4339,48 +4339,49 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
 # Within a block whose maximum m has exponent E_m (9..253: d and id normal and finite), scaling m by
 # 2**k scales d by 2**k, id by 2**-k and every x * id by nothing at all, all exactly in float32.  So
 # what a value x quantizes to depends only on m's 7 mantissa bits (mu), x's own 7 (xi) and how far
-# x's exponent lies below E_m (s = E_m - e).  With v(x) the float32 x * id:
-#   s = 0:   q = floor(v(x) + 1/2)          = floor((floor(2 v(x)) + 1) / 2)
-#   s >= 1:  x = x1 / 2**(s-1) with x1 the value of mantissa xi at exponent E_m - 1, and v(x) is
-#            v(x1) / 2**(s-1) exactly, so q = floor((floor(2 v(x1)) + 2**(s-1)) / 2**s)
-# (floor((floor(y) + c) / 2**t) = floor((y + c) / 2**t) for integers c, t).  Both are
-# q = floor(code / 2**t + 1/2) with t = max(s, 1) and code = floor(2 v) of a value at exponent E_m
-# (s = 0, where xi <= mu and code <= 254) or E_m - 1 (s >= 1, code <= 253): a byte per (mu, s == 0,
-# xi), one 256-byte table per mu, applied to a block's 32 index bytes (s == 0) << 7 | xi with one
-# bytes.translate.  From s = 9 on, code < 256 shifts to q = 0, as it must (|x| < m / 256).
+# x's exponent e lies below E_m (s = E_m - e).  With v(y) the float32 y * id and x_r the value of
+# mantissa xi at exponent E_m - r, x = x_r / 2**(s - r) exactly for any r <= s, so
+#   q = floor(v(x) + 1/2) = ((c_r >> (s - r)) + 1) >> 1,   c_r = floor(2 v(x_r))
+# (floor((floor(y) + a) / 2**t) = floor((y + a) / 2**t) for integers a, t).  A bf16's low byte is
+# l = (e & 1) << 7 | xi and its high byte sign << 7 | e >> 1, so the table takes l as it is and the
+# high byte gives the pair distance P = (E_m >> 1) - (e >> 1).  With B = E_m & 1:
+#   - e & 1 != B: s = 2P - 1 + 2B; the entry is c_1 (at most 254), shifted by s - 1 = 2(P - 1 + B);
+#   - e & 1 == B: s = 2P; the entry is c_0 if xi <= mu (127..254; 127 is stored as 128, which no shift
+#     by 2P tells apart), else (only at s >= 2) c_2, below 128, shifted by s - 2 = 2(P - 1).
+# So every value shifts by 2k, k = P - delta with delta = 1 - B in the first case and (entry < 128)
+# in the second: two conditional shifts by 2 and 4 bits, and k >= 4 leaves 0 (entries are bytes) --
+# as zeros and bf16 subnormals (e = 0, far below any E_m >= 9) must.  One 256-byte table per
+# (B, mu), the maximum's low byte, applied to a block's 32 low bytes with one bytes.translate.
 
 class _Bf16Blocks(NamedTuple):
-    """Per possible block maximum (|bf16| bits, 32,768 patterns): what its block needs."""
-    scales: list        # float16(d), 2 little-endian bytes
-    tables: list        # the index -> code table (bytes) of its mantissa; zeros for the others
-    exponents: list     # E_m repeated over a block's 32 byte lanes; 255 where the block rule decides
-    odd: bytes          # 1 where the block rule decides (E_m outside 9..253: tiny, inf or NaN maxima)
+    """What a block needs from its maximum |x|, by that maximum's bf16 bits or their low byte."""
+    scales: list        # by the 32,768 patterns: float16(d), 2 little-endian bytes
+    tables: list        # by the low byte B << 7 | mu: the 256-byte table l -> entry described above
+    odd: bytes          # by pattern: 0 the tables, 1 the block rule (E_m outside 9..253), 2 all zeros
 
 
 def _is_table_maximum(pattern: int) -> bool:
     return 9 <= pattern >> 7 <= 253
 
 
+def _bf16_table(mu: int, b: int) -> bytes:
+    """The table of the maxima whose low byte is b << 7 | mu, made at E_m = 0 (see above)."""
+    # float64 products are exact, array('f') rounds them once to float32 (see rounded_to_f32)
+    inverse = rounded_to_f32(1.0 / rounded_to_f32((128 + mu) / 128 / 127.0))
+    c0 = [int(2 * v) for v in array("f", [(128 + xi) / 128 * inverse for xi in range(128)])]
+    c1 = [int(2 * v) for v in array("f", [(128 + xi) / 256 * inverse for xi in range(128)])]
+    same = [max(c, 128) if xi <= mu else c >> 2 for xi, c in enumerate(c0)]    # c_2 = c_0 >> 2
+    return bytes(same + c1 if b == 0 else c1 + same)
+
+
 @lru_cache(maxsize=1)
 def _bf16_blocks() -> _Bf16Blocks:
     maxima = array("I", (m << 16 for m in range(1 << 15)))
     d = array("f", [v / 127.0 for v in array("f", maxima.tobytes())])
-    d_bits = array("I", d.tobytes())
-    scales = [f16_bits_from_f32_bits(b).to_bytes(2, "little") for b in d_bits]
-    # the tables, at E_m = 127 (m in [1, 2)): float64 products are exact, array('f') rounds them once
-    # to float32 (see rounded_to_f32); entries s == 0 with xi > mu never occur and are clamped
-    by_mantissa = []
-    for mu in range(128):
-        inverse = rounded_to_f32(1.0 / rounded_to_f32((128 + mu) / 128 / 127.0))
-        values = array("f", [(128 + (i & 0x7F)) / (128 if i >> 7 else 256) * inverse for i in range(256)])
-        by_mantissa.append(bytes(min(int(2 * v), 255) for v in values))
-    zeros = bytes(256)
-    tables = [by_mantissa[p & 0x7F] if _is_table_maximum(p) else zeros for p in range(1 << 15)]
-    repeated = [bytes((e,)) * QK8_0 for e in range(256)]     # shared: 256 strings, not 32,768
-    exponents = [repeated[p >> 7 if _is_table_maximum(p) else 255] for p in range(1 << 15)]
-    # an all-zero block (pattern 0) needs no rule: every index is 0x80, every code 0, q 0, d 0
-    odd = bytes(0 if p == 0 or _is_table_maximum(p) else 1 for p in range(1 << 15))
-    return _Bf16Blocks(scales, tables, exponents, odd)
+    scales = [f16_bits_from_f32_bits(b).to_bytes(2, "little") for b in array("I", d.tobytes())]
+    tables = [_bf16_table(low & 0x7F, low >> 7) for low in range(256)]
+    odd = bytes(0 if _is_table_maximum(p) else 2 if p == 0 else 1 for p in range(1 << 15))
+    return _Bf16Blocks(scales, tables, odd)
 
 
 # int8 byte for (sign << 7) | |q|.
@@ -4390,18 +4391,38 @@ _INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for 
 _UNSURE_MAXIMA = bytes(0 if 5 <= b <= 0x7E else 1 for b in range(256))
 
 
-def _block_maxima_16(absolute: bytes, nb: int) -> array:
-    """The largest of each block's 32 16-bit lanes (each below 2**15), as array('H').
+def _unit_columns(data: bytes) -> list[int]:
+    """Blocks of 32 bytes as 4 integers of 8-byte units: column j holds bytes 8j..8j+7 of every block.
 
-    Read as 64-bit units, a block is 8 units of 4 lanes: the lane-wise maximum of its 8 unit columns
-    leaves 4 candidates per unit (8 column extractions, not 32), then two in-unit steps halve them.
+    Per-block quantities then sit at the same place (bits 64b..64b+63) in every column, where one
+    multiplication copies them to all 8 byte lanes.
     """
-    units = memoryview(absolute).cast("B").cast("Q")
-    columns = [int.from_bytes(units[j::8].tobytes(), "little") for j in range(8)]
-    best = _lanewise_max(columns, 16, 4 * nb)
-    best = _lanewise_max([best, best >> 32], 16, 4 * nb)
-    best = _lanewise_max([best, best >> 16], 16, 4 * nb)
-    return array("H", best.to_bytes(8 * nb, "little"))[0::4]
+    units = array("Q", data)
+    return [int.from_bytes(units[j::4], "little") for j in range(4)]
+
+
+def _larger_keys(a: tuple[int, int], b: tuple[int, int], n: int) -> tuple[int, int]:
+    """The lane-wise larger of two sets of 15-bit keys high << 8 | low over n byte lanes, each set
+    as (high bytes, below 128; low bytes): the carry of low's comparison goes into high's."""
+    top, low7 = _lane_constant(0x80, 1, n), _lane_constant(0x7F, 1, n)
+    (a_high, a_low), (b_high, b_low) = a, b
+    a_top, b_top = a_low & top, b_low & top
+    low7_ge = ((a_low | top) - (b_low & low7)) & top
+    low_ge = (a_top & (b_top ^ top)) | ((a_top ^ b_top ^ top) & low7_ge)
+    ge = ((a_high | top) - (b_high + ((low_ge ^ top) >> 7))) & top
+    take_a = (ge >> 7) * 0xFF
+    return b_high ^ ((a_high ^ b_high) & take_a), b_low ^ ((a_low ^ b_low) & take_a)
+
+
+def _block_maxima_8(highs: list[int], lows: list[int], nb: int) -> tuple[int, int]:
+    """Each block's largest key (high, low) from _unit_columns, in the first byte lane of its units."""
+    n = 8 * nb
+    best = _larger_keys(_larger_keys((highs[0], lows[0]), (highs[1], lows[1]), n),
+                        _larger_keys((highs[2], lows[2]), (highs[3], lows[3]), n), n)
+    for shift in (32, 16, 8):
+        best = _larger_keys(best, (best[0] >> shift, best[1] >> shift), n)
+    first = _lane_constant(0xFF, 8, nb)
+    return best[0] & first, best[1] & first
 
 
 @lru_cache(maxsize=8)
@@ -4410,52 +4431,62 @@ def _struct_of_blocks(nb: int) -> struct.Struct:
     return struct.Struct(f"{QK8_0}s" * nb)
 
 
+_BYTE_COPIES = 0x0101010101010101
+
+
 def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     """Q8_0 blocks of bf16 data (a whole number of blocks): a table lookup per value."""
     n = len(chunk) >> 1
     nb = n // QK8_0
+    nl = n >> 2             # byte lanes of a column
     blocks = _bf16_blocks()
-    absolute = bytearray(chunk)
-    absolute[1::2] = chunk[1::2].translate(_WITHOUT_SIGN)
-    # each block's largest |x|: |bf16| bits are below 2**15, and NaN bits order above all others
-    maxima = _block_maxima_16(absolute, nb)
+    top, low7, ones = _lane_constant(0x80, 1, nl), _lane_constant(0x7F, 1, nl), _lane_constant(0x01, 1, nl)
+    lows_b = chunk[0::2]
+    highs, lows = _unit_columns(chunk[1::2]), _unit_columns(lows_b)
+    exps = [h & low7 for h in highs]                    # e >> 1
+    # each block's largest |x|: NaN bits order above all others
+    max_high, max_low = _block_maxima_8(exps, lows, nb)
+    patterns = bytearray(2 * nb)
+    patterns[0::2] = max_low.to_bytes(nl, "little")[0::8]
+    patterns[1::2] = max_high.to_bytes(nl, "little")[0::8]
+    maxima = array("H", patterns)
     scales = b"".join(map(blocks.scales.__getitem__, maxima))
-    # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a top byte outside 5..0x7e may not
+    # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a high byte outside 5..0x7e may not
     odd_blocks = b""
-    if maxima.tobytes()[1::2].translate(_UNSURE_MAXIMA).count(1):
+    if patterns[1::2].translate(_UNSURE_MAXIMA).count(1):
         odd_blocks = bytes(map(blocks.odd.__getitem__, maxima))
+        if odd_blocks.count(2) == nb:
+            return bytes(34 * nb)
 
-    # byte lanes: lo = e & 1 << 7 | xi, hi = sign << 7 | e >> 1; s = E_m - e never borrows
-    ones, low7 = _lane_constant(0x01, 1, n), _lane_constant(0x7F, 1, n)
-    top = _lane_constant(0x80, 1, n)
-    lo, hi = int.from_bytes(chunk[0::2], "little"), int.from_bytes(chunk[1::2], "little")
-    e = ((hi << 1) & (low7 << 1)) | ((lo >> 7) & ones)
-    s = int.from_bytes(b"".join(map(blocks.exponents.__getitem__, maxima)), "little") - e
-    nonzero = (((s & low7) + low7) | s) & top            # 0x80 where s >= 1
-    index = ((lo & low7) | (nonzero ^ top)).to_bytes(n, "little")
     cut = _struct_of_blocks(nb)
-    codes = cut.pack(*map(bytes.translate, cut.unpack(index), map(blocks.tables.__getitem__, maxima)))
-
-    # q = floor(code / 2**t + 1/2) = ((code >> (t - 1)) + 1) >> 1, t = max(s, 1): the shift by
-    # t - 1 = s - (s >= 1) bit by bit where that bit is set; t > 8 gives 0
-    u = s - (nonzero >> 7)
-    q = int.from_bytes(codes, "little")
-    for bit, shift in ((0, 1), (1, 2), (2, 4)):
-        where = ((u >> bit) & ones) * 0xFF
-        q ^= (q ^ ((q >> shift) & _lane_constant(0xFF >> shift, 1, n))) & where
-    far = ((u | (((u & low7) + _lane_constant(0x78, 1, n)))) & top) >> 7   # 1 where t - 1 >= 8
-    q = (((q + ones) >> 1) & low7 & (far * 0x7F ^ low7)) | (hi & top)
-    qs = q.to_bytes(n, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
-
+    entries = _unit_columns(cut.pack(*map(bytes.translate, cut.unpack(lows_b),
+                                          map(blocks.tables.__getitem__, patterns[0::2]))))
+    pair = max_high * _BYTE_COPIES                      # E_m >> 1 in every lane of the block
+    other_b = ((max_low & _lane_constant(0x80, 8, nb)) * _BYTE_COPIES) ^ top     # (1 - B) << 7
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
     out[1::34] = scales[1::2]
-    for j in range(QK8_0):
-        out[2 + j::34] = qs[j::QK8_0]
-    if odd_blocks.count(1):
-        bits = array("I", (h << 16 for h in memoryview(chunk).cast("H")))
+    for j in range(4):
+        c = entries[j]
+        parity = lows[j] & top                          # (e & 1) << 7
+        delta = (parity & other_b) | ((parity ^ other_b) & (c & top ^ top))
+        k = pair - exps[j] - (delta >> 7)
+        c ^= (c ^ ((c >> 2) & _lane_constant(0x3F, 1, nl))) & ((k & ones) * 0xFF)
+        c ^= (c ^ ((c >> 4) & _lane_constant(0x0F, 1, nl))) & (((k >> 1) & ones) * 0xFF)
+        c7c = _lane_constant(0x7C, 1, nl)
+        near = ((((k & c7c) + c7c) & top) ^ top) >> 7                  # 1 where k < 4
+        q = (((c + ones) >> 1) & (near * 0x7F)) | (highs[j] & top)
+        qs = q.to_bytes(nl, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
+        for i in range(8):
+            out[2 + 8 * j + i::34] = qs[i::8]
+    if odd_blocks:
+        bits = None
         for b in _positions(odd_blocks, 1):
+            if bits is None:
+                bits = array("I", (h << 16 for h in memoryview(chunk).cast("H")))
             out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+        for b in _positions(odd_blocks, 2):
+            out[34 * b:34 * b + 34] = bytes(34)
     return bytes(out)
 
 

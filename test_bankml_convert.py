@@ -4146,7 +4146,7 @@ class Q8_0Blocks(unittest.TestCase):
         blocks = bc._bf16_blocks()
         for pattern in range(1 << 15):
             table_path = 9 <= pattern >> 7 <= 253
-            self.assertEqual(blocks.odd[pattern], 0 if table_path or pattern == 0 else 1, hex(pattern))
+            self.assertEqual(blocks.odd[pattern], 0 if table_path else 2 if pattern == 0 else 1, hex(pattern))
             if table_path:
                 d = bc.rounded_to_f32(bc._float_from_bits(pattern << 16) / 127)
                 inverse = bc.rounded_to_f32(1 / d)
@@ -4322,6 +4322,53 @@ class OutputTypeRules(unittest.TestCase):
                 self.assertEqual(len(fast(row.key, data)), bc.ggml_nbytes(row.key[1], len(data) // width))
         with self.assertRaises(ValueError):
             bc.ggml_nbytes(bc.GGML_Q8_0, 33)
+
+
+# --- Q8_0 from BF16: the tables' scheme (see "Q8_0 from BF16" in bankml_convert.py), exhaustively.
+
+class Q8_0FromBf16Tables(unittest.TestCase):
+    def test_entries_keep_to_the_ranges_the_shifts_rely_on(self):
+        # an entry of 255 would carry into the next lane when rounded; a same-parity entry is 128 or
+        # more exactly where the value lies at the maximum's own exponent
+        tables = bc._bf16_blocks().tables
+        for low in range(256):
+            b, mu = low >> 7, low & 0x7F
+            for l, entry in enumerate(tables[low]):
+                self.assertLessEqual(entry, 254, (low, l))
+                if l >> 7 == b:
+                    self.assertEqual(entry >= 128, l & 0x7F <= mu, (low, l))
+
+    def test_every_value_byte_at_every_pair_distance_for_every_maximum_low_byte(self):
+        # every (maximum's low byte, value's low byte, pair distance 0..5) a block can hold, at the
+        # lowest and the highest maximum exponents of either parity, down to zeros and subnormals
+        rng = random.Random(8)
+        key = ("BF16", bc.GGML_Q8_0)
+        for e_m in (10, 11, 252, 253):
+            bits = []
+            for mu in range(128):
+                values = []
+                for l in range(256):
+                    for distance in range(6):
+                        e = 2 * ((e_m >> 1) - distance) + (l >> 7)
+                        if 0 <= e <= e_m and (e < e_m or l & 0x7F <= mu):
+                            values.append(rng.getrandbits(1) << 15 | e << 7 | l & 0x7F)
+                rng.shuffle(values)
+                for i in range(0, len(values), 31):
+                    block = values[i:i + 31] + [e_m << 7 | mu]
+                    block += [0] * (32 - len(block))
+                    rng.shuffle(block)
+                    bits += block
+            data = b"".join(b.to_bytes(2, "little") for b in bits)
+            with self.subTest(e_m=e_m):
+                self.assertEqual(fast(key, data), simple(key, data))
+
+    def test_all_zero_blocks_among_others_and_a_chunk_of_zeros(self):
+        # the all-zero block takes neither the tables nor the block rule: it is written as zeros
+        key = ("BF16", bc.GGML_Q8_0)
+        weights = bf16_part("weights")[:2 * 32 * 64]
+        for data in (bytes(2 * 32) + weights + bytes(2 * 32 * 3) + weights, bytes(2 * bc.CHUNK_ELEMS),
+                     b"\x00\x80" * 32 + weights):
+            self.assertEqual(fast(key, data), simple(key, data))
 
 
 def main() -> int:
