@@ -4434,6 +4434,33 @@ def _struct_of_blocks(nb: int) -> struct.Struct:
 _BYTE_COPIES = 0x0101010101010101
 
 
+# float16(d) for maxima m = 2**(E - 127) * (1 + mu/128) with E in 120..147: d = m / 127 is
+# 2**(E - 127) * D(mu) exactly, D(mu) = float32((1 + mu/128) / 127) (2**-7 < D < 2**-5), and a float16
+# normal (2**-14 <= d < 2**14), so its bits are D's float16 bits with E - 127 added to the exponent
+# field: (E - 119) << 10 plus D's bits less 8 << 10 (the exponent field of 2**-7).
+def _scale_offset(mu: int) -> int:
+    d = rounded_to_f32((128 + mu) / 128 / 127.0)
+    return f16_bits_from_f32_bits(_bits_from_float32(d)) - (8 << 10)
+
+
+_SCALE_OFFSET_LOW = bytes(_scale_offset(low & 0x7F) & 0xFF for low in range(256))
+_SCALE_OFFSET_HIGH = bytes(_scale_offset(low & 0x7F) >> 8 for low in range(256))
+_UNNORMAL_SCALES = bytes(0 if 60 <= b <= 73 else 1 for b in range(256))     # high bytes of E 120..147
+
+
+def _bf16_scales(patterns: bytearray, maxima: array, blocks: _Bf16Blocks) -> bytes:
+    """float16(m / 127) of each maximum |bf16| (patterns: their little-endian bits), as bytes."""
+    nb = len(maxima)
+    if patterns[1::2].translate(_UNNORMAL_SCALES).count(1):
+        return b"".join(map(blocks.scales.__getitem__, maxima))
+    offsets = bytearray(2 * nb)
+    offsets[0::2] = patterns[0::2].translate(_SCALE_OFFSET_LOW)
+    offsets[1::2] = patterns[0::2].translate(_SCALE_OFFSET_HIGH)
+    exponents = (int.from_bytes(patterns, "little") >> 7) & _lane_constant(0xFF, 2, nb)
+    scales = ((exponents - _lane_constant(119, 2, nb)) << 10) + int.from_bytes(offsets, "little")
+    return scales.to_bytes(2 * nb, "little")
+
+
 def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     """Q8_0 blocks of bf16 data (a whole number of blocks): a table lookup per value."""
     n = len(chunk) >> 1
@@ -4450,7 +4477,7 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     patterns[0::2] = max_low.to_bytes(nl, "little")[0::8]
     patterns[1::2] = max_high.to_bytes(nl, "little")[0::8]
     maxima = array("H", patterns)
-    scales = b"".join(map(blocks.scales.__getitem__, maxima))
+    scales = _bf16_scales(patterns, maxima, blocks)
     # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a high byte outside 5..0x7e may not
     odd_blocks = b""
     if patterns[1::2].translate(_UNSURE_MAXIMA).count(1):

@@ -4362,6 +4362,16 @@ class Q8_0FromBf16Tables(unittest.TestCase):
             with self.subTest(e_m=e_m):
                 self.assertEqual(fast(key, data), simple(key, data))
 
+    def test_scales_of_every_maximum(self):
+        # groups of 512 maxima in order: those wholly in E 120..147 take the exponent arithmetic,
+        # the others the table of every pattern's float16(d)
+        blocks = bc._bf16_blocks()
+        for first in range(0, 1 << 15, 512):
+            maxima = array("H", range(first, first + 512))
+            want = b"".join(bc.f16_bits_from_f32_bits(bc._bits_from_float32(
+                bc.rounded_to_f32(bc._float_from_bits(p << 16) / 127))).to_bytes(2, "little") for p in maxima)
+            self.assertEqual(bc._bf16_scales(bytearray(maxima.tobytes()), maxima, blocks), want, hex(first))
+
     def test_all_zero_blocks_among_others_and_a_chunk_of_zeros(self):
         # the all-zero block takes neither the tables nor the block rule: it is written as zeros
         key = ("BF16", bc.GGML_Q8_0)
