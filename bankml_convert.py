@@ -4414,15 +4414,21 @@ def _larger_keys(a: tuple[int, int], b: tuple[int, int], n: int) -> tuple[int, i
     return b_high ^ ((a_high ^ b_high) & take_a), b_low ^ ((a_low ^ b_low) & take_a)
 
 
-def _block_maxima_8(highs: list[int], lows: list[int], nb: int) -> tuple[int, int]:
-    """Each block's largest key (high, low) from _unit_columns, in the first byte lane of its units."""
+def _block_maxima(highs: list[int], lows: list[int], nb: int) -> int:
+    """Each block's largest key high << 8 | low, from _unit_columns of the high and the low bytes, as
+    a 16-bit lane at bits 64b..64b+15 (the block's unit in the columns), the unit's other lanes 0."""
     n = 8 * nb
-    best = _larger_keys(_larger_keys((highs[0], lows[0]), (highs[1], lows[1]), n),
-                        _larger_keys((highs[2], lows[2]), (highs[3], lows[3]), n), n)
-    for shift in (32, 16, 8):
-        best = _larger_keys(best, (best[0] >> shift, best[1] >> shift), n)
-    first = _lane_constant(0xFF, 8, nb)
-    return best[0] & first, best[1] & first
+    high, low = _larger_keys(_larger_keys((highs[0], lows[0]), (highs[1], lows[1]), n),
+                             _larger_keys((highs[2], lows[2]), (highs[3], lows[3]), n), n)
+    # the 8 candidates of a unit as 16-bit keys (two units a block now), then lane-wise maxima
+    keys = bytearray(2 * n)
+    keys[0::2] = low.to_bytes(n, "little")
+    keys[1::2] = high.to_bytes(n, "little")
+    units = array("Q", keys)
+    best = _lanewise_max([int.from_bytes(units[0::2], "little"), int.from_bytes(units[1::2], "little")], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 32], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 16], 16, 4 * nb)
+    return best & _lane_constant(0xFFFF, 8, nb)
 
 
 @lru_cache(maxsize=8)
@@ -4472,11 +4478,9 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     highs, lows = _unit_columns(chunk[1::2]), _unit_columns(lows_b)
     exps = [h & low7 for h in highs]                    # e >> 1
     # each block's largest |x|: NaN bits order above all others
-    max_high, max_low = _block_maxima_8(exps, lows, nb)
-    patterns = bytearray(2 * nb)
-    patterns[0::2] = max_low.to_bytes(nl, "little")[0::8]
-    patterns[1::2] = max_high.to_bytes(nl, "little")[0::8]
-    maxima = array("H", patterns)
+    best = _block_maxima(exps, lows, nb)
+    maxima = array("H", best.to_bytes(nl, "little"))[0::4]
+    patterns = bytearray(maxima.tobytes())
     scales = _bf16_scales(patterns, maxima, blocks)
     # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a high byte outside 5..0x7e may not
     odd_blocks = b""
@@ -4488,8 +4492,8 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     cut = _struct_of_blocks(nb)
     entries = _unit_columns(cut.pack(*map(bytes.translate, cut.unpack(lows_b),
                                           map(blocks.tables.__getitem__, patterns[0::2]))))
-    pair = max_high * _BYTE_COPIES                      # E_m >> 1 in every lane of the block
-    other_b = ((max_low & _lane_constant(0x80, 8, nb)) * _BYTE_COPIES) ^ top     # (1 - B) << 7
+    pair = ((best >> 8) & _lane_constant(0xFF, 8, nb)) * _BYTE_COPIES     # E_m >> 1, every lane
+    other_b = ((best & _lane_constant(0x80, 8, nb)) * _BYTE_COPIES) ^ top     # (1 - B) << 7
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
     out[1::34] = scales[1::2]
