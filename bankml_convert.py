@@ -4238,54 +4238,48 @@ def _lanewise_max(columns: list[int], lane_bits: int, n: int) -> int:
     return columns[0]
 
 
-def _block_max_abs_bits(abs_bits: array, nb: int) -> bytes:
-    """Each block's largest |x| as float32 bits (nb lanes); no NaNs present, so this is numpy's max.
+def _block_max_abs_bits(data: bytes, nb: int) -> bytes:
+    """Each block's largest |x| as float32 bits (nb lanes) of float32 data without NaNs: numpy's max.
 
-    Non-negative float32 bits order like their values, so their lane-wise integer maximum is it.
+    Non-negative float32 bits order like their values, so their lane-wise integer maximum is it; the
+    block's 16 columns of 64-bit units (two lanes each) are merged, then each unit's two lanes.
     """
-    columns = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
-    return _lanewise_max(columns, 32, nb).to_bytes(4 * nb, "little")
+    units = array("Q", data)
+    without_signs = _lane_constant(0x7FFFFFFF, 4, 2 * nb)
+    columns = [int.from_bytes(units[j::QK8_0 // 2], "little") & without_signs for j in range(QK8_0 // 2)]
+    best = _lanewise_max(columns, 32, 2 * nb)
+    best = _lanewise_max([best, best >> 32], 32, 2 * nb)
+    return array("I", best.to_bytes(8 * nb, "little"))[0::2].tobytes()
 
 
-def _magnitude_classes() -> list[tuple[bytes, bytes, bytes]]:
-    """(marker, table, selector) per class of product: |q| from the product's second byte.
-
-    A float32 product w with exponent e in 126..133 (|w| in [0.5, 128)) rounds to
-    |q| = floor(|w| + 1/2) = (floor(2|w|) + 1) >> 1, and floor(2|w|) = (128 + top 7 mantissa bits)
-    >> (133 - e): it depends only on e >> 1 (the top byte without the sign: the marker) and the
-    second byte (e & 1, then the 7 mantissa bits).  The selector translates a top byte without
-    sign to 0xff in this class, 0 elsewhere.  Smaller products give 0, as do inf and NaN
-    (exponent 255, in no class).
-    """
-    classes = []
-    for half_exp in range(63, 67):
-        table = bytearray(256)
-        for second in range(256):
-            e = half_exp << 1 | second >> 7
-            table[second] = (((128 | second & 0x7F) >> (133 - e)) + 1) >> 1
-        classes.append((bytes((half_exp,)), bytes(table),
-                        bytes(0xFF if b == half_exp else 0 for b in range(256))))
-    return classes
-
-
-_MAGNITUDE_CLASSES = _magnitude_classes()
-_SIGN_MASK = bytes(0xFF if b & 0x80 else 0 for b in range(256))
-_NEGATED = bytes(-b & 0xFF for b in range(256))
+# int8 byte for (sign << 7) | |q|.
+_INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for b in range(256))
 
 
 def _int8_of_products(raw: bytes) -> bytes:
-    """np_roundf(w).astype(int8) for each float32 w in raw (|w| < 128 or inf/NaN), as bytes."""
+    """np_roundf(w).astype(int8) for each float32 w in raw (|w| < 127.5 or inf/NaN), as bytes.
+
+    A block's products are at most m * id, 127 and a few float32 ulps.  |q| = floor(|w| + 1/2) =
+    (floor(2|w|) + 1) >> 1, and for a product with exponent e in 126..133 (|w| in [0.5, 128))
+    floor(2|w|) = (128 | m7) >> (133 - e), m7 its top 7 mantissa bits: from its top byte (sign,
+    e >> 1) and second byte (e & 1, m7) alone.  With c = (e >> 1) - 63 in 0..3 the shift is
+    (1 - (e & 1)) + 2 * (3 - c): three conditional shifts over byte lanes.  Smaller products give 0,
+    as do inf and NaN (e = 255, like every e outside the range).
+    """
     n = len(raw) >> 2
-    second, top = raw[2::4], raw[3::4]
-    magnitude_top = top.translate(_WITHOUT_SIGN)
-    q = 0
-    for marker, table, selector in _MAGNITUDE_CLASSES:
-        if marker in magnitude_top:
-            q |= (int.from_bytes(second.translate(table), "little")
-                  & int.from_bytes(magnitude_top.translate(selector), "little"))
-    negated = int.from_bytes(q.to_bytes(n, "little").translate(_NEGATED), "little")
-    negative = int.from_bytes(top.translate(_SIGN_MASK), "little")
-    return (q ^ ((q ^ negated) & negative)).to_bytes(n, "little")
+    top, low7, ones = _lane_constant(0x80, 1, n), _lane_constant(0x7F, 1, n), _lane_constant(0x01, 1, n)
+    high = int.from_bytes(raw[3::4], "little")
+    second = int.from_bytes(raw[2::4], "little")
+    c = ((high & low7) | top) - _lane_constant(63, 1, n)         # top bit set where e >> 1 >= 63
+    beyond = (c & _lane_constant(0xFC, 1, n)) ^ top                # 0 exactly where c is 0..3
+    inside = (((((beyond & low7) + low7) | beyond) & top) ^ top) >> 7
+    y = second | top
+    y ^= (y ^ ((y >> 1) & low7)) & ((((second & top) ^ top) >> 7) * 0xFF)
+    c ^= _lane_constant(3, 1, n)
+    y ^= (y ^ ((y >> 2) & _lane_constant(0x3F, 1, n))) & ((c & ones) * 0xFF)
+    y ^= (y ^ ((y >> 4) & _lane_constant(0x0F, 1, n))) & (((c >> 1) & ones) * 0xFF)
+    magnitude = ((((y & (inside * 0xFF)) + ones) >> 1) & low7) | (high & top)
+    return magnitude.to_bytes(n, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
 
 
 def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
@@ -4304,9 +4298,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
                 cleared[128 * b:128 * b + 128] = bytes(128)
             original, chunk = chunk, bytes(cleared)
 
-    absolute = bytearray(chunk)
-    absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
-    maxima = array("f", _block_max_abs_bits(array("I", absolute), nb))
+    maxima = array("f", _block_max_abs_bits(chunk, nb))
     # d = max / 127 and id = 1 / d in float32: float64 division, then array('f') rounds once more,
     # which is exact (proved in rounded_to_f32); 1/d beyond float32's range becomes inf there too.
     d = array("f", [m / 127.0 for m in maxima])
@@ -4382,10 +4374,6 @@ def _bf16_blocks() -> _Bf16Blocks:
     tables = [_bf16_table(low & 0x7F, low >> 7) for low in range(256)]
     odd = bytes(0 if _is_table_maximum(p) else 2 if p == 0 else 1 for p in range(1 << 15))
     return _Bf16Blocks(scales, tables, odd)
-
-
-# int8 byte for (sign << 7) | |q|.
-_INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for b in range(256))
 
 
 _UNSURE_MAXIMA = bytes(0 if 5 <= b <= 0x7E else 1 for b in range(256))

@@ -4381,6 +4381,25 @@ class Q8_0FromBf16Tables(unittest.TestCase):
             self.assertEqual(fast(key, data), simple(key, data))
 
 
+# --- Q8_0 from F32 and F16: the products' rounding to int8 over whole chunks.
+
+class Q8_0Products(unittest.TestCase):
+    def test_int8_of_every_top_and_second_byte_of_a_product(self):
+        # the rounding reads only a product's top two bytes; every pair of them (below 127.5 in
+        # magnitude, or inf/NaN) with random low bytes, against the element rule
+        rng = random.Random(9)
+        def finite_from_127_5(top: int, second: int) -> bool:      # no block's product
+            e = (top & 0x7F) << 1 | second >> 7
+            return 134 <= e <= 254 or (e == 133 and second & 0x7F == 0x7F)
+        lanes = [rng.getrandbits(16) | second << 16 | top << 24 for top in range(256) for second in range(256)
+                 if not finite_from_127_5(top, second)]
+        data = b"".join(b.to_bytes(4, "little") for b in lanes)
+        want = bytes(bc._int8_of_rounded(bc._float_from_bits(b)) for b in lanes)
+        for shift in (0, 1, 5):     # lanes in other positions, so no lane's carry hides another's
+            cut = 4 * shift
+            self.assertEqual(bc._int8_of_products(data[cut:] + data[:cut]), want[shift:] + want[:shift], shift)
+
+
 def main() -> int:
     """Run these tests and the oracle tooling's own (oracle/test_*.py); end on a plain count line."""
     loader = unittest.TestLoader()
