@@ -4313,7 +4313,13 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     products = []
     for j in range(QK8_0):
         products += map(mul, values[j::QK8_0], inverse)
-    qs = _int8_of_products(array("f", products).tobytes())
+    try:
+        # struct rounds each to float32 as array('f') does (to nearest, ties to even), in half the
+        # time; it refuses finite values beyond float32, which no block's products reach
+        rounded = struct.pack(f"<{n}f", *products)
+    except OverflowError:
+        rounded = array("f", products).tobytes()
+    qs = _int8_of_products(rounded)
 
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
