@@ -4348,8 +4348,10 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
 #     by 2P tells apart), else (only at s >= 2) c_2, below 128, shifted by s - 2 = 2(P - 1).
 # So every value shifts by 2k, k = P - delta with delta = 1 - B in the first case and (entry < 128)
 # in the second: two conditional shifts by 2 and 4 bits, and k >= 4 leaves 0 (entries are bytes) --
-# as zeros and bf16 subnormals (e = 0, far below any E_m >= 9) must.  One 256-byte table per
-# (B, mu), the maximum's low byte, applied to a block's 32 low bytes with one bytes.translate.
+# as zeros and bf16 subnormals (e = 0, far below any E_m >= 9) must.  k is never negative (delta is 1
+# only below the maximum's pair, or below its mantissa) and no entry is 255, so no lane borrows from
+# or carries into the next.  One 256-byte table per (B, mu), the maximum's low byte, applied to a
+# block's 32 low bytes with one bytes.translate.
 
 class _Bf16Blocks(NamedTuple):
     """What a block needs from its maximum |x|, by that maximum's bf16 bits or their low byte."""
@@ -4436,7 +4438,7 @@ _BYTE_COPIES = 0x0101010101010101
 
 # float16(d) for maxima m = 2**(E - 127) * (1 + mu/128) with E in 120..147: d = m / 127 is
 # 2**(E - 127) * D(mu) exactly, D(mu) = float32((1 + mu/128) / 127) (2**-7 < D < 2**-5), and a float16
-# normal (2**-14 <= d < 2**14), so its bits are D's float16 bits with E - 127 added to the exponent
+# normal (2**-14 <= d < 2**15), so its bits are D's float16 bits with E - 127 added to the exponent
 # field: (E - 119) << 10 plus D's bits less 8 << 10 (the exponent field of 2**-7).
 def _scale_offset(mu: int) -> int:
     d = rounded_to_f32((128 + mu) / 128 / 127.0)
@@ -4488,6 +4490,7 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
                                           map(blocks.tables.__getitem__, patterns[0::2]))))
     pair = ((best >> 8) & _lane_constant(0xFF, 8, nb)) * _BYTE_COPIES     # E_m >> 1, every lane
     other_b = ((best & _lane_constant(0x80, 8, nb)) * _BYTE_COPIES) ^ top     # (1 - B) << 7
+    c3f, c0f, c7c = (_lane_constant(v, 1, nl) for v in (0x3F, 0x0F, 0x7C))
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
     out[1::34] = scales[1::2]
@@ -4496,9 +4499,8 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
         parity = lows[j] & top                          # (e & 1) << 7
         delta = (parity & other_b) | ((parity ^ other_b) & (c & top ^ top))
         k = pair - exps[j] - (delta >> 7)
-        c ^= (c ^ ((c >> 2) & _lane_constant(0x3F, 1, nl))) & ((k & ones) * 0xFF)
-        c ^= (c ^ ((c >> 4) & _lane_constant(0x0F, 1, nl))) & (((k >> 1) & ones) * 0xFF)
-        c7c = _lane_constant(0x7C, 1, nl)
+        c ^= (c ^ ((c >> 2) & c3f)) & ((k & ones) * 0xFF)
+        c ^= (c ^ ((c >> 4) & c0f)) & (((k >> 1) & ones) * 0xFF)
         near = ((((k & c7c) + c7c) & top) ^ top) >> 7                  # 1 where k < 4
         q = (((c + ones) >> 1) & (near * 0x7F)) | (highs[j] & top)
         qs = q.to_bytes(nl, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
