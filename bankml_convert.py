@@ -4285,20 +4285,65 @@ def _int8_of_products(raw: bytes) -> bytes:
 def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     """Q8_0 blocks of float32 data (a whole number of blocks)."""
     n = len(chunk) >> 2
-    nb = n // QK8_0
     odd = chunk[3::4].translate(_TOP_EXPONENTS)
     nan_blocks = []
     if odd.count(1):
         bits = memoryview(chunk).cast("I")
         nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if bits[i] & 0x7FFFFFFF > 0x7F800000})
-        if nan_blocks:
-            # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
-            cleared = bytearray(chunk)
-            for b in nan_blocks:
-                cleared[128 * b:128 * b + 128] = bytes(128)
-            original, chunk = chunk, bytes(cleared)
+    if nan_blocks:
+        # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
+        original, chunk = chunk, _cleared_blocks(chunk, nan_blocks, 4 * QK8_0)
+    maxima = array("f", _block_max_abs_bits(chunk, n // QK8_0))
+    out = _q8_0_of_values(array("f", chunk).tolist(), maxima)
+    if nan_blocks:
+        bits = memoryview(original).cast("I")
+        for b in nan_blocks:
+            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+    return bytes(out)
 
-    maxima = array("f", _block_max_abs_bits(chunk, nb))
+
+def _f16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
+    """Q8_0 blocks of float16 data (a whole number of blocks): as float32 data, whose values and
+    block maxima are the float16 ones exactly, read without widening the chunk."""
+    n = len(chunk) >> 1
+    # an f16's top byte is sign << 7 | exponent << 2 | mantissa >> 8: exponent 31 is inf and NaN
+    odd = chunk[1::2].translate(_F16_INF_NAN_LANES)
+    nan_blocks = []
+    if odd.count(1):
+        halves = memoryview(chunk).cast("H")
+        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if halves[i] & 0x7FFF > 0x7C00})
+    if nan_blocks:
+        original, chunk = chunk, _cleared_blocks(chunk, nan_blocks, 2 * QK8_0)
+    # |f16| bits order like their values, so the lane-wise integer maximum is numpy's max
+    nb = n // QK8_0
+    units = array("Q", chunk)           # 8 a block, 4 lanes each
+    without_signs = _lane_constant(0x7FFF, 2, 4 * nb)
+    best = _lanewise_max([int.from_bytes(units[j::8], "little") & without_signs for j in range(8)], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 32], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 16], 16, 4 * nb)
+    maxima = array("f", struct.unpack(f"<{nb}e", array("H", best.to_bytes(8 * nb, "little"))[0::4]))
+    out = _q8_0_of_values(struct.unpack(f"<{n}e", chunk), maxima)    # struct's float16 is exact
+    if nan_blocks:
+        bits = array("I", map(f32_bits_from_f16_bits, memoryview(original).cast("H")))
+        for b in nan_blocks:
+            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+    return bytes(out)
+
+
+_F16_INF_NAN_LANES = bytes(1 if b & 0x7C == 0x7C else 0 for b in range(256))
+
+
+def _cleared_blocks(chunk: bytes, blocks: list[int], block_bytes: int) -> bytes:
+    cleared = bytearray(chunk)
+    for b in blocks:
+        cleared[block_bytes * b:block_bytes * (b + 1)] = bytes(block_bytes)
+    return bytes(cleared)
+
+
+def _q8_0_of_values(values: Sequence[float], maxima: array) -> bytearray:
+    """Q8_0 blocks of float32 values (no NaNs) given each block's largest |x|, maxima (array('f'))."""
+    n = len(values)
+    nb = n // QK8_0
     # d = max / 127 and id = 1 / d in float32: float64 division, then array('f') rounds once more,
     # which is exact (proved in rounded_to_f32); 1/d beyond float32's range becomes inf there too.
     d = array("f", [m / 127.0 for m in maxima])
@@ -4309,7 +4354,6 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
         scales = array("H", map(f16_bits_from_f32_bits, array("I", d.tobytes()))).tobytes()
 
     # the products x * id, column after column (float64, exact), then rounded to float32 at once
-    values = array("f", chunk).tolist()
     products = []
     for j in range(QK8_0):
         products += map(mul, values[j::QK8_0], inverse)
@@ -4326,11 +4370,7 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     out[1::34] = scales[1::2]
     for j in range(QK8_0):
         out[2 + j::34] = qs[j * nb:(j + 1) * nb]
-    if nan_blocks:
-        bits = memoryview(original).cast("I")
-        for b in nan_blocks:
-            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
-    return bytes(out)
+    return out
 
 
 # --- Q8_0 from BF16: one table lookup per value, the table chosen by its block's maximum.
@@ -4517,10 +4557,6 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     return bytes(out)
 
 
-def _f16_q8_0_chunk(chunk: bytes) -> bytes:
-    return _q8_0_chunk(_f16_to_f32_chunk(chunk))
-
-
 # --- The conversions: every (source dtype, GGML type) pair, its exact and its fast form, and the
 # --- two entry points to them, whole buffers and chunk by chunk for streaming writers.
 
@@ -4562,7 +4598,7 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
     # at its peak, which is the conversion's.
     Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
-    Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),
+    Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk),
     Conversion("F32", GGML_Q8_0, _q8_0_chunk),
 )}
 
