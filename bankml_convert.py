@@ -3654,8 +3654,9 @@ def parameter_count(plan: list[PlannedTensor]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 # Values per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
-# that the chunk's big integers stay in cache.  A multiple of every block size (Q8_0's 32).  Not
-# CHUNK_BYTES, the input of one job, which is a 1 MiB unit of work and is cut into these chunks.
+# that the chunk's big integers stay in cache.  A multiple of every block size (Q8_0's 32); a
+# conversion may take a multiple of it (Conversion.chunk_elems).  Not CHUNK_BYTES, the input of
+# one job, which is a 1 MiB unit of work and is cut into these chunks.
 CHUNK_ELEMS = 1 << 14
 
 # The fast path reads and patches lanes through native-order memoryviews; a big-endian host takes
@@ -4569,6 +4570,8 @@ class Conversion(NamedTuple):
     fast: Callable[[bytes], Any]
     # Cached tables the fast form builds on first use: built before forking, so workers share them.
     tables: tuple[Callable[[], Any], ...] = ()
+    # Values per call of the fast form when the caller does not say (a multiple of the block size).
+    chunk_elems: int = CHUNK_ELEMS
 
     @property
     def width(self) -> int:
@@ -4596,22 +4599,27 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
     # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
     # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
-    # at its peak, which is the conversion's.
-    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
+    # at its peak, which is the conversion's.  BF16 takes 4 chunks a call: its ~150 big-integer
+    # steps a call cost about a sixth of a 16,384-value chunk's time, and its 16 KB lane integers
+    # still stay in cache (`python3 oracle/kernel_timing.py` measures it per size).
+    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk, chunk_elems=4 * CHUNK_ELEMS),
     Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk),
     Conversion("F32", GGML_Q8_0, _q8_0_chunk),
 )}
 
 
-def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: int = CHUNK_ELEMS) -> Iterator:
+def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: Optional[int] = None) -> Iterator:
     """Little-endian src_dtype values in ggml_type, exactly as llama.cpp converts them, in pieces
-    (bytes or bytearray) of chunk_elems values each; a partial value or block is refused at once.
+    (bytes or bytearray) of chunk_elems values each (by default the conversion's own chunk_elems);
+    a partial value or block is refused at once.
 
     A streaming writer takes the pieces as they come, which keeps the output's memory warm
     instead of faulting in a fresh buffer for the whole result.
     """
     conversion = CONVERSIONS[(src_dtype, ggml_type)]
     per_block = GGML_BLOCKS[ggml_type][0]
+    if chunk_elems is None:
+        chunk_elems = conversion.chunk_elems
     if chunk_elems < 1 or chunk_elems % per_block:
         raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPE_NAMES[ggml_type]} blocks")
     view = _byte_view(data, conversion.width)

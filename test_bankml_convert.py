@@ -4060,9 +4060,8 @@ class FastEqualsSimple(unittest.TestCase):
         self.assertEqual(fast_bytes, simple(key, data))
 
     def test_lengths_around_chunk_boundaries(self):
-        chunk = bc.CHUNK_ELEMS
         for key, conversion in bc.CONVERSIONS.items():
-            block = block_of(key)
+            block, chunk = block_of(key), conversion.chunk_elems
             lengths = ([k * block for k in (0, 1, 2, 3, 7)]
                        + [chunk - block, chunk, chunk + block, 2 * chunk + 5 * block])
             for n in lengths:
@@ -4376,7 +4375,7 @@ class Q8_0FromBf16Tables(unittest.TestCase):
         # the all-zero block takes neither the tables nor the block rule: it is written as zeros
         key = ("BF16", bc.GGML_Q8_0)
         weights = bf16_part("weights")[:2 * 32 * 64]
-        for data in (bytes(2 * 32) + weights + bytes(2 * 32 * 3) + weights, bytes(2 * bc.CHUNK_ELEMS),
+        for data in (bytes(2 * 32) + weights + bytes(2 * 32 * 3) + weights, bytes(2 * bc.CONVERSIONS[key].chunk_elems),
                      b"\x00\x80" * 32 + weights):
             self.assertEqual(fast(key, data), simple(key, data))
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""CPU time of bankml_convert's fast tensor kernels, per chunk of CHUNK_ELEMS values.
+"""CPU time of bankml_convert's fast tensor kernels, per CHUNK_ELEMS (16,384) values.
 
     python3 oracle/kernel_timing.py [--types q8_0 ...] [--rounds 7] [--against OTHER/bankml_convert.py]
 
-Each (source dtype -> GGML type) fast kernel converts the same 8 chunks of normal(0, 0.02) weights
-(deterministic; BF16, and the exact F16/F32 forms of those values) in every round; the figure is the
-median over rounds of process CPU time per chunk, which a shared, busy machine disturbs far less than
-wall time. --against times a second copy of the file in alternating rounds, for before/after figures
+Each (source dtype -> GGML type) fast kernel converts the same 131,072 normal(0, 0.02) weights
+(deterministic; BF16, and the exact F16/F32 forms of those values) in every round, in the chunks it
+takes per call; the figure is the median over rounds of process CPU time per 16,384 values, which a
+shared, busy machine disturbs far less than wall time. --against times a second copy of the file in alternating rounds, for before/after figures
 (e.g. `git show HEAD~3:bankml_convert.py > /tmp/before.py`). Standard library only; the outputs are
 checked equal to the simple exact forms once before timing.
 """
@@ -60,20 +60,21 @@ def main(argv: list[str]) -> int:
                 conversion = module.CONVERSIONS[(src_dtype, ggml_type)]
                 for table in conversion.tables:
                     table()
-                step = conversion.width * module.CHUNK_ELEMS
+                step = conversion.width * getattr(conversion, "chunk_elems", module.CHUNK_ELEMS)
                 chunks = [source[i:i + step] for i in range(0, len(source), step)]
-                if b"".join(map(conversion.fast, chunks[:1])) != conversion.simple(chunks[0]):
+                if conversion.fast(chunks[0]) != conversion.simple(chunks[0]):
                     print(f"{label}: {src_dtype} -> {type_name} fast != simple", file=sys.stderr)
                     return 1
                 runs.append((label, conversion.fast, chunks, []))
+            values = len(source) // bc.SAFETENSORS_DTYPES[src_dtype]
             for _ in range(args.rounds):
                 for _, fast, chunks, times in runs:
                     start = time.process_time()
                     for chunk in chunks:
                         fast(chunk)
-                    times.append((time.process_time() - start) / len(chunks) * 1e6)
+                    times.append((time.process_time() - start) / values * bc.CHUNK_ELEMS * 1e6)
             figures = "  ".join(f"{label} {statistics.median(times):6.0f}" for label, _, _, times in runs)
-            print(f"{src_dtype:>4} -> {type_name}: {figures} us CPU per {bc.CHUNK_ELEMS:,}-value chunk "
+            print(f"{src_dtype:>4} -> {type_name}: {figures} us CPU per {bc.CHUNK_ELEMS:,} values "
                   f"(median of {args.rounds})")
     return 0
 
