@@ -5372,8 +5372,9 @@ def parameter_count(plan: list[PlannedTensor]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 # Values per chunk of the fast path: big enough that per-chunk Python overhead vanishes, small enough
-# that the chunk's big integers stay in cache.  A multiple of every block size (Q8_0's 32).  Not
-# CHUNK_BYTES, the input of one job, which is a 1 MiB unit of work and is cut into these chunks.
+# that the chunk's big integers stay in cache.  A multiple of every block size (Q8_0's 32); a
+# conversion may take a multiple of it (Conversion.chunk_elems).  Not CHUNK_BYTES, the input of
+# one job, which is a 1 MiB unit of work and is cut into these chunks.
 CHUNK_ELEMS = 1 << 14
 
 # The fast path reads and patches lanes through native-order memoryviews; a big-endian host takes
@@ -5956,75 +5957,112 @@ def _lanewise_max(columns: list[int], lane_bits: int, n: int) -> int:
     return columns[0]
 
 
-def _block_max_abs_bits(abs_bits: array, nb: int) -> bytes:
-    """Each block's largest |x| as float32 bits (nb lanes); no NaNs present, so this is numpy's max.
+def _block_max_abs_bits(data: bytes, nb: int) -> bytes:
+    """Each block's largest |x| as float32 bits (nb lanes) of float32 data without NaNs: numpy's max.
 
-    Non-negative float32 bits order like their values, so their lane-wise integer maximum is it.
+    Non-negative float32 bits order like their values, so their lane-wise integer maximum is it; the
+    block's 16 columns of 64-bit units (two lanes each) are merged, then each unit's two lanes.
     """
-    columns = [int.from_bytes(abs_bits[j::QK8_0].tobytes(), "little") for j in range(QK8_0)]
-    return _lanewise_max(columns, 32, nb).to_bytes(4 * nb, "little")
+    units = array("Q", data)
+    without_signs = _lane_constant(0x7FFFFFFF, 4, 2 * nb)
+    columns = [int.from_bytes(units[j::QK8_0 // 2], "little") & without_signs for j in range(QK8_0 // 2)]
+    best = _lanewise_max(columns, 32, 2 * nb)
+    best = _lanewise_max([best, best >> 32], 32, 2 * nb)
+    return array("I", best.to_bytes(8 * nb, "little"))[0::2].tobytes()
 
 
-def _magnitude_classes() -> list[tuple[bytes, bytes, bytes]]:
-    """(marker, table, selector) per class of product: |q| from the product's second byte.
-
-    A float32 product w with exponent e in 126..133 (|w| in [0.5, 128)) rounds to
-    |q| = floor(|w| + 1/2) = (floor(2|w|) + 1) >> 1, and floor(2|w|) = (128 + top 7 mantissa bits)
-    >> (133 - e): it depends only on e >> 1 (the top byte without the sign: the marker) and the
-    second byte (e & 1, then the 7 mantissa bits).  The selector translates a top byte without
-    sign to 0xff in this class, 0 elsewhere.  Smaller products give 0, as do inf and NaN
-    (exponent 255, in no class).
-    """
-    classes = []
-    for half_exp in range(63, 67):
-        table = bytearray(256)
-        for second in range(256):
-            e = half_exp << 1 | second >> 7
-            table[second] = (((128 | second & 0x7F) >> (133 - e)) + 1) >> 1
-        classes.append((bytes((half_exp,)), bytes(table),
-                        bytes(0xFF if b == half_exp else 0 for b in range(256))))
-    return classes
-
-
-_MAGNITUDE_CLASSES = _magnitude_classes()
-_SIGN_MASK = bytes(0xFF if b & 0x80 else 0 for b in range(256))
-_NEGATED = bytes(-b & 0xFF for b in range(256))
+# int8 byte for (sign << 7) | |q|.
+_INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for b in range(256))
 
 
 def _int8_of_products(raw: bytes) -> bytes:
-    """np_roundf(w).astype(int8) for each float32 w in raw (|w| < 128 or inf/NaN), as bytes."""
+    """np_roundf(w).astype(int8) for each float32 w in raw (|w| < 127.5 or inf/NaN), as bytes.
+
+    A block's products are at most m * id, 127 and a few float32 ulps.  |q| = floor(|w| + 1/2) =
+    (floor(2|w|) + 1) >> 1, and for a product with exponent e in 126..133 (|w| in [0.5, 128))
+    floor(2|w|) = (128 | m7) >> (133 - e), m7 its top 7 mantissa bits: from its top byte (sign,
+    e >> 1) and second byte (e & 1, m7) alone.  With c = (e >> 1) - 63 in 0..3 the shift is
+    (1 - (e & 1)) + 2 * (3 - c): three conditional shifts over byte lanes.  Smaller products give 0,
+    as do inf and NaN (e = 255, like every e outside the range).
+    """
     n = len(raw) >> 2
-    second, top = raw[2::4], raw[3::4]
-    magnitude_top = top.translate(_WITHOUT_SIGN)
-    q = 0
-    for marker, table, selector in _MAGNITUDE_CLASSES:
-        if marker in magnitude_top:
-            q |= (int.from_bytes(second.translate(table), "little")
-                  & int.from_bytes(magnitude_top.translate(selector), "little"))
-    negated = int.from_bytes(q.to_bytes(n, "little").translate(_NEGATED), "little")
-    negative = int.from_bytes(top.translate(_SIGN_MASK), "little")
-    return (q ^ ((q ^ negated) & negative)).to_bytes(n, "little")
+    top, low7, ones = _lane_constant(0x80, 1, n), _lane_constant(0x7F, 1, n), _lane_constant(0x01, 1, n)
+    high = int.from_bytes(raw[3::4], "little")
+    second = int.from_bytes(raw[2::4], "little")
+    c = ((high & low7) | top) - _lane_constant(63, 1, n)         # top bit set where e >> 1 >= 63
+    beyond = (c & _lane_constant(0xFC, 1, n)) ^ top                # 0 exactly where c is 0..3
+    inside = (((((beyond & low7) + low7) | beyond) & top) ^ top) >> 7
+    y = second | top
+    y ^= (y ^ ((y >> 1) & low7)) & ((((second & top) ^ top) >> 7) * 0xFF)
+    c ^= _lane_constant(3, 1, n)
+    y ^= (y ^ ((y >> 2) & _lane_constant(0x3F, 1, n))) & ((c & ones) * 0xFF)
+    y ^= (y ^ ((y >> 4) & _lane_constant(0x0F, 1, n))) & (((c >> 1) & ones) * 0xFF)
+    magnitude = ((((y & (inside * 0xFF)) + ones) >> 1) & low7) | (high & top)
+    return magnitude.to_bytes(n, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
 
 
 def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     """Q8_0 blocks of float32 data (a whole number of blocks)."""
     n = len(chunk) >> 2
-    nb = n // QK8_0
     odd = chunk[3::4].translate(_TOP_EXPONENTS)
     nan_blocks = []
     if odd.count(1):
         bits = memoryview(chunk).cast("I")
         nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if bits[i] & 0x7FFFFFFF > 0x7F800000})
-        if nan_blocks:
-            # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
-            cleared = bytearray(chunk)
-            for b in nan_blocks:
-                cleared[128 * b:128 * b + 128] = bytes(128)
-            original, chunk = chunk, bytes(cleared)
+    if nan_blocks:
+        # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
+        original, chunk = chunk, _cleared_blocks(chunk, nan_blocks, 4 * QK8_0)
+    maxima = array("f", _block_max_abs_bits(chunk, n // QK8_0))
+    out = _q8_0_of_values(array("f", chunk).tolist(), maxima)
+    if nan_blocks:
+        bits = memoryview(original).cast("I")
+        for b in nan_blocks:
+            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+    return bytes(out)
 
-    absolute = bytearray(chunk)
-    absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
-    maxima = array("f", _block_max_abs_bits(array("I", absolute), nb))
+
+def _f16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
+    """Q8_0 blocks of float16 data (a whole number of blocks): as float32 data, whose values and
+    block maxima are the float16 ones exactly, read without widening the chunk."""
+    n = len(chunk) >> 1
+    # an f16's top byte is sign << 7 | exponent << 2 | mantissa >> 8: exponent 31 is inf and NaN
+    odd = chunk[1::2].translate(_F16_INF_NAN_LANES)
+    nan_blocks = []
+    if odd.count(1):
+        halves = memoryview(chunk).cast("H")
+        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if halves[i] & 0x7FFF > 0x7C00})
+    if nan_blocks:
+        original, chunk = chunk, _cleared_blocks(chunk, nan_blocks, 2 * QK8_0)
+    # |f16| bits order like their values, so the lane-wise integer maximum is numpy's max
+    nb = n // QK8_0
+    units = array("Q", chunk)           # 8 a block, 4 lanes each
+    without_signs = _lane_constant(0x7FFF, 2, 4 * nb)
+    best = _lanewise_max([int.from_bytes(units[j::8], "little") & without_signs for j in range(8)], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 32], 16, 4 * nb)
+    best = _lanewise_max([best, best >> 16], 16, 4 * nb)
+    maxima = array("f", struct.unpack(f"<{nb}e", array("H", best.to_bytes(8 * nb, "little"))[0::4]))
+    out = _q8_0_of_values(struct.unpack(f"<{n}e", chunk), maxima)    # struct's float16 is exact
+    if nan_blocks:
+        bits = array("I", map(f32_bits_from_f16_bits, memoryview(original).cast("H")))
+        for b in nan_blocks:
+            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+    return bytes(out)
+
+
+_F16_INF_NAN_LANES = bytes(1 if b & 0x7C == 0x7C else 0 for b in range(256))
+
+
+def _cleared_blocks(chunk: bytes, blocks: list[int], block_bytes: int) -> bytes:
+    cleared = bytearray(chunk)
+    for b in blocks:
+        cleared[block_bytes * b:block_bytes * (b + 1)] = bytes(block_bytes)
+    return bytes(cleared)
+
+
+def _q8_0_of_values(values: Sequence[float], maxima: array) -> bytearray:
+    """Q8_0 blocks of float32 values (no NaNs) given each block's largest |x|, maxima (array('f'))."""
+    n = len(values)
+    nb = n // QK8_0
     # d = max / 127 and id = 1 / d in float32: float64 division, then array('f') rounds once more,
     # which is exact (proved in rounded_to_f32); 1/d beyond float32's range becomes inf there too.
     d = array("f", [m / 127.0 for m in maxima])
@@ -6035,91 +6073,117 @@ def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
         scales = array("H", map(f16_bits_from_f32_bits, array("I", d.tobytes()))).tobytes()
 
     # the products x * id, column after column (float64, exact), then rounded to float32 at once
-    values = array("f", chunk).tolist()
     products = []
     for j in range(QK8_0):
         products += map(mul, values[j::QK8_0], inverse)
-    qs = _int8_of_products(array("f", products).tobytes())
+    try:
+        # struct rounds each to float32 as array('f') does (to nearest, ties to even), in half the
+        # time; it refuses finite values beyond float32, which no block's products reach
+        rounded = struct.pack(f"<{n}f", *products)
+    except OverflowError:
+        rounded = array("f", products).tobytes()
+    qs = _int8_of_products(rounded)
 
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
     out[1::34] = scales[1::2]
     for j in range(QK8_0):
         out[2 + j::34] = qs[j * nb:(j + 1) * nb]
-    if nan_blocks:
-        bits = memoryview(original).cast("I")
-        for b in nan_blocks:
-            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
-    return bytes(out)
+    return out
 
 
 # --- Q8_0 from BF16: one table lookup per value, the table chosen by its block's maximum.
 # Within a block whose maximum m has exponent E_m (9..253: d and id normal and finite), scaling m by
 # 2**k scales d by 2**k, id by 2**-k and every x * id by nothing at all, all exactly in float32.  So
 # what a value x quantizes to depends only on m's 7 mantissa bits (mu), x's own 7 (xi) and how far
-# x's exponent lies below E_m (s = E_m - e).  With v(x) the float32 x * id:
-#   s = 0:   q = floor(v(x) + 1/2)          = floor((floor(2 v(x)) + 1) / 2)
-#   s >= 1:  x = x1 / 2**(s-1) with x1 the value of mantissa xi at exponent E_m - 1, and v(x) is
-#            v(x1) / 2**(s-1) exactly, so q = floor((floor(2 v(x1)) + 2**(s-1)) / 2**s)
-# (floor((floor(y) + c) / 2**t) = floor((y + c) / 2**t) for integers c, t).  Both are
-# q = floor(code / 2**t + 1/2) with t = max(s, 1) and code = floor(2 v) of a value at exponent E_m
-# (s = 0, where xi <= mu and code <= 254) or E_m - 1 (s >= 1, code <= 253): a byte per (mu, s == 0,
-# xi), one 256-byte table per mu, applied to a block's 32 index bytes (s == 0) << 7 | xi with one
-# bytes.translate.  From s = 9 on, code < 256 shifts to q = 0, as it must (|x| < m / 256).
+# x's exponent e lies below E_m (s = E_m - e).  With v(y) the float32 y * id and x_r the value of
+# mantissa xi at exponent E_m - r, x = x_r / 2**(s - r) exactly for any r <= s, so
+#   q = floor(v(x) + 1/2) = ((c_r >> (s - r)) + 1) >> 1,   c_r = floor(2 v(x_r))
+# (floor((floor(y) + a) / 2**t) = floor((y + a) / 2**t) for integers a, t).  A bf16's low byte is
+# l = (e & 1) << 7 | xi and its high byte sign << 7 | e >> 1, so the table takes l as it is and the
+# high byte gives the pair distance P = (E_m >> 1) - (e >> 1).  With B = E_m & 1:
+#   - e & 1 != B: s = 2P - 1 + 2B; the entry is c_1 (at most 254), shifted by s - 1 = 2(P - 1 + B);
+#   - e & 1 == B: s = 2P; the entry is c_0 if xi <= mu (127..254; 127 is stored as 128, which no shift
+#     by 2P tells apart), else (only at s >= 2) c_2, below 128, shifted by s - 2 = 2(P - 1).
+# So every value shifts by 2k, k = P - delta with delta = 1 - B in the first case and (entry < 128)
+# in the second: two conditional shifts by 2 and 4 bits, and k >= 4 leaves 0 (entries are bytes) --
+# as zeros and bf16 subnormals (e = 0, far below any E_m >= 9) must.  k is never negative (delta is 1
+# only below the maximum's pair, or below its mantissa) and no entry is 255, so no lane borrows from
+# or carries into the next.  One 256-byte table per (B, mu), the maximum's low byte, applied to a
+# block's 32 low bytes with one bytes.translate.
 
 class _Bf16Blocks(NamedTuple):
-    """Per possible block maximum (|bf16| bits, 32,768 patterns): what its block needs."""
-    scales: list        # float16(d), 2 little-endian bytes
-    tables: list        # the index -> code table (bytes) of its mantissa; zeros for the others
-    exponents: list     # E_m repeated over a block's 32 byte lanes; 255 where the block rule decides
-    odd: bytes          # 1 where the block rule decides (E_m outside 9..253: tiny, inf or NaN maxima)
+    """What a block needs from its maximum |x|, by that maximum's bf16 bits or their low byte."""
+    scales: list        # by the 32,768 patterns: float16(d), 2 little-endian bytes
+    tables: list        # by the low byte B << 7 | mu: the 256-byte table l -> entry described above
+    odd: bytes          # by pattern: 0 the tables, 1 the block rule (E_m outside 9..253), 2 all zeros
 
 
 def _is_table_maximum(pattern: int) -> bool:
     return 9 <= pattern >> 7 <= 253
 
 
+def _bf16_table(mu: int, b: int) -> bytes:
+    """The table of the maxima whose low byte is b << 7 | mu, made at E_m = 0 (see above)."""
+    # float64 products are exact, array('f') rounds them once to float32 (see rounded_to_f32)
+    inverse = rounded_to_f32(1.0 / rounded_to_f32((128 + mu) / 128 / 127.0))
+    c0 = [int(2 * v) for v in array("f", [(128 + xi) / 128 * inverse for xi in range(128)])]
+    c1 = [int(2 * v) for v in array("f", [(128 + xi) / 256 * inverse for xi in range(128)])]
+    same = [max(c, 128) if xi <= mu else c >> 2 for xi, c in enumerate(c0)]    # c_2 = c_0 >> 2
+    return bytes(same + c1 if b == 0 else c1 + same)
+
+
 @lru_cache(maxsize=1)
 def _bf16_blocks() -> _Bf16Blocks:
     maxima = array("I", (m << 16 for m in range(1 << 15)))
     d = array("f", [v / 127.0 for v in array("f", maxima.tobytes())])
-    d_bits = array("I", d.tobytes())
-    scales = [f16_bits_from_f32_bits(b).to_bytes(2, "little") for b in d_bits]
-    # the tables, at E_m = 127 (m in [1, 2)): float64 products are exact, array('f') rounds them once
-    # to float32 (see rounded_to_f32); entries s == 0 with xi > mu never occur and are clamped
-    by_mantissa = []
-    for mu in range(128):
-        inverse = rounded_to_f32(1.0 / rounded_to_f32((128 + mu) / 128 / 127.0))
-        values = array("f", [(128 + (i & 0x7F)) / (128 if i >> 7 else 256) * inverse for i in range(256)])
-        by_mantissa.append(bytes(min(int(2 * v), 255) for v in values))
-    zeros = bytes(256)
-    tables = [by_mantissa[p & 0x7F] if _is_table_maximum(p) else zeros for p in range(1 << 15)]
-    repeated = [bytes((e,)) * QK8_0 for e in range(256)]     # shared: 256 strings, not 32,768
-    exponents = [repeated[p >> 7 if _is_table_maximum(p) else 255] for p in range(1 << 15)]
-    # an all-zero block (pattern 0) needs no rule: every index is 0x80, every code 0, q 0, d 0
-    odd = bytes(0 if p == 0 or _is_table_maximum(p) else 1 for p in range(1 << 15))
-    return _Bf16Blocks(scales, tables, exponents, odd)
-
-
-# int8 byte for (sign << 7) | |q|.
-_INT8_OF_SIGN_AND_MAGNITUDE = bytes((-(b & 0x7F) if b & 0x80 else b) & 0xFF for b in range(256))
+    scales = [f16_bits_from_f32_bits(b).to_bytes(2, "little") for b in array("I", d.tobytes())]
+    tables = [_bf16_table(low & 0x7F, low >> 7) for low in range(256)]
+    odd = bytes(0 if _is_table_maximum(p) else 2 if p == 0 else 1 for p in range(1 << 15))
+    return _Bf16Blocks(scales, tables, odd)
 
 
 _UNSURE_MAXIMA = bytes(0 if 5 <= b <= 0x7E else 1 for b in range(256))
 
 
-def _block_maxima_16(absolute: bytes, nb: int) -> array:
-    """The largest of each block's 32 16-bit lanes (each below 2**15), as array('H').
+def _unit_columns(data: bytes) -> list[int]:
+    """Blocks of 32 bytes as 4 integers of 8-byte units: column j holds bytes 8j..8j+7 of every block.
 
-    Read as 64-bit units, a block is 8 units of 4 lanes: the lane-wise maximum of its 8 unit columns
-    leaves 4 candidates per unit (8 column extractions, not 32), then two in-unit steps halve them.
+    Per-block quantities then sit at the same place (bits 64b..64b+63) in every column, where one
+    multiplication copies them to all 8 byte lanes.
     """
-    units = memoryview(absolute).cast("B").cast("Q")
-    columns = [int.from_bytes(units[j::8].tobytes(), "little") for j in range(8)]
-    best = _lanewise_max(columns, 16, 4 * nb)
+    units = array("Q", data)
+    return [int.from_bytes(units[j::4], "little") for j in range(4)]
+
+
+def _larger_keys(a: tuple[int, int], b: tuple[int, int], n: int) -> tuple[int, int]:
+    """The lane-wise larger of two sets of 15-bit keys high << 8 | low over n byte lanes, each set
+    as (high bytes, below 128; low bytes): the carry of low's comparison goes into high's."""
+    top, low7 = _lane_constant(0x80, 1, n), _lane_constant(0x7F, 1, n)
+    (a_high, a_low), (b_high, b_low) = a, b
+    a_top, b_top = a_low & top, b_low & top
+    low7_ge = ((a_low | top) - (b_low & low7)) & top
+    low_ge = (a_top & (b_top ^ top)) | ((a_top ^ b_top ^ top) & low7_ge)
+    ge = ((a_high | top) - (b_high + ((low_ge ^ top) >> 7))) & top
+    take_a = (ge >> 7) * 0xFF
+    return b_high ^ ((a_high ^ b_high) & take_a), b_low ^ ((a_low ^ b_low) & take_a)
+
+
+def _block_maxima(highs: list[int], lows: list[int], nb: int) -> int:
+    """Each block's largest key high << 8 | low, from _unit_columns of the high and the low bytes, as
+    a 16-bit lane at bits 64b..64b+15 (the block's unit in the columns), the unit's other lanes 0."""
+    n = 8 * nb
+    high, low = _larger_keys(_larger_keys((highs[0], lows[0]), (highs[1], lows[1]), n),
+                             _larger_keys((highs[2], lows[2]), (highs[3], lows[3]), n), n)
+    # the 8 candidates of a unit as 16-bit keys (two units a block now), then lane-wise maxima
+    keys = bytearray(2 * n)
+    keys[0::2] = low.to_bytes(n, "little")
+    keys[1::2] = high.to_bytes(n, "little")
+    units = array("Q", keys)
+    best = _lanewise_max([int.from_bytes(units[0::2], "little"), int.from_bytes(units[1::2], "little")], 16, 4 * nb)
     best = _lanewise_max([best, best >> 32], 16, 4 * nb)
     best = _lanewise_max([best, best >> 16], 16, 4 * nb)
-    return array("H", best.to_bytes(8 * nb, "little"))[0::4]
+    return best & _lane_constant(0xFFFF, 8, nb)
 
 
 @lru_cache(maxsize=8)
@@ -6128,57 +6192,88 @@ def _struct_of_blocks(nb: int) -> struct.Struct:
     return struct.Struct(f"{QK8_0}s" * nb)
 
 
+_BYTE_COPIES = 0x0101010101010101
+
+
+# float16(d) for maxima m = 2**(E - 127) * (1 + mu/128) with E in 120..147: d = m / 127 is
+# 2**(E - 127) * D(mu) exactly, D(mu) = float32((1 + mu/128) / 127) (2**-7 < D < 2**-5), and a float16
+# normal (2**-14 <= d < 2**15), so its bits are D's float16 bits with E - 127 added to the exponent
+# field: (E - 119) << 10 plus D's bits less 8 << 10 (the exponent field of 2**-7).
+def _scale_offset(mu: int) -> int:
+    d = rounded_to_f32((128 + mu) / 128 / 127.0)
+    return f16_bits_from_f32_bits(_bits_from_float32(d)) - (8 << 10)
+
+
+_SCALE_OFFSET_LOW = bytes(_scale_offset(low & 0x7F) & 0xFF for low in range(256))
+_SCALE_OFFSET_HIGH = bytes(_scale_offset(low & 0x7F) >> 8 for low in range(256))
+_UNNORMAL_SCALES = bytes(0 if 60 <= b <= 73 else 1 for b in range(256))     # high bytes of E 120..147
+
+
+def _bf16_scales(patterns: bytearray, maxima: array, blocks: _Bf16Blocks) -> bytes:
+    """float16(m / 127) of each maximum |bf16| (patterns: their little-endian bits), as bytes."""
+    nb = len(maxima)
+    if patterns[1::2].translate(_UNNORMAL_SCALES).count(1):
+        return b"".join(map(blocks.scales.__getitem__, maxima))
+    offsets = bytearray(2 * nb)
+    offsets[0::2] = patterns[0::2].translate(_SCALE_OFFSET_LOW)
+    offsets[1::2] = patterns[0::2].translate(_SCALE_OFFSET_HIGH)
+    exponents = (int.from_bytes(patterns, "little") >> 7) & _lane_constant(0xFF, 2, nb)
+    scales = ((exponents - _lane_constant(119, 2, nb)) << 10) + int.from_bytes(offsets, "little")
+    return scales.to_bytes(2 * nb, "little")
+
+
 def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     """Q8_0 blocks of bf16 data (a whole number of blocks): a table lookup per value."""
     n = len(chunk) >> 1
     nb = n // QK8_0
+    nl = n >> 2             # byte lanes of a column
     blocks = _bf16_blocks()
-    absolute = bytearray(chunk)
-    absolute[1::2] = chunk[1::2].translate(_WITHOUT_SIGN)
-    # each block's largest |x|: |bf16| bits are below 2**15, and NaN bits order above all others
-    maxima = _block_maxima_16(absolute, nb)
-    scales = b"".join(map(blocks.scales.__getitem__, maxima))
-    # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a top byte outside 5..0x7e may not
+    top, low7, ones = _lane_constant(0x80, 1, nl), _lane_constant(0x7F, 1, nl), _lane_constant(0x01, 1, nl)
+    lows_b = chunk[0::2]
+    highs, lows = _unit_columns(chunk[1::2]), _unit_columns(lows_b)
+    exps = [h & low7 for h in highs]                    # e >> 1
+    # each block's largest |x|: NaN bits order above all others
+    best = _block_maxima(exps, lows, nb)
+    maxima = array("H", best.to_bytes(nl, "little"))[0::4]
+    patterns = bytearray(maxima.tobytes())
+    scales = _bf16_scales(patterns, maxima, blocks)
+    # maxima 0x0480..0x7eff (E_m 9..253) take the tables; a high byte outside 5..0x7e may not
     odd_blocks = b""
-    if maxima.tobytes()[1::2].translate(_UNSURE_MAXIMA).count(1):
+    if patterns[1::2].translate(_UNSURE_MAXIMA).count(1):
         odd_blocks = bytes(map(blocks.odd.__getitem__, maxima))
+        if odd_blocks.count(2) == nb:
+            return bytes(34 * nb)
 
-    # byte lanes: lo = e & 1 << 7 | xi, hi = sign << 7 | e >> 1; s = E_m - e never borrows
-    ones, low7 = _lane_constant(0x01, 1, n), _lane_constant(0x7F, 1, n)
-    top = _lane_constant(0x80, 1, n)
-    lo, hi = int.from_bytes(chunk[0::2], "little"), int.from_bytes(chunk[1::2], "little")
-    e = ((hi << 1) & (low7 << 1)) | ((lo >> 7) & ones)
-    s = int.from_bytes(b"".join(map(blocks.exponents.__getitem__, maxima)), "little") - e
-    nonzero = (((s & low7) + low7) | s) & top            # 0x80 where s >= 1
-    index = ((lo & low7) | (nonzero ^ top)).to_bytes(n, "little")
     cut = _struct_of_blocks(nb)
-    codes = cut.pack(*map(bytes.translate, cut.unpack(index), map(blocks.tables.__getitem__, maxima)))
-
-    # q = floor(code / 2**t + 1/2) = ((code >> (t - 1)) + 1) >> 1, t = max(s, 1): the shift by
-    # t - 1 = s - (s >= 1) bit by bit where that bit is set; t > 8 gives 0
-    u = s - (nonzero >> 7)
-    q = int.from_bytes(codes, "little")
-    for bit, shift in ((0, 1), (1, 2), (2, 4)):
-        where = ((u >> bit) & ones) * 0xFF
-        q ^= (q ^ ((q >> shift) & _lane_constant(0xFF >> shift, 1, n))) & where
-    far = ((u | (((u & low7) + _lane_constant(0x78, 1, n)))) & top) >> 7   # 1 where t - 1 >= 8
-    q = (((q + ones) >> 1) & low7 & (far * 0x7F ^ low7)) | (hi & top)
-    qs = q.to_bytes(n, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
-
+    entries = _unit_columns(cut.pack(*map(bytes.translate, cut.unpack(lows_b),
+                                          map(blocks.tables.__getitem__, patterns[0::2]))))
+    pair = ((best >> 8) & _lane_constant(0xFF, 8, nb)) * _BYTE_COPIES     # E_m >> 1, every lane
+    other_b = ((best & _lane_constant(0x80, 8, nb)) * _BYTE_COPIES) ^ top     # (1 - B) << 7
+    c3f, c0f, c7c = (_lane_constant(v, 1, nl) for v in (0x3F, 0x0F, 0x7C))
     out = bytearray(34 * nb)
     out[0::34] = scales[0::2]
     out[1::34] = scales[1::2]
-    for j in range(QK8_0):
-        out[2 + j::34] = qs[j::QK8_0]
-    if odd_blocks.count(1):
-        bits = array("I", (h << 16 for h in memoryview(chunk).cast("H")))
+    for j in range(4):
+        c = entries[j]
+        parity = lows[j] & top                          # (e & 1) << 7
+        delta = (parity & other_b) | ((parity ^ other_b) & (c & top ^ top))
+        k = pair - exps[j] - (delta >> 7)
+        c ^= (c ^ ((c >> 2) & c3f)) & ((k & ones) * 0xFF)
+        c ^= (c ^ ((c >> 4) & c0f)) & (((k >> 1) & ones) * 0xFF)
+        near = ((((k & c7c) + c7c) & top) ^ top) >> 7                  # 1 where k < 4
+        q = (((c + ones) >> 1) & (near * 0x7F)) | (highs[j] & top)
+        qs = q.to_bytes(nl, "little").translate(_INT8_OF_SIGN_AND_MAGNITUDE)
+        for i in range(8):
+            out[2 + 8 * j + i::34] = qs[i::8]
+    if odd_blocks:
+        bits = None
         for b in _positions(odd_blocks, 1):
+            if bits is None:
+                bits = array("I", (h << 16 for h in memoryview(chunk).cast("H")))
             out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+        for b in _positions(odd_blocks, 2):
+            out[34 * b:34 * b + 34] = bytes(34)
     return bytes(out)
-
-
-def _f16_q8_0_chunk(chunk: bytes) -> bytes:
-    return _q8_0_chunk(_f16_to_f32_chunk(chunk))
 
 
 # --- The conversions: every (source dtype, GGML type) pair, its exact and its fast form, and the
@@ -6193,6 +6288,8 @@ class Conversion(NamedTuple):
     fast: Callable[[bytes], Any]
     # Cached tables the fast form builds on first use: built before forking, so workers share them.
     tables: tuple[Callable[[], Any], ...] = ()
+    # Values per call of the fast form when the caller does not say (a multiple of the block size).
+    chunk_elems: int = CHUNK_ELEMS
 
     @property
     def width(self) -> int:
@@ -6220,22 +6317,27 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
     # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
     # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
-    # at its peak, which is the conversion's.
-    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk),
-    Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk, (f16_to_f32_table,)),
+    # at its peak, which is the conversion's.  BF16 takes 4 chunks a call: its ~150 big-integer
+    # steps a call cost about a sixth of a 16,384-value chunk's time, and its 16 KB lane integers
+    # still stay in cache (`python3 oracle/kernel_timing.py` measures it per size).
+    Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk, chunk_elems=4 * CHUNK_ELEMS),
+    Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk),
     Conversion("F32", GGML_Q8_0, _q8_0_chunk),
 )}
 
 
-def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: int = CHUNK_ELEMS) -> Iterator:
+def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: Optional[int] = None) -> Iterator:
     """Little-endian src_dtype values in ggml_type, exactly as llama.cpp converts them, in pieces
-    (bytes or bytearray) of chunk_elems values each; a partial value or block is refused at once.
+    (bytes or bytearray) of chunk_elems values each (by default the conversion's own chunk_elems);
+    a partial value or block is refused at once.
 
     A streaming writer takes the pieces as they come, which keeps the output's memory warm
     instead of faulting in a fresh buffer for the whole result.
     """
     conversion = CONVERSIONS[(src_dtype, ggml_type)]
     per_block = GGML_BLOCKS[ggml_type][0]
+    if chunk_elems is None:
+        chunk_elems = conversion.chunk_elems
     if chunk_elems < 1 or chunk_elems % per_block:
         raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPE_NAMES[ggml_type]} blocks")
     view = _byte_view(data, conversion.width)

@@ -4079,9 +4079,8 @@ class FastEqualsSimple(unittest.TestCase):
         self.assertEqual(fast_bytes, simple(key, data))
 
     def test_lengths_around_chunk_boundaries(self):
-        chunk = bc.CHUNK_ELEMS
         for key, conversion in bc.CONVERSIONS.items():
-            block = block_of(key)
+            block, chunk = block_of(key), conversion.chunk_elems
             lengths = ([k * block for k in (0, 1, 2, 3, 7)]
                        + [chunk - block, chunk, chunk + block, 2 * chunk + 5 * block])
             for n in lengths:
@@ -4165,7 +4164,7 @@ class Q8_0Blocks(unittest.TestCase):
         blocks = bc._bf16_blocks()
         for pattern in range(1 << 15):
             table_path = 9 <= pattern >> 7 <= 253
-            self.assertEqual(blocks.odd[pattern], 0 if table_path or pattern == 0 else 1, hex(pattern))
+            self.assertEqual(blocks.odd[pattern], 0 if table_path else 2 if pattern == 0 else 1, hex(pattern))
             if table_path:
                 d = bc.rounded_to_f32(bc._float_from_bits(pattern << 16) / 127)
                 inverse = bc.rounded_to_f32(1 / d)
@@ -5070,6 +5069,80 @@ class ModelCardConversion(Workspace):
         r.out.unlink()
         self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
 
+# --- Q8_0 from BF16: the tables' scheme (see "Q8_0 from BF16" in bankml_convert.py), exhaustively.
+
+class Q8_0FromBf16Tables(unittest.TestCase):
+    def test_entries_keep_to_the_ranges_the_shifts_rely_on(self):
+        # an entry of 255 would carry into the next lane when rounded; a same-parity entry is 128 or
+        # more exactly where the value lies at the maximum's own exponent
+        tables = bc._bf16_blocks().tables
+        for low in range(256):
+            b, mu = low >> 7, low & 0x7F
+            for l, entry in enumerate(tables[low]):
+                self.assertLessEqual(entry, 254, (low, l))
+                if l >> 7 == b:
+                    self.assertEqual(entry >= 128, l & 0x7F <= mu, (low, l))
+
+    def test_every_value_byte_at_every_pair_distance_for_every_maximum_low_byte(self):
+        # every (maximum's low byte, value's low byte, pair distance 0..5) a block can hold, at the
+        # lowest and the highest maximum exponents of either parity, down to zeros and subnormals
+        rng = random.Random(8)
+        key = ("BF16", bc.GGML_Q8_0)
+        for e_m in (10, 11, 252, 253):
+            bits = []
+            for mu in range(128):
+                values = []
+                for l in range(256):
+                    for distance in range(6):
+                        e = 2 * ((e_m >> 1) - distance) + (l >> 7)
+                        if 0 <= e <= e_m and (e < e_m or l & 0x7F <= mu):
+                            values.append(rng.getrandbits(1) << 15 | e << 7 | l & 0x7F)
+                rng.shuffle(values)
+                for i in range(0, len(values), 31):
+                    block = values[i:i + 31] + [e_m << 7 | mu]
+                    block += [0] * (32 - len(block))
+                    rng.shuffle(block)
+                    bits += block
+            data = b"".join(b.to_bytes(2, "little") for b in bits)
+            with self.subTest(e_m=e_m):
+                self.assertEqual(fast(key, data), simple(key, data))
+
+    def test_scales_of_every_maximum(self):
+        # groups of 512 maxima in order: those wholly in E 120..147 take the exponent arithmetic,
+        # the others the table of every pattern's float16(d)
+        blocks = bc._bf16_blocks()
+        for first in range(0, 1 << 15, 512):
+            maxima = array("H", range(first, first + 512))
+            want = b"".join(bc.f16_bits_from_f32_bits(bc._bits_from_float32(
+                bc.rounded_to_f32(bc._float_from_bits(p << 16) / 127))).to_bytes(2, "little") for p in maxima)
+            self.assertEqual(bc._bf16_scales(bytearray(maxima.tobytes()), maxima, blocks), want, hex(first))
+
+    def test_all_zero_blocks_among_others_and_a_chunk_of_zeros(self):
+        # the all-zero block takes neither the tables nor the block rule: it is written as zeros
+        key = ("BF16", bc.GGML_Q8_0)
+        weights = bf16_part("weights")[:2 * 32 * 64]
+        for data in (bytes(2 * 32) + weights + bytes(2 * 32 * 3) + weights, bytes(2 * bc.CONVERSIONS[key].chunk_elems),
+                     b"\x00\x80" * 32 + weights):
+            self.assertEqual(fast(key, data), simple(key, data))
+
+
+# --- Q8_0 from F32 and F16: the products' rounding to int8 over whole chunks.
+
+class Q8_0Products(unittest.TestCase):
+    def test_int8_of_every_top_and_second_byte_of_a_product(self):
+        # the rounding reads only a product's top two bytes; every pair of them (below 127.5 in
+        # magnitude, or inf/NaN) with random low bytes, against the element rule
+        rng = random.Random(9)
+        def finite_from_127_5(top: int, second: int) -> bool:      # no block's product
+            e = (top & 0x7F) << 1 | second >> 7
+            return 134 <= e <= 254 or (e == 133 and second & 0x7F == 0x7F)
+        lanes = [rng.getrandbits(16) | second << 16 | top << 24 for top in range(256) for second in range(256)
+                 if not finite_from_127_5(top, second)]
+        data = b"".join(b.to_bytes(4, "little") for b in lanes)
+        want = bytes(bc._int8_of_rounded(bc._float_from_bits(b)) for b in lanes)
+        for shift in (0, 1, 5):     # lanes in other positions, so no lane's carry hides another's
+            cut = 4 * shift
+            self.assertEqual(bc._int8_of_products(data[cut:] + data[:cut]), want[shift:] + want[:shift], shift)
 
 
 def main() -> int:
