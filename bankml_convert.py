@@ -5531,6 +5531,457 @@ def fork_json(report: Report, source: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Exporting for kasahare: the .sllm model file and the .tok.txt tokenizer file that the kasahare
+# 0.5.4 engine (simple-llm) loads, byte for byte as its own writers make them, or a Refusal.
+# ---------------------------------------------------------------------------------------------
+# The facts below are from the kasahare-0.5.4 sdist (src/model_data.cpp, src/tokenizer.cpp,
+# src/model.cpp); oracle/sllm_oracle.py builds the engine and compares (oracle/recorded/sllm.json).
+
+SLLM_MAGIC = 0x534C4C4D         # "MLLS" on disk: a little-endian u32, then version and blob length
+SLLM_VERSION = 1                # the engine loads exactly this version
+# --outtype -> the engine's DType: a single type covers the whole weight stream.
+SLLM_DTYPES = {"f32": 0, "q4_0": 1, "f16": 2}
+# The engine's attention keeps each query head in int8_t q_i8[256] (model.cpp), so no larger head.
+SLLM_MAX_HEAD_DIM = 256
+# The engine's DType F32/FP16 streams hold each value in the GGML type of the same layout.
+_SLLM_VALUE_TYPES = {"f32": GGML_F32, "f16": GGML_F16, "q4_0": GGML_F32}
+_INT32_MAX = 2 ** 31 - 1
+
+
+class SllmConfig(NamedTuple):
+    """The engine's Config, in the order encode_config writes its keys."""
+    dtype: int
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    max_seq_len: int
+    rms_norm_eps: float         # float32 values, as the Config holds them
+    rope_freq_base: float
+    tied_embeddings: int = 1    # the engine has no output matrix: logits always come from tok_emb
+
+
+def sllm_number(key: str, value: float) -> str:
+    """A float32 config value as encode_config prints it (ostream's default: printf %g, 6 digits),
+    or a Refusal where that text reads back as another float32 (the engine would run another model)."""
+    f = rounded_to_f32(value)
+    text = "%g" % f
+    if not math.isfinite(f) or rounded_to_f32(float(text)) != f:
+        raise Refusal(f"config.json's {key} {value!r} is not kept by the engine's config text "
+                      f"(6 significant digits: {text}); the .sllm would run another model")
+    return text
+
+
+def sllm_config_blob(c: SllmConfig) -> bytes:
+    """encode_config's text: a comment line, then key=value lines, integers and %g floats."""
+    lines = [f"# simple-llm config v{SLLM_VERSION}"]
+    for key, value in zip(SllmConfig._fields, c):
+        lines.append(f"{key}={sllm_number(key, value) if isinstance(value, float) else value}")
+    return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def sllm_header(c: SllmConfig) -> bytes:
+    """Everything before the weights: magic, version, the blob's length, the blob; no padding."""
+    blob = sllm_config_blob(c)
+    return struct.pack("<III", SLLM_MAGIC, SLLM_VERSION, len(blob)) + blob
+
+
+def sllm_config(tp: TensorPlan, vocab_size: int, bos: int, eos: int, outtype: str) -> SllmConfig:
+    """The engine Config for a planned Llama, or a Refusal for what the engine cannot compute the same."""
+    p = tp.params
+    if tp.config.get("tie_word_embeddings") is not True or any(t.name == "output.weight" for t in tp.tensors):
+        raise Refusal("the model's output head is not tied to its embeddings (tie_word_embeddings is not "
+                      "true); the engine always computes logits with the embedding matrix and has no "
+                      "place for lm_head.weight; export to GGUF instead")
+    if p.rope_llama3 is not None:
+        raise Refusal("config.json asks for rope scaling (llama3); the engine has plain RoPE only; "
+                      "export to GGUF instead")
+    if tp.config.get("hidden_act", "silu") != "silu":
+        raise Refusal(f"config.json's hidden_act is {tp.config.get('hidden_act')!r}; the engine's "
+                      f"feed-forward is SwiGLU with SiLU only")
+    if p.head_dim * p.head_count != p.embedding_length:
+        raise Refusal(f"head_dim {p.head_dim} is not hidden_size / num_attention_heads "
+                      f"({p.embedding_length} / {p.head_count}); the engine requires it (Model::load)")
+    if p.head_dim > SLLM_MAX_HEAD_DIM:
+        raise Refusal(f"head_dim {p.head_dim} is above {SLLM_MAX_HEAD_DIM}, the most the engine's "
+                      f"attention holds")
+    if p.feed_forward_length < p.head_count_kv * p.head_dim:
+        raise Refusal(f"intermediate_size {p.feed_forward_length} is below the key/value width "
+                      f"{p.head_count_kv * p.head_dim}; the engine's attention requires hidden_dim >= kv_dim")
+    ints = {"vocab_size": vocab_size, "num_hidden_layers": p.block_count,
+            "max_position_embeddings": p.context_length, "intermediate_size": p.feed_forward_length,
+            "hidden_size": p.embedding_length}
+    for key, value in ints.items():
+        if value > _INT32_MAX:
+            raise Refusal(f"config.json's {key} {value} does not fit the engine's int32")
+    return SllmConfig(SLLM_DTYPES[outtype], vocab_size, bos, eos, p.embedding_length, p.block_count,
+                      p.head_count, p.head_count_kv, p.head_dim, p.feed_forward_length, p.context_length,
+                      rounded_to_f32(p.rms_norm_eps), rounded_to_f32(p.rope_freq_base))
+
+
+# The engine's weight stream (model.cpp's load): these GGUF names in this order, each row-major as
+# HF stores it, Q and K rows permuted as llama.cpp permutes them: the engine's RoPE rotates
+# adjacent pairs (i, i+1), as GGML's does, where HF's rotates halves (j, j + head_dim/2).
+_SLLM_BLOCK_ORDER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                     "ffn_gate", "ffn_up", "ffn_down")
+
+
+def sllm_tensor_order(tensors: list[PlannedTensor], n_layers: int, outtype: str) -> list[PlannedTensor]:
+    """The planned tensors in the engine's order, each in the GGML type whose bytes the stream holds."""
+    by_name = {t.name: t for t in tensors}
+    extra = sorted(set(by_name) - {"token_embd.weight", "output_norm.weight"}
+                   - {f"blk.{b}.{n}.weight" for b in range(n_layers) for n in _SLLM_BLOCK_ORDER})
+    if extra:
+        raise Refusal(f"the model has tensor {extra[0]}, which the engine's format has no place for")
+    names = (["token_embd.weight"] + [f"blk.{b}.{n}.weight" for b in range(n_layers) for n in _SLLM_BLOCK_ORDER]
+             + ["output_norm.weight"])
+    return [by_name[n]._replace(ggml_type=_SLLM_VALUE_TYPES[outtype]) for n in names]
+
+
+# --- The engine's Q4_0 (model_data.cpp's quantize_q4_0), which is not GGML's: blocks of 32
+# --- consecutive values of the whole stream, a float32 scale d = max|x| / 7, then 16 bytes whose
+# --- byte j holds value j in its low nibble and value j + 16 in its high one, each
+# --- clamp(round_half_away(x * (1/d)), -8, 7) + 8; all arithmetic in float32.
+
+SLLM_Q4_0_BLOCK = 32
+_SLLM_Q4_0_BLOCK_BYTES = 20
+_SMALLEST_NORMAL_F32 = 2.0 ** -126
+
+
+def _q4_0_undefined(x: float) -> Refusal:
+    return Refusal(f"a weight block (value {x!r}) has no defined Q4_0 in the engine: it is not finite, "
+                   f"or its scale is too small to invert; use --outtype f32 or f16")
+
+
+def sllm_q4_0_block(values: Sequence[float]) -> bytes:
+    """One block of the engine's Q4_0 from 32 float32 values, literally as quantize_q4_0 computes it.
+
+    Where the C++ would convert a non-finite or out-of-range float to int8_t (undefined behaviour:
+    a NaN or infinite weight, a scale whose inverse overflows), it is refused instead."""
+    m = 0.0
+    for x in values:
+        if abs(x) > m:
+            m = abs(x)
+    d = rounded_to_f32(m / 7.0)
+    inv = rounded_to_f32(1.0 / d) if d != 0.0 else 0.0
+    codes = []
+    for x in values:
+        v = rounded_to_f32(x * inv)
+        if not math.isfinite(v):
+            raise _q4_0_undefined(x)
+        r = int(v + 0.5) if v >= 0 else int(v - 0.5)    # std::round: halves away from zero
+        if not -128 <= r <= 127:
+            raise _q4_0_undefined(x)
+        codes.append(min(max(r, -8), 7) + 8)
+    return struct.pack("<f", d) + bytes(codes[j] | codes[j + 16] << 4 for j in range(16))
+
+
+# Fast form: (|x * inv| rounded half up) in bits 0-2, the value's sign in bit 3, to the nibble.
+_Q4_0_NIBBLE = bytes((8 - (c & 7) if c & 8 else 8 + (c & 7)) & 0xF for c in range(256))
+_Q4_0_SIGN = bytes(8 if b & 0x80 else 0 for b in range(256))
+_SHIFTED_4 = bytes((b << 4) & 0xFF for b in range(256))
+
+
+def sllm_q4_0_chunk(chunk: bytes) -> bytes:
+    """Whole blocks of little-endian float32 values to the engine's Q4_0, as sllm_q4_0_block does
+    block by block, at C speed: scales and products through array('f') (a C cast: the one float32
+    rounding), magnitudes rounded half up by int(), signs and nibbles through byte tables.
+
+    A block with a normal scale d (at least 2**-126) has |x * (1/d)| < 7.5, so it needs no clamp;
+    the rest (a zero block excepted) and any chunk holding a NaN or an infinity take the block rule."""
+    values = array("f")
+    values.frombytes(chunk)
+    n = len(values)
+    if n % SLLM_Q4_0_BLOCK:
+        raise ValueError(f"{n} values is not a whole number of Q4_0 blocks")
+    if not math.isfinite(sum(values)):      # a NaN or an infinity anywhere: the block rule refuses it
+        return b"".join(sllm_q4_0_block(values[i:i + SLLM_Q4_0_BLOCK]) for i in range(0, n, SLLM_Q4_0_BLOCK))
+    blocks = [values[i:i + SLLM_Q4_0_BLOCK] for i in range(0, n, SLLM_Q4_0_BLOCK)]
+    scales = array("f", (max(0.0, max(b), -min(b)) / 7.0 for b in blocks))
+    inverses = array("f", (1.0 / d if d >= _SMALLEST_NORMAL_F32 else 0.0 for d in scales))
+    products = array("f", map(mul, values, itertools.chain.from_iterable(map(repeat, inverses, repeat(SLLM_Q4_0_BLOCK)))))
+    halves = bytes(map(int, map(float.__add__, map(abs, products), repeat(0.5))))
+    signs = chunk[3::4].translate(_Q4_0_SIGN)
+    nibbles = (int.from_bytes(halves, "little") | int.from_bytes(signs, "little")).to_bytes(n, "little")
+    nibbles = nibbles.translate(_Q4_0_NIBBLE)
+    low = b"".join(nibbles[i:i + 16] for i in range(0, n, SLLM_Q4_0_BLOCK))
+    high = b"".join(nibbles[i + 16:i + SLLM_Q4_0_BLOCK] for i in range(0, n, SLLM_Q4_0_BLOCK))
+    packed = (int.from_bytes(low, "little") | int.from_bytes(high.translate(_SHIFTED_4), "little")).to_bytes(n // 2, "little")
+    d_bytes = scales.tobytes()
+    out = [d_bytes[4 * k:4 * k + 4] + packed[16 * k:16 * k + 16] for k in range(len(blocks))]
+    for k, d in enumerate(scales):
+        if 0.0 < d < _SMALLEST_NORMAL_F32:
+            out[k] = sllm_q4_0_block(blocks[k])
+    return b"".join(out)
+
+
+def sllm_q4_0_stream(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """float32 bytes in pieces of any length to Q4_0 blocks: as write_model_file quantizes its one flat
+    vector, blocks run across tensor boundaries; a stream that ends inside a block is refused (the
+    engine's writer would fail after the header and leave a file it cannot load)."""
+    carry = b""
+    block_bytes = 4 * SLLM_Q4_0_BLOCK
+    for piece in pieces:
+        data = carry + bytes(piece) if carry else bytes(piece)
+        whole = len(data) - len(data) % block_bytes
+        if whole:
+            yield sllm_q4_0_chunk(data[:whole]) if _LITTLE_ENDIAN_HOST else b"".join(
+                sllm_q4_0_block(struct.unpack(f"<{SLLM_Q4_0_BLOCK}f", data[i:i + block_bytes]))
+                for i in range(0, whole, block_bytes))
+        carry = data[whole:]
+    if carry:
+        raise Refusal(f"the model has a number of weights that is not a multiple of {SLLM_Q4_0_BLOCK}; "
+                      f"the engine's Q4_0 writer cannot write it; use --outtype f32 or f16")
+
+
+# --- The tokenizer file (Tokenizer::save): a comment, vocab_size, bos, eos, one `token <id> "..."`
+# --- line per id, one `merge <rank> "..." "..."` line per merge; payloads are raw bytes, quoted
+# --- with the engine's csv_escape: \" \\ \n \r \t, \xHH for other bytes below 0x20 and 0x7F, the
+# --- rest (bytes >= 0x80 too) as they are.
+
+_SLLM_ESCAPES = tuple(
+    b'\\"' if b == 0x22 else b"\\\\" if b == 0x5C else b"\\n" if b == 0x0A else b"\\r" if b == 0x0D
+    else b"\\t" if b == 0x09 else b"\\x%02X" % b if b < 0x20 or b == 0x7F else bytes([b])
+    for b in range(256))
+
+
+def sllm_quoted(payload: bytes) -> bytes:
+    """A token's bytes as csv_escape writes them, in double quotes."""
+    return b'"' + b"".join(_SLLM_ESCAPES[b] for b in payload) + b'"'
+
+
+def byte_level_payload(token: str, byte_of: dict) -> bytes:
+    """A GPT-2 byte-level token's raw bytes, as tokenizers' ByteLevel decoder gives them: every
+    character mapped back to its byte, or, if any is not one of the 256, the token's UTF-8 (the
+    added tokens, such as <|im_start|>, are written so)."""
+    try:
+        return bytes(byte_of[c] for c in token)
+    except KeyError:
+        pass
+    try:
+        return token.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refusal(f"token {token!r} is not valid Unicode; the engine's tokenizer file holds bytes") from None
+
+
+class SllmTokenizer(NamedTuple):
+    """What Tokenizer::save writes: each id's bytes, each merge as (left id, right id), bos and eos."""
+    payloads: list[bytes]
+    merges: list[tuple[int, int]]
+    bos: int
+    eos: int
+
+
+def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
+    """The byte-level BPE vocabulary of model_dir as the engine holds it, or a Refusal for a tokenizer
+    its file cannot hold exactly."""
+    if tokenizer_kind(model_dir) is not BPE:
+        raise Refusal("the tokenizer is SentencePiece (tokenizer.model, or byte-fallback pieces); the "
+                      "engine's tokenizer file holds byte-level BPE only; export to GGUF instead")
+    tokenizer_json = read_json_object(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").is_file() else None
+    if tokenizer_json is None:
+        raise Refusal("no tokenizer.json: the engine's tokenizer file is made from its vocabulary and merges")
+    tokenizer_config = optional_json(model_dir / "tokenizer_config.json") or {}
+    if not isinstance(tokenizer_config, dict):
+        raise Refusal("tokenizer_config.json is not a JSON object")
+    model, decoder = tokenizer_json.get("model"), tokenizer_json.get("decoder")
+    if not (isinstance(model, dict) and model.get("type", "BPE") == "BPE" and isinstance(decoder, dict)
+            and decoder.get("type") == "ByteLevel"):
+        raise Refusal("tokenizer.json is not a byte-level BPE (model BPE, decoder ByteLevel); its tokens "
+                      "are not bytes the engine's tokenizer file can hold")
+    tokens = base_vocab(tokenizer_json)
+    added = json_added_tokens(tokenizer_json)
+    if not all(type(t.id) is int and t.id >= 0 and isinstance(t.content, str) for t in added):
+        raise Refusal("tokenizer.json has an added token without an integer id and a string content")
+    for t in sorted(added):
+        if t.id == len(tokens):
+            tokens.append(t.content)
+        elif t.id < len(tokens):
+            tokens[t.id] = t.content        # transformers' added vocabulary wins over the model's
+        else:
+            raise Refusal(f"added token {t.content!r} has id {t.id}, past the vocabulary's {len(tokens)} "
+                          f"ids; the engine's ids have no gaps")
+    byte_of = {c: b for b, c in enumerate(gpt2_byte_chars())}
+    payloads = [byte_level_payload(t, byte_of) for t in tokens]
+    ids: dict[bytes, int] = {}
+    for i, p in enumerate(payloads):
+        if p in ids:
+            raise Refusal(f"tokens {ids[p]} and {i} have the same bytes {p!r}; the engine's tokenizer "
+                          f"maps bytes to one id")
+        ids[p] = i
+    merges = []
+    raw = model.get("merges")
+    for rank, m in enumerate(raw if isinstance(raw, list) else ()):
+        parts = m.split(" ") if isinstance(m, str) else m
+        if not (isinstance(parts, list) and len(parts) == 2 and all(isinstance(s, str) for s in parts)):
+            raise Refusal(f"tokenizer.json merge {rank} ({m!r}) is not a pair of tokens")
+        pair = [ids.get(byte_level_payload(s, byte_of)) for s in parts]
+        if None in pair:
+            raise Refusal(f"tokenizer.json merge {rank} ({m!r}) joins a token the vocabulary does not "
+                          f"have; the engine refuses to load such a file")
+        merges.append((pair[0], pair[1]))
+    special = dict(special_ids(tokenizer_json, tokenizer_config, config))
+    for typ in ("bos", "eos"):
+        if not 0 <= special.get(typ, -1) < len(payloads):
+            raise Refusal(f"the tokenizer names no {typ} token among its {len(payloads)} ids; the engine "
+                          f"needs one (set {typ}_token in tokenizer_config.json)")
+    return SllmTokenizer(payloads, merges, special["bos"], special["eos"])
+
+
+def sllm_tokenizer_text(tok: SllmTokenizer) -> bytes:
+    """Tokenizer::save's file for tok."""
+    quoted = [sllm_quoted(p) for p in tok.payloads]
+    lines = [b"# simple-llm tokenizer", b"vocab_size %d" % len(quoted), b"bos %d" % tok.bos, b"eos %d" % tok.eos]
+    lines += [b"token %d %s" % (i, q) for i, q in enumerate(quoted)]
+    lines += [b"merge %d %s %s" % (r, quoted[a], quoted[b]) for r, (a, b) in enumerate(tok.merges)]
+    return b"\n".join(lines) + b"\n"
+
+
+def sllm_tokenizer_path(out: Path) -> Path:
+    """The tokenizer file beside OUT, named as the engine names them: model.sllm -> model.tok.txt."""
+    stem = out.name[:-len(".sllm")] if out.name.endswith(".sllm") else out.name
+    return out.with_name(stem + ".tok.txt")
+
+
+# --- Writing both files: each to its .part (created exclusively), hashed as written; both renamed
+# --- only once both are complete, so a refusal or failure leaves neither file nor .part.
+
+class SllmPlan(NamedTuple):
+    """Everything decided before a byte is written."""
+    header: bytes
+    tensors: list[PlannedTensor]    # in stream order, typed
+    tokenizer_text: bytes
+    tensor_plan: TensorPlan
+    outtype: str
+
+
+def plan_sllm(model_dir: Path, outtype: str, options: Options = Options()) -> SllmPlan:
+    """Decide the .sllm and its tokenizer file for model_dir, or raise a Refusal."""
+    if outtype not in SLLM_DTYPES:
+        raise Refusal(f"--outtype {outtype!r} is not one the engine's format has; use {', '.join(SLLM_DTYPES)}")
+    # The GGUF plan decides family, hyperparameters and tensors; a model card changes only GGUF metadata.
+    tp = plan_tensor_data(model_dir, options._replace(outtype="f32", ignore_model_card=True))
+    if tp.family is not LLAMA or tp.config.get("architectures") != ["LlamaForCausalLM"]:
+        raise Refusal(f"architecture {tp.config.get('architectures')!r} is not LlamaForCausalLM; the engine "
+                      f"computes plain Llama blocks only (no biases, q/k norms or sliding window)")
+    tok = sllm_tokenizer(model_dir, tp.config)
+    if len(tok.payloads) != tp.params.vocab_size:
+        raise Refusal(f"the tokenizer has {len(tok.payloads)} tokens but vocab_size is {tp.params.vocab_size}; "
+                      f"the engine requires them to be equal")
+    config = sllm_config(tp, tp.params.vocab_size, tok.bos, tok.eos, outtype)
+    tensors = sllm_tensor_order(tp.tensors, tp.params.block_count, outtype)
+    return SllmPlan(sllm_header(config), tensors, sllm_tokenizer_text(tok), tp, outtype)
+
+
+def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str) -> Iterator[bytes]:
+    """The weight stream: each tensor read in bounded jobs and converted by the GGUF path's kernels
+    (float32 widened exactly, f16 rounded to nearest even as numpy does), Q4_0 made from the float32."""
+    def values() -> Iterator[bytes]:
+        jobs = data_jobs(tensors, 0)    # no alignment padding: the engine's stream has none
+        files: dict[Path, object] = {}
+        buffer = bytearray(max((j.src_len for j in jobs), default=0))
+        try:
+            for job in jobs:
+                yield from job_pieces(job, source_file(files, job.tensor.source), buffer)
+        finally:
+            for f in files.values():
+                f.close()
+    return sllm_q4_0_stream(values()) if outtype == "q4_0" else values()
+
+
+def _create_part(path: Path) -> int:
+    part = path.with_name(path.name + ".part")
+    try:
+        return os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise Refusal(f"{part} exists: another conversion is writing {path.name}, or one was killed; "
+                      f"remove {part.name} if no conversion is running") from None
+    except OSError as e:
+        raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+
+
+def write_sllm(out: Path, tok_out: Path, plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[InputFile, InputFile]:
+    """Write OUT.part and TOK.part, then rename both; the (name, size, sha256) of each."""
+    parts = [p.with_name(p.name + ".part") for p in (out, tok_out)]
+    made: list[Path] = []
+    try:
+        fds = []
+        for path, part in zip((out, tok_out), parts):
+            fds.append(_create_part(path))
+            made.append(part)
+        results = []
+        for fd, pieces in zip(fds, (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
+                                    (plan.tokenizer_text,))):
+            with open(fd, "wb", buffering=0) as f:
+                w = HashingWriter(f)
+                try:
+                    if hasher and not results:
+                        hasher.start()
+                    for piece in pieces:
+                        w.write(piece)
+                    sha = w.close()
+                except BaseException:
+                    w.abort()
+                    raise
+                os.fsync(fd)
+                results.append((w.size, sha))
+        for part, path in zip(parts, (out, tok_out)):
+            os.replace(part, path)
+    except BaseException as e:
+        for part in made:
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise _writing_failed(out, e) from None
+        raise
+    return tuple(InputFile(p.name, size, sha) for p, (size, sha) in zip((out, tok_out), results))
+
+
+class SllmReport(NamedTuple):
+    """What an export wrote: the .sllm (as a Report, for the summary and the pin) and its tokenizer file."""
+    report: Report
+    tokenizer: InputFile
+
+
+def export_sllm(model_dir, out, options: Options = Options(outtype="f32")) -> SllmReport:
+    """Write the kasahare .sllm of model_dir at out and its tokenizer file beside it, or a Refusal."""
+    model_dir, out = Path(model_dir), Path(out)
+    plan = plan_sllm(model_dir, options.outtype, options)
+    tok_out = sllm_tokenizer_path(out)
+    for path in (out, tok_out):
+        check_output_path(path, model_dir, plan.tensor_plan.inputs)
+    if out.resolve() == tok_out.resolve():
+        raise Refusal(f"the output {out} would also be its own tokenizer file; name it *.sllm")
+    hasher = InputHasher(plan.tensor_plan.inputs) if options.hash_inputs else None
+    try:
+        sllm_file, tok_file = write_sllm(out, tok_out, plan, hasher)
+    except BaseException:
+        if hasher:
+            hasher.cancel()
+        raise
+    inputs = (hasher.result() if hasher else
+              tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.tensor_plan.inputs))
+    report = Report(out, sllm_file.sha256, sllm_file.size, len(plan.tensors), len(SllmConfig._fields),
+                    parameter_count(plan.tensors), model_dir.name, inputs, options, plan.outtype)
+    return SllmReport(report, tok_file)
+
+
+def sllm_fork_json(r: SllmReport, source: str) -> str:
+    """The pin of an export: fork_json's, its options naming the format, the tokenizer file beside."""
+    doc = json.loads(fork_json(r.report, source))
+    doc["options"]["format"] = "sllm"
+    doc["companions"] = [{"name": r.tokenizer.name, "bytes": r.tokenizer.size, "sha256": r.tokenizer.sha256}]
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading GGUF: a strict GGUF v3 reader (every count and length checked against the bytes left
 # before anything is read), a listing, and a structural diff that names the first difference.
 # ---------------------------------------------------------------------------------------------
@@ -6773,6 +7224,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
                    help="output file; {ftype} is filled in as llama.cpp does")
     _add_options(p)
+    p.add_argument("--format", choices=("gguf", "sllm"), default="gguf",
+                   help="gguf (the default), or sllm: the kasahare engine's OUT.sllm and OUT.tok.txt beside "
+                        f"it, --outtype {', '.join(SLLM_DTYPES)} (default f32)")
+    p.set_defaults(outtype=None)    # the default depends on --format
     p.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
     p.add_argument("--source", metavar="SRC", help="where the directory came from, recorded in the pin "
                    "(default: the directory's canonical path)")
@@ -6828,7 +7283,7 @@ def _options(args: argparse.Namespace) -> Options:
     # The inputs are hashed when something shows their sha256 (the pin, --json); a plain
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
-    return Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card,
+    return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
                    progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned)
 
 
@@ -6935,6 +7390,8 @@ def _convert(args: argparse.Namespace) -> int:
             planned = dry_run(args.model_dir, args.outfile, _options(args))
             _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
             return 0
+        if args.format == "sllm":
+            return _export_sllm(args, fork, started)
         report = convert(args.model_dir, args.outfile, _options(args))
         if fork is not None:
             source = args.source or str(Path(args.model_dir).resolve())
@@ -6959,6 +7416,28 @@ def _convert(args: argparse.Namespace) -> int:
         print(report_json(report, time.monotonic() - started, fork))
     else:
         print(f"{report.sha256}  {report.out}")
+    if not args.quiet:
+        print(_summary(report), file=sys.stderr)
+    return 0
+
+
+def _export_sllm(args: argparse.Namespace, fork: Optional[Path], started: float) -> int:
+    # Called inside _convert's handlers: refusals, failures and signals are reported there.
+    if args.dry_run:
+        raise Refusal("--dry-run shows a GGUF conversion; it is not offered with --format sllm")
+    options = _options(args)._replace(outtype=args.outtype or "f32")
+    exported = export_sllm(args.model_dir, args.outfile, options)
+    report = exported.report
+    if fork is not None:
+        _write_text_atomically(fork, sllm_fork_json(exported, args.source or str(Path(args.model_dir).resolve())))
+    if args.json:
+        doc = json.loads(report_json(report, time.monotonic() - started, fork))
+        doc["tokenizer"] = {"out": str(sllm_tokenizer_path(report.out)), "bytes": exported.tokenizer.size,
+                            "sha256": exported.tokenizer.sha256}
+        _print_json(doc)
+    else:
+        print(f"{report.sha256}  {report.out}")
+        print(f"{exported.tokenizer.sha256}  {sllm_tokenizer_path(report.out)}")
     if not args.quiet:
         print(_summary(report), file=sys.stderr)
     return 0
