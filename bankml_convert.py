@@ -5681,43 +5681,52 @@ def sllm_q4_0_block(values: Sequence[float]) -> bytes:
     return struct.pack("<f", d) + bytes(codes[j] | codes[j + 16] << 4 for j in range(16))
 
 
-# Fast form: (|x * inv| rounded half up) in bits 0-2, the value's sign in bit 3, to the nibble.
-_Q4_0_NIBBLE = bytes((8 - (c & 7) if c & 8 else 8 + (c & 7)) & 0xF for c in range(256))
-_Q4_0_SIGN = bytes(8 if b & 0x80 else 0 for b in range(256))
-_SHIFTED_4 = bytes((b << 4) & 0xFF for b in range(256))
+# The fast form's nibble of an int8 q (as a byte), clamped as the engine clamps, low or high.
+_Q4_0_NIBBLE = bytes(min(max(b - 256 if b > 127 else b, -8), 7) + 8 for b in range(256))
+_Q4_0_HIGH_NIBBLE = bytes(n << 4 for n in _Q4_0_NIBBLE)
 
 
 def sllm_q4_0_chunk(chunk: bytes) -> bytes:
     """Whole blocks of little-endian float32 values to the engine's Q4_0, as sllm_q4_0_block does
-    block by block, at C speed: scales and products through array('f') (a C cast: the one float32
-    rounding), magnitudes rounded half up by int(), signs and nibbles through byte tables.
+    block by block, at C speed with the Q8_0 kernel's parts: block maxima lane-wise, the products
+    x * (1/d) column by column through array('f') (the one float32 rounding), and their rounding
+    half away from zero by byte tables (_int8_of_products: gguf-py's np_roundf is std::round's rule).
 
-    A block with a normal scale d (at least 2**-126) has |x * (1/d)| < 7.5, so it needs no clamp;
-    the rest (a zero block excepted) and any chunk holding a NaN or an infinity take the block rule."""
-    values = array("f")
-    values.frombytes(chunk)
-    n = len(values)
+    A block with a normal scale d (at least 2**-126) has |x * (1/d)| < 7.5, in the tables' range;
+    a block with a smaller one (zero blocks excepted) and any chunk holding a NaN or an infinity
+    take the block rule, which refuses what the engine leaves undefined."""
+    n = len(chunk) >> 2
+    nb = n // SLLM_Q4_0_BLOCK
     if n % SLLM_Q4_0_BLOCK:
         raise ValueError(f"{n} values is not a whole number of Q4_0 blocks")
-    if not math.isfinite(sum(values)):      # a NaN or an infinity anywhere: the block rule refuses it
-        return b"".join(sllm_q4_0_block(values[i:i + SLLM_Q4_0_BLOCK]) for i in range(0, n, SLLM_Q4_0_BLOCK))
-    blocks = [values[i:i + SLLM_Q4_0_BLOCK] for i in range(0, n, SLLM_Q4_0_BLOCK)]
-    scales = array("f", (max(0.0, max(b), -min(b)) / 7.0 for b in blocks))
-    inverses = array("f", (1.0 / d if d >= _SMALLEST_NORMAL_F32 else 0.0 for d in scales))
-    products = array("f", map(mul, values, itertools.chain.from_iterable(map(repeat, inverses, repeat(SLLM_Q4_0_BLOCK)))))
-    halves = bytes(map(int, map(float.__add__, map(abs, products), repeat(0.5))))
-    signs = chunk[3::4].translate(_Q4_0_SIGN)
-    nibbles = (int.from_bytes(halves, "little") | int.from_bytes(signs, "little")).to_bytes(n, "little")
-    nibbles = nibbles.translate(_Q4_0_NIBBLE)
-    low = b"".join(nibbles[i:i + 16] for i in range(0, n, SLLM_Q4_0_BLOCK))
-    high = b"".join(nibbles[i + 16:i + SLLM_Q4_0_BLOCK] for i in range(0, n, SLLM_Q4_0_BLOCK))
-    packed = (int.from_bytes(low, "little") | int.from_bytes(high.translate(_SHIFTED_4), "little")).to_bytes(n // 2, "little")
+    values = array("f", chunk)
+    odd = chunk[3::4].translate(_TOP_EXPONENTS)
+    if odd.count(1):
+        bits = memoryview(chunk).cast("I")
+        if any(bits[i] & 0x7F800000 == 0x7F800000 for i in _positions(odd, 1)):
+            return b"".join(sllm_q4_0_block(values[i:i + SLLM_Q4_0_BLOCK]) for i in range(0, n, SLLM_Q4_0_BLOCK))
+    absolute = bytearray(chunk)
+    absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
+    scales = array("f", [m / 7.0 for m in array("f", _block_max_abs_bits(array("I", absolute), nb))])
+    inverse = array("f", [1.0 / d if d >= _SMALLEST_NORMAL_F32 else 0.0 for d in scales]).tolist()
+    listed = values.tolist()
+    products = []
+    for j in range(SLLM_Q4_0_BLOCK):
+        products += map(mul, listed[j::SLLM_Q4_0_BLOCK], inverse)
+    q = _int8_of_products(array("f", products).tobytes())       # column j: q[j * nb:(j + 1) * nb]
+    half = 16 * nb
+    packed = (int.from_bytes(q[:half].translate(_Q4_0_NIBBLE), "little")
+              | int.from_bytes(q[half:].translate(_Q4_0_HIGH_NIBBLE), "little")).to_bytes(half, "little")
+    out = bytearray(_SLLM_Q4_0_BLOCK_BYTES * nb)
     d_bytes = scales.tobytes()
-    out = [d_bytes[4 * k:4 * k + 4] + packed[16 * k:16 * k + 16] for k in range(len(blocks))]
+    for i in range(4):
+        out[i::_SLLM_Q4_0_BLOCK_BYTES] = d_bytes[i::4]
+    for j in range(16):
+        out[4 + j::_SLLM_Q4_0_BLOCK_BYTES] = packed[j * nb:(j + 1) * nb]
     for k, d in enumerate(scales):
         if 0.0 < d < _SMALLEST_NORMAL_F32:
-            out[k] = sllm_q4_0_block(blocks[k])
-    return b"".join(out)
+            out[20 * k:20 * k + 20] = sllm_q4_0_block(values[32 * k:32 * k + 32])
+    return bytes(out)
 
 
 def sllm_q4_0_stream(pieces: Iterable[bytes]) -> Iterator[bytes]:
@@ -5734,9 +5743,8 @@ def sllm_q4_0_stream(pieces: Iterable[bytes]) -> Iterator[bytes]:
                 sllm_q4_0_block(struct.unpack(f"<{SLLM_Q4_0_BLOCK}f", data[i:i + block_bytes]))
                 for i in range(0, whole, block_bytes))
         carry = data[whole:]
-    if carry:
-        raise Refusal(f"the model has a number of weights that is not a multiple of {SLLM_Q4_0_BLOCK}; "
-                      f"the engine's Q4_0 writer cannot write it; use --outtype f32 or f16")
+    if carry:       # plan_sllm refuses such a model before writing; this is the stream's own guard
+        raise ValueError(f"the weight stream ends inside a Q4_0 block of {SLLM_Q4_0_BLOCK}")
 
 
 # --- The tokenizer file (Tokenizer::save): a comment, vocab_size, bos, eos, one `token <id> "..."`
@@ -5875,6 +5883,9 @@ def plan_sllm(model_dir: Path, outtype: str, options: Options = Options()) -> Sl
                       f"the engine requires them to be equal")
     config = sllm_config(tp, tp.params.vocab_size, tok.bos, tok.eos, outtype)
     tensors = sllm_tensor_order(tp.tensors, tp.params.block_count, outtype)
+    if outtype == "q4_0" and parameter_count(tensors) % SLLM_Q4_0_BLOCK:
+        raise Refusal(f"the model has {parameter_count(tensors):,} weights, not a multiple of {SLLM_Q4_0_BLOCK}; "
+                      f"the engine's Q4_0 writer cannot write it; use --outtype f32 or f16")
     return SllmPlan(sllm_header(config), tensors, sllm_tokenizer_text(tok), tp, outtype)
 
 
@@ -6988,6 +6999,7 @@ class Pin(NamedTuple):
     inputs: tuple[InputFile, ...]
     source: str
     command: str = ""
+    companions: tuple[InputFile, ...] = ()     # files written beside the output (a .sllm's tokenizer)
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -7019,19 +7031,25 @@ def read_pin(path) -> Pin:
     source = doc.get("source")
     source = source if isinstance(source, str) else ""
     output = _pinned_file(doc.get("output"), "output", path.name)
-    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name))
+    companions = doc.get("companions", [])
+    if not isinstance(companions, list):
+        raise Refusal(f"{path.name}: \"companions\" must be a list")
+    beside = tuple(_pinned_file(e, f"companions[{i}]", path.name) for i, e in enumerate(companions))
+    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name), beside)
 
 
 def _remaking_command(options: object, source: str, out_name: str, pin_name: str) -> str:
     """The command line that writes the pinned output again from the pinned inputs."""
     if options is None:
         return ""
-    if not (isinstance(options, dict) and options.get("outtype") in OUT_TYPES
+    sllm = isinstance(options, dict) and options.get("format") == "sllm"
+    if not (isinstance(options, dict) and options.get("outtype") in (SLLM_DTYPES if sllm else OUT_TYPES)
             and isinstance(options.get("model_name"), (str, type(None)))
             and isinstance(options.get("ignore_model_card"), bool)):
         raise Refusal(f"{pin_name}: \"options\" must hold outtype (one of {', '.join(OUT_TYPES)}), "
                       f"model_name (a string or null) and ignore_model_card (true or false)")
-    words = ["bankml_convert.py", source or "DIR", "-o", out_name, "--outtype", options["outtype"]]
+    words = ["bankml_convert.py", source or "DIR", "-o", out_name, *(["--format", "sllm"] if sllm else []),
+             "--outtype", options["outtype"]]
     if options["model_name"] is not None:
         words += ["--model-name", options["model_name"]]
     if options["ignore_model_card"]:
@@ -7090,6 +7108,10 @@ def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]
         raise Refusal(f"{gguf_path} is not a file")
     try:
         checks = _output_checks(hash_file(gguf_path), pin.output)
+        for c in pin.companions:
+            beside = gguf_path.with_name(c.name)
+            checks += (_output_checks(hash_file(beside), c) if beside.is_file()
+                       else [(False, f"{c.name}: missing beside {gguf_path.name}")])
         if inputs_dir is not None:
             inputs_dir = Path(inputs_dir)
             if not inputs_dir.is_dir():
@@ -7386,12 +7408,12 @@ def _convert(args: argparse.Namespace) -> int:
     try:
         if fork is not None:
             _check_pin_path(fork)
+        if args.format == "sllm":
+            return _export_sllm(args, fork, started)
         if args.dry_run:
             planned = dry_run(args.model_dir, args.outfile, _options(args))
             _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
             return 0
-        if args.format == "sllm":
-            return _export_sllm(args, fork, started)
         report = convert(args.model_dir, args.outfile, _options(args))
         if fork is not None:
             source = args.source or str(Path(args.model_dir).resolve())
@@ -7439,7 +7461,9 @@ def _export_sllm(args: argparse.Namespace, fork: Optional[Path], started: float)
         print(f"{report.sha256}  {report.out}")
         print(f"{exported.tokenizer.sha256}  {sllm_tokenizer_path(report.out)}")
     if not args.quiet:
-        print(_summary(report), file=sys.stderr)
+        print(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
+              f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}",
+              file=sys.stderr)
     return 0
 
 

@@ -4,6 +4,7 @@
 //   write-model CONFIG.txt WEIGHTS.f32 OUT.sllm    the engine's write_model_file for this Config and
 //                                                  these float32 weights (its F32/Q4_0/FP16 writer)
 //   write-tokenizer SPEC.bin OUT.tok.txt           the engine's Tokenizer::save for this vocabulary
+//   quantize-q4_0 IN.f32 OUT.bin                   the engine's quantize_q4_0 of whole blocks
 //   decode MODEL.sllm TOK.txt N LOGITS.f32 ID...   Model::load, the prompt ids, then N greedy ids
 //                                                  (argmax, first maximum; no stop at eos); writes
 //                                                  the logits after the prompt and prints the ids
@@ -95,6 +96,17 @@ static int write_tokenizer(const char* spec, const char* out) {
     return tk.save(out) ? 0 : 1;
 }
 
+static int quantize(const char* in, const char* out) {
+    std::vector<char> raw = slurp(in);
+    std::vector<float> x(raw.size() / 4);
+    std::memcpy(x.data(), raw.data(), x.size() * 4);
+    std::vector<sl::BlockQ4_0> q(x.size() / 32);
+    sl::quantize_q4_0(x.data(), q.data(), x.size());
+    std::ofstream f(out, std::ios::binary);
+    f.write((const char*)q.data(), q.size() * sizeof(sl::BlockQ4_0));
+    return f ? 0 : 1;
+}
+
 static int32_t argmax(const std::vector<float>& x) {
     int32_t best = 0;
     for (int32_t i = 1; i < (int32_t)x.size(); ++i) if (x[i] > x[best]) best = i;
@@ -124,6 +136,7 @@ int main(int argc, char** argv) {
     std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "write-model" && argc == 5) return write_model(argv[2], argv[3], argv[4]);
     if (mode == "write-tokenizer" && argc == 4) return write_tokenizer(argv[2], argv[3]);
+    if (mode == "quantize-q4_0" && argc == 4) return quantize(argv[2], argv[3]);
     if (mode == "decode" && argc >= 7) return decode(argc, argv);
     std::fprintf(stderr, "usage: see the comment at the top of sllm_harness.cpp\n");
     return 2;

@@ -13,7 +13,7 @@ Run with the reference python (torch, transformers, numpy, safetensors):
    x / (1 + exp(-x)) (the patch is EXACT_PATCH below; the stock engine rounds them to int8 and
    approximates the reciprocal).  Nothing of it is committed.
 2. Bytes: for each run, the engine's own write_model_file writes the .sllm from the float32
-   weights (torch's widening of the safetensors, Q/K rows permuted by llama.cpp's own
+   weights (the safetensors widened exactly: BF16 by torch, F16 by numpy; Q/K rows permuted by llama.cpp's own
    LlamaModel.permute) and the config transformers' AutoConfig reads; the engine's own
    Tokenizer::save writes the tokenizer file from transformers' AutoTokenizer vocabulary and
    merges (GPT-2 byte-level tokens as raw bytes).  bankml_convert.py --format sllm must write the
@@ -70,7 +70,7 @@ RUNS = [
     ("full-135m-instruct-q4_0", "full-135m-instruct", "q4_0"),
 ]
 RUNS_BY_NAME = {r[0]: r for r in RUNS}
-DECODE_CASES = ("example", "full-135m-instruct")
+DECODE_CASES = ("example", "full-135m-instruct", "example-unit-norms", "full-135m-instruct-unit-norms")
 # Fixed prompts, as ids (the engine's encode() differs from transformers', README): a ChatML turn,
 # a sentence, and the lone <|endoftext|>.
 PROMPTS = {
@@ -172,11 +172,37 @@ def harness(kind: str) -> Path:
 
 # --- Reference inputs, from transformers / torch / llama.cpp ---
 
+UNIT_NORMS = "-unit-norms"
+
+
 def case_dir(case: str) -> Path:
+    if case.endswith(UNIT_NORMS):
+        return unit_norms_dir(case)
     c = make_models.CASES_BY_NAME[case]
     d = WORK / "cases" / c.name / c.directory_name
     if not (d / "config.json").is_file():
         make_models.make_case(c, d.parent)
+    return d
+
+
+def unit_norms_dir(case: str) -> Path:
+    """A generated case with every RMSNorm weight 1.0 (its other tensors as generated): random
+    weights of N(0, 0.02) under norms as small make logits of about 1e-4, where a 1e-3 tolerance
+    says little; unit norms, as a freshly initialised Llama has, make them of order one."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    base = case_dir(case[:-len(UNIT_NORMS)])
+    d = WORK / "cases" / case / base.name
+    if (d / "config.json").is_file():
+        return d
+    d.mkdir(parents=True)
+    for f in base.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, d / f.name)
+    for f in base.glob("*.safetensors"):
+        state = load_file(f)
+        save_file({k: torch.ones_like(v) if k.endswith("norm.weight") else v for k, v in state.items()},
+                  d / f.name, metadata={"format": "pt"})
     return d
 
 
@@ -220,7 +246,10 @@ def write_weights(model_dir: Path, cfg: dict, out: Path) -> None:
     order.append("model.norm.weight")
     with open(out, "wb") as f:
         for name in order:
-            w = state.pop(name).to(torch.float32)
+            w = state.pop(name)
+            # Widened exactly: BF16 by torch (a shift), F16 by numpy, which keeps every NaN payload
+            # bit for bit (torch's F16C conversion quiets signalling NaNs).
+            w = torch.from_numpy(w.numpy().astype("<f4")) if w.dtype == torch.float16 else w.to(torch.float32)
             if name.endswith("q_proj.weight"):
                 w = LlamaModel.permute(w, cfg["n_heads"], cfg["n_heads"])
             elif name.endswith("k_proj.weight"):
@@ -328,6 +357,55 @@ def run_bytes(name: str) -> dict:
     return result
 
 
+# --- The engine's Q4_0 blocks and escaping, on inputs chosen to reach every rule ---
+
+def q4_0_edge_blocks() -> list[bytes]:
+    """Blocks of 32 float32 values (only ones the engine's C++ defines: finite, an invertible scale)."""
+    import numpy as np
+    rng = np.random.default_rng(18)
+    blocks = [np.zeros(32, "<f4"), np.full(32, -0.0, "<f4"),
+              np.array([k + 0.5 for k in range(-7, 7)] + [7.0, -7.0] + [0.0] * 16, "<f4"),     # d = 1: ties
+              np.array([-3.5] + [1.0] * 31, "<f4"),                                          # max on the negative side
+              np.array([7 * 2.0 ** -127] + [k * 2.0 ** -127 for k in range(-15, 16)], "<f4"),  # subnormal d, exact
+              np.array([8e-38] + list(rng.normal(0, 3e-38, 31)), "<f4"),                     # subnormal d, inexact
+              np.array([3e38] + list(rng.normal(0, 1e-3, 31)), "<f4"),                       # subnormal products
+              np.array([1e-37] + list(rng.normal(0, 3e-38, 31)), "<f4")]                     # smallest normal d
+    for _ in range(24):
+        d = np.float32(abs(rng.normal(0, 0.02)) + 1e-6)
+        ks = rng.integers(-7, 7, 32) + 0.5
+        x = (ks * d).astype("<f4")
+        x = np.nextafter(x, np.where(rng.random(32) < 0.5, -np.inf, np.inf).astype("<f4")) if _ % 2 else x
+        x[0] = np.float32(7) * d * np.float32(rng.choice([-1, 1]))                          # near-ties around k + 1/2
+        blocks.append(x.astype("<f4"))
+    blocks += [rng.normal(0, 0.02, 32).astype("<f4") for _ in range(8)]
+    return [b.tobytes() for b in blocks]
+
+
+ESCAPE_PAYLOADS = [bytes([b]) for b in range(256)] + [
+    b"", b"a b", b'"quoted"', b"back\\slash", b"\\x41", b"\xe2\x80\x99", b"\r\n", b"tab\tend", b"<|im_start|>"]
+ESCAPE_MERGES = [(ord("a"), ord(" ")), (ord('"'), ord("\\")), (0x0A, 0x0D), (0xE2, 0x80), (0x00, 0x7F)]
+
+
+def engine_rules() -> dict:
+    """The engine's Q4_0 of the edge blocks and Tokenizer::save of every byte and some strings."""
+    import struct
+    d = WORK / "rules"
+    d.mkdir(parents=True, exist_ok=True)
+    blocks = q4_0_edge_blocks()
+    (d / "blocks.f32").write_bytes(b"".join(blocks))
+    subprocess.run([str(harness("stock")), "quantize-q4_0", str(d / "blocks.f32"), str(d / "blocks.q4_0")], check=True)
+    q = (d / "blocks.q4_0").read_bytes()
+    spec = [struct.pack("<I", len(ESCAPE_PAYLOADS))] + [struct.pack("<I", len(p)) + p for p in ESCAPE_PAYLOADS]
+    spec += [struct.pack("<I", len(ESCAPE_MERGES))] + [struct.pack("<II", a, b) for a, b in ESCAPE_MERGES]
+    spec.append(struct.pack("<ii", 264, 0x22))
+    (d / "escapes.spec").write_bytes(b"".join(spec))
+    subprocess.run([str(harness("stock")), "write-tokenizer", str(d / "escapes.spec"), str(d / "escapes.tok.txt")], check=True)
+    return {"q4_0_blocks": [{"f32": b.hex(), "engine": q[20 * i:20 * i + 20].hex()} for i, b in enumerate(blocks)],
+            "tokenizer_escapes": {"payloads": [p.hex() for p in ESCAPE_PAYLOADS], "merges": ESCAPE_MERGES,
+                                  "bos": 264, "eos": 0x22, "engine_sha256": sha256_of(d / "escapes.tok.txt"),
+                                  "engine_bytes": (d / "escapes.tok.txt").stat().st_size}}
+
+
 # --- Decoding ---
 
 def transformers_greedy(model_dir: Path, prompt: list[int]) -> tuple[list[int], "object"]:
@@ -367,14 +445,14 @@ def decode(case: str, outtype: str = "f32") -> dict:
     results = {}
     for name, prompt in PROMPTS.items():
         hf_ids, hf_logits = transformers_greedy(case_dir(case), prompt)
-        row = {"prompt": prompt, "transformers_ids": hf_ids}
+        row = {"prompt": prompt, "transformers_ids": hf_ids, "logits0_max_abs": float(abs(hf_logits).max())}
         for kind in ("exact", "stock"):
             ids, logits, seconds = engine_greedy(kind, out, tok, prompt)
             diverge = next((i for i, (a, b) in enumerate(zip(ids, hf_ids)) if a != b), None)
             row[kind] = {"ids": ids, "same_ids": ids == hf_ids, "first_difference": diverge,
                          "logits0_max_abs_diff": float(abs(logits - hf_logits).max()), "seconds": round(seconds, 1)}
         row["exact_passes"] = row["exact"]["same_ids"] and row["exact"]["logits0_max_abs_diff"] <= LOGITS_TOLERANCE
-        print(f"{case} {outtype} {name}: exact build ids {'==' if row['exact']['same_ids'] else '!='} "
+        print(f"{case} {outtype} {name} (logits0 up to {row['logits0_max_abs']:.3g}): exact build ids {'==' if row['exact']['same_ids'] else '!='} "
               f"transformers, logits0 max |diff| {row['exact']['logits0_max_abs_diff']:.2e}; stock build ids "
               f"{'==' if row['stock']['same_ids'] else 'differ at ' + str(row['stock']['first_difference'])}, "
               f"logits0 max |diff| {row['stock']['logits0_max_abs_diff']:.3g}")
@@ -410,6 +488,8 @@ def main(argv: list[str]) -> int:
                                f"Tokenizer::save driven by oracle/sllm_harness.cpp, g++ {' '.join(CXXFLAGS)}")
         record["command"] = "oracle/.ref/venv/bin/python oracle/sllm_oracle.py record"
         record.setdefault("runs", {}).update(results)
+        record["rules"] = engine_rules()
+        record["rules_command"] = record["command"]
         RECORD.write_text(json.dumps(record, indent=1) + "\n")
     return 1 if bad else 0
 
