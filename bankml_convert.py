@@ -5918,33 +5918,43 @@ def _create_part(path: Path) -> int:
 
 def write_sllm(out: Path, tok_out: Path, plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[InputFile, InputFile]:
     """Write OUT.part and TOK.part, then rename both; the (name, size, sha256) of each."""
+    import signal
     parts = [p.with_name(p.name + ".part") for p in (out, tok_out)]
-    made: list[Path] = []
+    files: list = []
+    # As in write_gguf_while_planning: the command line's SIGINT/SIGTERM handlers raise, and are held
+    # until each created .part is open and recorded for removal.
+    held = {signal.SIGINT, signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
     try:
-        fds = []
-        for path, part in zip((out, tok_out), parts):
-            fds.append(_create_part(path))
-            made.append(part)
+        for path in (out, tok_out):
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
+            try:
+                files.append(open(_create_part(path), "wb", buffering=0))
+            finally:
+                if held:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         results = []
-        for fd, pieces in zip(fds, (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
-                                    (plan.tokenizer_text,))):
-            with open(fd, "wb", buffering=0) as f:
-                w = HashingWriter(f)
-                try:
-                    if hasher and not results:
-                        hasher.start()
-                    for piece in pieces:
-                        w.write(piece)
-                    sha = w.close()
-                except BaseException:
-                    w.abort()
-                    raise
-                os.fsync(fd)
-                results.append((w.size, sha))
+        streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
+                   (plan.tokenizer_text,))
+        for f, pieces in zip(files, streams):
+            w = HashingWriter(f)
+            try:
+                if hasher and not results:
+                    hasher.start()
+                for piece in pieces:
+                    w.write(piece)
+                sha = w.close()
+            except BaseException:
+                w.abort()
+                raise
+            os.fsync(f.fileno())
+            results.append((w.size, sha))
+        for f in files:
+            f.close()
         for part, path in zip(parts, (out, tok_out)):
             os.replace(part, path)
     except BaseException as e:
-        for part in made:
+        for f, part in zip(files, parts):
+            f.close()
             try:
                 os.unlink(part)
             except OSError:

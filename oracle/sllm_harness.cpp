@@ -5,6 +5,7 @@
 //                                                  these float32 weights (its F32/Q4_0/FP16 writer)
 //   write-tokenizer SPEC.bin OUT.tok.txt           the engine's Tokenizer::save for this vocabulary
 //   quantize-q4_0 IN.f32 OUT.bin                   the engine's quantize_q4_0 of whole blocks
+//   encode TOK.txt TEXT                            Tokenizer::load, then encode(text, add_bos=false)
 //   decode MODEL.sllm TOK.txt N LOGITS.f32 ID...   Model::load, the prompt ids, then N greedy ids
 //                                                  (argmax, first maximum; no stop at eos); writes
 //                                                  the logits after the prompt and prints the ids
@@ -107,6 +108,16 @@ static int quantize(const char* in, const char* out) {
     return f ? 0 : 1;
 }
 
+static int encode(const char* tok_path, const char* text_path) {
+    sl::Tokenizer tk;
+    if (!tk.load(tok_path)) { std::fprintf(stderr, "Tokenizer::load failed\n"); return 1; }
+    std::vector<char> text = slurp(text_path);
+    std::vector<int32_t> ids = tk.encode(std::string(text.begin(), text.end()), false);
+    for (std::size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %d" : "%d", ids[i]);
+    std::printf("\n");
+    return 0;
+}
+
 static int32_t argmax(const std::vector<float>& x) {
     int32_t best = 0;
     for (int32_t i = 1; i < (int32_t)x.size(); ++i) if (x[i] > x[best]) best = i;
@@ -137,6 +148,7 @@ int main(int argc, char** argv) {
     if (mode == "write-model" && argc == 5) return write_model(argv[2], argv[3], argv[4]);
     if (mode == "write-tokenizer" && argc == 4) return write_tokenizer(argv[2], argv[3]);
     if (mode == "quantize-q4_0" && argc == 4) return quantize(argv[2], argv[3]);
+    if (mode == "encode" && argc == 4) return encode(argv[2], argv[3]);
     if (mode == "decode" && argc >= 7) return decode(argc, argv);
     std::fprintf(stderr, "usage: see the comment at the top of sllm_harness.cpp\n");
     return 2;

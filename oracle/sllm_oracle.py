@@ -6,6 +6,7 @@ Run with the reference python (torch, transformers, numpy, safetensors):
     oracle/.ref/venv/bin/python oracle/sllm_oracle.py compare [RUN...]    # prints, saves nothing
     oracle/.ref/venv/bin/python oracle/sllm_oracle.py record [RUN...]     # also oracle/recorded/sllm.json
     oracle/.ref/venv/bin/python oracle/sllm_oracle.py decode [CASE...]    # the greedy-decoding check
+    oracle/.ref/venv/bin/python oracle/sllm_oracle.py encode              # the engine's encode() vs transformers'
 
 1. Gets the kasahare 0.5.4 sdist from the package registry (its sha256 is pinned below) into
    build/kasahare and builds oracle/sllm_harness.cpp against it with g++, twice: the stock engine,
@@ -228,8 +229,9 @@ def engine_config(model_dir: Path, dtype: int) -> dict:
             "tied_embeddings": int(bool(c.tie_word_embeddings))}
 
 
-def write_weights(model_dir: Path, cfg: dict, out: Path) -> None:
-    """The engine's float32 stream: torch's float32 of each tensor, Q/K permuted by llama.cpp."""
+def write_weights(model_dir: Path, cfg: dict, out: Path, permute: bool = True) -> None:
+    """The engine's float32 stream: each tensor widened to float32, Q/K permuted by llama.cpp
+    (permute=False: as HF stores them, the decoding check's negative control)."""
     import torch
     from safetensors.torch import load_file
     sys.path[:0] = [str(LLAMA_CPP / "gguf-py"), str(LLAMA_CPP)]
@@ -250,7 +252,9 @@ def write_weights(model_dir: Path, cfg: dict, out: Path) -> None:
             # Widened exactly: BF16 by torch (a shift), F16 by numpy, which keeps every NaN payload
             # bit for bit (torch's F16C conversion quiets signalling NaNs).
             w = torch.from_numpy(w.numpy().astype("<f4")) if w.dtype == torch.float16 else w.to(torch.float32)
-            if name.endswith("q_proj.weight"):
+            if not permute:
+                pass
+            elif name.endswith("q_proj.weight"):
                 w = LlamaModel.permute(w, cfg["n_heads"], cfg["n_heads"])
             elif name.endswith("k_proj.weight"):
                 w = LlamaModel.permute(w, cfg["n_heads"], cfg["n_kv_heads"])
@@ -457,16 +461,74 @@ def decode(case: str, outtype: str = "f32") -> dict:
               f"{'==' if row['stock']['same_ids'] else 'differ at ' + str(row['stock']['first_difference'])}, "
               f"logits0 max |diff| {row['stock']['logits0_max_abs_diff']:.3g}")
         results[name] = row
-    return {"case": case, "outtype": outtype, "inputs_sha256": inputs_digest(case_dir(case)),
-            "new_tokens": NEW_TOKENS, "tolerance": LOGITS_TOLERANCE, "prompts": results,
-            "passes": all(r["exact_passes"] for r in results.values())}
+    result = {"case": case, "outtype": outtype, "inputs_sha256": inputs_digest(case_dir(case)),
+              "new_tokens": NEW_TOKENS, "tolerance": LOGITS_TOLERANCE, "prompts": results,
+              "passes": all(r["exact_passes"] for r in results.values())}
+    if case.endswith(UNIT_NORMS):
+        result["control_without_qk_permutation"] = control(case, tok, results)
+    return result
+
+
+def control(case: str, tok: Path, results: dict) -> dict:
+    """The check's teeth: the same weights without llama.cpp's Q/K permutation, written by the
+    engine's own writer, must not pass on the exact build."""
+    d = WORK / "reference" / case
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = engine_config(case_dir(case), 0)
+    (d / "config-control.txt").write_text("".join(f"{k}={v}\n" for k, v in cfg.items()))
+    write_weights(case_dir(case), cfg, d / "unpermuted.f32", permute=False)
+    sllm = d / "unpermuted.sllm"
+    subprocess.run([str(harness("stock")), "write-model", str(d / "config-control.txt"), str(d / "unpermuted.f32"),
+                    str(sllm)], check=True)
+    (d / "unpermuted.f32").unlink()
+    row = results["chatml"]
+    ids, logits, _ = engine_greedy("exact", sllm, tok, row["prompt"])
+    import numpy as np
+    _, hf_logits = transformers_greedy(case_dir(case), row["prompt"])
+    out = {"prompt": "chatml", "same_ids": ids == row["transformers_ids"],
+           "first_difference": next((i for i, (a, b) in enumerate(zip(ids, row["transformers_ids"])) if a != b), None),
+           "logits0_max_abs_diff": float(np.abs(logits - hf_logits).max())}
+    print(f"{case} control without the Q/K permutation: ids {'==' if out['same_ids'] else '!='} transformers "
+          f"(first difference at {out['first_difference']}), logits0 max |diff| {out['logits0_max_abs_diff']:.3g}")
+    return out
+
+
+# Texts where the engine's encode() and transformers' agree, and where they do not (README).
+ENCODE_TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "I'm sure it's 1234567 dollars.",
+                "naïve café, 東京 😀", "def f(x):\n    return x  + 1\n", "<|im_start|>user\nHi<|im_end|>\n",
+                "  two leading spaces", "trailing spaces  ", "a\n\nb"]
+
+
+def encode_check(case: str = "example") -> list[dict]:
+    """The engine's Tokenizer::load + encode() of bankml's tokenizer file beside transformers' ids."""
+    from transformers import AutoTokenizer
+    p, out, tok, _ = bankml(case, "f32")
+    if p.returncode != 0:
+        raise SystemExit(f"bankml refused {case}: {p.stderr}")
+    hf = AutoTokenizer.from_pretrained(case_dir(case))
+    rows = []
+    for text in ENCODE_TEXTS:
+        (WORK / "text.txt").write_bytes(text.encode("utf-8"))
+        r = subprocess.run([str(harness("stock")), "encode", str(tok), str(WORK / "text.txt")],
+                           capture_output=True, text=True, check=True)
+        engine = [int(x) for x in r.stdout.split()]
+        want = hf.encode(text, add_special_tokens=False)
+        rows.append({"text": text, "same": engine == want, "engine": engine, "transformers": want})
+        print(f"{'same' if engine == want else 'DIFFERENT'}: {text!r}")
+    return rows
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("compare", "record", "decode"))
+    ap.add_argument("command", choices=("compare", "record", "decode", "encode"))
     ap.add_argument("names", nargs="*", help="runs (compare/record) or cases (decode); default all")
     args = ap.parse_args(argv)
+    if args.command == "encode":
+        record = json.loads(RECORD.read_text())
+        record["encode"] = encode_check()
+        record["encode_command"] = "oracle/.ref/venv/bin/python oracle/sllm_oracle.py encode"
+        RECORD.write_text(json.dumps(record, indent=1) + "\n")
+        return 0
     if args.command == "decode":
         record = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
         failed = 0
