@@ -5572,8 +5572,8 @@ def sllm_number(key: str, value: float) -> str:
     f = rounded_to_f32(value)
     text = "%g" % f
     if not math.isfinite(f) or rounded_to_f32(float(text)) != f:
-        raise Refusal(f"config.json's {key} {value!r} is not kept by the engine's config text "
-                      f"(6 significant digits: {text}); the .sllm would run another model")
+        raise Refusal(f"the engine's {key} would be {text} (its config text keeps 6 significant digits), "
+                      f"not {value!r}; the .sllm would run another model")
     return text
 
 
@@ -5804,6 +5804,9 @@ def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
                       "are not bytes the engine's tokenizer file can hold")
     tokens = base_vocab(tokenizer_json)
     added = json_added_tokens(tokenizer_json)
+    raw = model.get("merges")
+    special = dict(special_ids(tokenizer_json, tokenizer_config, config))
+    del tokenizer_json, model       # tokens and merges are all that is left to read: free the rest
     if not all(type(t.id) is int and t.id >= 0 and isinstance(t.content, str) for t in added):
         raise Refusal("tokenizer.json has an added token without an integer id and a string content")
     for t in sorted(added):
@@ -5816,6 +5819,7 @@ def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
                           f"ids; the engine's ids have no gaps")
     byte_of = {c: b for b, c in enumerate(gpt2_byte_chars())}
     payloads = [byte_level_payload(t, byte_of) for t in tokens]
+    del tokens
     ids: dict[bytes, int] = {}
     for i, p in enumerate(payloads):
         if p in ids:
@@ -5823,7 +5827,6 @@ def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
                           f"maps bytes to one id")
         ids[p] = i
     merges = []
-    raw = model.get("merges")
     for rank, m in enumerate(raw if isinstance(raw, list) else ()):
         parts = m.split(" ") if isinstance(m, str) else m
         if not (isinstance(parts, list) and len(parts) == 2 and all(isinstance(s, str) for s in parts)):
@@ -5833,7 +5836,6 @@ def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
             raise Refusal(f"tokenizer.json merge {rank} ({m!r}) joins a token the vocabulary does not "
                           f"have; the engine refuses to load such a file")
         merges.append((pair[0], pair[1]))
-    special = dict(special_ids(tokenizer_json, tokenizer_config, config))
     for typ in ("bos", "eos"):
         if not 0 <= special.get(typ, -1) < len(payloads):
             raise Refusal(f"the tokenizer names no {typ} token among its {len(payloads)} ids; the engine "

@@ -4420,7 +4420,7 @@ class SllmRules(unittest.TestCase):
                          ["%g" % bc.rounded_to_f32(v) for v in (1e-5, 100000.0, 1e6, 0.5)])
 
     def test_a_config_float_the_engine_would_not_read_back_is_refused(self):
-        with self.assertRaisesRegex(bc.Refusal, "6 significant digits"):
+        with self.assertRaisesRegex(bc.Refusal, "keeps 6 significant digits"):
             bc.sllm_number("rms_norm_eps", 1.2345678e-5)
 
 
