@@ -5797,6 +5797,7 @@ def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
     tokenizer_config = optional_json(model_dir / "tokenizer_config.json") or {}
     if not isinstance(tokenizer_config, dict):
         raise Refusal("tokenizer_config.json is not a JSON object")
+    refuse_malformed(tokenizer_json, tokenizer_config)
     model, decoder = tokenizer_json.get("model"), tokenizer_json.get("decoder")
     if not (isinstance(model, dict) and model.get("type", "BPE") == "BPE" and isinstance(decoder, dict)
             and decoder.get("type") == "ByteLevel"):

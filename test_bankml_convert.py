@@ -4488,6 +4488,11 @@ class SllmRefusals(Workspace):
         edit_json(d / "tokenizer.json", lambda t: t["model"]["merges"].append(["zzqqx", "yy"]))
         self.assertSllmRefuses(d, "joins a token the vocabulary does not have")
 
+    def test_malformed_added_tokens(self):
+        d = self.case("example")
+        edit_json(d / "tokenizer.json", lambda t: t.update(added_tokens={"<|im_start|>": 1}))
+        self.assertSllmRefuses(d, "transformers cannot load such a tokenizer")
+
     def test_vocab_size_unlike_the_tokenizer(self):
         d = self.case("example")
         edit_json(d / "config.json", lambda c: c.update(vocab_size=49216))
