@@ -7351,6 +7351,481 @@ def fork_json(report: Report, source: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Exporting for kasahare: the .sllm model file and the .tok.txt tokenizer file that the kasahare
+# 0.5.4 engine (simple-llm) loads, byte for byte as its own writers make them, or a Refusal.
+# ---------------------------------------------------------------------------------------------
+# The facts below are from the kasahare-0.5.4 sdist (src/model_data.cpp, src/tokenizer.cpp,
+# src/model.cpp); oracle/sllm_oracle.py builds the engine and compares (oracle/recorded/sllm.json).
+
+SLLM_MAGIC = 0x534C4C4D         # "MLLS" on disk: a little-endian u32, then version and blob length
+SLLM_VERSION = 1                # the engine loads exactly this version
+# --outtype -> the engine's DType: a single type covers the whole weight stream.
+SLLM_DTYPES = {"f32": 0, "q4_0": 1, "f16": 2}
+# The engine's attention keeps each query head in int8_t q_i8[256] (model.cpp), so no larger head.
+SLLM_MAX_HEAD_DIM = 256
+# The engine's DType F32/FP16 streams hold each value in the GGML type of the same layout.
+_SLLM_VALUE_TYPES = {"f32": GGML_F32, "f16": GGML_F16, "q4_0": GGML_F32}
+_INT32_MAX = 2 ** 31 - 1
+
+
+class SllmConfig(NamedTuple):
+    """The engine's Config, in the order encode_config writes its keys."""
+    dtype: int
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    max_seq_len: int
+    rms_norm_eps: float         # float32 values, as the Config holds them
+    rope_freq_base: float
+    tied_embeddings: int = 1    # the engine has no output matrix: logits always come from tok_emb
+
+
+def sllm_number(key: str, value: float) -> str:
+    """A float32 config value as encode_config prints it (ostream's default: printf %g, 6 digits),
+    or a Refusal where that text reads back as another float32 (the engine would run another model)."""
+    f = rounded_to_f32(value)
+    text = "%g" % f
+    if not math.isfinite(f) or rounded_to_f32(float(text)) != f:
+        raise Refusal(f"the engine's {key} would be {text} (its config text keeps 6 significant digits), "
+                      f"not {value!r}; the .sllm would run another model")
+    return text
+
+
+def sllm_config_blob(c: SllmConfig) -> bytes:
+    """encode_config's text: a comment line, then key=value lines, integers and %g floats."""
+    lines = [f"# simple-llm config v{SLLM_VERSION}"]
+    for key, value in zip(SllmConfig._fields, c):
+        lines.append(f"{key}={sllm_number(key, value) if isinstance(value, float) else value}")
+    return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def sllm_header(c: SllmConfig) -> bytes:
+    """Everything before the weights: magic, version, the blob's length, the blob; no padding."""
+    blob = sllm_config_blob(c)
+    return struct.pack("<III", SLLM_MAGIC, SLLM_VERSION, len(blob)) + blob
+
+
+def sllm_config(tp: TensorPlan, vocab_size: int, bos: int, eos: int, outtype: str) -> SllmConfig:
+    """The engine Config for a planned Llama, or a Refusal for what the engine cannot compute the same."""
+    p = tp.params
+    if tp.config.get("tie_word_embeddings") is not True or any(t.name == "output.weight" for t in tp.tensors):
+        raise Refusal("the model's output head is not tied to its embeddings (tie_word_embeddings is not "
+                      "true); the engine always computes logits with the embedding matrix and has no "
+                      "place for lm_head.weight; export to GGUF instead")
+    if p.rope_llama3 is not None:
+        raise Refusal("config.json asks for rope scaling (llama3); the engine has plain RoPE only; "
+                      "export to GGUF instead")
+    if tp.config.get("hidden_act", "silu") != "silu":
+        raise Refusal(f"config.json's hidden_act is {tp.config.get('hidden_act')!r}; the engine's "
+                      f"feed-forward is SwiGLU with SiLU only")
+    if p.head_dim * p.head_count != p.embedding_length:
+        raise Refusal(f"head_dim {p.head_dim} is not hidden_size / num_attention_heads "
+                      f"({p.embedding_length} / {p.head_count}); the engine requires it (Model::load)")
+    if p.head_dim > SLLM_MAX_HEAD_DIM:
+        raise Refusal(f"head_dim {p.head_dim} is above {SLLM_MAX_HEAD_DIM}, the most the engine's "
+                      f"attention holds")
+    if p.feed_forward_length < p.head_count_kv * p.head_dim:
+        raise Refusal(f"intermediate_size {p.feed_forward_length} is below the key/value width "
+                      f"{p.head_count_kv * p.head_dim}; the engine's attention requires hidden_dim >= kv_dim")
+    ints = {"vocab_size": vocab_size, "num_hidden_layers": p.block_count,
+            "max_position_embeddings": p.context_length, "intermediate_size": p.feed_forward_length,
+            "hidden_size": p.embedding_length}
+    for key, value in ints.items():
+        if value > _INT32_MAX:
+            raise Refusal(f"config.json's {key} {value} does not fit the engine's int32")
+    return SllmConfig(SLLM_DTYPES[outtype], vocab_size, bos, eos, p.embedding_length, p.block_count,
+                      p.head_count, p.head_count_kv, p.head_dim, p.feed_forward_length, p.context_length,
+                      rounded_to_f32(p.rms_norm_eps), rounded_to_f32(p.rope_freq_base))
+
+
+# The engine's weight stream (model.cpp's load): these GGUF names in this order, each row-major as
+# HF stores it, Q and K rows permuted as llama.cpp permutes them: the engine's RoPE rotates
+# adjacent pairs (i, i+1), as GGML's does, where HF's rotates halves (j, j + head_dim/2).
+_SLLM_BLOCK_ORDER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                     "ffn_gate", "ffn_up", "ffn_down")
+
+
+def sllm_tensor_order(tensors: list[PlannedTensor], n_layers: int, outtype: str) -> list[PlannedTensor]:
+    """The planned tensors in the engine's order, each in the GGML type whose bytes the stream holds."""
+    by_name = {t.name: t for t in tensors}
+    extra = sorted(set(by_name) - {"token_embd.weight", "output_norm.weight"}
+                   - {f"blk.{b}.{n}.weight" for b in range(n_layers) for n in _SLLM_BLOCK_ORDER})
+    if extra:
+        raise Refusal(f"the model has tensor {extra[0]}, which the engine's format has no place for")
+    names = (["token_embd.weight"] + [f"blk.{b}.{n}.weight" for b in range(n_layers) for n in _SLLM_BLOCK_ORDER]
+             + ["output_norm.weight"])
+    return [by_name[n]._replace(ggml_type=_SLLM_VALUE_TYPES[outtype]) for n in names]
+
+
+# --- The engine's Q4_0 (model_data.cpp's quantize_q4_0), which is not GGML's: blocks of 32
+# --- consecutive values of the whole stream, a float32 scale d = max|x| / 7, then 16 bytes whose
+# --- byte j holds value j in its low nibble and value j + 16 in its high one, each
+# --- clamp(round_half_away(x * (1/d)), -8, 7) + 8; all arithmetic in float32.
+
+SLLM_Q4_0_BLOCK = 32
+_SLLM_Q4_0_BLOCK_BYTES = 20
+_SMALLEST_NORMAL_F32 = 2.0 ** -126
+
+
+def _q4_0_undefined(x: float) -> Refusal:
+    return Refusal(f"a weight block (value {x!r}) has no defined Q4_0 in the engine: it is not finite, "
+                   f"or its scale is too small to invert; use --outtype f32 or f16")
+
+
+def sllm_q4_0_block(values: Sequence[float]) -> bytes:
+    """One block of the engine's Q4_0 from 32 float32 values, literally as quantize_q4_0 computes it.
+
+    Where the C++ would convert a non-finite or out-of-range float to int8_t (undefined behaviour:
+    a NaN or infinite weight, a scale whose inverse overflows), it is refused instead."""
+    m = 0.0
+    for x in values:
+        if abs(x) > m:
+            m = abs(x)
+    d = rounded_to_f32(m / 7.0)
+    inv = rounded_to_f32(1.0 / d) if d != 0.0 else 0.0
+    codes = []
+    for x in values:
+        v = rounded_to_f32(x * inv)
+        if not math.isfinite(v):
+            raise _q4_0_undefined(x)
+        r = int(v + 0.5) if v >= 0 else int(v - 0.5)    # std::round: halves away from zero
+        if not -128 <= r <= 127:
+            raise _q4_0_undefined(x)
+        codes.append(min(max(r, -8), 7) + 8)
+    return struct.pack("<f", d) + bytes(codes[j] | codes[j + 16] << 4 for j in range(16))
+
+
+# The fast form's nibble of an int8 q (as a byte), clamped as the engine clamps, low or high.
+_Q4_0_NIBBLE = bytes(min(max(b - 256 if b > 127 else b, -8), 7) + 8 for b in range(256))
+_Q4_0_HIGH_NIBBLE = bytes(n << 4 for n in _Q4_0_NIBBLE)
+
+
+def sllm_q4_0_chunk(chunk: bytes) -> bytes:
+    """Whole blocks of little-endian float32 values to the engine's Q4_0, as sllm_q4_0_block does
+    block by block, at C speed with the Q8_0 kernel's parts: block maxima lane-wise, the products
+    x * (1/d) column by column through array('f') (the one float32 rounding), and their rounding
+    half away from zero by byte tables (_int8_of_products: gguf-py's np_roundf is std::round's rule).
+
+    A block with a normal scale d (at least 2**-126) has |x * (1/d)| < 7.5, in the tables' range;
+    a block with a smaller one (zero blocks excepted) and any chunk holding a NaN or an infinity
+    take the block rule, which refuses what the engine leaves undefined."""
+    n = len(chunk) >> 2
+    nb = n // SLLM_Q4_0_BLOCK
+    if n % SLLM_Q4_0_BLOCK:
+        raise ValueError(f"{n} values is not a whole number of Q4_0 blocks")
+    values = array("f", chunk)
+    odd = chunk[3::4].translate(_TOP_EXPONENTS)
+    if odd.count(1):
+        bits = memoryview(chunk).cast("I")
+        if any(bits[i] & 0x7F800000 == 0x7F800000 for i in _positions(odd, 1)):
+            return b"".join(sllm_q4_0_block(values[i:i + SLLM_Q4_0_BLOCK]) for i in range(0, n, SLLM_Q4_0_BLOCK))
+    absolute = bytearray(chunk)
+    absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
+    scales = array("f", [m / 7.0 for m in array("f", _block_max_abs_bits(array("I", absolute), nb))])
+    inverse = array("f", [1.0 / d if d >= _SMALLEST_NORMAL_F32 else 0.0 for d in scales]).tolist()
+    listed = values.tolist()
+    products = []
+    for j in range(SLLM_Q4_0_BLOCK):
+        products += map(mul, listed[j::SLLM_Q4_0_BLOCK], inverse)
+    q = _int8_of_products(array("f", products).tobytes())       # column j: q[j * nb:(j + 1) * nb]
+    half = 16 * nb
+    packed = (int.from_bytes(q[:half].translate(_Q4_0_NIBBLE), "little")
+              | int.from_bytes(q[half:].translate(_Q4_0_HIGH_NIBBLE), "little")).to_bytes(half, "little")
+    out = bytearray(_SLLM_Q4_0_BLOCK_BYTES * nb)
+    d_bytes = scales.tobytes()
+    for i in range(4):
+        out[i::_SLLM_Q4_0_BLOCK_BYTES] = d_bytes[i::4]
+    for j in range(16):
+        out[4 + j::_SLLM_Q4_0_BLOCK_BYTES] = packed[j * nb:(j + 1) * nb]
+    for k, d in enumerate(scales):
+        if 0.0 < d < _SMALLEST_NORMAL_F32:
+            out[20 * k:20 * k + 20] = sllm_q4_0_block(values[32 * k:32 * k + 32])
+    return bytes(out)
+
+
+def sllm_q4_0_stream(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """float32 bytes in pieces of any length to Q4_0 blocks: as write_model_file quantizes its one flat
+    vector, blocks run across tensor boundaries; a stream that ends inside a block is refused (the
+    engine's writer would fail after the header and leave a file it cannot load)."""
+    carry = b""
+    block_bytes = 4 * SLLM_Q4_0_BLOCK
+    for piece in pieces:
+        data = carry + bytes(piece) if carry else bytes(piece)
+        whole = len(data) - len(data) % block_bytes
+        if whole:
+            yield sllm_q4_0_chunk(data[:whole]) if _LITTLE_ENDIAN_HOST else b"".join(
+                sllm_q4_0_block(struct.unpack(f"<{SLLM_Q4_0_BLOCK}f", data[i:i + block_bytes]))
+                for i in range(0, whole, block_bytes))
+        carry = data[whole:]
+    if carry:       # plan_sllm refuses such a model before writing; this is the stream's own guard
+        raise ValueError(f"the weight stream ends inside a Q4_0 block of {SLLM_Q4_0_BLOCK}")
+
+
+# --- The tokenizer file (Tokenizer::save): a comment, vocab_size, bos, eos, one `token <id> "..."`
+# --- line per id, one `merge <rank> "..." "..."` line per merge; payloads are raw bytes, quoted
+# --- with the engine's csv_escape: \" \\ \n \r \t, \xHH for other bytes below 0x20 and 0x7F, the
+# --- rest (bytes >= 0x80 too) as they are.
+
+_SLLM_ESCAPES = tuple(
+    b'\\"' if b == 0x22 else b"\\\\" if b == 0x5C else b"\\n" if b == 0x0A else b"\\r" if b == 0x0D
+    else b"\\t" if b == 0x09 else b"\\x%02X" % b if b < 0x20 or b == 0x7F else bytes([b])
+    for b in range(256))
+
+
+def sllm_quoted(payload: bytes) -> bytes:
+    """A token's bytes as csv_escape writes them, in double quotes."""
+    return b'"' + b"".join(_SLLM_ESCAPES[b] for b in payload) + b'"'
+
+
+def byte_level_payload(token: str, byte_of: dict) -> bytes:
+    """A GPT-2 byte-level token's raw bytes, as tokenizers' ByteLevel decoder gives them: every
+    character mapped back to its byte, or, if any is not one of the 256, the token's UTF-8 (the
+    added tokens, such as <|im_start|>, are written so)."""
+    try:
+        return bytes(byte_of[c] for c in token)
+    except KeyError:
+        pass
+    try:
+        return token.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refusal(f"token {token!r} is not valid Unicode; the engine's tokenizer file holds bytes") from None
+
+
+class SllmTokenizer(NamedTuple):
+    """What Tokenizer::save writes: each id's bytes, each merge as (left id, right id), bos and eos."""
+    payloads: list[bytes]
+    merges: list[tuple[int, int]]
+    bos: int
+    eos: int
+
+
+def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
+    """The byte-level BPE vocabulary of model_dir as the engine holds it, or a Refusal for a tokenizer
+    its file cannot hold exactly."""
+    if tokenizer_kind(model_dir) is not BPE:
+        raise Refusal("the tokenizer is SentencePiece (tokenizer.model, or byte-fallback pieces); the "
+                      "engine's tokenizer file holds byte-level BPE only; export to GGUF instead")
+    tokenizer_json = read_json_object(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").is_file() else None
+    if tokenizer_json is None:
+        raise Refusal("no tokenizer.json: the engine's tokenizer file is made from its vocabulary and merges")
+    tokenizer_config = optional_json(model_dir / "tokenizer_config.json") or {}
+    if not isinstance(tokenizer_config, dict):
+        raise Refusal("tokenizer_config.json is not a JSON object")
+    refuse_malformed(tokenizer_json, tokenizer_config)
+    model, decoder = tokenizer_json.get("model"), tokenizer_json.get("decoder")
+    if not (isinstance(model, dict) and model.get("type", "BPE") == "BPE" and isinstance(decoder, dict)
+            and decoder.get("type") == "ByteLevel"):
+        raise Refusal("tokenizer.json is not a byte-level BPE (model BPE, decoder ByteLevel); its tokens "
+                      "are not bytes the engine's tokenizer file can hold")
+    tokens = base_vocab(tokenizer_json)
+    added = json_added_tokens(tokenizer_json)
+    raw = model.get("merges")
+    special = dict(special_ids(tokenizer_json, tokenizer_config, config))
+    del tokenizer_json, model       # tokens and merges are all that is left to read: free the rest
+    if not all(type(t.id) is int and t.id >= 0 and isinstance(t.content, str) for t in added):
+        raise Refusal("tokenizer.json has an added token without an integer id and a string content")
+    for t in sorted(added):
+        if t.id == len(tokens):
+            tokens.append(t.content)
+        elif t.id < len(tokens):
+            tokens[t.id] = t.content        # transformers' added vocabulary wins over the model's
+        else:
+            raise Refusal(f"added token {t.content!r} has id {t.id}, past the vocabulary's {len(tokens)} "
+                          f"ids; the engine's ids have no gaps")
+    byte_of = {c: b for b, c in enumerate(gpt2_byte_chars())}
+    payloads = [byte_level_payload(t, byte_of) for t in tokens]
+    del tokens
+    ids: dict[bytes, int] = {}
+    for i, p in enumerate(payloads):
+        if p in ids:
+            raise Refusal(f"tokens {ids[p]} and {i} have the same bytes {p!r}; the engine's tokenizer "
+                          f"maps bytes to one id")
+        ids[p] = i
+    merges = []
+    for rank, m in enumerate(raw if isinstance(raw, list) else ()):
+        parts = m.split(" ") if isinstance(m, str) else m
+        if not (isinstance(parts, list) and len(parts) == 2 and all(isinstance(s, str) for s in parts)):
+            raise Refusal(f"tokenizer.json merge {rank} ({m!r}) is not a pair of tokens")
+        pair = [ids.get(byte_level_payload(s, byte_of)) for s in parts]
+        if None in pair:
+            raise Refusal(f"tokenizer.json merge {rank} ({m!r}) joins a token the vocabulary does not "
+                          f"have; the engine refuses to load such a file")
+        merges.append((pair[0], pair[1]))
+    for typ in ("bos", "eos"):
+        if not 0 <= special.get(typ, -1) < len(payloads):
+            raise Refusal(f"the tokenizer names no {typ} token among its {len(payloads)} ids; the engine "
+                          f"needs one (set {typ}_token in tokenizer_config.json)")
+    return SllmTokenizer(payloads, merges, special["bos"], special["eos"])
+
+
+def sllm_tokenizer_text(tok: SllmTokenizer) -> bytes:
+    """Tokenizer::save's file for tok."""
+    quoted = [sllm_quoted(p) for p in tok.payloads]
+    lines = [b"# simple-llm tokenizer", b"vocab_size %d" % len(quoted), b"bos %d" % tok.bos, b"eos %d" % tok.eos]
+    lines += [b"token %d %s" % (i, q) for i, q in enumerate(quoted)]
+    lines += [b"merge %d %s %s" % (r, quoted[a], quoted[b]) for r, (a, b) in enumerate(tok.merges)]
+    return b"\n".join(lines) + b"\n"
+
+
+def sllm_tokenizer_path(out: Path) -> Path:
+    """The tokenizer file beside OUT, named as the engine names them: model.sllm -> model.tok.txt."""
+    stem = out.name[:-len(".sllm")] if out.name.endswith(".sllm") else out.name
+    return out.with_name(stem + ".tok.txt")
+
+
+# --- Writing both files: each to its .part (created exclusively), hashed as written; both renamed
+# --- only once both are complete, so a refusal or failure leaves neither file nor .part.
+
+class SllmPlan(NamedTuple):
+    """Everything decided before a byte is written."""
+    header: bytes
+    tensors: list[PlannedTensor]    # in stream order, typed
+    tokenizer_text: bytes
+    tensor_plan: TensorPlan
+    outtype: str
+
+
+def plan_sllm(model_dir: Path, outtype: str, options: Options = Options()) -> SllmPlan:
+    """Decide the .sllm and its tokenizer file for model_dir, or raise a Refusal."""
+    if outtype not in SLLM_DTYPES:
+        raise Refusal(f"--outtype {outtype!r} is not one the engine's format has; use {', '.join(SLLM_DTYPES)}")
+    # The GGUF plan decides family, hyperparameters and tensors; a model card changes only GGUF metadata.
+    tp = plan_tensor_data(model_dir, options._replace(outtype="f32", ignore_model_card=True))
+    if tp.family is not LLAMA or tp.config.get("architectures") != ["LlamaForCausalLM"]:
+        raise Refusal(f"architecture {tp.config.get('architectures')!r} is not LlamaForCausalLM; the engine "
+                      f"computes plain Llama blocks only (no biases, q/k norms or sliding window)")
+    tok = sllm_tokenizer(model_dir, tp.config)
+    if len(tok.payloads) != tp.params.vocab_size:
+        raise Refusal(f"the tokenizer has {len(tok.payloads)} tokens but vocab_size is {tp.params.vocab_size}; "
+                      f"the engine requires them to be equal")
+    config = sllm_config(tp, tp.params.vocab_size, tok.bos, tok.eos, outtype)
+    tensors = sllm_tensor_order(tp.tensors, tp.params.block_count, outtype)
+    if outtype == "q4_0" and parameter_count(tensors) % SLLM_Q4_0_BLOCK:
+        raise Refusal(f"the model has {parameter_count(tensors):,} weights, not a multiple of {SLLM_Q4_0_BLOCK}; "
+                      f"the engine's Q4_0 writer cannot write it; use --outtype f32 or f16")
+    return SllmPlan(sllm_header(config), tensors, sllm_tokenizer_text(tok), tp, outtype)
+
+
+def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str) -> Iterator[bytes]:
+    """The weight stream: each tensor read in bounded jobs and converted by the GGUF path's kernels
+    (float32 widened exactly, f16 rounded to nearest even as numpy does), Q4_0 made from the float32."""
+    def values() -> Iterator[bytes]:
+        jobs = data_jobs(tensors, 0)    # no alignment padding: the engine's stream has none
+        files: dict[Path, object] = {}
+        buffer = bytearray(max((j.src_len for j in jobs), default=0))
+        try:
+            for job in jobs:
+                yield from job_pieces(job, source_file(files, job.tensor.source), buffer)
+        finally:
+            for f in files.values():
+                f.close()
+    return sllm_q4_0_stream(values()) if outtype == "q4_0" else values()
+
+
+def _create_part(path: Path) -> int:
+    part = path.with_name(path.name + ".part")
+    try:
+        return os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise Refusal(f"{part} exists: another conversion is writing {path.name}, or one was killed; "
+                      f"remove {part.name} if no conversion is running") from None
+    except OSError as e:
+        raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
+
+
+def write_sllm(out: Path, tok_out: Path, plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[InputFile, InputFile]:
+    """Write OUT.part and TOK.part, then rename both; the (name, size, sha256) of each."""
+    import signal
+    parts = [p.with_name(p.name + ".part") for p in (out, tok_out)]
+    files: list = []
+    # As in write_gguf_while_planning: the command line's SIGINT/SIGTERM handlers raise, and are held
+    # until each created .part is open and recorded for removal.
+    held = {signal.SIGINT, signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
+    try:
+        for path in (out, tok_out):
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
+            try:
+                files.append(open(_create_part(path), "wb", buffering=0))
+            finally:
+                if held:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        results = []
+        streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
+                   (plan.tokenizer_text,))
+        for f, pieces in zip(files, streams):
+            w = HashingWriter(f)
+            try:
+                if hasher and not results:
+                    hasher.start()
+                for piece in pieces:
+                    w.write(piece)
+                sha = w.close()
+            except BaseException:
+                w.abort()
+                raise
+            os.fsync(f.fileno())
+            results.append((w.size, sha))
+        for f in files:
+            f.close()
+        for part, path in zip(parts, (out, tok_out)):
+            os.replace(part, path)
+    except BaseException as e:
+        for f, part in zip(files, parts):
+            f.close()
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise _writing_failed(out, e) from None
+        raise
+    return tuple(InputFile(p.name, size, sha) for p, (size, sha) in zip((out, tok_out), results))
+
+
+class SllmReport(NamedTuple):
+    """What an export wrote: the .sllm (as a Report, for the summary and the pin) and its tokenizer file."""
+    report: Report
+    tokenizer: InputFile
+
+
+def export_sllm(model_dir, out, options: Options = Options(outtype="f32")) -> SllmReport:
+    """Write the kasahare .sllm of model_dir at out and its tokenizer file beside it, or a Refusal."""
+    model_dir, out = Path(model_dir), Path(out)
+    plan = plan_sllm(model_dir, options.outtype, options)
+    tok_out = sllm_tokenizer_path(out)
+    for path in (out, tok_out):
+        check_output_path(path, model_dir, plan.tensor_plan.inputs)
+    if out.resolve() == tok_out.resolve():
+        raise Refusal(f"the output {out} would also be its own tokenizer file; name it *.sllm")
+    hasher = InputHasher(plan.tensor_plan.inputs) if options.hash_inputs else None
+    try:
+        sllm_file, tok_file = write_sllm(out, tok_out, plan, hasher)
+    except BaseException:
+        if hasher:
+            hasher.cancel()
+        raise
+    inputs = (hasher.result() if hasher else
+              tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.tensor_plan.inputs))
+    report = Report(out, sllm_file.sha256, sllm_file.size, len(plan.tensors), len(SllmConfig._fields),
+                    parameter_count(plan.tensors), model_dir.name, inputs, options, plan.outtype)
+    return SllmReport(report, tok_file)
+
+
+def sllm_fork_json(r: SllmReport, source: str) -> str:
+    """The pin of an export: fork_json's, its options naming the format, the tokenizer file beside."""
+    doc = json.loads(fork_json(r.report, source))
+    doc["options"]["format"] = "sllm"
+    doc["companions"] = [{"name": r.tokenizer.name, "bytes": r.tokenizer.size, "sha256": r.tokenizer.sha256}]
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading GGUF: a strict GGUF v3 reader (every count and length checked against the bytes left
 # before anything is read), a listing, and a structural diff that names the first difference.
 # ---------------------------------------------------------------------------------------------
@@ -8367,6 +8842,7 @@ class Pin(NamedTuple):
     inputs: tuple[InputFile, ...]
     source: str
     command: str = ""
+    companions: tuple[InputFile, ...] = ()     # files written beside the output (a .sllm's tokenizer)
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -8398,19 +8874,25 @@ def read_pin(path) -> Pin:
     source = doc.get("source")
     source = source if isinstance(source, str) else ""
     output = _pinned_file(doc.get("output"), "output", path.name)
-    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name))
+    companions = doc.get("companions", [])
+    if not isinstance(companions, list):
+        raise Refusal(f"{path.name}: \"companions\" must be a list")
+    beside = tuple(_pinned_file(e, f"companions[{i}]", path.name) for i, e in enumerate(companions))
+    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name), beside)
 
 
 def _remaking_command(options: object, source: str, out_name: str, pin_name: str) -> str:
     """The command line that writes the pinned output again from the pinned inputs."""
     if options is None:
         return ""
-    if not (isinstance(options, dict) and options.get("outtype") in OUT_TYPES
+    sllm = isinstance(options, dict) and options.get("format") == "sllm"
+    if not (isinstance(options, dict) and options.get("outtype") in (SLLM_DTYPES if sllm else OUT_TYPES)
             and isinstance(options.get("model_name"), (str, type(None)))
             and isinstance(options.get("ignore_model_card"), bool)):
         raise Refusal(f"{pin_name}: \"options\" must hold outtype (one of {', '.join(OUT_TYPES)}), "
                       f"model_name (a string or null) and ignore_model_card (true or false)")
-    words = ["bankml_convert.py", source or "DIR", "-o", out_name, "--outtype", options["outtype"]]
+    words = ["bankml_convert.py", source or "DIR", "-o", out_name, *(["--format", "sllm"] if sllm else []),
+             "--outtype", options["outtype"]]
     if options["model_name"] is not None:
         words += ["--model-name", options["model_name"]]
     if options["ignore_model_card"]:
@@ -8469,6 +8951,10 @@ def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]
         raise Refusal(f"{gguf_path} is not a file")
     try:
         checks = _output_checks(hash_file(gguf_path), pin.output)
+        for c in pin.companions:
+            beside = gguf_path.with_name(c.name)
+            checks += (_output_checks(hash_file(beside), c) if beside.is_file()
+                       else [(False, f"{c.name}: missing beside {gguf_path.name}")])
         if inputs_dir is not None:
             inputs_dir = Path(inputs_dir)
             if not inputs_dir.is_dir():
@@ -8854,6 +9340,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
                    help="output file; {ftype} is filled in as llama.cpp does")
     _add_options(p)
+    p.add_argument("--format", choices=("gguf", "sllm"), default="gguf",
+                   help="gguf (the default), or sllm: the kasahare engine's OUT.sllm and OUT.tok.txt beside "
+                        f"it, --outtype {', '.join(SLLM_DTYPES)} (default f32)")
+    p.set_defaults(outtype=None)    # the default depends on --format
     p.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
     p.add_argument("--source", metavar="SRC", help="where the directory came from, recorded in the pin "
                    "(default: the directory's canonical path)")
@@ -8923,7 +9413,7 @@ def _options(args: argparse.Namespace) -> Options:
     # The inputs are hashed when something shows their sha256 (the pin, --json); a plain
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
-    return Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card,
+    return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
                    progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned)
 
 
@@ -9047,6 +9537,8 @@ def _convert(args: argparse.Namespace) -> int:
     try:
         if fork is not None:
             _check_pin_path(fork)
+        if args.format == "sllm":
+            return _export_sllm(args, fork, started)
         if args.dry_run:
             planned = dry_run(args.model_dir, args.outfile, _options(args))
             _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
@@ -9077,6 +9569,30 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"{report.sha256}  {report.out}")
     if not args.quiet:
         print(_summary(report), file=sys.stderr)
+    return 0
+
+
+def _export_sllm(args: argparse.Namespace, fork: Optional[Path], started: float) -> int:
+    # Called inside _convert's handlers: refusals, failures and signals are reported there.
+    if args.dry_run:
+        raise Refusal("--dry-run shows a GGUF conversion; it is not offered with --format sllm")
+    options = _options(args)._replace(outtype=args.outtype or "f32")
+    exported = export_sllm(args.model_dir, args.outfile, options)
+    report = exported.report
+    if fork is not None:
+        _write_text_atomically(fork, sllm_fork_json(exported, args.source or str(Path(args.model_dir).resolve())))
+    if args.json:
+        doc = json.loads(report_json(report, time.monotonic() - started, fork))
+        doc["tokenizer"] = {"out": str(sllm_tokenizer_path(report.out)), "bytes": exported.tokenizer.size,
+                            "sha256": exported.tokenizer.sha256}
+        _print_json(doc)
+    else:
+        print(f"{report.sha256}  {report.out}")
+        print(f"{exported.tokenizer.sha256}  {sllm_tokenizer_path(report.out)}")
+    if not args.quiet:
+        print(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
+              f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}",
+              file=sys.stderr)
     return 0
 
 

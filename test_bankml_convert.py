@@ -14,6 +14,7 @@ import gc
 import hashlib
 import io
 import json
+import math
 import random
 import re
 import os
@@ -5143,6 +5144,220 @@ class Q8_0Products(unittest.TestCase):
         for shift in (0, 1, 5):     # lanes in other positions, so no lane's carry hides another's
             cut = 4 * shift
             self.assertEqual(bc._int8_of_products(data[cut:] + data[:cut]), want[shift:] + want[:shift], shift)
+# Exporting for kasahare (--format sllm): bytes recorded from the engine's own writers by
+# oracle/sllm_oracle.py (oracle/recorded/sllm.json), its rules, its refusals and its pin.
+# ---------------------------------------------------------------------------------------------
+
+SLLM = json.loads((ORACLE / "recorded" / "sllm.json").read_text(encoding="utf-8"))
+
+
+def _sllm_in_make_test(run: dict) -> bool:
+    # The full-size model in f32 (540 MB) stands for the rest; its f16 and Q4_0 (about 20 s of pure
+    # Python) are compared by the oracle.
+    return run["case"] != "full-135m-instruct" or run["outtype"] == "f32"
+
+
+class SllmIsTheEnginesBytes(Workspace):
+    """For every recorded oracle run, --format sllm writes the .sllm and .tok.txt the kasahare engine's
+    own write_model_file and Tokenizer::save write (f16: the engine's header, then numpy's float16)."""
+
+    def check_run(self, name: str):
+        run = SLLM["runs"][name]
+        model_dir = self.case(run["case"])
+        self.assertEqual(inputs_digest(model_dir), run["inputs_sha256"],
+                         "the generator no longer makes the inputs the oracle recorded; re-run "
+                         "`oracle/.ref/venv/bin/python oracle/sllm_oracle.py record`")
+        out = self.out_dir() / f"{name}.sllm"
+        options = bc.Options(outtype=run["outtype"])
+        if run["refused_by_bankml"]:
+            with self.assertRaises(bc.Refusal):
+                bc.export_sllm(model_dir, out, options)
+            self.assertEqual(entries(out.parent), [])
+            return
+        r = bc.export_sllm(model_dir, out, options)
+        tok = out.with_name(f"{name}.tok.txt")
+        self.assertEqual((r.report.sha256, sha256_file(out), r.report.bytes),
+                         (run["sllm_sha256"], run["sllm_sha256"], run["sllm_bytes"]))
+        self.assertEqual((r.tokenizer.sha256, sha256_file(tok), r.tokenizer.size),
+                         (run["tok_sha256"], run["tok_sha256"], run["tok_bytes"]))
+
+
+def _add_sllm_tests():
+    for name, run in SLLM["runs"].items():
+        if not _sllm_in_make_test(run):
+            continue
+        def test(self, name=name):
+            self.check_run(name)
+        test.__doc__ = f"oracle run {name!r}: {SLLM['command']}"
+        setattr(SllmIsTheEnginesBytes, f"test_{name.replace('-', '_').replace('.', '_')}_is_the_engines_file", test)
+
+
+_add_sllm_tests()
+
+
+class SllmRules(unittest.TestCase):
+    """The engine's Q4_0 and tokenizer escaping, on the inputs the oracle gave the engine itself."""
+
+    def test_q4_0_block_rule_is_the_engines(self):
+        for i, b in enumerate(SLLM["rules"]["q4_0_blocks"]):
+            values = struct.unpack("<32f", bytes.fromhex(b["f32"]))
+            self.assertEqual(bc.sllm_q4_0_block(values).hex(), b["engine"], f"block {i}")
+
+    def test_q4_0_fast_form_is_the_engines(self):
+        blocks = SLLM["rules"]["q4_0_blocks"]
+        chunk = b"".join(bytes.fromhex(b["f32"]) for b in blocks)
+        self.assertEqual(bc.sllm_q4_0_chunk(chunk).hex(), "".join(b["engine"] for b in blocks))
+
+    def test_q4_0_fast_form_agrees_with_the_block_rule_on_random_blocks(self):
+        rng = random.Random(18)
+        values = [rng.gauss(0, 0.02) * rng.choice((1, 1, 1, 1e-30, 1e30)) for _ in range(32 * 512)]
+        chunk = struct.pack(f"<{len(values)}f", *values)
+        simple = b"".join(bc.sllm_q4_0_block(struct.unpack("<32f", chunk[i:i + 128])) for i in range(0, len(chunk), 128))
+        self.assertEqual(bc.sllm_q4_0_chunk(chunk), simple)
+
+    def test_q4_0_blocks_run_across_pieces_of_any_length(self):
+        chunk = b"".join(bytes.fromhex(b["f32"]) for b in SLLM["rules"]["q4_0_blocks"])
+        pieces = [chunk[i:i + 52] for i in range(0, len(chunk), 52)]
+        self.assertEqual(b"".join(bc.sllm_q4_0_stream(pieces)), bc.sllm_q4_0_chunk(chunk))
+
+    def test_q4_0_refuses_values_the_engine_leaves_undefined(self):
+        for bad in (math.inf, -math.inf, math.nan):
+            with self.subTest(bad=bad), self.assertRaises(bc.Refusal):
+                bc.sllm_q4_0_chunk(struct.pack("<32f", *([bad] + [0.5] * 31)))
+        with self.assertRaises(bc.Refusal):      # 1/d overflows: x * inf
+            bc.sllm_q4_0_block([1e-40] + [0.0] * 31)
+
+    def test_tokenizer_text_is_the_engines(self):
+        e = SLLM["rules"]["tokenizer_escapes"]
+        text = bc.sllm_tokenizer_text(bc.SllmTokenizer([bytes.fromhex(p) for p in e["payloads"]],
+                                                       [tuple(m) for m in e["merges"]], e["bos"], e["eos"]))
+        self.assertEqual((hashlib.sha256(text).hexdigest(), len(text)), (e["engine_sha256"], e["engine_bytes"]))
+
+    def test_config_floats_are_written_as_printf_g(self):
+        self.assertEqual([bc.sllm_number("x", v) for v in (1e-5, 100000.0, 1e6, 0.5)],
+                         ["%g" % bc.rounded_to_f32(v) for v in (1e-5, 100000.0, 1e6, 0.5)])
+
+    def test_a_config_float_the_engine_would_not_read_back_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "keeps 6 significant digits"):
+            bc.sllm_number("rms_norm_eps", 1.2345678e-5)
+
+
+class SllmRefusals(Workspace):
+    """What the engine's format cannot express is refused with the reason: exit 2, and neither file nor
+    a .part left behind."""
+
+    def assertSllmRefuses(self, model_dir: Path, reason: str, *extra) -> None:
+        out = self.out_dir() / "model.sllm"
+        r = cli(model_dir, "-o", out, "--format", "sllm", *extra)
+        self.assertEqual((r.code, r.out), (2, ""), r.err)
+        self.assertTrue(r.err.startswith("bankml convert: refuse: "), r.err)
+        self.assertIn(reason, r.err)
+        self.assertEqual(entries(out.parent), [])
+
+    def test_untied_output_head(self):
+        self.assertSllmRefuses(self.case("untied"), "is not tied to its embeddings")
+
+    def test_head_dim_unlike_hidden_over_heads(self):
+        self.assertSllmRefuses(self.case("head-dim"), "is not hidden_size / num_attention_heads")
+
+    def test_head_dim_above_256(self):
+        tp = bc.plan_tensor_data(self.case("example"), bc.Options(outtype="f32"))
+        p = tp.params._replace(embedding_length=288, head_count=1, head_count_kv=1, head_dim=288)
+        with self.assertRaisesRegex(bc.Refusal, "head_dim 288 is above 256"):
+            bc.sllm_config(tp._replace(params=p), 49152, 1, 2, "f32")
+
+    def test_rope_scaling(self):
+        d = self.case("example")
+        edit_json(d / "config.json", lambda c: c.update(rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}))
+        self.assertSllmRefuses(d, "rope scaling")
+
+    def test_biases(self):
+        d = self.case("example")
+        edit_json(d / "config.json", lambda c: c.update(attention_bias=True))
+        self.assertSllmRefuses(d, "biases")
+
+    def test_activation_other_than_silu(self):
+        d = self.case("example")
+        edit_json(d / "config.json", lambda c: c.update(hidden_act="gelu"))
+        self.assertSllmRefuses(d, "SiLU only")
+
+    def test_non_llama_family(self):
+        self.assertSllmRefuses(self.case("qwen3-0.6b-bf16"), "is not LlamaForCausalLM")
+
+    def test_mistral(self):
+        d = self.case("example")
+        edit_json(d / "config.json", lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral"))
+        self.assertSllmRefuses(d, "is not LlamaForCausalLM")
+
+    def test_sentencepiece_tokenizer(self):
+        self.assertSllmRefuses(self.case("sentencepiece-tinyllama"), "byte-level BPE only")
+
+    def test_tokens_with_the_same_bytes(self):
+        d = self.case("example")
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 49152, "content": "hello", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}))
+        self.assertSllmRefuses(d, "have the same bytes")
+
+    def test_merges_of_undefined_tokens(self):
+        d = self.case("example")
+        edit_json(d / "tokenizer.json", lambda t: t["model"]["merges"].append(["zzqqx", "yy"]))
+        self.assertSllmRefuses(d, "joins a token the vocabulary does not have")
+
+    def test_malformed_added_tokens(self):
+        d = self.case("example")
+        edit_json(d / "tokenizer.json", lambda t: t.update(added_tokens={"<|im_start|>": 1}))
+        self.assertSllmRefuses(d, "transformers cannot load such a tokenizer")
+
+    def test_vocab_size_unlike_the_tokenizer(self):
+        d = self.case("example")
+        edit_json(d / "config.json", lambda c: c.update(vocab_size=49216))
+        with self.assertRaises(bc.Refusal):    # the embedding's shape no longer matches: refused first
+            bc.plan_sllm(d, "f32")
+
+    def test_q4_0_of_a_model_with_non_finite_weights(self):
+        # Refused while streaming: the .part files written so far are removed.
+        self.assertSllmRefuses(self.case("bf16"), "has no defined Q4_0", "--outtype", "q4_0")
+
+    def test_q4_0_of_a_weight_count_not_a_multiple_of_32(self):
+        self.assertSllmRefuses(self.case("shape-360m-instruct"), "not a multiple of 32", "--outtype", "q4_0")
+
+    def test_an_outtype_the_engine_has_not(self):
+        self.assertSllmRefuses(self.case("example"), "is not one the engine's format has", "--outtype", "bf16")
+
+
+class SllmCommandLine(Workspace):
+    """`--format sllm`: f32 by default, both files named as the engine names them, both pinned."""
+
+    def test_default_is_f32_and_the_tokenizer_file_is_beside(self):
+        out = self.out_dir() / "model.sllm"
+        r = cli(self.case("example"), "-o", out, "--format", "sllm", "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        run = SLLM["runs"]["example-f32"]
+        self.assertEqual(r.out, f"{run['sllm_sha256']}  {out}\n{run['tok_sha256']}  {out.with_name('model.tok.txt')}\n")
+        self.assertEqual(entries(out.parent), ["model.sllm", "model.tok.txt"])
+
+    def test_the_pin_holds_both_files_and_verify_checks_them(self):
+        d = self.case("example")
+        out, fork = self.out_dir() / "m.sllm", self.out_dir() / "FORK.json"
+        self.assertEqual(cli(d, "-o", out, "--format", "sllm", "--outtype", "q4_0", "--fork", fork, "--quiet").code, 0)
+        pin = bc.read_pin(fork)
+        run = SLLM["runs"]["example-q4_0"]
+        self.assertEqual((pin.output.sha256, [c.sha256 for c in pin.companions]), (run["sllm_sha256"], [run["tok_sha256"]]))
+        self.assertIn("--format sllm --outtype q4_0", pin.command)
+        self.assertEqual(cli("verify", out, fork, "--inputs", d).code, 0)
+        tok = out.with_name("m.tok.txt")
+        tok.write_bytes(tok.read_bytes().replace(b"bos 1", b"bos 0"))
+        r = cli("verify", out, fork)
+        self.assertEqual(r.code, 1)
+        self.assertIn("FAIL sha256: m.tok.txt", r.out)
+
+    def test_dry_run_is_not_offered(self):
+        r = cli(self.case("example"), "-o", self.out_dir() / "m.sllm", "--format", "sllm", "--dry-run")
+        self.assertEqual(r.code, 2)
+        self.assertIn("not offered with --format sllm", r.err)
 
 
 def main() -> int:
