@@ -7525,9 +7525,7 @@ def sllm_q4_0_chunk(chunk: bytes) -> bytes:
         bits = memoryview(chunk).cast("I")
         if any(bits[i] & 0x7F800000 == 0x7F800000 for i in _positions(odd, 1)):
             return b"".join(sllm_q4_0_block(values[i:i + SLLM_Q4_0_BLOCK]) for i in range(0, n, SLLM_Q4_0_BLOCK))
-    absolute = bytearray(chunk)
-    absolute[3::4] = chunk[3::4].translate(_WITHOUT_SIGN)
-    scales = array("f", [m / 7.0 for m in array("f", _block_max_abs_bits(array("I", absolute), nb))])
+    scales = array("f", [m / 7.0 for m in array("f", _block_max_abs_bits(chunk, nb))])
     inverse = array("f", [1.0 / d if d >= _SMALLEST_NORMAL_F32 else 0.0 for d in scales]).tolist()
     listed = values.tolist()
     products = []
