@@ -34,6 +34,7 @@ import itertools
 import json
 import math
 import mmap
+import operator
 import os
 import queue
 import re
@@ -1385,7 +1386,7 @@ class Plan(NamedTuple):
     inputs: list[Path]
     params: int
     name: str
-    header: bytes       # everything before the tensor data, already encoded
+    header: bytearray   # everything before the tensor data, already encoded (gguf_header)
     outtype: OutType    # --outtype, with auto decided
 
 
@@ -3391,10 +3392,16 @@ ADD_KEYS = {
 }
 
 
+def string_array(strings: Sequence[str]) -> Sequence[str]:
+    """A KV array value of strings: GGUFStrings stay as they are (already encoded), others a list."""
+    return strings if isinstance(strings, GGUFStrings) else list(strings)
+
+
 class Vocab(NamedTuple):
-    tokens: list[str]                     # id order, [PAD{i}] for ids the vocabulary lacks
+    tokens: list[str]                     # id order, [PAD{i}] for ids the vocabulary lacks (GGUFStrings
+                                          # on the gpt2 path)
     toktypes: list[int]                   # NORMAL / CONTROL / UNUSED per token
-    merges: list[str]                     # "a b", as SpecialVocab reads them
+    merges: list[str]                     # "a b", as SpecialVocab reads them (GGUFStrings if read lean)
     pre: str                              # tokenizer.ggml.pre
     special_ids: list[tuple[str, int]]    # SpecialVocab.special_token_ids, insertion order
     add_flags: list[tuple[str, bool]]     # SpecialVocab.add_special_token, insertion order
@@ -3423,9 +3430,9 @@ def bpe_kvs(v: Vocab) -> list[KV]:
     kv = KvList()
     kv.string("tokenizer.ggml.model", v.model)
     kv.string("tokenizer.ggml.pre", v.pre)
-    kv.array("tokenizer.ggml.tokens", GGUF_STRING, list(v.tokens))
+    kv.array("tokenizer.ggml.tokens", GGUF_STRING, string_array(v.tokens))
     kv.array("tokenizer.ggml.token_type", GGUF_INT32, list(v.toktypes))
-    kv.array("tokenizer.ggml.merges", GGUF_STRING, list(v.merges))
+    kv.array("tokenizer.ggml.merges", GGUF_STRING, string_array(v.merges))
     add_special_vocab(kv, v)
     return kv.items()
 
@@ -3495,13 +3502,23 @@ KNOWN_TOKENIZERS: tuple[KnownTokenizer, ...] = (
 def vocab_merges_sha256(tokens: list[str], merges: list[str]) -> str:
     """sha256 of every token in id order, each followed by a newline, a blank line, then every
     merge as "a b" and a newline."""
-    h = hashlib.sha256()
-    for lines in (tokens, merges):
-        if lines:
-            h.update("\n".join(lines).encode("utf-8") + b"\n")
-        if lines is tokens:
-            h.update(b"\n")
+    h = vocab_merges_hasher(tokens)
+    for chunk in (merges.chunks() if isinstance(merges, GGUFStrings) else [merges]):
+        add_lines(h, chunk)
     return h.hexdigest()
+
+
+def vocab_merges_hasher(tokens: list[str]):
+    """vocab_merges_sha256's sha256 up to the merges: the tokens' lines and the blank line."""
+    h = hashlib.sha256()
+    add_lines(h, tokens)
+    h.update(b"\n")
+    return h
+
+
+def add_lines(h, lines: list[str]) -> None:
+    if lines:
+        h.update("\n".join(lines).encode("utf-8") + b"\n")
 
 
 def canonical_component(node: object) -> str:
@@ -3944,12 +3961,46 @@ def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str
     Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
     which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
     transformers loaded, and merges_as_written accepted their shape).  Built at C speed (map, dict(zip(...))): it is most of what naming the
-    pre-tokenizer costs, and the check is two thirds of that."""
+    pre-tokenizer costs, and the check is two thirds of that.
+
+    Merges read lean (MergesText) are checked a chunk at a time, and only those that can apply to
+    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it."""
+    if isinstance(merges, MergesText):
+        ranks: dict[str, int] = {}
+        symbols = check_text_symbols()
+        # A key's first three characters ("abc" of "abcd e", "ab " of "ab cd", "a b" of "a bc"), looked
+        # up in a set, rule out most merges at C speed before the slower substring test.
+        starts = {symbols[i:i + 3] for i in range(len(symbols) - 2)} | \
+            {symbols[i:i + 2] + " " for i in range(len(symbols) - 1)} | \
+            {symbols[i] + " " + symbols[i + 1] for i in range(len(symbols) - 1)}
+        first = 0
+        for chunk in merges.chunks():
+            chunk_ranks = _merge_ranks(chunk, vocab, measured, first)
+            maybe = itertools.compress(chunk_ranks.items(), map(starts.__contains__, map(_FIRST_THREE, chunk_ranks)))
+            ranks.update((k, r) for k, r in maybe if k.replace(" ", "") in symbols)
+            first += len(chunk)
+        return ranks
+    return _merge_ranks(merges, vocab, measured, 0)
+
+
+_FIRST_THREE = operator.itemgetter(slice(0, 3))
+
+
+@lru_cache(maxsize=None)
+def check_text_symbols() -> str:
+    """CHKTXT and its NFC form in GPT-2's byte symbols: every piece BPE sees of it is a substring."""
+    byte_chars = gpt2_byte_chars()
+    return "\n".join("".join(byte_chars[b] for b in text.encode("utf-8"))
+                     for text in (CHKTXT, unicodedata.normalize("NFC", CHKTXT)))
+
+
+def _merge_ranks(merges: object, vocab: dict, measured: bool, first: int) -> dict[str, int]:
+    # merge_ranks for a list of merges whose first has rank ``first``.
     if not isinstance(merges, list):
         raise Refusal("tokenizer.json merges are not a list; transformers cannot load them")
     if measured and merges and type(merges[0]) is str:
         # The row's hash covers these exact strings (merges_as_written refused a mix of shapes).
-        return dict(zip(merges, range(len(merges))))
+        return dict(zip(merges, range(first, first + len(merges))))
     try:
         # transformers splits each string on " " into the pair BPE() takes; another count fails to load.
         # str.count raises TypeError on a pair, which is the other shape tokenizer.json stores.
@@ -3963,14 +4014,14 @@ def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str
         if not measured:
             _refuse_merges_outside(vocab, " ".join(merges).split(" "),
                                    map(str.replace, merges, repeat(" "), repeat("")))
-        return dict(zip(merges, range(len(merges))))
+        return dict(zip(merges, range(first, first + len(merges))))
     if not all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges):
         raise Refusal("tokenizer.json merges are neither all strings nor all pairs of strings")
     # vocab_merges_sha256 writes a space inside a part as U+0120, so a measured row cannot vouch for one.
     if not measured or " " in "".join(itertools.chain.from_iterable(merges)):
         _refuse_merges_outside(vocab, itertools.chain.from_iterable(merges), map("".join, merges))
     # A part holding a space can never match: the byte map leaves no space in a symbol.
-    return dict(zip(map(" ".join, merges), range(len(merges))))
+    return dict(zip(map(" ".join, merges), range(first, first + len(merges))))
 
 
 def _refuse_merges_outside(vocab: dict, parts: Iterable[str], joined: Iterable[str]) -> None:
@@ -4100,20 +4151,246 @@ def base_vocab(tokenizer_json: dict) -> list[str]:
     return [by_id[i] for i in range(len(by_id))]
 
 
-def merges_as_written(tokenizer_json: dict) -> list[str]:
+def merges_as_written(tokenizer_json: dict, lines=None) -> list[str]:
     """SpecialVocab's merges: strings as they are, pairs joined by a space with spaces inside a part
-    written as U+0120 (transformers >= 4.45 stores pairs so a part may hold a space)."""
+    written as U+0120 (transformers >= 4.45 stores pairs so a part may hold a space).  Merges read
+    lean come back as GGUFStrings.  ``lines``, a vocab_merges_hasher, is given the merges' lines."""
     merges = tokenizer_json["model"].get("merges")
+    if isinstance(merges, MergesText):
+        count = 0
+        for chunk in map(_merges_written, merges.chunks()):
+            count += len(chunk)
+            if lines is not None:
+                add_lines(lines, chunk)
+        return GGUFStrings.parsed_when_used(lambda: map(_merges_written, merges.chunks()), count)
     if not isinstance(merges, list) or not merges:
         raise Refusal("tokenizer.json has no BPE merges: llama.cpp would fall back to merges.txt while "
                          "transformers tokenizes without merges; not reproduced")
     if all(isinstance(m, str) for m in merges):
-        return list(merges)
-    if all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges):
-        return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair)
-                for pair in merges]
+        written = list(merges)
+    elif all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges):
+        written = [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair)
+                   for pair in merges]
+    else:
+        written = None
+    if written is not None:
+        if lines is not None:
+            add_lines(lines, written)
+        return written
     raise Refusal("tokenizer.json merges mix strings and pairs (or are neither); SpecialVocab would "
                      "write them unconverted or fail")
+
+
+def _merges_written(merges: list) -> list[str]:
+    # A MergesText chunk: all strings or all pairs of strings (its reader checked which).
+    if not merges or type(merges[0]) is str:
+        return merges
+    return [" ".join(part.replace(" ", "\u0120") for part in pair) for pair in merges]
+
+
+# Reading a large tokenizer.json lean.  Llama 3's holds 280,147 merges, which json.loads makes into as
+# many Python strings (about 21 MB; a list of pairs, twice that) on top of the file's text (16 MB as a
+# str): more than the whole conversion may use (issue 12: 64 MiB).  So the model's vocab object and
+# merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
+# parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
+# written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
+# list is ever whole.  Whatever does not fit this reading exactly makes it give up, and the file is
+# parsed whole by read_json: the values, and the refusals, are the same either way.
+
+_JSON_WS = rb"[ \t\n\r]*"
+# A JSON string as json.loads accepts it (strict: no raw control characters, only JSON's escapes).
+_JSON_STRING = rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
+_MERGES_PER_CHUNK = 4096
+
+
+def _repeated(element: bytes) -> re.Pattern:
+    # Up to _MERGES_PER_CHUNK array or object elements and the commas between them.
+    one = _JSON_WS + element + _JSON_WS
+    return re.compile(rb"(?:%s,){0,%d}%s" % (one, _MERGES_PER_CHUNK - 1, one))
+
+
+_MERGE_STRINGS = _repeated(_JSON_STRING)
+_MERGE_PAIRS = _repeated(rb"\[" + _JSON_WS + _JSON_STRING + _JSON_WS + rb"," + _JSON_WS + _JSON_STRING
+                         + _JSON_WS + rb"\]")
+_VOCAB_ENTRIES = _repeated(_JSON_STRING + _JSON_WS + rb":" + _JSON_WS + rb"-?(?:0|[1-9][0-9]*)")
+
+
+class JsonRuns(NamedTuple):
+    """An array or object of a file, unparsed: where its runs of elements lie."""
+    data: mmap.mmap                     # the whole file, mapped
+    runs: tuple[tuple[int, int], ...]   # (start, end) of each run, without the commas between runs
+    opened: int                         # where its "[" or "{" is
+    end: int                            # just past its "]" or "}"
+
+    def parsed(self, opener: str, closer: str) -> Iterator:
+        for start, end in self.runs:
+            text = self.data[start:end]
+            _drop_pages(self.data, start, end)
+            yield json.loads(opener + text.decode("utf-8") + closer)
+
+
+def _drop_pages(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Give back the mapped file's pages inside start..end, read already: the kernel reads them again
+    from its page cache if they are touched again, and meanwhile they are not this process's memory."""
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page
+    if last > first and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+class MergesText(NamedTuple):
+    """tokenizer.json's model.merges, unparsed."""
+    text: JsonRuns
+    pairs: bool                         # ["a", "b"] elements, else "a b" strings
+
+    def chunks(self) -> Iterator[list]:
+        """The merges in order, as json.loads gives them, a list of up to _MERGES_PER_CHUNK at a time."""
+        return self.text.parsed("[", "]")
+
+
+def read_tokenizer_json(path: Path) -> object:
+    """tokenizer.json as read_json parses it, except that a model.merges array of strings or of string
+    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's."""
+    try:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError:      # an empty file cannot be mapped
+        return read_json(path)
+    except OSError as e:
+        raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
+    vocab = _json_runs(data, b'"vocab"', b"{", b"}", lambda first: _VOCAB_ENTRIES)
+    merges = _json_runs(data, b'"merges"', b"[", b"]", lambda first: _MERGE_PAIRS if first == b"[" else _MERGE_STRINGS)
+    if vocab is None or merges is None or not vocab.end <= merges.opened:
+        del data
+        return read_json(path)
+    nonce = "bankml-cut"
+    while data.find(nonce.encode()) >= 0:
+        nonce += "~"
+    _drop_pages(data, 0, len(data))
+    placeholder = b'"' + nonce.encode() + b'"'
+    try:
+        rest = b"".join((data[:vocab.opened], placeholder, data[vocab.end:merges.opened], placeholder,
+                         data[merges.end:])).decode("utf-8")
+        parsed = json.loads(rest)
+        del rest
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        # The placeholders are where model.vocab and model.merges are only if the cuts were those
+        # values (not text inside a string, not an earlier key a later duplicate replaces).
+        if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
+            raise ValueError("not the model's vocab and merges")
+        # Key by key in file order, as json.loads fills an object: a repeated key keeps its first
+        # place and takes its last value.
+        vocab_dict: dict = {}
+        for run in vocab.parsed("{", "}"):
+            vocab_dict.update(run)
+    except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
+        del data
+        return read_json(path)
+    model["vocab"] = vocab_dict
+    model["merges"] = MergesText(merges, data[merges.runs[0][0]:merges.runs[0][0] + 1] == b"[")
+    return parsed
+
+
+def _json_runs(data: mmap.mmap, key: bytes, opener: bytes, closer: bytes,
+               pattern_for: Callable[[bytes], re.Pattern]) -> Optional[JsonRuns]:
+    """The first ``key`` followed by a non-empty array or object (``opener``) whose elements the
+    pattern (chosen by the first element's first byte) matches, every run valid UTF-8; or None."""
+    head = re.compile(re.escape(key) + _JSON_WS + rb":" + _JSON_WS + re.escape(opener) + _JSON_WS).search(data)
+    _drop_pages(data, 0, head.end() if head else len(data))
+    if head is None:
+        return None
+    opened, at = head.start() + head.group().rindex(opener), head.end()
+    pattern = pattern_for(data[at:at + 1])
+    runs = []
+    while True:
+        run = pattern.match(data, at)
+        if run is None:
+            return None
+        try:
+            data[at:run.end()].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        _drop_pages(data, at, run.end())
+        runs.append((at, run.end()))
+        at = run.end()
+        if data[at:at + 1] == closer:
+            break
+        if data[at:at + 1] != b",":
+            return None
+        at += 1
+    return JsonRuns(data, tuple(runs), opened, at + 1)
+
+
+class GGUFStrings:
+    """A long array of strings kept compact until the header is written: as the bytes of a GGUF string
+    array (each a u64 length, then UTF-8), about a quarter of the memory of as many Python strings; or,
+    for merges read lean, as the file's text they are parsed from again, a chunk at a time, when
+    written -- so their bytes need not sit beside the vocabulary's dict while it is read.  Reads as a
+    sequence of str (len, iteration, indexing and slices)."""
+
+    __slots__ = ("_data", "_source", "count")
+
+    def __init__(self, chunks: Iterable[list[str]], lines=None) -> None:
+        data = bytearray()
+        count = 0
+        for strings in chunks:
+            data += encoded_strings(strings)
+            count += len(strings)
+            if lines is not None:
+                add_lines(lines, strings)
+        self._data, self._source, self.count = data, None, count
+
+    @classmethod
+    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int) -> "GGUFStrings":
+        """The ``count`` strings that each call of ``source`` gives, a chunk at a time."""
+        strings = cls.__new__(cls)
+        strings._data, strings._source, strings.count = None, source, count
+        return strings
+
+    def encoded(self) -> Iterable[bytes]:
+        """The GGUF array's elements, as pieces of bytes to be joined (made as they are taken)."""
+        return [self._data] if self._source is None else map(encoded_strings, self._source())
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            yield from chunk
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(itertools.islice(self, *index.indices(self.count)))
+        if not -self.count <= index < self.count:
+            raise IndexError("GGUFStrings index out of range")
+        return next(itertools.islice(self, index % self.count, None))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (list, GGUFStrings)) and len(other) == self.count and all(map(
+            str.__eq__, self, other))
+
+    def index(self, value: str) -> int:
+        for i, s in enumerate(self):
+            if s == value:
+                return i
+        raise ValueError(f"{value!r} is not in the strings")
+
+    def chunks(self, size: int = _MERGES_PER_CHUNK) -> Iterator[list[str]]:
+        """The strings in order, a list of up to ``size`` at a time (the source's own, if parsed when used)."""
+        if self._source is not None:
+            yield from self._source()
+            return
+        data, at, chunk = self._data, 0, []
+        unpack = _U64_LE.unpack_from
+        while at < len(data):
+            (n,) = unpack(data, at)
+            chunk.append(data[at + 8:at + 8 + n].decode("utf-8"))
+            at += 8 + n
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
 
 
 # Which path llama.cpp takes: the gpt2 one is ported through transformers' GPT2Tokenizer only; the
@@ -4472,7 +4749,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     """
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
-    tokenizer_json = optional_json(d / "tokenizer.json")
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
     refuse_other_paths(d, tokenizer_json, tokenizer_config)
@@ -4486,7 +4763,8 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     flags = add_flags(tokenizer_json, tokenizer_config)  # refuses post-processors that add tokens
     refuse_unported_features(d, tokenizer_json, tokenizer_config)
     vocab = base_vocab(tokenizer_json)
-    merges = merges_as_written(tokenizer_json)
+    vm_sha256 = vocab_merges_hasher(vocab)
+    merges = merges_as_written(tokenizer_json, vm_sha256)
     special_tokens_map = optional_json(d / "special_tokens_map.json")
     added = added_vocab(tokenizer_json, tokenizer_config, vocab,
                         special_tokens_map if isinstance(special_tokens_map, dict) else None)
@@ -4495,11 +4773,12 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     except RecursionError:
         raise Refusal("tokenizer.json's pre-tokenizer or post-processor is nested too deeply") from None
     pre = pre_tokenizer_name(tokenizer_json, tokenizer_config, config, added,
-                             vocab_merges_sha256(vocab, merges), shape)
+                             vm_sha256.hexdigest(), shape)
 
     tokens, toktypes = token_list(vocab, added, vocab_size)
     return Vocab(
-        tokens=tokens,
+        # As GGUF bytes, so that the token strings go with the parsed file when this returns.
+        tokens=GGUFStrings(tokens[i:i + _MERGES_PER_CHUNK] for i in range(0, len(tokens), _MERGES_PER_CHUNK)),
         toktypes=toktypes,
         merges=merges,
         pre=pre,
@@ -6497,40 +6776,62 @@ def _encode_scalar(vtype: int, value: object) -> bytes:
 
 def encode_value(kv: KV) -> bytes:
     """The bytes of one metadata value after its key: type tag, then the value."""
+    return b"".join(encoded_value_pieces(kv))
+
+
+def encoded_value_pieces(kv: KV) -> Iterator[bytes]:
+    """encode_value's bytes in pieces, made as they are taken: a long array is never whole twice."""
     if not kv.array:
-        return struct.pack("<I", kv.vtype) + _encode_scalar(kv.vtype, kv.value)
-    parts = [struct.pack("<IIQ", GGUFValueType.ARRAY, kv.vtype, len(kv.value))]
-    if kv.vtype == GGUFValueType.STRING:
+        yield struct.pack("<I", kv.vtype) + _encode_scalar(kv.vtype, kv.value)
+        return
+    yield struct.pack("<IIQ", GGUFValueType.ARRAY, kv.vtype, len(kv.value))
+    if kv.vtype == GGUFValueType.STRING and isinstance(kv.value, GGUFStrings):
+        yield from kv.value.encoded()
+    elif kv.vtype == GGUFValueType.STRING:
         if not set(map(type, kv.value)) <= {str}:
             raise TypeError("expected an array of strings")
-        # Lengths and strings interleaved by slice assignment, all at C level: the vocabulary's
-        # ~100,000 strings dominate the header.
-        encoded = list(map(str.encode, kv.value))
-        pieces = [b""] * (2 * len(encoded))
-        pieces[0::2] = map(_U64_LE.pack, map(len, encoded))
-        pieces[1::2] = encoded
-        parts.append(b"".join(pieces))
+        # A chunk at a time: one bytes object per string and per length, for the whole vocabulary at
+        # once, took more memory than the rest of the conversion.
+        for i in range(0, len(kv.value), _MERGES_PER_CHUNK):
+            yield encoded_strings(kv.value[i:i + _MERGES_PER_CHUNK])
     else:
-        parts.append(struct.pack(f"<{len(kv.value)}{SCALAR_FORMATS[kv.vtype][1:]}", *kv.value))
-    return b"".join(parts)
+        fmt = SCALAR_FORMATS[kv.vtype][1:]
+        for i in range(0, len(kv.value), _MERGES_PER_CHUNK):
+            chunk = kv.value[i:i + _MERGES_PER_CHUNK]
+            yield struct.pack(f"<{len(chunk)}{fmt}", *chunk)
 
 
-def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
-    """Everything before the tensor data: header, metadata, tensor table, padding to alignment."""
-    parts = [GGUF_MAGIC, struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs))]
+def encoded_strings(strings: list[str]) -> bytes:
+    """Strings as the elements of a GGUF string array: u64 length, UTF-8, back to back."""
+    # Lengths and strings interleaved by slice assignment, all at C level: the vocabulary's
+    # ~100,000 strings dominate the header.
+    encoded = list(map(str.encode, strings))
+    pieces = [b""] * (2 * len(encoded))
+    pieces[0::2] = map(_U64_LE.pack, map(len, encoded))
+    pieces[1::2] = encoded
+    return b"".join(pieces)
+
+
+def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytearray:
+    """Everything before the tensor data: header, metadata, tensor table, padding to alignment.
+
+    Appended to one bytearray piece by piece (growing it in place), not joined from a list: with
+    Llama 3's vocabulary the pieces and their join were two 7.5 MB copies of the same bytes."""
+    head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs)))
     for kv in kvs:
         try:
-            parts.append(encode_string(kv.key))
-            parts.append(encode_value(kv))
+            head += encode_string(kv.key)
+            for piece in encoded_value_pieces(kv):
+                head += piece
         except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as e:
             raise Refusal(f"{kv.key} cannot be written as {GGUFValueType(kv.vtype).name.lower()} ({e}); "
                           f"llama.cpp's converter stops on it too") from None
     offsets = tensor_data_layout(t.nbytes for t in tensors).offsets
     for t, offset in zip(tensors, offsets):
-        parts.append(encode_string(t.name))
-        parts.append(struct.pack(f"<I{len(t.dims)}QIQ", len(t.dims), *t.dims, t.ggml_type, offset))
-    head = b"".join(parts)
-    return head + bytes(padding(len(head)))
+        head += encode_string(t.name)
+        head += struct.pack(f"<I{len(t.dims)}QIQ", len(t.dims), *t.dims, t.ggml_type, offset)
+    head += bytes(padding(len(head)))
+    return head
 
 
 class HashingWriter:
@@ -6670,6 +6971,48 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path]) -> None
 # several processes never interleave; end-of-file ends every wait, so no worker outlives the parent.
 
 
+# Where a conversion's time goes, for oracle/bench.py: with BANKML_STAGE_TIMES=FILE in the environment,
+# each conversion appends one JSON line to FILE -- per stage its wall time and the CPU time of this
+# process's main thread and of its other threads (the inputs' hasher, the flusher), and each worker's
+# CPU time and peak RSS -- so `make bench` can show whether the workers or this process's serial
+# hashing set the pace.  Nothing else reads the variable; without it nothing is measured or written.
+_STAGE_TIMES_ENV = "BANKML_STAGE_TIMES"
+
+
+class _StageClock:
+    """Laps of wall, main-thread CPU and other-threads CPU time, and the workers' rusage."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        self.workers: list[dict] = []
+        self.before_cpu_s = time.process_time()     # startup, imports, reading headers, the tensor plan
+        self._mark()
+
+    def _mark(self) -> None:
+        self._wall, self._thread, self._process = time.perf_counter(), time.thread_time(), time.process_time()
+
+    def lap(self, stage: str) -> None:
+        thread, process = time.thread_time() - self._thread, time.process_time() - self._process
+        self.rows.append({"stage": stage, "wall_s": time.perf_counter() - self._wall, "cpu_s": thread,
+                          "threads_cpu_s": max(process - thread, 0.0)})
+        self._mark()
+
+    def worker(self, usage) -> None:
+        self.workers.append({"cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kib": usage.ru_maxrss})
+
+    def write(self, size: int) -> None:
+        line = json.dumps({"before_cpu_s": self.before_cpu_s, "stages": self.rows, "workers": self.workers,
+                           "output_bytes": size})
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+def _stage_clock() -> _StageClock | None:
+    path = os.environ.get(_STAGE_TIMES_ENV)
+    return _StageClock(path) if path else None
+
+
 def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
                progress=None) -> tuple[str, int]:
     """Write the GGUF to OUT.part, hashing as it goes, then rename it to OUT; (sha256, size).
@@ -6710,11 +7053,14 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
         with open(fd, "wb", buffering=0) as f:
             if held:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)    # a held signal is raised here
+            clock = _stage_clock()
             unplaced = data_jobs(tensors, 0)
             if workers > 1 and len(unplaced) > 1:
-                plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress)
+                plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress, clock)
             else:
                 plan = finish_plan()
+                if clock:
+                    clock.lap("vocabulary and header")
                 jobs = data_jobs(plan.tensors, len(plan.header))
                 if hasher:
                     hasher.start()
@@ -6726,12 +7072,17 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
                 except BaseException:
                     w.abort()
                     raise
+                if clock:
+                    clock.lap("tensor data, converted and hashed")
             size = gguf_size(data_jobs(plan.tensors, len(plan.header))) or len(plan.header)
             written = os.fstat(fd).st_size
             if written != size:
                 raise ConversionFailed(f"{part.name} holds {written} bytes where {size} were planned")
             os.fsync(fd)
         os.replace(part, out)
+        if clock:
+            clock.lap("fsync and rename")
+            clock.write(size)
     except BaseException as e:
         try:
             os.unlink(part)
@@ -6834,7 +7185,8 @@ def gguf_size(jobs: list[Job]) -> int:
 
 
 def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], Plan], workers: int,
-                        hasher: InputHasher | None, progress=None) -> tuple[Plan, str]:
+                        hasher: InputHasher | None, progress=None,
+                        clock: _StageClock | None = None) -> tuple[Plan, str]:
     """Convert jobs in forked workers that pwrite straight into the output, and hash it in order;
     the finished plan and the output's sha256.
 
@@ -6864,6 +7216,10 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
     # starts with objects frozen, where "freeze only if nothing is" never froze.  What is parsed
     # meanwhile makes no reference cycles, so nothing waits on the collector.
     collecting = gc.isenabled()
+    # What is garbage already is collected first: run as a script, compiling this file leaves a
+    # cycle of about 120,000 objects (5 MB, and the memory around them) that the collector, off from
+    # here on, would otherwise keep while the vocabulary is read.
+    gc.collect()
     gc.disable()
     try:
         def work() -> None:
@@ -6878,7 +7234,11 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             os.close(end)
         write_end = start_read = -1
         todo.close_receiving()
+        if clock:
+            clock.lap("forking workers")
         plan = finish_plan()
+        if clock:
+            clock.lap("vocabulary and header")
         if data_jobs(plan.tensors, 0) != unplaced:
             raise ConversionFailed("the finished plan's tensors are not those being converted")
         jobs = data_jobs(plan.tensors, len(plan.header))
@@ -6897,8 +7257,14 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             hasher.start()      # threads only after forking: fork copies just the calling thread
         flusher = _Flusher(fd)
         finished = _hash_as_done(fd, jobs, read_end, sha, todo, flusher, progress)
-        statuses = [os.waitpid(pid, 0)[1] for pid in pids]     # all exited: their report ends closed
+        if clock:
+            clock.lap("tensor data: hashing the output as workers finish")
+        waited = [os.wait4(pid, 0) for pid in pids]     # all exited: their report ends closed
+        statuses = [status for _, status, _ in waited]
         pids = []
+        if clock:
+            for _, _, usage in waited:
+                clock.worker(usage)
         if not finished or any(statuses):
             raise _lost_worker(statuses)
         return plan, sha.hexdigest()

@@ -1566,6 +1566,8 @@ def vocab_type_tag(kv) -> str:
 
 
 def value_sha256(value: object) -> str:
+    if isinstance(value, bc.GGUFStrings):   # a long string array kept encoded: hashed as its list
+        value = list(value)
     return hashlib.sha256(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
@@ -5358,6 +5360,123 @@ class SllmCommandLine(Workspace):
         r = cli(self.case("example"), "-o", self.out_dir() / "m.sllm", "--format", "sllm", "--dry-run")
         self.assertEqual(r.code, 2)
         self.assertIn("not offered with --format sllm", r.err)
+
+
+class LeanTokenizerJson(unittest.TestCase):
+    """read_tokenizer_json: model.vocab and model.merges cut out of the text and parsed a chunk at a
+    time give exactly json.loads' values, and anything it does not take is read_json's, refusals too."""
+
+    FIXTURES = ("SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-resaved-transformers-5", "Qwen3-tokenizer")
+
+    def read(self, text: str):
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "tokenizer.json"
+            path.write_text(text, encoding="utf-8")
+            return bc.read_tokenizer_json(path)
+
+    @staticmethod
+    def materialized(tj):
+        """tokenizer.json as json.loads gives it, the lean merges parsed back into one list."""
+        merges = tj["model"]["merges"]
+        if isinstance(merges, bc.MergesText):
+            tj["model"]["merges"] = [m for chunk in merges.chunks() for m in chunk]
+        return tj
+
+    def test_the_fixtures_read_lean_are_json_loads_values(self):
+        # Merges as strings (SmolLM2), as pairs (its transformers 5 re-save), 151,387 of them (Qwen3).
+        for folder in self.FIXTURES:
+            with self.subTest(folder):
+                path = ROOT / "oracle" / "fixtures" / folder / "tokenizer.json"
+                tj = bc.read_tokenizer_json(path)
+                self.assertIsInstance(tj["model"]["merges"], bc.MergesText)
+                expected = json.loads(path.read_text(encoding="utf-8"))
+                self.assertEqual(list(tj["model"]["vocab"].items()), list(expected["model"]["vocab"].items()))
+                self.assertEqual(self.materialized(tj), expected)
+
+    def test_repeated_vocab_keys_keep_their_first_place_and_last_id(self):
+        text = '{"model": {"vocab": {"a": 0, "b": 1, "a": 2}, "merges": ["a b"]}}'
+        tj = self.read(text)
+        self.assertIsInstance(tj["model"]["merges"], bc.MergesText)
+        self.assertEqual(list(tj["model"]["vocab"].items()), list(json.loads(text)["model"]["vocab"].items()))
+
+    def test_what_the_cut_does_not_take_is_read_whole(self):
+        for text in (
+            '{"vocab": {"x": 0}, "model": {"vocab": {"a": 0}, "merges": ["a b"]}}',      # another vocab first
+            '{"model": {"vocab": {"a": 0}, "merges": ["a b"], "merges": ["b a"]}}',     # a later duplicate wins
+            '{"model": {"vocab": {"a": 0}, "merges": ["a b", ["a", "b"]]}}',            # strings and pairs mixed
+            '{"model": {"vocab": {"a": 0.5}, "merges": ["a b"]}}',                      # an id that is no integer
+            '{"model": {"merges": ["a b"], "vocab": {"a": 0}}}',                        # merges before vocab
+            '{"model": {"vocab": {"a": 0}, "merges": []}}',                             # no merges
+            '{"a": "\\"vocab\\": {\\"a\\": 0}, \\"merges\\": [\\"a b\\"]", "model": {}}',  # inside a string
+        ):
+            with self.subTest(text):
+                tj = self.read(text)
+                self.assertEqual(tj, json.loads(text))
+                self.assertNotIsInstance(tj.get("model", {}).get("merges"), bc.MergesText)
+
+    def test_escapes_in_merges_are_json_loads_strings(self):
+        text = '{"model": {"vocab": {"a": 0}, "merges": ["a\\u0120b \\"c", "\\ud800 \\/\\t"]}}'
+        tj = self.read(text)
+        self.assertIsInstance(tj["model"]["merges"], bc.MergesText)
+        self.assertEqual(self.materialized(tj), json.loads(text))
+
+    def test_invalid_json_in_the_merges_is_refused_as_read_json_refuses_it(self):
+        for text in ('{"model": {"vocab": {"a": 0}, "merges": ["a \\x b"]}}',     # not a JSON escape
+                     '{"model": {"vocab": {"a": 0}, "merges": ["a\tb"]}}',       # a raw control character
+                     '{"model": {"vocab": {"a": 0}, "merges": ["a b",]}}'):       # a trailing comma
+            with self.subTest(text), tempfile.TemporaryDirectory() as d:
+                path = Path(d) / "tokenizer.json"
+                path.write_text(text, encoding="utf-8")
+                with self.assertRaises(bc.Refusal) as lean:
+                    bc.read_tokenizer_json(path)
+                with self.assertRaises(bc.Refusal) as whole:
+                    bc.read_json(path)
+                self.assertEqual(lean.exception.reason, whole.exception.reason)
+
+    def test_bytes_that_are_not_utf8_in_the_merges_are_refused_as_read_json_refuses_them(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "tokenizer.json"
+            path.write_bytes(b'{"model": {"vocab": {"a": 0}, "merges": ["a \xff"]}}')
+            with self.assertRaises(bc.Refusal) as lean:
+                bc.read_tokenizer_json(path)
+            with self.assertRaises(bc.Refusal) as whole:
+                bc.read_json(path)
+            self.assertEqual(lean.exception.reason, whole.exception.reason)
+
+    def test_lean_merges_give_the_same_written_array_hash_and_check_ids(self):
+        # Both merge shapes; Qwen3's lean reading is in the recorded runs (EveryConversionAgainstTheRecord).
+        for folder in self.FIXTURES[:2]:
+            with self.subTest(folder):
+                path = ROOT / "oracle" / "fixtures" / folder / "tokenizer.json"
+                lean, whole = bc.read_tokenizer_json(path), bc.read_json(path)
+                written = bc.merges_as_written(lean)
+                self.assertIsInstance(written, bc.GGUFStrings)
+                self.assertEqual(written, bc.merges_as_written(whole))
+                vocab = bc.base_vocab(whole)
+                self.assertEqual(bc.vocab_merges_sha256(vocab, written),
+                                 bc.vocab_merges_sha256(vocab, bc.merges_as_written(whole)))
+                config = json.loads((path.parent / "tokenizer_config.json").read_text(encoding="utf-8"))
+                model_type = "qwen2" if folder.startswith("Qwen") else "llama"
+                build = bc.check_build(whole, config, {"model_type": model_type})
+                added = bc.json_added_tokens(whole)
+                self.assertEqual(bc.check_ids(build, lean, added), bc.check_ids(build, whole, added))
+
+
+class GGUFStringsArray(unittest.TestCase):
+    STRINGS = ["a", "", "Ġthe", "\u00e9\U0001f680", "x" * 300] * 1000
+
+    def test_encodes_as_a_list_of_the_strings_does(self):
+        as_list = bc.encode_value(bc.KV("k", bc.GGUFValueType.STRING, list(self.STRINGS), True))
+        chunks = [self.STRINGS[i:i + 700] for i in range(0, len(self.STRINGS), 700)]
+        lean = bc.encode_value(bc.KV("k", bc.GGUFValueType.STRING, bc.GGUFStrings(chunks), True))
+        self.assertEqual(lean, as_list)
+
+    def test_reads_back_as_the_sequence_of_its_strings(self):
+        strings = bc.GGUFStrings([self.STRINGS])
+        self.assertEqual((len(strings), list(strings), strings[2], strings[-1], strings[3:6]),
+                         (len(self.STRINGS), self.STRINGS, "Ġthe", "x" * 300, self.STRINGS[3:6]))
+        self.assertEqual(strings, self.STRINGS)
+        self.assertEqual(strings.index("Ġthe"), 2)
 
 
 def main() -> int:

@@ -1,20 +1,35 @@
 #!/usr/bin/env python3
 """The benchmark behind `make bench`: bankml_convert against llama.cpp's converter and a copy floor.
 
-    python3 oracle/bench.py [--rounds 3] [--no-reference] [--scale 3] [--json FILE] [--case C] [--outtypes f16 ...]
+    python3 oracle/bench.py --suite [--rounds 3] [--no-reference] [--scale 3] [--json FILE]
+    python3 oracle/bench.py [--case C] [--outtypes f16 ...] [--rounds 3] [--scale 3] [--json FILE]
 
-On the full-size SmolLM2-135M-Instruct directory (generated under build/bench/ when missing), each
-round runs, as whole processes one after another: bankml_convert for every --outtype it supports,
+On each generated full-size model directory (made under build/bench/cases/ when missing), each
+round runs, as whole processes one after another: bankml_convert for every output type asked,
 llama.cpp's convert_hf_to_gguf.py (the oracle's reference venv) for the same types, and the floor,
-`cp` of the safetensors plus `sha256sum` of the copy. Every run's wall time, peak RSS (wait4's
-ru_maxrss) and MB/s over the input are measured; the medians, the ratios and the issue's targets are
-printed. bankml's output must equal llama.cpp's, sha256 for sha256, in every round (exit 1 if not).
---scale N also converts a model with N times the layers with bankml, to show whether its memory
-stays flat as the model grows.
+`cp` of the safetensors file(s) plus `sha256sum` of the copies. Every run's wall time, peak RSS and
+MB/s over the input are measured; the medians, the ratios, the wall per GB and each issue's targets
+are printed, with PASS/FAIL. bankml's output must equal llama.cpp's, sha256 for sha256, in every
+round (exit 1 if not).
+
+Peak RSS is wait4's ru_maxrss of the process the launcher forked: Linux reports there the largest
+resident set of that process and of every descendant it has waited for, so for bankml it is the
+largest of the converter and its forked workers (each counted whole, shared pages included), not
+their sum; for llama.cpp its Python process; for the floor the larger of cp and sha256sum.
+
+bankml's runs also record where their time goes (BANKML_STAGE_TIMES, see bankml_convert's Writing
+section): the parent's CPU before writing, per stage the wall time and the CPU of the parent's main
+thread and of its other threads, and each worker's CPU; the report prints their medians and what
+they say about more cores (is the worker cap or the parent's hashing the serial limit).
+
+--suite runs every case of SUITE (the issues' bench rows) and ends with one PASS/FAIL line per
+target, grouped by issue. --scale N also converts the 135M model with N times the layers with
+bankml, to show whether its memory stays flat as the model grows.
 
 Standard library only. The reference is never installed from here: without oracle/.ref set up
 (oracle/setup_reference.sh) bankml runs alone and its output is checked against
-oracle/recorded/golden.json instead. Missed targets are reported, not an error.
+oracle/recorded/golden.json instead (the full-size bench cases are not recorded: then unverified,
+and said so). Missed targets are reported, not an error.
 """
 
 from __future__ import annotations
@@ -52,10 +67,57 @@ REF_CONVERTER = REF_ROOT / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / 
 BANKML, LLAMA_CPP, FLOOR = "bankml", "llama.cpp", "floor"
 FLOOR_OUTTYPE = "cp+sha"
 
-# The targets of project issue 3.
+# The targets of project issue 3 (the 135M case, every output type).
 TARGET_WALL_VS_LLAMA_CPP = 0.20
 TARGET_WALL_VS_FLOOR = 2.0
 TARGET_RSS_MIB = 64.0
+
+# Metrics a target limits: bankml's median wall over llama.cpp's or the floor's, its peak RSS (the
+# largest of the rounds), or that peak minus the 135M case's in the same run (memory flat with size).
+VS_LLAMA_CPP, VS_FLOOR, RSS_MIB, RSS_OVER_135M = "wall / llama.cpp", "wall / floor", "peak RSS MiB", \
+    "peak RSS - 135M's, MiB"
+FLAT_RSS_GROWTH_MIB = 4.0   # "within a few MiB" of the 135M case (issue 17)
+
+
+@dataclass(frozen=True)
+class Goal:
+    issue: str          # "#12"
+    outtype: str
+    metric: str
+    limit: Optional[float]  # None: reported only
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    case: str
+    outtypes: tuple[str, ...]
+    goals: tuple[Goal, ...]
+
+
+def _issue3(outtypes: Sequence[str]) -> tuple[Goal, ...]:
+    return tuple(g for t in outtypes for g in (Goal("#3", t, VS_LLAMA_CPP, TARGET_WALL_VS_LLAMA_CPP),
+                                               Goal("#3", t, VS_FLOOR, TARGET_WALL_VS_FLOOR),
+                                               Goal("#3", t, RSS_MIB, TARGET_RSS_MIB)))
+
+
+_ALL_TYPES = ("f32", "f16", "bf16", "q8_0", "auto")
+# What `make bench` runs (--suite): every issue's bench row.  The 3B case converts f16 and q8_0, the
+# two its targets name (all four types there take about 30 minutes more: --outtypes on --case).
+SUITE: tuple[BenchCase, ...] = (
+    BenchCase(FULL_CASE, _ALL_TYPES, _issue3(_ALL_TYPES) + (Goal("#17", "q8_0", VS_LLAMA_CPP, 0.35),)),
+    BenchCase("full-llama-3.2-1b-instruct", ("f16",), (
+        Goal("#12", "f16", VS_FLOOR, 1.2), Goal("#12", "f16", VS_LLAMA_CPP, 0.5), Goal("#12", "f16", RSS_MIB, 64.0))),
+    BenchCase("full-tinyllama", ("f16",), (
+        Goal("#13", "f16", VS_FLOOR, 1.2), Goal("#13", "f16", VS_LLAMA_CPP, 0.5), Goal("#13", "f16", RSS_MIB, 64.0))),
+    BenchCase("full-qwen2.5-0.5b-instruct", ("f16",), (
+        Goal("#14", "f16", VS_FLOOR, 1.2), Goal("#14", "f16", VS_LLAMA_CPP, 0.35), Goal("#14", "f16", RSS_MIB, 64.0))),
+    BenchCase("full-llama-3.2-3b-instruct", ("f16", "q8_0"), (
+        Goal("#17", "f16", VS_FLOOR, 1.2), Goal("#17", "q8_0", VS_FLOOR, 2.0),
+        Goal("#17", "f16", RSS_MIB, 64.0), Goal("#17", "q8_0", RSS_MIB, 64.0),
+        Goal("#17", "f16", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB), Goal("#17", "q8_0", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB),
+        Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
+)
+SUITE_BY_CASE = {b.case: b for b in SUITE}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,11 +190,16 @@ class Run:
                         # never below the launcher's RSS (about 7 MiB)
     input_bytes: int
     output_bytes: int
-    output_sha256: str
+    output_sha256: str  # "" for the floor (its copies are the input's bytes)
+    stages: Optional[dict] = None   # bankml's BANKML_STAGE_TIMES record of this run
 
     @property
     def mb_per_s(self) -> float:
         return self.input_bytes / 1e6 / self.wall_s
+
+    @property
+    def s_per_gb(self) -> float:
+        return self.wall_s / (self.input_bytes / 1e9)
 
 
 def tool_command(tool: str, outtype: str, model: Model, out: Path) -> list[str]:
@@ -145,15 +212,16 @@ def tool_command(tool: str, outtype: str, model: Model, out: Path) -> list[str]:
         return [str(oracle.reference_python()), str(REF_CONVERTER), model.dir.name,
                 "--outfile", str(out), "--outtype", outtype]
     if tool == FLOOR:
-        (weights,) = model.weights  # the full-size cases are one file
-        return ["sh", "-c", f"cp {shlex.quote(str(weights))} {shlex.quote(str(out))} "
-                            f"&& sha256sum {shlex.quote(str(out))}"]
+        # Every safetensors file (a sharded model's shards), copied and then hashed, as a user pins one.
+        sources = " ".join(shlex.quote(str(w)) for w in model.weights)
+        copies = " ".join(shlex.quote(str(OUT / w.name)) for w in model.weights)
+        return ["sh", "-c", f"cp {sources} {shlex.quote(str(OUT))}/ && sha256sum {copies}"]
     raise ValueError(f"unknown tool {tool}")
 
 
 def output_path(tool: str, outtype: str, model: Model) -> Path:
     if tool == FLOOR:
-        return OUT / model.weights[0].name
+        return OUT / model.weights[-1].name
     return OUT / f"{tool}-{outtype}.gguf"
 
 
@@ -166,17 +234,24 @@ def measure(tool: str, outtype: str, model: Model, round_no: int) -> Run:
     cmd = tool_command(tool, outtype, model, out)
     result = WORK / "last-result.txt"
     result.unlink(missing_ok=True)
+    stage_file = WORK / "last-stages.jsonl"
+    stage_file.unlink(missing_ok=True)
+    env = dict(os.environ)
+    if tool == BANKML:
+        env[bankml_convert._STAGE_TIMES_ENV] = str(stage_file)
     with open(log, "wb") as log_file:
         subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCHER, str(result), *cmd],
                        cwd=model.dir.parent, stdin=subprocess.DEVNULL, stdout=log_file,
-                       stderr=subprocess.STDOUT, check=True)
+                       stderr=subprocess.STDOUT, check=True, env=env)
     wall, max_rss_kib, exit_code = result.read_text().split()
     if int(exit_code) != 0 or not out.is_file():
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"bench: {tool} --outtype {outtype} failed (exit {exit_code}):\n"
                          f"  {shlex.join(cmd)}\n{tail}")
+    stages = json.loads(stage_file.read_text().splitlines()[-1]) if stage_file.is_file() else None
+    output_bytes = sum(p.stat().st_size for p in OUT.iterdir())
     run = Run(tool, outtype, model.dir.name, round_no, float(wall), int(max_rss_kib),
-              model.input_bytes, out.stat().st_size, oracle.sha256_of(out))
+              model.input_bytes, output_bytes, "" if tool == FLOOR else oracle.sha256_of(out), stages)
     shutil.rmtree(OUT)
     os.sync()
     print(f"  round {round_no}  {tool:<9} {outtype:<7} {model.dir.name:<26} {run.wall_s:7.2f} s "
@@ -250,18 +325,25 @@ class Summary:
     rss_median_mib: float
     rss_max_mib: float
     mb_per_s: float     # over the median wall
+    s_per_gb: float     # the median wall per GB (1e9 bytes) of input
 
 
 @dataclass(frozen=True)
 class Target:
+    case: str
+    issue: str
     outtype: str
     label: str
     value: Optional[float]  # None: not measurable in this bench (no reference run)
-    limit: float
+    limit: Optional[float]  # None: reported, no target
 
     @property
     def verdict(self) -> str:
-        return "n/a" if self.value is None else ("PASS" if self.value <= self.limit else "FAIL")
+        if self.value is None:
+            return "n/a"
+        if self.limit is None:
+            return "(reported)"
+        return "PASS" if self.value <= self.limit else "FAIL"
 
 
 def summaries(runs: Sequence[Run]) -> list[Summary]:
@@ -273,7 +355,7 @@ def summaries(runs: Sequence[Run]) -> list[Summary]:
         rss = [mib(r.max_rss_kib) for r in mine]
         wall = statistics.median(walls)
         out.append(Summary(tool, outtype, wall, min(walls), max(walls), statistics.median(rss), max(rss),
-                           mine[0].input_bytes / 1e6 / wall))
+                           mine[0].input_bytes / 1e6 / wall, wall / (mine[0].input_bytes / 1e9)))
     return out
 
 
@@ -281,34 +363,80 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else a / b
 
 
-def targets(by_key: dict[tuple[str, str], Summary], outtype: str) -> list[Target]:
-    ours = by_key[(BANKML, outtype)]
-    theirs = by_key.get((LLAMA_CPP, outtype))
-    floor = by_key[(FLOOR, FLOOR_OUTTYPE)]
-    return [
-        Target(outtype, f"wall <= {TARGET_WALL_VS_LLAMA_CPP:.2f} x llama.cpp",
-               ratio(ours.wall_median, theirs and theirs.wall_median), TARGET_WALL_VS_LLAMA_CPP),
-        Target(outtype, f"wall <= {TARGET_WALL_VS_FLOOR:.0f} x floor",
-               ours.wall_median / floor.wall_median, TARGET_WALL_VS_FLOOR),
-        Target(outtype, f"peak RSS <= {TARGET_RSS_MIB:.0f} MiB (max of rounds)",
-               ours.rss_max_mib, TARGET_RSS_MIB),
-    ]
+def goal_value(goal: Goal, by_key: dict[tuple[str, str], Summary], rss_135m: dict[str, float]) -> Optional[float]:
+    ours = by_key[(BANKML, goal.outtype)]
+    if goal.metric == VS_LLAMA_CPP:
+        theirs = by_key.get((LLAMA_CPP, goal.outtype))
+        return ratio(ours.wall_median, theirs and theirs.wall_median)
+    if goal.metric == VS_FLOOR:
+        return ours.wall_median / by_key[(FLOOR, FLOOR_OUTTYPE)].wall_median
+    if goal.metric == RSS_MIB:
+        return ours.rss_max_mib
+    if goal.metric == RSS_OVER_135M:
+        small = rss_135m.get(goal.outtype)
+        return None if small is None else ours.rss_max_mib - small
+    raise ValueError(f"unknown metric {goal.metric}")
+
+
+def goal_label(goal: Goal) -> str:
+    if goal.limit is None:
+        return goal.metric
+    return f"{goal.metric} <= {goal.limit:g}"
 
 
 def fmt(x: Optional[float], spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def report(model: Model, runs: Sequence[Run], outtypes: Sequence[str]) -> list[Target]:
+def median_of(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def report_stages(model: Model, runs: Sequence[Run], outtype: str) -> None:
+    """Where bankml's time went (medians over the rounds), and what that says about more cores."""
+    records = [r.stages for r in runs if r.tool == BANKML and r.outtype == outtype and r.stages]
+    if not records:
+        return
+    print(f"  where bankml {outtype}'s time goes (medians of {len(records)}; CPU seconds):")
+    print(f"    {'parent, before writing (startup, headers, tensor plan)':<58} cpu {median_of([x['before_cpu_s'] for x in records]):6.2f}")
+    for name in dict.fromkeys(st["stage"] for x in records for st in x["stages"]):
+        rows = [st for x in records for st in x["stages"] if st["stage"] == name]
+        print(f"    {'parent, ' + name:<58} cpu {median_of([st['cpu_s'] for st in rows]):6.2f}"
+              f"  other threads {median_of([st['threads_cpu_s'] for st in rows]):5.2f}"
+              f"  wall {median_of([st['wall_s'] for st in rows]):6.2f}")
+    n_workers = median_of([len(x["workers"]) for x in records])
+    if not n_workers:
+        return
+    workers_cpu = median_of([sum(w["cpu_s"] for w in x["workers"]) for x in records])
+    worker_rss = max(w["max_rss_kib"] for x in records for w in x["workers"])
+    print(f"    {f'workers ({n_workers:g}), together':<58} cpu {workers_cpu:6.2f}  largest worker RSS "
+          f"{mib(worker_rss):.0f} MiB")
+    data = [st for x in records for st in x["stages"] if st["stage"].startswith("tensor data")]
+    hashing = median_of([st["cpu_s"] for st in data])
+    threads = median_of([st["threads_cpu_s"] for st in data])
+    cap = bankml_convert._MAX_WORKERS
+    per_worker = workers_cpu / cap
+    limit = max((per_worker, "the workers (capped at %d)" % cap), (hashing, "the parent's output hashing"),
+                (threads, "the parent's input hashing thread"))
+    print(f"    cores: with {cap} workers on >= {cap + 2} free cores the data stage needs about "
+          f"{per_worker:.2f} s of each worker, {hashing:.2f} s of the parent's main thread (reading back and "
+          f"hashing the output) and {threads:.2f} s of its other threads (hashing the inputs, flushing): "
+          f"the serial limit is {limit[1]} ({limit[0]:.2f} s; "
+          f"{model.input_bytes / 1e9 / max(limit[0], 1e-9):.1f} GB/s of input)")
+
+
+def report(model: Model, runs: Sequence[Run], outtypes: Sequence[str], goals: Sequence[Goal],
+           rss_135m: dict[str, float]) -> list[Target]:
     rows = summaries(runs)
     by_key = {(s.tool, s.outtype): s for s in rows}
     rounds = max(r.round for r in runs)
-    print(f"\n{model.dir.name}: {model.input_bytes:,} B of safetensors, {rounds} rounds, "
-          f"python {platform.python_version()}, {os.cpu_count()} CPUs")
-    print(f"{'tool':<10} {'outtype':<8} {'wall med':>9} {'min':>7} {'max':>7} {'RSS med':>9} {'MB/s':>7}")
+    print(f"\n{model.dir.name} ({model.case}): {model.input_bytes:,} B of safetensors in "
+          f"{len(model.weights)} file(s), {rounds} rounds, python {platform.python_version()}, {os.cpu_count()} CPUs")
+    print(f"{'tool':<10} {'outtype':<8} {'wall med':>9} {'min':>7} {'max':>7} {'s/GB':>6} {'RSS med':>9} "
+          f"{'RSS max':>9} {'MB/s':>7}")
     for s in rows:
         print(f"{s.tool:<10} {s.outtype:<8} {s.wall_median:8.2f}s {s.wall_min:6.2f}s {s.wall_max:6.2f}s "
-              f"{s.rss_median_mib:5.0f} MiB {s.mb_per_s:7.0f}")
+              f"{s.s_per_gb:6.2f} {s.rss_median_mib:5.0f} MiB {s.rss_max_mib:5.0f} MiB {s.mb_per_s:7.0f}")
     all_targets = []
     for outtype in outtypes:
         ours, theirs = by_key[(BANKML, outtype)], by_key.get((LLAMA_CPP, outtype))
@@ -316,11 +444,29 @@ def report(model: Model, runs: Sequence[Run], outtypes: Sequence[str]) -> list[T
         print(f"\nbankml {outtype} (medians): wall / llama.cpp "
               f"{fmt(ratio(ours.wall_median, theirs and theirs.wall_median))}, "
               f"RSS / llama.cpp {fmt(ratio(ours.rss_median_mib, theirs and theirs.rss_median_mib))}, "
-              f"wall / floor {fmt(ours.wall_median / floor.wall_median)}")
-        for t in targets(by_key, outtype):
-            print(f"  target {t.label:<36} {fmt(t.value):>8}  {t.verdict}")
+              f"wall / floor {fmt(ours.wall_median / floor.wall_median)}, "
+              f"{ours.s_per_gb:.2f} s per GB of input (floor {floor.s_per_gb:.2f})")
+        for g in goals:
+            if g.outtype != outtype:
+                continue
+            t = Target(model.case, g.issue, outtype, goal_label(g), goal_value(g, by_key, rss_135m), g.limit)
+            print(f"  {t.issue:<4} target {t.label:<36} {fmt(t.value):>8}  {t.verdict}")
             all_targets.append(t)
+        report_stages(model, runs, outtype)
     return all_targets
+
+
+def report_issues(rows: Sequence[Target]) -> None:
+    """Every target of the run, grouped by issue: the lines the issues' closing notes quote."""
+    print("\n== targets by issue (medians of this run; RSS: the largest of the rounds) ==")
+    for issue in sorted(dict.fromkeys(t.issue for t in rows), key=lambda i: int(i.lstrip("#"))):
+        mine = [t for t in rows if t.issue == issue]
+        failed = sum(t.verdict == "FAIL" for t in mine)
+        unmeasured = sum(t.verdict == "n/a" for t in mine)
+        verdict = "FAIL" if failed else ("INCOMPLETE" if unmeasured else "PASS")
+        print(f"issue {issue}: {verdict}")
+        for t in mine:
+            print(f"  {t.case:<28} {t.outtype:<6} {t.label:<36} {fmt(t.value):>8}  {t.verdict}")
 
 
 @dataclass(frozen=True)
@@ -363,7 +509,7 @@ def write_json(path: Path, argv: Sequence[str], reference_ran: bool, runs: Seque
         "cpus": os.cpu_count(),
         "bankml_version": bankml_convert.__version__,
         "reference": str(REF_CONVERTER) if reference_ran else None,
-        "runs": [{**asdict(r), "mb_per_s": r.mb_per_s} for r in runs],
+        "runs": [{**asdict(r), "mb_per_s": r.mb_per_s, "s_per_gb": r.s_per_gb} for r in runs],
         "mismatches": list(found),
         "targets": [{**asdict(t), "verdict": t.verdict} for t in target_rows],
         "flatness": [{**asdict(f), "growth_mib": f.growth_mib} for f in flat],
@@ -372,45 +518,84 @@ def write_json(path: Path, argv: Sequence[str], reference_ran: bool, runs: Seque
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def bench_case(spec: BenchCase, rounds: int, tools: Sequence[str], reference_ran: bool,
+               rss_135m: dict[str, float]) -> tuple[Model, list[Run], list[str], list[Target]]:
+    """One case's rounds, checks and report; its runs, mismatches and target rows."""
+    start = time.perf_counter()
+    model = model_of(make_models.CASES_BY_NAME[spec.case])
+    for weights in model.weights:   # read once, so round 1 also finds the input in the page cache
+        oracle.sha256_of(weights)
+    runs = bench_rounds(model, spec.outtypes, rounds, tools)
+    found = mismatches(runs, model, spec.outtypes, reference_ran)
+    target_rows = report(model, runs, spec.outtypes, spec.goals, rss_135m)
+    print(f"({spec.case}: {time.perf_counter() - start:.0f} s of benchmarking)")
+    return model, runs, found, target_rows
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", action="store_true",
+                   help="every case of SUITE with its output types and targets (what `make bench` runs)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every run (default 3)")
     p.add_argument("--no-reference", action="store_true", help="do not run llama.cpp's converter")
     p.add_argument("--scale", type=int, metavar="N",
-                   help="also run bankml on a model with N times the layers and compare its peak RSS")
+                   help=f"also run bankml on {FULL_CASE} with N times the layers and compare its peak RSS")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the raw measurements here")
     p.add_argument("--case", default=FULL_CASE, choices=sorted(make_models.CASES_BY_NAME), metavar="CASE",
-                   help=f"the generated model to convert (default {FULL_CASE}; issue 12's is "
-                        "full-llama-3.2-1b-instruct, 2.5 GB; issue 13's full-tinyllama, 2.2 GB)")
+                   help=f"the generated model to convert (default {FULL_CASE}; the suite's: "
+                        f"{', '.join(b.case for b in SUITE)})")
     p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
-                   help="output types to convert to (default: every one bankml supports)")
+                   help="output types to convert to (default: the suite's for a suite case, else every one "
+                        "bankml supports)")
     args = p.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # the table and stderr's progress stay in order
     if args.rounds < 1 or (args.scale is not None and args.scale < 2):
         p.error("--rounds must be >= 1 and --scale >= 2")
+    if args.suite and (args.outtypes or args.case != FULL_CASE):
+        p.error("--suite runs SUITE's cases and output types; --case/--outtypes are for one case")
 
-    outtypes = args.outtypes or list(bankml_convert.OUT_TYPES)
     reference_ran = not args.no_reference and reference_ready()
     if not args.no_reference and not reference_ran:
         print(f"bench: llama.cpp's reference is not set up ({REF_ROOT}; run oracle/setup_reference.sh); "
               "running bankml and the floor alone", file=sys.stderr)
     tools = [BANKML, LLAMA_CPP, FLOOR] if reference_ran else [BANKML, FLOOR]
 
-    model = model_of(make_models.CASES_BY_NAME[args.case])
-    oracle.sha256_of(model.weights[0])  # reads the input once, so round 1 also finds it in the page cache
-    runs = bench_rounds(model, outtypes, args.rounds, tools)
-    found = mismatches(runs, model, outtypes, reference_ran)
-    target_rows = report(model, runs, outtypes)
+    if args.suite:
+        specs = list(SUITE)
+    else:
+        known = SUITE_BY_CASE.get(args.case)
+        outtypes = tuple(args.outtypes or (known.outtypes if known else bankml_convert.OUT_TYPES))
+        goals = tuple(g for g in known.goals if g.outtype in outtypes) if known else ()
+        specs = [BenchCase(args.case, outtypes, goals)]
+
+    started = time.perf_counter()
+    runs: list[Run] = []
+    found: list[str] = []
+    target_rows: list[Target] = []
+    rss_135m: dict[str, float] = {}     # the 135M case's peak RSS per type, for the flatness targets
+    small_model = None
+    for spec in specs:
+        model, case_runs, case_found, case_targets = bench_case(spec, args.rounds, tools, reference_ran, rss_135m)
+        runs += case_runs
+        found += case_found
+        target_rows += case_targets
+        if spec.case == FULL_CASE:
+            small_model = model
+            rss_135m.update({s.outtype: s.rss_max_mib for s in summaries(case_runs) if s.tool == BANKML})
 
     flat: list[Flatness] = []
-    if args.scale:
+    if args.scale and small_model is not None:
         large = model_of(make_models.scaled_full_case(args.scale))
-        large_runs = bench_rounds(large, outtypes, args.rounds, [BANKML])
-        found += mismatches(large_runs, large, outtypes, reference_ran=False)
+        small_types = next(s.outtypes for s in specs if s.case == FULL_CASE)
+        large_runs = bench_rounds(large, small_types, args.rounds, [BANKML])
+        found += mismatches(large_runs, large, small_types, reference_ran=False)
         runs += large_runs
-        flat = flatness(model, large, runs, outtypes)
+        flat = flatness(small_model, large, runs, small_types)
         report_flatness(flat)
 
+    if len(specs) > 1 or target_rows:
+        report_issues(target_rows)
+    print(f"\nbench: {time.perf_counter() - started:.0f} s in all")
     if args.json:
         write_json(args.json, argv, reference_ran, runs, found, target_rows, flat)
     if not reference_ran:

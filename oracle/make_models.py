@@ -388,6 +388,7 @@ class Case:
     special_values: bool = False               # inject SPECIAL_F32_BITS into SPECIAL_TENSORS
     full_size: bool = False                    # the real config.json verbatim, real dims
     layers: Optional[int] = None               # full size only: num_hidden_layers instead of the real one
+    shard_max_bytes: Optional[int] = None      # shards filled in order up to this size, as save_pretrained
     seed: str = "small"                        # weights seeded per tensor by f"{seed}/{name}"
     config_updates: tuple[tuple[str, object], ...] = ()   # config.json keys set after the dims (other shapes)
     mistral_files: bool = False                # also Mistral's own params.json, consolidated.safetensors
@@ -669,6 +670,19 @@ BENCH_CASES: tuple[Case, ...] = (
     Case("full-llama-3.2-1b-instruct", full_size=True, dirname="llama-3.2-1b-instruct", seed="full",
          tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT,
          description="real Llama-3.2-1B-Instruct config, random BF16 weights (~2.5 GB)"),
+    # Issue 14's bench: Qwen2.5-0.5B-Instruct's config (written above as the Hub ships it), the real
+    # Qwen3 tokenizer, random BF16 weights with q/k/v biases, tied (~0.99 GB).
+    Case("full-qwen2.5-0.5b-instruct", full_size=True, dirname="qwen2.5-0.5b-instruct", seed="full",
+         tokenizer="qwen3", config_from=QWEN2_5_0_5B_INSTRUCT,
+         description="Qwen2.5-0.5B-Instruct config, Qwen3 tokenizer, random BF16 weights (~0.99 GB)"),
+    # Issue 17's "at scale": Llama-3.2-3B-Instruct's sizes over the 1B-Instruct config (the Hub's 3B
+    # config differs only in these keys), random BF16 weights, split as the Hub ships it: a 4.97 GB and
+    # a 1.46 GB shard plus model.safetensors.index.json (~6.4 GB).
+    Case("full-llama-3.2-3b-instruct", full_size=True, dirname="llama-3.2-3b-instruct", seed="full",
+         tokenizer="llama-3.2-1b-instruct", config_from=LLAMA_32_1B_INSTRUCT, shard_max_bytes=5_000_000_000,
+         config_updates=(("head_dim", 128), ("hidden_size", 3072), ("num_attention_heads", 24),
+                         ("num_hidden_layers", 28)),
+         description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
@@ -701,6 +715,7 @@ def case_config(case: Case) -> dict:
     if case.full_size:
         if case.layers is not None:
             config["num_hidden_layers"] = case.layers
+        config.update(case.config_updates)
         return config
     dims = case.dims
     config.update(
@@ -724,10 +739,10 @@ def case_config(case: Case) -> dict:
 
 def config_json_bytes(case: Case) -> bytes:
     # The full-size case keeps the Hub's exact bytes, so its input hashes are the real ones.
-    if case.full_size and case.layers is None:
+    if case.full_size and case.layers is None and not case.config_updates:
         return fixture_bytes(case.config_from, "config.json")
     if case.full_size:
-        # The Hub file's layout (indent 2, its own key order), only the layer count changed.
+        # The Hub file's layout (indent 2, its own key order), only the sizes changed.
         return (json.dumps(case_config(case), indent=2) + "\n").encode("utf-8")
     return hf_json_bytes(case_config(case))
 
@@ -1037,6 +1052,20 @@ def split_into_shards(entries: Sequence[Entry], n: int) -> list[list[Entry]]:
     return [list(entries[bounds[k]:bounds[k + 1]]) for k in range(n)]
 
 
+def split_by_size(entries: Sequence[Entry], max_bytes: int) -> list[list[Entry]]:
+    """Contiguous runs in order, a new shard whenever the next tensor would pass max_bytes, as
+    save_pretrained's max_shard_size ("5GB" = 5e9 bytes) splits Llama-3.2-3B into two files."""
+    shards: list[list[Entry]] = [[]]
+    size = 0
+    for e in entries:
+        if shards[-1] and size + e.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += e.nbytes
+    return shards
+
+
 def shard_index_bytes(shards: Sequence[Sequence[Entry]]) -> bytes:
     entries = [e for shard in shards for e in shard]
     weight_map = {e.name: shard_file_name(i, len(shards)) for i, shard in enumerate(shards) for e in shard}
@@ -1216,6 +1245,12 @@ def make_case(case: Case, root: Path) -> Path:
     entries = case_entries(case)
     if case.weights != "safetensors":
         write_bin_case(case, out, entries)
+    elif case.shard_max_bytes is not None:
+        shards = split_by_size(entries, case.shard_max_bytes)
+        for i, shard in enumerate(shards):
+            name = shard_file_name(i, len(shards))
+            write_safetensors(out / name, file_order(case, shard, name))
+        (out / "model.safetensors.index.json").write_bytes(shard_index_bytes(shards))
     elif case.shards == 1:
         write_safetensors(out / "model.safetensors", file_order(case, entries, "model.safetensors"))
     else:
