@@ -76,6 +76,9 @@ TARGET_RSS_MIB = 64.0
 # largest of the rounds), or that peak minus the 135M case's in the same run (memory flat with size).
 VS_LLAMA_CPP, VS_FLOOR, RSS_MIB, RSS_OVER_135M = "wall / llama.cpp", "wall / floor", "peak RSS MiB", \
     "peak RSS - 135M's, MiB"
+# bankml's median wall over its own on the 135M safetensors case in the same type and run: what
+# reading pytorch_model.bin (issue 16) or writing the kasahare files (issue 18) costs beside the GGUF path.
+VS_135M_GGUF = "wall / 135M GGUF's"
 FLAT_RSS_GROWTH_MIB = 4.0   # "within a few MiB" of the 135M case (issue 17)
 
 
@@ -92,6 +95,7 @@ class BenchCase:
     case: str
     outtypes: tuple[str, ...]
     goals: tuple[Goal, ...]
+    format: str = "gguf"    # "sllm": bankml --format sllm (issue 18), checked against oracle/recorded/sllm.json
 
 
 def _issue3(outtypes: Sequence[str]) -> tuple[Goal, ...]:
@@ -116,8 +120,18 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#17", "f16", RSS_MIB, 64.0), Goal("#17", "q8_0", RSS_MIB, 64.0),
         Goal("#17", "f16", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB), Goal("#17", "q8_0", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB),
         Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
+    # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
+    # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
+    BenchCase("full-135m-instruct-bin", ("f16",), (
+        Goal("#16", "f16", VS_135M_GGUF, None), Goal("#16", "f16", VS_LLAMA_CPP, None),
+        Goal("#16", "f16", RSS_MIB, 64.0))),
+    # The kasahare export of the 135M case: "speed and memory as the GGUF path".
+    BenchCase(FULL_CASE, ("f32", "f16", "q4_0"), (
+        Goal("#18", "f32", VS_135M_GGUF, None), Goal("#18", "f16", VS_135M_GGUF, None),
+        Goal("#18", "f32", RSS_MIB, 64.0), Goal("#18", "f16", RSS_MIB, 64.0), Goal("#18", "q4_0", RSS_MIB, 64.0),
+        Goal("#18", "q4_0", VS_FLOOR, None)), format="sllm"),
 )
-SUITE_BY_CASE = {b.case: b for b in SUITE}
+SUITE_BY_CASE = {b.case: b for b in SUITE if b.format == "gguf"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +147,12 @@ class Model:
 
     @property
     def weights(self) -> list[Path]:
-        return sorted(self.dir.glob("*.safetensors"))
+        return weight_files(self.dir)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files, or for a directory without any its pytorch_model*.bin files."""
+    return sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("pytorch_model*.bin"))
 
 
 def model_of(case: make_models.Case) -> Model:
@@ -146,7 +165,7 @@ def model_of(case: make_models.Case) -> Model:
         done.touch()
         print(f"bench: generated in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     model_dir = parent / case.directory_name
-    return Model(case.name, model_dir, sum(p.stat().st_size for p in model_dir.glob("*.safetensors")))
+    return Model(case.name, model_dir, sum(p.stat().st_size for p in weight_files(model_dir)))
 
 
 def reference_ready() -> bool:
@@ -202,12 +221,12 @@ class Run:
         return self.wall_s / (self.input_bytes / 1e9)
 
 
-def tool_command(tool: str, outtype: str, model: Model, out: Path) -> list[str]:
+def tool_command(tool: str, outtype: str, model: Model, out: Path, fmt: str = "gguf") -> list[str]:
     # Both converters get the directory relative to its parent, as a user would type it;
     # general.name comes from the directory's name.
     if tool == BANKML:
         return [sys.executable, str(ROOT / "bankml_convert.py"), model.dir.name,
-                "-o", str(out), "--outtype", outtype]
+                "-o", str(out), "--outtype", outtype] + (["--format", fmt] if fmt != "gguf" else [])
     if tool == LLAMA_CPP:
         return [str(oracle.reference_python()), str(REF_CONVERTER), model.dir.name,
                 "--outfile", str(out), "--outtype", outtype]
@@ -219,19 +238,19 @@ def tool_command(tool: str, outtype: str, model: Model, out: Path) -> list[str]:
     raise ValueError(f"unknown tool {tool}")
 
 
-def output_path(tool: str, outtype: str, model: Model) -> Path:
+def output_path(tool: str, outtype: str, model: Model, fmt: str = "gguf") -> Path:
     if tool == FLOOR:
         return OUT / model.weights[-1].name
-    return OUT / f"{tool}-{outtype}.gguf"
+    return OUT / f"{tool}-{outtype}.{fmt}"
 
 
-def measure(tool: str, outtype: str, model: Model, round_no: int) -> Run:
+def measure(tool: str, outtype: str, model: Model, round_no: int, fmt: str = "gguf") -> Run:
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
-    out = output_path(tool, outtype, model)
+    out = output_path(tool, outtype, model, fmt)
     log = WORK / f"last-{tool}.log"
-    cmd = tool_command(tool, outtype, model, out)
+    cmd = tool_command(tool, outtype, model, out, fmt)
     result = WORK / "last-result.txt"
     result.unlink(missing_ok=True)
     stage_file = WORK / "last-stages.jsonl"
@@ -268,13 +287,34 @@ def mib(kib: float) -> float:
 # (the shared second vCPU, writeback) falls on all of them alike.
 # ---------------------------------------------------------------------------------------------
 
-def bench_rounds(model: Model, outtypes: Sequence[str], rounds: int, tools: Sequence[str]) -> list[Run]:
+def bench_rounds(model: Model, outtypes: Sequence[str], rounds: int, tools: Sequence[str],
+                 fmt: str = "gguf") -> list[Run]:
     runs = []
     for r in range(1, rounds + 1):
         for tool in tools:
             for outtype in ([FLOOR_OUTTYPE] if tool == FLOOR else outtypes):
-                runs.append(measure(tool, outtype, model, r))
+                runs.append(measure(tool, outtype, model, r, fmt))
     return runs
+
+
+def sllm_mismatches(runs: Sequence[Run], model: Model, outtypes: Sequence[str]) -> list[str]:
+    """Every bankml .sllm that is not the engine's writer's, as oracle/recorded/sllm.json records it."""
+    recorded = json.loads((HERE / "recorded" / "sllm.json").read_text())["runs"]
+    digest = oracle.inputs_digest(model.dir)
+    found = []
+    for outtype in outtypes:
+        expected = [e["sllm_sha256"] for e in recorded.values()
+                    if (e["case"], e["outtype"], e["inputs_sha256"]) == (model.case, outtype, digest)]
+        if not expected:
+            print(f"bench: {model.dir.name} sllm {outtype}: nothing recorded for these inputs; "
+                  "bankml's output is NOT verified", file=sys.stderr)
+            continue
+        print(f"bench: {model.dir.name} sllm {outtype}: bankml checked against oracle/recorded/sllm.json",
+              file=sys.stderr)
+        found += [f"{r.model} --format sllm --outtype {outtype} round {r.round}: bankml {r.output_sha256} "
+                  f"!= recorded {expected[0]}" for r in runs
+                  if r.tool == BANKML and r.outtype == outtype and r.output_sha256 != expected[0]]
+    return found
 
 
 def recorded_sha256(model: Model, outtype: str) -> Optional[str]:
@@ -363,7 +403,7 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else a / b
 
 
-def goal_value(goal: Goal, by_key: dict[tuple[str, str], Summary], rss_135m: dict[str, float]) -> Optional[float]:
+def goal_value(goal: Goal, by_key: dict[tuple[str, str], Summary], small: dict[str, Summary]) -> Optional[float]:
     ours = by_key[(BANKML, goal.outtype)]
     if goal.metric == VS_LLAMA_CPP:
         theirs = by_key.get((LLAMA_CPP, goal.outtype))
@@ -373,8 +413,11 @@ def goal_value(goal: Goal, by_key: dict[tuple[str, str], Summary], rss_135m: dic
     if goal.metric == RSS_MIB:
         return ours.rss_max_mib
     if goal.metric == RSS_OVER_135M:
-        small = rss_135m.get(goal.outtype)
-        return None if small is None else ours.rss_max_mib - small
+        base = small.get(goal.outtype)
+        return None if base is None else ours.rss_max_mib - base.rss_max_mib
+    if goal.metric == VS_135M_GGUF:
+        base = small.get(goal.outtype)
+        return None if base is None else ours.wall_median / base.wall_median
     raise ValueError(f"unknown metric {goal.metric}")
 
 
@@ -426,11 +469,11 @@ def report_stages(model: Model, runs: Sequence[Run], outtype: str) -> None:
 
 
 def report(model: Model, runs: Sequence[Run], outtypes: Sequence[str], goals: Sequence[Goal],
-           rss_135m: dict[str, float]) -> list[Target]:
+           small: dict[str, Summary]) -> list[Target]:
     rows = summaries(runs)
     by_key = {(s.tool, s.outtype): s for s in rows}
     rounds = max(r.round for r in runs)
-    print(f"\n{model.dir.name} ({model.case}): {model.input_bytes:,} B of safetensors in "
+    print(f"\n{model.dir.name} ({model.case}): {model.input_bytes:,} B of weights in "
           f"{len(model.weights)} file(s), {rounds} rounds, python {platform.python_version()}, {os.cpu_count()} CPUs")
     print(f"{'tool':<10} {'outtype':<8} {'wall med':>9} {'min':>7} {'max':>7} {'s/GB':>6} {'RSS med':>9} "
           f"{'RSS max':>9} {'MB/s':>7}")
@@ -449,7 +492,7 @@ def report(model: Model, runs: Sequence[Run], outtypes: Sequence[str], goals: Se
         for g in goals:
             if g.outtype != outtype:
                 continue
-            t = Target(model.case, g.issue, outtype, goal_label(g), goal_value(g, by_key, rss_135m), g.limit)
+            t = Target(model.case, g.issue, outtype, goal_label(g), goal_value(g, by_key, small), g.limit)
             print(f"  {t.issue:<4} target {t.label:<36} {fmt(t.value):>8}  {t.verdict}")
             all_targets.append(t)
         report_stages(model, runs, outtype)
@@ -519,15 +562,19 @@ def write_json(path: Path, argv: Sequence[str], reference_ran: bool, runs: Seque
 
 
 def bench_case(spec: BenchCase, rounds: int, tools: Sequence[str], reference_ran: bool,
-               rss_135m: dict[str, float]) -> tuple[Model, list[Run], list[str], list[Target]]:
+               small: dict[str, Summary]) -> tuple[Model, list[Run], list[str], list[Target]]:
     """One case's rounds, checks and report; its runs, mismatches and target rows."""
     start = time.perf_counter()
     model = model_of(make_models.CASES_BY_NAME[spec.case])
     for weights in model.weights:   # read once, so round 1 also finds the input in the page cache
         oracle.sha256_of(weights)
-    runs = bench_rounds(model, spec.outtypes, rounds, tools)
-    found = mismatches(runs, model, spec.outtypes, reference_ran)
-    target_rows = report(model, runs, spec.outtypes, spec.goals, rss_135m)
+    if spec.format == "sllm":   # no reference converter writes .sllm: the engine's bytes are recorded
+        runs = bench_rounds(model, spec.outtypes, rounds, [t for t in tools if t != LLAMA_CPP], spec.format)
+        found = sllm_mismatches(runs, model, spec.outtypes)
+    else:
+        runs = bench_rounds(model, spec.outtypes, rounds, tools)
+        found = mismatches(runs, model, spec.outtypes, reference_ran)
+    target_rows = report(model, runs, spec.outtypes, spec.goals, small)
     print(f"({spec.case}: {time.perf_counter() - start:.0f} s of benchmarking)")
     return model, runs, found, target_rows
 
@@ -572,21 +619,21 @@ def main(argv: Sequence[str]) -> int:
     runs: list[Run] = []
     found: list[str] = []
     target_rows: list[Target] = []
-    rss_135m: dict[str, float] = {}     # the 135M case's peak RSS per type, for the flatness targets
+    small: dict[str, Summary] = {}      # the 135M case's bankml GGUF rows per type, for the relative targets
     small_model = None
     for spec in specs:
-        model, case_runs, case_found, case_targets = bench_case(spec, args.rounds, tools, reference_ran, rss_135m)
+        model, case_runs, case_found, case_targets = bench_case(spec, args.rounds, tools, reference_ran, small)
         runs += case_runs
         found += case_found
         target_rows += case_targets
-        if spec.case == FULL_CASE:
+        if spec.case == FULL_CASE and spec.format == "gguf":
             small_model = model
-            rss_135m.update({s.outtype: s.rss_max_mib for s in summaries(case_runs) if s.tool == BANKML})
+            small.update({s.outtype: s for s in summaries(case_runs) if s.tool == BANKML})
 
     flat: list[Flatness] = []
     if args.scale and small_model is not None:
         large = model_of(make_models.scaled_full_case(args.scale))
-        small_types = next(s.outtypes for s in specs if s.case == FULL_CASE)
+        small_types = next(s.outtypes for s in specs if s.case == FULL_CASE and s.format == "gguf")
         large_runs = bench_rounds(large, small_types, args.rounds, [BANKML])
         found += mismatches(large_runs, large, small_types, reference_ran=False)
         runs += large_runs
