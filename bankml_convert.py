@@ -5265,7 +5265,9 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     """The vocabulary llama.cpp's SentencePiece path writes for ``model_dir`` (tokenizer.model present)."""
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
-    tokenizer_json = optional_json(d / "tokenizer.json")
+    # This path reads tokenizer.json's added tokens, normalizer and post-processor, never its model:
+    # read lean, TinyLlama's 61,249 merges are never parsed (peak RSS, issue 13).
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
     if (d / "tekken.json").is_file() and tokenizer_json is None:
