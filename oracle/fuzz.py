@@ -86,7 +86,7 @@ import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 ORACLE = Path(__file__).resolve().parent
 ROOT = ORACLE.parent
@@ -3198,13 +3198,21 @@ def spm_outcome(call: Callable[[], object], timeout: float) -> tuple[str, str]:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def run_spm_campaign(args) -> int:
+class FileCampaign(NamedTuple):
+    """A campaign over one input file of a model directory: mutants through its reader, every K-th
+    also through convert() with the mutant in place (--tokenizer-model, --model-card)."""
+    flag: str                                           # the command-line flag, for the report
+    file_name: str                                      # where a mutant goes in the model directory
+    model_case: "mm.Case"                               # the tiny model directory it goes into
+    mutant: Callable[[str, int, dict], tuple[str, bytes, list[str]]]
+    read: Callable[[Path], object]                      # the reader, on the model directory
+    refusal_key: Callable[[str], str]                   # a refusal's histogram bucket
+
+
+def run_file_campaign(args, campaign: FileCampaign, bases: dict[str, bytes]) -> int:
     limit_memory(args.memory_mb)
-    bases = spm_bases()
-    for name, data in bases.items():
-        assert bc.sentencepiece_pieces(data), name          # every base is read
-    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-spm-", dir=args.workdir)).resolve()
-    model = mm.make_case(SPM_CASE, work / "base")
+    work = Path(tempfile.mkdtemp(prefix=f"bankml-fuzz-{campaign.flag.strip('-')}-", dir=args.workdir)).resolve()
+    model = mm.make_case(campaign.model_case, work / "base")
     counts: Counter = Counter()
     refusals: Counter = Counter()
     crashes: list[dict] = []
@@ -3212,15 +3220,15 @@ def run_spm_campaign(args) -> int:
     start = time.perf_counter()
     try:
         for index in range(args.start, args.start + args.inputs):
-            base, data, mutations = spm_mutant(args.seed, index, bases)
-            kind, detail = spm_outcome(lambda: bc.sentencepiece_pieces(data), args.timeout)
+            base, data, mutations = campaign.mutant(args.seed, index, bases)
+            (model / campaign.file_name).write_bytes(data)
+            kind, detail = spm_outcome(lambda: campaign.read(model), args.timeout)
             counts[kind] += 1
             if kind == "refusal":
-                refusals[re.sub(r"\d+", "N", detail.split(":")[1] if ":" in detail else detail)[:70]] += 1
+                refusals[campaign.refusal_key(detail)] += 1
             elif kind == "crash":
                 crashes.append({"index": index, "base": base, "mutations": mutations, "error": detail})
             if args.convert_every and index % args.convert_every == 0:
-                (model / "tokenizer.model").write_bytes(data)
                 before = sorted(p.name for p in work.iterdir())
                 out = work / "out.gguf"
                 ckind, cdetail = spm_outcome(lambda: bc.convert(model, out, bc.Options(hash_inputs=False)),
@@ -3247,7 +3255,7 @@ def run_spm_campaign(args) -> int:
     report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
               "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
               "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
-              "command": "python3 oracle/fuzz.py --tokenizer-model " + " ".join(sys.argv[1:])}
+              "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
     if args.report:
         write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
     for c in crashes[:10]:
@@ -3257,10 +3265,20 @@ def run_spm_campaign(args) -> int:
     for reason, n in refusals.most_common(12):
         print(f"  {n:>7}  {reason}")
     conversions = sum(v for k, v in counts.items() if k.startswith("convert-"))
-    print(f"fuzz --tokenizer-model: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
+    print(f"fuzz {campaign.flag}: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
           f"{len(partials)} partial outputs, {counts['ok']} read, {counts['refusal']} refused, "
           f"{seconds:.0f} s")
     return 1 if crashes or partials else 0
+
+
+def run_spm_campaign(args) -> int:
+    bases = spm_bases()
+    for name, data in bases.items():
+        assert bc.sentencepiece_pieces(data), name          # every base is read
+    return run_file_campaign(args, FileCampaign(
+        "--tokenizer-model", "tokenizer.model", SPM_CASE, spm_mutant,
+        lambda d: bc.sentencepiece_pieces((d / "tokenizer.model").read_bytes()),
+        lambda detail: re.sub(r"\d+", "N", detail.split(":")[1] if ":" in detail else detail)[:70]), bases)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3611,71 +3629,14 @@ def read_card(card_dir: Path) -> object:
     return bc.general_kvs(None, card_dir.name, None, 134_515_008, 134_515_008, 0, 0, bc.load_model_card(card_dir))
 
 
+def _card_refusal_key(detail: str) -> str:
+    reason = re.sub(r"^README\.md line \d+: ", "", detail).split(";")[0]
+    return re.sub(r"\d+", "N", re.sub(r"\(.*\)", "(...)", reason))[:70]
+
+
 def run_card_campaign(args) -> int:
-    limit_memory(args.memory_mb)
-    bases = card_bases()
-    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-card-", dir=args.workdir)).resolve()
-    card_dir = work / "card"
-    card_dir.mkdir()
-    model = mm.make_case(BASES[0][0], work / "base")
-    counts: Counter = Counter()
-    refusals: Counter = Counter()
-    crashes: list[dict] = []
-    partials: list[dict] = []
-    start = time.perf_counter()
-    try:
-        for index in range(args.start, args.start + args.inputs):
-            base, data, mutations = card_mutant(args.seed, index, bases)
-            (card_dir / "README.md").write_bytes(data)
-            kind, detail = spm_outcome(lambda: read_card(card_dir), args.timeout)
-            counts[kind] += 1
-            if kind == "refusal":
-                reason = re.sub(r"^README\.md line \d+: ", "", detail).split(";")[0]
-                refusals[re.sub(r"\d+", "N", re.sub(r"\(.*\)", "(...)", reason))[:70]] += 1
-            elif kind == "crash":
-                crashes.append({"index": index, "base": base, "mutations": mutations, "error": detail})
-            if args.convert_every and index % args.convert_every == 0:
-                (model / "README.md").write_bytes(data)
-                before = sorted(p.name for p in work.iterdir())
-                out = work / "out.gguf"
-                ckind, cdetail = spm_outcome(lambda: bc.convert(model, out, bc.Options(hash_inputs=False)),
-                                             args.timeout * 3)
-                counts["convert-" + ckind] += 1
-                if ckind == "crash":
-                    crashes.append({"index": index, "base": base, "mutations": mutations, "error": cdetail,
-                                    "in": "convert"})
-                elif ckind != kind and "crash" not in (kind, ckind):
-                    crashes.append({"index": index, "mutations": mutations,
-                                    "error": f"card path {kind} but convert {ckind}: {cdetail}"})
-                out.unlink(missing_ok=True)
-                after = sorted(p.name for p in work.iterdir())
-                if after != before:
-                    partials.append({"index": index, "mutations": mutations,
-                                     "leftovers": sorted(set(after) - set(before))})
-                    for name in set(after) - set(before):
-                        (work / name).unlink()
-            if (index + 1) % args.every == 0 and args.progress:
-                with open(args.progress, "a", encoding="utf-8") as f:
-                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    seconds = time.perf_counter() - start
-    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
-              "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
-              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
-              "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
-    if args.report:
-        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
-    for c in crashes[:10]:
-        print(f"crash at input {c['index']}: {c['error'][:200]} ({c['mutations']})")
-    for p in partials[:10]:
-        print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
-    for reason, n in refusals.most_common(12):
-        print(f"  {n:>7}  {reason}")
-    conversions = sum(v for k, v in counts.items() if k.startswith("convert-"))
-    print(f"fuzz --model-card: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
-          f"{len(partials)} partial outputs, {counts['ok']} read, {counts['refusal']} refused, {seconds:.0f} s")
-    return 1 if crashes or partials else 0
+    return run_file_campaign(args, FileCampaign("--model-card", "README.md", BASES[0][0], card_mutant, read_card,
+                                                _card_refusal_key), card_bases())
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
