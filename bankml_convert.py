@@ -6285,20 +6285,14 @@ def _int8_of_products(raw: bytes) -> bytes:
 def _q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     """Q8_0 blocks of float32 data (a whole number of blocks)."""
     n = len(chunk) >> 2
-    odd = chunk[3::4].translate(_TOP_EXPONENTS)
-    nan_blocks = []
-    if odd.count(1):
-        bits = memoryview(chunk).cast("I")
-        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if bits[i] & 0x7FFFFFFF > 0x7F800000})
+    nan_blocks = _nan_blocks(chunk, chunk[3::4].translate(_TOP_EXPONENTS), "I", 0x7F800000)
     if nan_blocks:
         # numpy's NaN rules are the block rule's business; zeros keep the rest of the chunk simple
         original, chunk = chunk, _cleared_blocks(chunk, nan_blocks, 4 * QK8_0)
     maxima = array("f", _block_max_abs_bits(chunk, n // QK8_0))
     out = _q8_0_of_values(array("f", chunk).tolist(), maxima)
     if nan_blocks:
-        bits = memoryview(original).cast("I")
-        for b in nan_blocks:
-            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+        _by_the_block_rule(out, nan_blocks, memoryview(original).cast("I"), lanes)
     return bytes(out)
 
 
@@ -6307,11 +6301,7 @@ def _f16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     block maxima are the float16 ones exactly, read without widening the chunk."""
     n = len(chunk) >> 1
     # an f16's top byte is sign << 7 | exponent << 2 | mantissa >> 8: exponent 31 is inf and NaN
-    odd = chunk[1::2].translate(_F16_INF_NAN_LANES)
-    nan_blocks = []
-    if odd.count(1):
-        halves = memoryview(chunk).cast("H")
-        nan_blocks = sorted({i // QK8_0 for i in _positions(odd, 1) if halves[i] & 0x7FFF > 0x7C00})
+    nan_blocks = _nan_blocks(chunk, chunk[1::2].translate(_F16_INF_NAN_LANES), "H", 0x7C00)
     if nan_blocks:
         original, chunk = chunk, _cleared_blocks(chunk, nan_blocks, 2 * QK8_0)
     # |f16| bits order like their values, so the lane-wise integer maximum is numpy's max
@@ -6324,13 +6314,28 @@ def _f16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     maxima = array("f", struct.unpack(f"<{nb}e", array("H", best.to_bytes(8 * nb, "little"))[0::4]))
     out = _q8_0_of_values(struct.unpack(f"<{n}e", chunk), maxima)    # struct's float16 is exact
     if nan_blocks:
-        bits = array("I", map(f32_bits_from_f16_bits, memoryview(original).cast("H")))
-        for b in nan_blocks:
-            out[34 * b:34 * b + 34] = q8_0_block(bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
+        _by_the_block_rule(out, nan_blocks, array("I", map(f32_bits_from_f16_bits, memoryview(original).cast("H"))),
+                           lanes)
     return bytes(out)
 
 
 _F16_INF_NAN_LANES = bytes(1 if b & 0x7C == 0x7C else 0 for b in range(256))
+
+
+def _nan_blocks(chunk: bytes, inf_or_nan: bytes, lane: str, inf: int) -> list[int]:
+    """The blocks of chunk (lanes of typecode ``lane``) holding a NaN: among the lanes flagged 1 in
+    inf_or_nan (an all-ones exponent), those whose bits without the sign exceed infinity's."""
+    if not inf_or_nan.count(1):
+        return []
+    bits = memoryview(chunk).cast(lane)
+    magnitude = (1 << (8 * bits.itemsize - 1)) - 1
+    return sorted({i // QK8_0 for i in _positions(inf_or_nan, 1) if bits[i] & magnitude > inf})
+
+
+def _by_the_block_rule(out: bytearray, blocks: list[int], f32_bits: Sequence[int], lanes: Optional[int]) -> None:
+    # numpy's NaN rules are the simple block rule's: these blocks are written by it.
+    for b in blocks:
+        out[34 * b:34 * b + 34] = q8_0_block(f32_bits[QK8_0 * b:QK8_0 * (b + 1)], lanes)
 
 
 def _cleared_blocks(chunk: bytes, blocks: list[int], block_bytes: int) -> bytes:
