@@ -2863,6 +2863,13 @@ def _is_entry(row: str, col: int) -> bool:
     return row.startswith("-", col) and (len(row) == col + 1 or row[col + 1] == " ")
 
 
+def _content_at(row: str, c: int) -> Optional[int]:
+    """The column of the first non-space at or after c, or None where nothing or a comment follows."""
+    while c < len(row) and row[c] == " ":
+        c += 1
+    return None if c == len(row) or row[c] == "#" else c
+
+
 def _rest_is_comment(row: str, col: int) -> bool:
     """Whether nothing but spaces and a comment (a '#' after a space) follows col."""
     rest = row[col:]
@@ -2935,23 +2942,15 @@ class _CardReader:
     def sequence(self, r: int, s: int, depth: int, indentless: bool) -> tuple[list, int]:
         items = []
         while True:
-            row = self.rows[r]
-            c = s + 1
-            while c < len(row) and row[c] == " ":
-                c += 1
-            if c == len(row) or row[c] == "#":
+            c = _content_at(self.rows[r], s + 1)
+            if c is None:
                 item, r = self.nested(r, s, depth + 1, indentless_ok=False)
             else:
                 item, r = self.node(r, c, s, depth + 1)
             items.append(item)
-            nr = self.next_content(r)
+            nr = self.next_entry(r, s, "list item")
             if nr is None:
                 return items, r
-            ind = _indent(self.rows[nr])
-            if ind < s:
-                return items, r
-            if ind > s:
-                raise CardError(nr, "a line indented deeper than the list item before it")
             if not _is_entry(self.rows[nr], s):
                 if indentless:
                     return items, r
@@ -2965,25 +2964,28 @@ class _CardReader:
             if found is None:
                 raise CardError(r, "a line in a mapping that is not 'key: value'")
             key, c = found
-            row = self.rows[r]
-            while c < len(row) and row[c] == " ":
-                c += 1
-            if c == len(row) or row[c] == "#":
+            c = _content_at(self.rows[r], c)
+            if c is None:
                 value, r = self.nested(r, m, depth + 1, indentless_ok=True)
-            elif _is_entry(row, c):
+            elif _is_entry(self.rows[r], c):
                 raise CardError(r, "a '- ' list item on the line of its key")
             else:
                 value, r = self.scalar(r, c, m)
             result[key] = value
-            nr = self.next_content(r)
+            nr = self.next_entry(r, m, "mapping entry")
             if nr is None:
                 return result, r
-            ind = _indent(self.rows[nr])
-            if ind < m:
-                return result, r
-            if ind > m:
-                raise CardError(nr, "a line indented deeper than the mapping entry before it")
             r = nr
+
+    def next_entry(self, r: int, col: int, what: str) -> Optional[int]:
+        """The row of a block collection's next entry at column col after row r, or None where the
+        collection ends; a line indented deeper than col there belongs to nothing and is refused."""
+        nr = self.next_content(r)
+        if nr is None or _indent(self.rows[nr]) < col:
+            return None
+        if _indent(self.rows[nr]) > col:
+            raise CardError(nr, f"a line indented deeper than the {what} before it")
+        return nr
 
     def key(self, r: int, c: int) -> Optional[tuple[Any, int]]:
         """The simple key at row r, column c and the column after its ':', or None if there is none."""
