@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import make_models  # noqa: E402
+from oracle import sha256_of  # noqa: E402
 
 RECORD = HERE / "recorded" / "sllm.json"
 BUILD = ROOT / "build" / "kasahare"
@@ -112,14 +113,6 @@ EXACT_PATCH = [
      "    for (int32_t i = 0; i < hidden; ++i) { float g = scratch_ffn_[i];\n"
      "        scratch_ffn_[i] = (g / (1.0f + std::exp(-g))) * scratch_up_[i]; }"),
 ]
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- The engine ---
