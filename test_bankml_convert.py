@@ -1124,6 +1124,40 @@ class CommandLine(Workspace):
         self.assertTrue(p.stderr.endswith("\nbankml_convert.py: error: the following arguments are required: "
                                           "DIR, -o/--outfile\n"), p.stderr)
 
+    def test_the_script_restarts_itself_as_a_module_with_its_interpreter_options_and_arguments(self):
+        # pyrun_file keeps a script's syntax tree until it returns; a module's is freed when compiled.
+        calls = []
+        argv = [str(ROOT / "bankml_convert.py"), "DIR", "-o", "x.gguf"]
+        with mock.patch.object(bc.sys, "orig_argv", ["python3", "-S", "-W", "error", *argv]), \
+                mock.patch.object(bc.sys, "argv", argv), mock.patch.object(bc.os, "execv", lambda *a: calls.append(a)):
+            bc._again_as_module()
+        self.assertEqual(calls, [(sys.executable, [sys.executable, "-S", "-W", "error", "-c", bc._AS_MODULE,
+                                                   argv[0], *argv])])
+
+    def test_the_module_command_the_script_restarts_into_converts_as_the_script_does(self):
+        out = self.out_dir() / "restarted.gguf"
+        p = subprocess.run([sys.executable, "-W", "error", "-c", bc._AS_MODULE, str(ROOT / "bankml_convert.py"),
+                            "bankml_convert.py", str(self.case("bf16")), "-o", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual((p.returncode, p.stdout), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n"), p.stderr)
+        usage = subprocess.run([sys.executable, "-c", bc._AS_MODULE, str(ROOT / "bankml_convert.py"), "bankml-convert"],
+                               capture_output=True, text=True, timeout=300)
+        self.assertEqual(usage.returncode, 2)
+        self.assertTrue(usage.stderr.startswith("usage: bankml-convert "), usage.stderr)   # argv[0] kept
+
+    def test_interpreter_options_are_the_arguments_before_the_script(self):
+        self.assertEqual(bc.interpreter_options(["python3", "s.py", "DIR"], ["s.py", "DIR"]), [])
+        self.assertEqual(bc.interpreter_options(["py", "-S", "-I", "-X", "utf8", "-Wignore", "s.py"], ["s.py"]),
+                         ["-S", "-I", "-X", "utf8", "-Wignore"])
+
+    def test_a_command_line_other_than_python_options_script_is_not_restarted(self):
+        for orig, argv in ((["py", "/usr/bin/coverage", "run", "s.py"], ["s.py"]),   # a wrapper runs it
+                           (["py", "-c", "code", "a"], ["-c", "a"]),
+                           (["py", "-m", "bankml_convert", "a"], ["/x/bankml_convert.py", "a"]),
+                           (["py", "s.py"], ["other.py"])):
+            with self.subTest(orig=orig):
+                self.assertIsNone(bc.interpreter_options(orig, argv))
+
     def test_fork_pins_output_and_every_input(self):
         d = self.case("bf16")
         out, fork = self.tmp / "pinned.gguf", self.tmp / "pinned.gguf.FORK.json"
