@@ -1386,7 +1386,7 @@ class Plan(NamedTuple):
     inputs: list[Path]
     params: int
     name: str
-    header: bytearray   # everything before the tensor data, already encoded (gguf_header)
+    header: Header      # everything before the tensor data, encoded when written
     outtype: OutType    # --outtype, with auto decided
 
 
@@ -1444,7 +1444,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
 
     kvs = kv.items()
     name = next((k.value for k in kvs if k.key == "general.name"), "")
-    return Plan(kvs, tensors, inputs, n_params, name, gguf_header(kvs, tensors), out)
+    return Plan(kvs, tensors, inputs, n_params, name, Header(kvs, tensors), out)
 
 
 # Mistral's own checkpoint layout (mistral-inference): llama.cpp reads it only with --mistral-format,
@@ -3935,7 +3935,7 @@ def gpt2_byte_chars() -> tuple[str, ...]:
     return tuple(chr(b) if b in printable else chr(next(others)) for b in range(256))
 
 
-def bpe_ids(word: str, vocab: dict, ranks: dict[str, int], ignore_merges: bool) -> list[int]:
+def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_merges: bool) -> list[int]:
     """One pre-tokenized piece through tokenizers' BPE: the lowest-ranked adjacent pair merged first
     (the leftmost among equals), until no pair has a rank."""
     if ignore_merges and word in vocab:
@@ -3958,7 +3958,7 @@ def bpe_ids(word: str, vocab: dict, ranks: dict[str, int], ignore_merges: bool) 
     return [vocab[p] for p in parts]
 
 
-def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str, int]:
+def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool = False) -> dict[str, int]:
     """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
     Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
     which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
@@ -3966,7 +3966,11 @@ def merge_ranks(merges: object, vocab: dict, measured: bool = False) -> dict[str
     pre-tokenizer costs, and the check is two thirds of that.
 
     Merges read lean (MergesText) are checked a chunk at a time, and only those that can apply to
-    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it."""
+    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it.
+
+    A TokenIds vocabulary is checked against a set of its tokens made for this call, not kept."""
+    if isinstance(vocab, TokenIds) and not measured:
+        vocab = frozenset(vocab)
     if isinstance(merges, MergesText):
         ranks: dict[str, int] = {}
         symbols = check_text_symbols()
@@ -3996,7 +4000,18 @@ def check_text_symbols() -> str:
                      for text in (CHKTXT, unicodedata.normalize("NFC", CHKTXT)))
 
 
-def _merge_ranks(merges: object, vocab: dict, measured: bool, first: int) -> dict[str, int]:
+def check_text_vocab(vocab: "dict | TokenIds") -> dict[str, int]:
+    """The tokens that can be pieces of llama.cpp's check text (substrings of check_text_symbols), with
+    their ids: what bpe_ids looks up, without a table of a TokenIds' whole vocabulary."""
+    if isinstance(vocab, dict):
+        return vocab
+    symbols, tokens = check_text_symbols(), vocab.tokens
+    starts = {symbols[i:i + n] for n in range(4) for i in range(len(symbols) - n + 1)}
+    maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_THREE, tokens)))
+    return {tokens[i]: i for i in maybe if tokens[i] in symbols}
+
+
+def _merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool, first: int) -> dict[str, int]:
     # merge_ranks for a list of merges whose first has rank ``first``.
     if not isinstance(merges, list):
         raise Refusal("tokenizer.json merges are not a list; transformers cannot load them")
@@ -4026,7 +4041,7 @@ def _merge_ranks(merges: object, vocab: dict, measured: bool, first: int) -> dic
     return dict(zip(map(" ".join, merges), range(first, first + len(merges))))
 
 
-def _refuse_merges_outside(vocab: dict, parts: Iterable[str], joined: Iterable[str]) -> None:
+def _refuse_merges_outside(vocab: "dict | TokenIds | frozenset", parts: Iterable[str], joined: Iterable[str]) -> None:
     if not (all(map(vocab.__contains__, parts)) and all(map(vocab.__contains__, joined))):
         raise Refusal("a tokenizer.json merge names a token, or makes one, that is not in the vocabulary: "
                       "tokenizers fails to load it (MergeTokenOutOfVocabulary), so llama.cpp fails too")
@@ -4038,9 +4053,10 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
     check_build confirmed; ``measured`` as merge_ranks takes it."""
     model = tokenizer_json["model"]
     vocab = model.get("vocab")
-    if not isinstance(vocab, dict):
+    if not isinstance(vocab, (dict, TokenIds)):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
     ranks = merge_ranks(model.get("merges"), vocab, measured)
+    pieces_vocab, symbols = check_text_vocab(vocab), check_text_symbols()
     byte_chars = gpt2_byte_chars()
     before, after = post_processor_ids(tokenizer_json.get("post_processor"))
     ids = list(before)
@@ -4055,8 +4071,8 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
             if onig is not None:
                 pieces = [p for piece in pieces for p in isolated_pieces(check_pattern(onig), piece)]
         for piece in pieces:
-            ids.extend(bpe_ids("".join(byte_chars[b] for b in piece.encode("utf-8")), vocab, ranks,
-                               build.ignore_merges))
+            word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
+            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges))
     return ids + after
 
 
@@ -4136,6 +4152,8 @@ def config_added_tokens(tokenizer_config: dict) -> Optional[list[AddedToken]]:
 def base_vocab(tokenizer_json: dict) -> list[str]:
     """tokenizer.json's model vocabulary in id order."""
     vocab = tokenizer_json["model"].get("vocab")
+    if isinstance(vocab, TokenIds):
+        return list(vocab.tokens)
     if not isinstance(vocab, dict):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
     if set(map(type, vocab.values())) <= {int} and list(vocab.values()) == list(range(len(vocab))):
@@ -4159,12 +4177,16 @@ def merges_as_written(tokenizer_json: dict, lines=None) -> list[str]:
     lean come back as GGUFStrings.  ``lines``, a vocab_merges_hasher, is given the merges' lines."""
     merges = tokenizer_json["model"].get("merges")
     if isinstance(merges, MergesText):
-        count = 0
+        count = nbytes = 0
         for chunk in map(_merges_written, merges.chunks()):
             count += len(chunk)
+            try:
+                nbytes += 8 * len(chunk) + sum(map(len, map(str.encode, chunk)))
+            except UnicodeEncodeError as e:     # a lone surrogate, which JSON's \u escapes can spell
+                raise unwritable("tokenizer.ggml.merges", GGUFValueType.STRING, e) from None
             if lines is not None:
                 add_lines(lines, chunk)
-        return GGUFStrings.parsed_when_used(lambda: map(_merges_written, merges.chunks()), count)
+        return GGUFStrings.parsed_when_used(lambda: map(_merges_written, merges.chunks()), count, nbytes)
     if not isinstance(merges, list) or not merges:
         raise Refusal("tokenizer.json has no BPE merges: llama.cpp would fall back to merges.txt while "
                          "transformers tokenizes without merges; not reproduced")
@@ -4280,17 +4302,68 @@ def read_tokenizer_json(path: Path) -> object:
         # values (not text inside a string, not an earlier key a later duplicate replaces).
         if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
             raise ValueError("not the model's vocab and merges")
-        # Key by key in file order, as json.loads fills an object: a repeated key keeps its first
-        # place and takes its last value.
-        vocab_dict: dict = {}
-        for run in vocab.parsed("{", "}"):
-            vocab_dict.update(run)
+        vocab_value = _vocab_of_runs(vocab)
     except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
         del data
         return read_json(path)
-    model["vocab"] = vocab_dict
+    model["vocab"] = vocab_value
     model["merges"] = MergesText(merges, data[merges.runs[0][0]:merges.runs[0][0] + 1] == b"[")
     return parsed
+
+
+def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
+    """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
+    (as in every file transformers writes), else the dict json.loads makes of the object."""
+    tokens: list[str] = []
+    for run in runs.parsed("{", "}"):
+        if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
+            break
+        tokens += run
+    else:
+        if len(set(tokens)) == len(tokens):
+            return TokenIds(tokens)
+    del tokens
+    # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
+    # and takes its last value.
+    vocab: dict = {}
+    for run in runs.parsed("{", "}"):
+        vocab.update(run)
+    return vocab
+
+
+class TokenIds:
+    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, standing
+    for json's token -> id dict (len, iteration over the tokens, values, items, `in` and [] answer as
+    the dict would) without its hash table and an int per id -- 6 MiB of Llama 3's 128,000 tokens,
+    which no step on the way of a measured tokenizer needs (check_text_vocab is what the check text
+    looks up).  A set for `in`, a dict for [], is built the first time one is asked for."""
+
+    __slots__ = ("tokens", "_set", "_ids")
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens, self._set, self._ids = tokens, None, None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tokens)
+
+    def values(self) -> range:
+        return range(len(self.tokens))
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return zip(self.tokens, itertools.count())
+
+    def __contains__(self, token: object) -> bool:
+        if self._set is None:
+            self._set = frozenset(self.tokens)
+        return token in self._set
+
+    def __getitem__(self, token: str) -> int:
+        if self._ids is None:
+            self._ids = dict(zip(self.tokens, itertools.count()))
+        return self._ids[token]
 
 
 def _json_runs(data: mmap.mmap, key: bytes, opener: bytes, closer: bytes,
@@ -4330,23 +4403,29 @@ class GGUFStrings:
     written -- so their bytes need not sit beside the vocabulary's dict while it is read.  Reads as a
     sequence of str (len, iteration, indexing and slices)."""
 
-    __slots__ = ("_data", "_source", "count")
+    __slots__ = ("_data", "_source", "count", "nbytes")
 
     def __init__(self, chunks: Iterable[list[str]], lines=None) -> None:
-        data = bytearray()
-        count = 0
+        # Counted first and written into place: a bytearray grown by the chunks left the C heap
+        # holes about as large as itself.
+        chunks = list(chunks)
+        data = bytearray(sum(8 * len(strings) + sum(map(len, map(str.encode, strings))) for strings in chunks))
+        at = count = 0
         for strings in chunks:
-            data += encoded_strings(strings)
+            piece = encoded_strings(strings)
+            data[at:at + len(piece)] = piece
+            at += len(piece)
             count += len(strings)
             if lines is not None:
                 add_lines(lines, strings)
-        self._data, self._source, self.count = data, None, count
+        self._data, self._source, self.count, self.nbytes = data, None, count, len(data)
 
     @classmethod
-    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int) -> "GGUFStrings":
-        """The ``count`` strings that each call of ``source`` gives, a chunk at a time."""
+    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int) -> "GGUFStrings":
+        """The ``count`` strings that each call of ``source`` gives, a chunk at a time, ``nbytes`` as
+        the elements of a GGUF array."""
         strings = cls.__new__(cls)
-        strings._data, strings._source, strings.count = None, source, count
+        strings._data, strings._source, strings.count, strings.nbytes = None, source, count, nbytes
         return strings
 
     def encoded(self) -> Iterable[bytes]:
@@ -4520,7 +4599,8 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
         raise Refusal(f"added tokens past the vocabulary's {len(vocab)} take ids {[t.id for t in appended][:5]}, "
                          "not the next ones in order: transformers would number them otherwise; not reproduced")
     model_vocab = tokenizer_json["model"]["vocab"]
-    if any(t.content in model_vocab for t in appended) or len({t.content for t in appended}) < len(appended):
+    appended_contents = {t.content for t in appended}
+    if not appended_contents.isdisjoint(model_vocab) or len(appended_contents) < len(appended):
         raise Refusal("an added token past the vocabulary repeats a token: transformers would give it the "
                          "existing id; not reproduced")
     for t in from_json:
@@ -6821,26 +6901,63 @@ def encoded_strings(strings: list[str]) -> bytes:
     return b"".join(pieces)
 
 
-def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytearray:
-    """Everything before the tensor data: header, metadata, tensor table, padding to alignment.
+class Header:
+    """Everything before the tensor data: header, metadata, tensor table, padding to alignment.  Its
+    size is counted when it is planned (every value checked to encode); its bytes are made when
+    written, a piece at a time, so that Llama 3's 7.8 MB of them are never in memory beside the
+    vocabulary they are made from (joined, or grown in one buffer, they raised the peak by 7.5 to
+    13.7 MiB: `make bench`, issue 12)."""
 
-    Appended to one bytearray piece by piece (growing it in place), not joined from a list: with
-    Llama 3's vocabulary the pieces and their join were two 7.5 MB copies of the same bytes."""
-    head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs)))
-    for kv in kvs:
-        try:
-            head += encode_string(kv.key)
-            for piece in encoded_value_pieces(kv):
-                head += piece
-        except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as e:
-            raise Refusal(f"{kv.key} cannot be written as {GGUFValueType(kv.vtype).name.lower()} ({e}); "
-                          f"llama.cpp's converter stops on it too") from None
-    offsets = tensor_data_layout(t.nbytes for t in tensors).offsets
-    for t, offset in zip(tensors, offsets):
-        head += encode_string(t.name)
-        head += struct.pack(f"<I{len(t.dims)}QIQ", len(t.dims), *t.dims, t.ggml_type, offset)
-    head += bytes(padding(len(head)))
-    return head
+    __slots__ = ("kvs", "tensors", "size", "_padding")
+
+    def __init__(self, kvs: list[KV], tensors: list[PlannedTensor]) -> None:
+        self.kvs, self.tensors = kvs, tensors
+        size = len(self._start()) + len(self._table())
+        for kv in kvs:
+            try:
+                size += len(encode_string(kv.key)) + encoded_value_size(kv)
+            except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as e:
+                raise unwritable(kv.key, kv.vtype, e) from None
+        self._padding = padding(size)
+        self.size = size + self._padding
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _start(self) -> bytes:
+        return GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(self.kvs))
+
+    def _table(self) -> bytes:
+        offsets = tensor_data_layout(t.nbytes for t in self.tensors).offsets
+        return b"".join(encode_string(t.name) + struct.pack(f"<I{len(t.dims)}QIQ", len(t.dims), *t.dims,
+                                                             t.ggml_type, offset)
+                        for t, offset in zip(self.tensors, offsets))
+
+    def pieces(self) -> Iterator[bytes]:
+        """The header's bytes in order, made as they are taken."""
+        yield self._start()
+        for kv in self.kvs:
+            yield encode_string(kv.key)
+            yield from encoded_value_pieces(kv)
+        yield self._table() + bytes(self._padding)
+
+
+def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
+    """The Header's bytes, whole."""
+    return b"".join(Header(kvs, tensors).pieces())
+
+
+def encoded_value_size(kv: KV) -> int:
+    """len(encode_value(kv)): its pieces made and dropped, so that each is known to encode, except a
+    GGUFStrings' (checked and counted when it was made)."""
+    if kv.array and kv.vtype == GGUFValueType.STRING and isinstance(kv.value, GGUFStrings):
+        return 16 + kv.value.nbytes
+    return sum(map(len, encoded_value_pieces(kv)))
+
+
+def unwritable(key: str, vtype: int, e: Exception) -> Refusal:
+    return Refusal(f"{key} cannot be written as {GGUFValueType(vtype).name.lower()} ({e}); "
+                   f"llama.cpp's converter stops on it too")
 
 
 class HashingWriter:
@@ -7075,7 +7192,8 @@ def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_pl
                     hasher.start()
                 w = HashingWriter(f)
                 try:
-                    w.write(plan.header)
+                    for piece in plan.header.pieces():
+                        w.write(piece)
                     _write_tensor_data(w, jobs, progress)
                     sha = w.close()
                 except BaseException:
@@ -7251,7 +7369,6 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         if data_jobs(plan.tensors, 0) != unplaced:
             raise ConversionFailed("the finished plan's tensors are not those being converted")
         jobs = data_jobs(plan.tensors, len(plan.header))
-        _pwrite_all(fd, [plan.header], 0)
         os.ftruncate(fd, gguf_size(jobs))      # the padding between tensors is these zeros
         try:
             os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
@@ -7261,7 +7378,12 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         # _EARLY_BYTES kept, waits for its next job with nothing reported -- and reports are what hand
         # out jobs.  One more job each lets it see the data's start and write what it kept.
         todo.hand_out(workers)
-        sha = hashlib.sha256(plan.header)
+        # The workers need only the header's size; its bytes are made while they write.
+        sha, at = hashlib.sha256(), 0
+        for piece in plan.header.pieces():
+            _pwrite_all(fd, [piece], at)
+            sha.update(piece)
+            at += len(piece)
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread
         flusher = _Flusher(fd)
@@ -9145,7 +9267,7 @@ def planned_gguf(plan: Plan) -> GGUFFile:
     """The GGUF a plan writes, as the reader will read it: its header read back, so that a dry run
     shows keys and tensors exactly as inspect of the output will (float32 values rounded, bools
     as written)."""
-    return parse_gguf(plan.header, len(plan.header), file_size=planned_size(plan))
+    return parse_gguf(b"".join(plan.header.pieces()), len(plan.header), file_size=planned_size(plan))
 
 
 class DryRun(NamedTuple):

@@ -5410,10 +5410,13 @@ class LeanTokenizerJson(unittest.TestCase):
 
     @staticmethod
     def materialized(tj):
-        """tokenizer.json as json.loads gives it, the lean merges parsed back into one list."""
-        merges = tj["model"]["merges"]
+        """tokenizer.json as json.loads gives it: the lean merges parsed back into one list, a TokenIds
+        vocabulary made the dict it stands for (its items, in order)."""
+        merges, vocab = tj["model"]["merges"], tj["model"]["vocab"]
         if isinstance(merges, bc.MergesText):
             tj["model"]["merges"] = [m for chunk in merges.chunks() for m in chunk]
+        if isinstance(vocab, bc.TokenIds):
+            tj["model"]["vocab"] = dict(vocab.items())
         return tj
 
     def test_the_fixtures_read_lean_are_json_loads_values(self):
@@ -5432,6 +5435,37 @@ class LeanTokenizerJson(unittest.TestCase):
         tj = self.read(text)
         self.assertIsInstance(tj["model"]["merges"], bc.MergesText)
         self.assertEqual(list(tj["model"]["vocab"].items()), list(json.loads(text)["model"]["vocab"].items()))
+
+    def test_a_vocab_whose_ids_are_its_places_is_held_as_its_tokens_in_order(self):
+        n = 3 * bc._MERGES_PER_CHUNK + 5        # several runs
+        vocab = {f"t{i}": i for i in range(n)}
+        tj = self.read(json.dumps({"model": {"vocab": vocab, "merges": ["t0 t1"]}}))
+        ids = tj["model"]["vocab"]
+        self.assertIsInstance(ids, bc.TokenIds)
+        self.assertEqual(ids.tokens, list(vocab))
+        self.assertEqual((len(ids), list(ids), list(ids.values()), list(ids.items())),
+                         (n, list(vocab), list(vocab.values()), list(vocab.items())))
+        self.assertEqual(("t7" in ids, "t" in ids, ids["t7"], ids[f"t{n - 1}"]), (True, False, 7, n - 1))
+        with self.assertRaises(KeyError):
+            ids["t"]
+
+    def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
+        late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
+        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 2}', '{"a": 0, "b": 1, "a": 2}',
+                           json.dumps(late)[:-1] + ', "t0": 0}'):     # the same token again, a run later
+            with self.subTest(vocab_text[:40]):
+                text = '{"model": {"vocab": %s, "merges": ["a b"]}}' % vocab_text
+                vocab = self.read(text)["model"]["vocab"]
+                self.assertIs(type(vocab), dict)
+                self.assertEqual(list(vocab.items()), list(json.loads(text)["model"]["vocab"].items()))
+
+    def test_the_check_text_looks_up_the_ids_a_dict_would_give(self):
+        tj = bc.read_tokenizer_json(ROOT / "oracle" / "fixtures" / "Qwen3-tokenizer" / "tokenizer.json")
+        ids = tj["model"]["vocab"]
+        pieces = bc.check_text_vocab(ids)
+        symbols = bc.check_text_symbols()
+        self.assertEqual(pieces, {t: i for t, i in ids.items() if t in symbols})
+        self.assertLess(len(pieces), len(ids) // 20)
 
     def test_what_the_cut_does_not_take_is_read_whole(self):
         for text in (
