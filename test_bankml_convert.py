@@ -5539,6 +5539,31 @@ class GGUFStringsArray(unittest.TestCase):
         lean = bc.encode_value(bc.KV("k", bc.GGUFValueType.STRING, bc.GGUFStrings(chunks), True))
         self.assertEqual(lean, as_list)
 
+    def test_a_header_counts_its_size_before_its_bytes_are_made(self):
+        text = json.dumps({"model": {"vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"] * 5000 + ["\u00e9 b"]}})
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "tokenizer.json").write_text(text, encoding="utf-8")
+            merges = bc.merges_as_written(bc.read_tokenizer_json(Path(d) / "tokenizer.json"))
+            self.assertIsInstance(merges, bc.GGUFStrings)
+            kvs = [bc.KV("tokens", bc.GGUFValueType.STRING, bc.GGUFStrings([self.STRINGS]), True),
+                   bc.KV("merges", bc.GGUFValueType.STRING, merges, True),
+                   bc.KV("types", bc.GGUFValueType.INT32, [1, 2, 3] * 999, True),
+                   bc.KV("name", bc.GGUFValueType.STRING, "x\u00e9")]
+            header = bc.Header(kvs, [])
+            whole = b"".join(header.pieces())
+        self.assertEqual(len(header), len(whole))
+        self.assertEqual(len(whole) % bc.GGUF_DEFAULT_ALIGNMENT, 0)
+        read = {kv.key: kv.value for kv in bc.parse_gguf(whole, len(whole), file_size=len(whole)).kvs}
+        self.assertEqual((len(read["merges"]), read["merges"][-1], read["name"]), (5001, "\u00e9 b", "x\u00e9"))
+
+    def test_a_lean_merge_that_cannot_be_utf8_is_refused_when_planned(self):
+        text = '{"model": {"vocab": {"a": 0}, "merges": ["a b", "\\ud800 b"]}}'
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "tokenizer.json").write_text(text, encoding="utf-8")
+            tj = bc.read_tokenizer_json(Path(d) / "tokenizer.json")
+            with self.assertRaisesRegex(bc.Refusal, "^tokenizer.ggml.merges cannot be written as string .*surrogate"):
+                bc.merges_as_written(tj)
+
     def test_reads_back_as_the_sequence_of_its_strings(self):
         strings = bc.GGUFStrings([self.STRINGS])
         self.assertEqual((len(strings), list(strings), strings[2], strings[-1], strings[3:6]),
