@@ -25,6 +25,74 @@ Library use::
 
 from __future__ import annotations
 
+import os
+import sys
+
+# ---------------------------------------------------------------------------------------------
+# Started as a script, before anything else runs, the process becomes an interpreter running this
+# file's compiled code as the module bankml_convert.  CPython keeps a script's syntax tree (~20 MiB
+# for this file) until the script returns -- pyrun_file frees it after running it -- and that put
+# conversions with large vocabularies over 64 MiB; a module's tree is gone once it is compiled.
+# ---------------------------------------------------------------------------------------------
+
+# What the new interpreter runs: argv[1] is a descriptor holding the marshalled code, argv[2] this file.
+_RUN_HANDED_CODE = (
+    "import marshal, os, sys, types; f = os.fdopen(int(sys.argv[1]), 'rb'); code = marshal.loads(f.read()); "
+    "f.close(); m = types.ModuleType('bankml_convert'); m.__file__ = sys.argv[2]; "
+    "sys.modules['bankml_convert'] = m; del sys.argv[:3]; exec(code, m.__dict__); del code; m._exit(m.main())")
+
+
+def interpreter_options(orig_argv: list[str], argv: list[str]) -> list[str] | None:
+    """The options the interpreter was started with before this script, from sys.orig_argv and
+    sys.argv; None unless the command line was exactly `python [options] script [arguments]` (not
+    -c or -m, not a wrapper such as coverage that runs the script itself)."""
+    if not (argv and len(orig_argv) > len(argv) and list(orig_argv[len(orig_argv) - len(argv):]) == list(argv)):
+        return None
+    options = list(orig_argv[1:len(orig_argv) - len(argv)])
+    i = 0
+    while i < len(options):
+        option = options[i]
+        if option in ("-W", "-X"):      # the two options whose value may be the next argument
+            i += 1
+        elif not option.startswith("-") or option in ("-", "--") or option.startswith(("-c", "-m")):
+            return None
+        i += 1
+    return options if i == len(options) else None
+
+
+def _restart_as_module(code, path: str) -> None:
+    """Replace this process by the interpreter (same options, arguments and argv[0]) running
+    ``code``, this file's, as a module; return if that cannot be done exactly here."""
+    options = interpreter_options(getattr(sys, "orig_argv", []), sys.argv)
+    if os.name != "posix" or not sys.executable or options is None or not (path and os.path.isfile(path)):
+        return
+    try:
+        if not os.path.samefile(sys.argv[0], path):     # `python3 - < bankml_convert.py`
+            return
+        import marshal
+        # Handed over compiled, so that the new interpreter does not parse the file again (~90 ms).
+        fd = os.memfd_create("bankml_convert", 0) if hasattr(os, "memfd_create") else _unlinked_temp_file()
+        os.set_inheritable(fd, True)
+        data = marshal.dumps(code)
+        at = 0
+        while at < len(data):
+            at += os.pwrite(fd, data[at:], at)
+        os.execv(sys.executable, [sys.executable, *options, "-c", _RUN_HANDED_CODE, str(fd),
+                                  os.path.abspath(path), *sys.argv])
+    except (OSError, ValueError):
+        return
+
+
+def _unlinked_temp_file() -> int:
+    import tempfile
+    fd, name = tempfile.mkstemp()
+    os.unlink(name)
+    return fd
+
+
+if __name__ == "__main__" and __spec__ is None and hasattr(sys, "_getframe"):
+    _restart_as_module(sys._getframe(0).f_code, globals().get("__file__", ""))
+
 import argparse
 import datetime
 import fnmatch
@@ -35,13 +103,11 @@ import json
 import math
 import mmap
 import operator
-import os
 import queue
 import re
 import select
 import shlex
 import struct
-import sys
 import threading
 import time
 import unicodedata
@@ -10143,6 +10209,17 @@ def _write_text_atomically(path: Path, text: str) -> None:
         raise
 
 
+def _release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing):
+    compiling this file leaves ~20 MiB of them, which Python's object allocator, mapping arenas of
+    its own, never reuses, so each conversion's peak would stand that much higher."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
 def _exit(status: int) -> None:
     """Flush and end the process without the interpreter's teardown, which would free the plan's
     vocabulary object by object (about 15 ms for a 49,152-token model) only to exit."""
@@ -10154,63 +10231,6 @@ def _exit(status: int) -> None:
     os._exit(status)
 
 
-def _release_freed_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing):
-    compiling this file leaves ~20 MiB of them that Python's own allocator, which maps arenas of
-    its own, never reuses, so each conversion's peak would stand that much higher."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    except (ImportError, OSError, AttributeError):
-        pass
-
-
-# Run as a script, this file is compiled by pyrun_file, which keeps the whole syntax tree (~20 MiB for
-# this file) until the script returns, under every conversion; a module's tree is freed as soon as it
-# is compiled.  So the script starts its interpreter again (same process id, interpreter options,
-# arguments and argv[0]) on this file as a module, which costs ~0.1 s and lowers every conversion's
-# peak RSS by about that much (`make bench`, issue 12: Llama 3's vocabulary 75 -> 56 MiB).
-_AS_MODULE = ("import sys, importlib.util as u; sys.dont_write_bytecode = True; "
-              "s = u.spec_from_file_location('bankml_convert', sys.argv[1]); m = u.module_from_spec(s); "
-              "sys.modules['bankml_convert'] = m; s.loader.exec_module(m); del sys.argv[:2]; "
-              "m._release_freed_memory(); m._exit(m.main())")
-
-
-def interpreter_options(orig_argv: Sequence[str], argv: Sequence[str]) -> Optional[list[str]]:
-    """The options the interpreter was started with before this script, from sys.orig_argv and
-    sys.argv; None unless the command line was exactly `python [options] script [arguments]` (not
-    -c or -m, not a wrapper such as coverage that runs the script itself)."""
-    if not (argv and len(orig_argv) > len(argv) and list(orig_argv[len(orig_argv) - len(argv):]) == list(argv)):
-        return None
-    options = list(orig_argv[1:len(orig_argv) - len(argv)])
-    i = 0
-    while i < len(options):
-        option = options[i]
-        if option in ("-W", "-X"):      # the two options whose value may be the next argument
-            i += 1
-        elif not option.startswith("-") or option in ("-", "--") or option.startswith(("-c", "-m")):
-            return None
-        i += 1
-    return options if i == len(options) else None
-
-
-def _again_as_module() -> None:
-    """Replace this process by the interpreter running this file as a module, where that can be done
-    exactly; otherwise return and let the script go on."""
-    path = globals().get("__file__")
-    options = interpreter_options(getattr(sys, "orig_argv", ()), sys.argv)
-    if os.name != "posix" or not sys.executable or options is None or not (path and os.path.isfile(path)):
-        return
-    try:
-        if not os.path.samefile(sys.argv[0], path):     # argv[0] is not this file: `python3 - < bankml_convert.py`
-            return
-        os.execv(sys.executable, [sys.executable, *options, "-c", _AS_MODULE, os.path.abspath(path), *sys.argv])
-    except OSError:
-        return
-
-
 if __name__ == "__main__":
-    if __spec__ is None:        # a script; under `python -m` the module's tree is already freed
-        _again_as_module()
-    _release_freed_memory()
+    _release_freed_memory()     # what compiling this module under `python -m` left free
     _exit(main())

@@ -14,6 +14,7 @@ import gc
 import hashlib
 import io
 import json
+import marshal
 import math
 import random
 import re
@@ -1127,23 +1128,40 @@ class CommandLine(Workspace):
     def test_the_script_restarts_itself_as_a_module_with_its_interpreter_options_and_arguments(self):
         # pyrun_file keeps a script's syntax tree until it returns; a module's is freed when compiled.
         calls = []
-        argv = [str(ROOT / "bankml_convert.py"), "DIR", "-o", "x.gguf"]
+        path = str(ROOT / "bankml_convert.py")
+        argv = [path, "DIR", "-o", "x.gguf"]
+        code = compile("x = 1", path, "exec")
         with mock.patch.object(bc.sys, "orig_argv", ["python3", "-S", "-W", "error", *argv]), \
                 mock.patch.object(bc.sys, "argv", argv), mock.patch.object(bc.os, "execv", lambda *a: calls.append(a)):
-            bc._again_as_module()
-        self.assertEqual(calls, [(sys.executable, [sys.executable, "-S", "-W", "error", "-c", bc._AS_MODULE,
-                                                   argv[0], *argv])])
+            bc._restart_as_module(code, path)
+        [(executable, args)] = calls
+        fd = int(args[6])
+        try:
+            self.assertEqual((executable, args[:6], args[7:]),
+                             (sys.executable, [sys.executable, "-S", "-W", "error", "-c", bc._RUN_HANDED_CODE],
+                              [path, *argv]))
+            self.assertTrue(os.get_inheritable(fd))
+            self.assertEqual(os.pread(fd, 1 << 20, 0), marshal.dumps(code))
+        finally:
+            os.close(fd)
 
-    def test_the_module_command_the_script_restarts_into_converts_as_the_script_does(self):
+    def test_the_code_handed_to_the_new_interpreter_converts_as_the_script_does(self):
+        path = ROOT / "bankml_convert.py"
+        code = marshal.dumps(compile(path.read_text(encoding="utf-8"), str(path), "exec"))
         out = self.out_dir() / "restarted.gguf"
-        p = subprocess.run([sys.executable, "-W", "error", "-c", bc._AS_MODULE, str(ROOT / "bankml_convert.py"),
-                            "bankml_convert.py", str(self.case("bf16")), "-o", str(out)],
-                           capture_output=True, text=True, timeout=300)
-        self.assertEqual((p.returncode, p.stdout), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n"), p.stderr)
-        usage = subprocess.run([sys.executable, "-c", bc._AS_MODULE, str(ROOT / "bankml_convert.py"), "bankml-convert"],
-                               capture_output=True, text=True, timeout=300)
-        self.assertEqual(usage.returncode, 2)
-        self.assertTrue(usage.stderr.startswith("usage: bankml-convert "), usage.stderr)   # argv[0] kept
+        for args, check in (((str(self.case("bf16")), "-o", str(out)), "converts"), ((), "usage")):
+            with self.subTest(check), tempfile.TemporaryFile() as f:
+                f.write(code)
+                f.flush()
+                f.seek(0)
+                p = subprocess.run([sys.executable, "-W", "error", "-c", bc._RUN_HANDED_CODE, str(f.fileno()),
+                                    str(path), "bankml-convert", *args],
+                                   capture_output=True, text=True, timeout=300, pass_fds=(f.fileno(),))
+                if check == "converts":
+                    self.assertEqual((p.returncode, p.stdout), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n"), p.stderr)
+                else:
+                    self.assertEqual(p.returncode, 2)
+                    self.assertTrue(p.stderr.startswith("usage: bankml-convert "), p.stderr)     # argv[0] kept
 
     def test_interpreter_options_are_the_arguments_before_the_script(self):
         self.assertEqual(bc.interpreter_options(["python3", "s.py", "DIR"], ["s.py", "DIR"]), [])
