@@ -1135,10 +1135,10 @@ class CommandLine(Workspace):
                 mock.patch.object(bc.sys, "argv", argv), mock.patch.object(bc.os, "execv", lambda *a: calls.append(a)):
             bc._restart_as_module(code, path)
         [(executable, args)] = calls
-        fd = int(args[6])
+        fd = int(args[7])
         try:
-            self.assertEqual((executable, args[:6], args[7:]),
-                             (sys.executable, [sys.executable, "-S", "-W", "error", "-c", bc._RUN_HANDED_CODE],
+            self.assertEqual((executable, args[:7], args[8:]),
+                             (sys.executable, [sys.executable, "-S", "-W", "error", "-S", "-c", bc._RUN_HANDED_CODE],
                               [path, *argv]))
             self.assertTrue(os.get_inheritable(fd))
             self.assertEqual(os.pread(fd, 1 << 20, 0), marshal.dumps(code))
