@@ -1445,6 +1445,7 @@ class TensorPlan(NamedTuple):
     inputs: list[Path]
     outtype: OutType
     tokenizer: TokenizerKind
+    card: dict              # README.md's front matter (model_card), checked before any byte is written
 
 
 class Plan(NamedTuple):
@@ -1469,7 +1470,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     if not is_dir:
         raise Refusal(f"{model_dir} is not a directory")
     out_type(options.outtype)       # an unknown type is refused before anything is read
-    model_card(model_dir, options)
+    card = model_card(model_dir, options)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise Refusal(no_config_reason(model_dir))
@@ -1483,7 +1484,7 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     tensors = plan_tensors(sources, family, params, out, config_path)
     tokenizer = tokenizer_kind(model_dir)
     small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
-    return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer)
+    return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer, card)
 
 
 def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan | None = None) -> Plan:
@@ -1491,7 +1492,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
 
     The keys below are in the order llama.cpp's converter adds them: ModelBase's general.* keys,
     the family's set_gguf_parameters, the quantization version, then its set_vocab."""
-    config, family, params, tensors, inputs, out, tokenizer = tensor_plan or plan_tensor_data(model_dir, options)
+    config, family, params, tensors, inputs, out, tokenizer, card = tensor_plan or plan_tensor_data(model_dir, options)
     vocab = tokenizer.vocab(model_dir, config, params.vocab_size)
     n_params = parameter_count(tensors)
 
@@ -1502,7 +1503,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
         kv.set(s.key, s.vtype, s.value)
     name_or_path = config.get("_name_or_path")
     for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None, model_dir.name,
-                         options.model_name, n_params, n_params, 0, 0, model_card(model_dir, options)):
+                         options.model_name, n_params, n_params, 0, 0, card):
         kv.set(g.key, g.vtype, g.value, g.array)
     for h in family.hparam_kvs(params, out.file_type):
         kv.set(h.key, h.vtype, h.value)
@@ -4468,7 +4469,7 @@ class GGUFStrings:
     """A long array of strings kept compact until the header is written: as the bytes of a GGUF string
     array (each a u64 length, then UTF-8), about a quarter of the memory of as many Python strings; or,
     for merges read lean, as the file's text they are parsed from again, a chunk at a time, when
-    written -- so their bytes need not sit beside the vocabulary's dict while it is read.  Reads as a
+    written -- so their bytes need not sit beside the vocabulary while it is read.  Reads as a
     sequence of str (len, iteration, indexing and slices)."""
 
     __slots__ = ("_data", "_source", "count", "nbytes")
@@ -6973,8 +6974,8 @@ class Header:
     """Everything before the tensor data: header, metadata, tensor table, padding to alignment.  Its
     size is counted when it is planned (every value checked to encode); its bytes are made when
     written, a piece at a time, so that Llama 3's 7.8 MB of them are never in memory beside the
-    vocabulary they are made from (joined, or grown in one buffer, they raised the peak by 7.5 to
-    13.7 MiB: `make bench`, issue 12)."""
+    vocabulary they are made from (joined, or grown in one buffer, they raised the Llama 3.2 1B
+    case's peak by 7.5 to 13.7 MiB, VmHWM before and after; issue 12 caps it at 64)."""
 
     __slots__ = ("kvs", "tensors", "size", "_padding")
 

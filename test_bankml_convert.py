@@ -5103,6 +5103,12 @@ class ModelCardConversion(Workspace):
         self.assertEqual([(i.size, i.sha256) for i in readme],
                          [((d / "README.md").stat().st_size, sha256_file(d / "README.md"))])
 
+    def test_the_card_is_read_once_per_conversion(self):
+        d = self.case("card-folded")
+        with mock.patch.object(bc, "load_model_card", wraps=bc.load_model_card) as read:
+            bc.convert(d, self.tmp / "once.gguf").out.unlink()
+        self.assertEqual(read.call_count, 1)
+
     def test_a_card_the_reader_does_not_follow_is_refused_with_its_line(self):
         d = self.case("bf16")
         (d / "README.md").write_text("---\nlicense: mit\nbase_model: &b org/name\n---\n", encoding="utf-8")
