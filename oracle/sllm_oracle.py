@@ -30,7 +30,6 @@ Run with the reference python (torch, transformers, numpy, safetensors):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -45,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import make_models  # noqa: E402
-from oracle import sha256_of  # noqa: E402
+from oracle import inputs_digest, sha256_of  # noqa: E402
 
 RECORD = HERE / "recorded" / "sllm.json"
 BUILD = ROOT / "build" / "kasahare"
@@ -264,14 +263,6 @@ def trained_weights_dir() -> Path:
     save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
     print(f"{REAL_CASE}: {len(state)} tensors dequantized from {types} into {d}")
     return d
-
-
-def inputs_digest(model_dir: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(model_dir.iterdir()):
-        if f.is_file():
-            h.update(f"{f.name}\0{sha256_of(f)}\n".encode())
-    return h.hexdigest()
 
 
 def engine_config(model_dir: Path, dtype: int) -> dict:
