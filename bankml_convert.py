@@ -7100,7 +7100,12 @@ class HashingWriter:
 
 def templated_output(out: Path, outtype: OutType) -> Path:
     """The output path with llama.cpp's {ftype}/{outtype} templates filled in its file name."""
-    label = outtype.label
+    return filled_output_name(out, outtype.label)
+
+
+def filled_output_name(out: Path, label: str) -> Path:
+    """The output path with llama.cpp's {ftype}/{outtype} templates in its file name filled by
+    ``label`` (lower case; {FTYPE}/{OUTTYPE} upper case)."""
     try:
         name = out.name.format(label.lower(), outtype=label.lower(), ftype=label.lower(),
                                OUTTYPE=label.upper(), FTYPE=label.upper())
@@ -8360,8 +8365,9 @@ class SllmReport(NamedTuple):
 
 def export_sllm(model_dir, out, options: Options = Options(outtype="f32")) -> SllmReport:
     """Write the kasahare .sllm of model_dir at out and its tokenizer file beside it, or a Refusal."""
-    model_dir, out = Path(model_dir), Path(out)
+    model_dir = Path(model_dir)
     plan = plan_sllm(model_dir, options.outtype, options)
+    out = filled_output_name(Path(out), options.outtype)     # -o model-{ftype}.sllm, as for a GGUF
     tok_out = sllm_tokenizer_path(out)
     for path in (out, tok_out):
         check_output_path(path, model_dir, plan.tensor_plan.inputs)

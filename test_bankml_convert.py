@@ -5400,6 +5400,15 @@ class SllmCommandLine(Workspace):
         self.assertEqual(r.out, f"{run['sllm_sha256']}  {out}\n{run['tok_sha256']}  {out.with_name('model.tok.txt')}\n")
         self.assertEqual(entries(out.parent), ["model.sllm", "model.tok.txt"])
 
+    def test_ftype_in_the_name_is_filled_with_the_export_type(self):
+        folder = self.out_dir()
+        r = cli(self.case("example"), "-o", folder / "m-{ftype}.sllm", "--format", "sllm", "--outtype", "q4_0", "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        run = SLLM["runs"]["example-q4_0"]
+        self.assertEqual(r.out, f"{run['sllm_sha256']}  {folder / 'm-q4_0.sllm'}\n"
+                                f"{run['tok_sha256']}  {folder / 'm-q4_0.tok.txt'}\n")
+        self.assertEqual(entries(folder), ["m-q4_0.sllm", "m-q4_0.tok.txt"])
+
     def test_the_pin_holds_both_files_and_verify_checks_them(self):
         d = self.case("example")
         out, fork = self.out_dir() / "m.sllm", self.out_dir() / "FORK.json"
