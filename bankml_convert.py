@@ -3598,7 +3598,7 @@ def canonical_component(node: object) -> str:
         items = {k: v for k, v in node.items() if k != "type"}
         if node["type"] == "Sequence":
             for members in ("pretokenizers", "processors", "normalizers", "decoders"):
-                if members in items and len(items) == 1:
+                if members in items and len(items) == 1 and isinstance(items[members], list):
                     return "Sequence[" + ",".join(canonical_component(m) for m in items[members]) + "]"
         inner = ",".join(f"{k}={canonical_component(items[k])}" for k in sorted(items))
         return f"{node['type']}({inner})"

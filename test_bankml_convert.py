@@ -2794,6 +2794,14 @@ class ChkhshRefusals(ChkhshCaseDirs):
             self.vocab(d)
         self.assertIn("disagrees", str(cm.exception))
 
+    def test_a_sequence_whose_members_are_no_list_is_refused_as_an_unmeasured_shape(self):
+        # Found by `oracle/fuzz.py --inputs 10000 --seed 22` (input 3726): it had raised TypeError.
+        d = self.case_dir("SmolLM2-135M-Instruct")
+        edit_json(d / "tokenizer.json", lambda t: t["pre_tokenizer"].update(pretokenizers=-0.0))
+        with self.assertRaisesRegex(bc.Refusal, r"^tokenizer.json pre_tokenizer Sequence\(pretokenizers=-0.0\): "
+                                                r"not a shape measured"):
+            self.vocab(d)
+
     def test_add_prefix_space_is_refused_as_unconfirmed(self):
         tj, tc, config = self.files(self.case_dir("SmolLM2-135M-Instruct"))
         with self.assertRaises(bc.Refusal) as cm:
