@@ -86,7 +86,7 @@ import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Optional
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
 ORACLE = Path(__file__).resolve().parent
 ROOT = ORACLE.parent
@@ -3256,19 +3256,25 @@ def run_file_campaign(args, campaign: FileCampaign, bases: dict[str, bytes]) -> 
               "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
               "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
               "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
-    if args.report:
-        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
-    for c in crashes[:10]:
-        print(f"crash at input {c['index']}: {c['error'][:200]} ({c['mutations']})")
-    for p in partials[:10]:
-        print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
-    for reason, n in refusals.most_common(12):
-        print(f"  {n:>7}  {reason}")
+    report_findings(args, report, crashes, refusals, partials)
     conversions = sum(v for k, v in counts.items() if k.startswith("convert-"))
     print(f"fuzz {campaign.flag}: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
           f"{len(partials)} partial outputs, {counts['ok']} read, {counts['refusal']} refused, "
           f"{seconds:.0f} s")
     return 1 if crashes or partials else 0
+
+
+def report_findings(args, report: dict, crashes: list, refusals: Counter, partials: Sequence = ()) -> None:
+    """A campaign's end, before its summary line: the report written (--report), then its first
+    crashes and partial outputs and its commonest refusals printed."""
+    if args.report:
+        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
+    for c in crashes[:10]:
+        print(f"crash at input {c['index']}: {c['error'][:200]} ({c.get('mutations')})")
+    for p in partials[:10]:
+        print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
+    for reason, n in refusals.most_common(12):
+        print(f"  {n:>7}  {reason}")
 
 
 def run_spm_campaign(args) -> int:
@@ -3498,12 +3504,7 @@ def run_checkpoint_campaign(args) -> int:
               "peak_rss_mb": round(peak_mb, 1), "memory_limit_mb": args.memory_mb,
               "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
               "command": "python3 oracle/fuzz.py --checkpoint " + " ".join(sys.argv[1:])}
-    if args.report:
-        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
-    for c in crashes[:10]:
-        print(f"crash at input {c['index']}: {c['error'][:200]} ({c.get('mutations')})")
-    for reason, n in refusals.most_common(12):
-        print(f"  {n:>7}  {reason}")
+    report_findings(args, report, crashes, refusals)
     accepted = sum(v for k, v in counts.items() if k.endswith("-ok"))
     print(f"fuzz --checkpoint: {args.inputs} inputs, {len(crashes)} crashes, {len(executions)} executions, "
           f"{accepted} calls returned, {sum(refusals.values())} refused, peak RSS {peak_mb:.0f} MB, "
