@@ -28,72 +28,11 @@ from __future__ import annotations
 import os
 import sys
 
-# ---------------------------------------------------------------------------------------------
-# Started as a script, before anything else runs, the process becomes an interpreter running this
-# file's compiled code as the module bankml_convert.  CPython keeps a script's syntax tree (~20 MiB
-# for this file) until the script returns -- pyrun_file frees it after running it -- and that put
-# conversions with large vocabularies over 64 MiB; a module's tree is gone once it is compiled.
-# ---------------------------------------------------------------------------------------------
-
-# What the new interpreter runs: argv[1] is a descriptor holding the marshalled code, argv[2] this file.
-_RUN_HANDED_CODE = (
-    "import marshal, os, sys, types; f = os.fdopen(int(sys.argv[1]), 'rb'); code = marshal.loads(f.read()); "
-    "f.close(); m = types.ModuleType('bankml_convert'); m.__file__ = sys.argv[2]; "
-    "sys.modules['bankml_convert'] = m; del sys.argv[:3]; exec(code, m.__dict__); del code; m._exit(m.main())")
-
-
-def interpreter_options(orig_argv: list[str], argv: list[str]) -> list[str] | None:
-    """The options the interpreter was started with before this script, from sys.orig_argv and
-    sys.argv; None unless the command line was exactly `python [options] script [arguments]` (not
-    -c or -m, not a wrapper such as coverage that runs the script itself)."""
-    if not (argv and len(orig_argv) > len(argv) and list(orig_argv[len(orig_argv) - len(argv):]) == list(argv)):
-        return None
-    options = list(orig_argv[1:len(orig_argv) - len(argv)])
-    i = 0
-    while i < len(options):
-        option = options[i]
-        if option in ("-W", "-X"):      # the two options whose value may be the next argument
-            i += 1
-        elif not option.startswith("-") or option in ("-", "--") or option.startswith(("-c", "-m")):
-            return None
-        i += 1
-    return options if i == len(options) else None
-
-
-def _restart_as_module(code, path: str) -> None:
-    """Replace this process by the interpreter (same options, arguments and argv[0]) running
-    ``code``, this file's, as a module; return if that cannot be done exactly here."""
-    options = interpreter_options(getattr(sys, "orig_argv", []), sys.argv)
-    if os.name != "posix" or not sys.executable or options is None or not (path and os.path.isfile(path)):
-        return
-    try:
-        if not os.path.samefile(sys.argv[0], path):     # `python3 - < bankml_convert.py`
-            return
-        import marshal
-        # Handed over compiled, so that the new interpreter does not parse the file again (~90 ms).
-        fd = os.memfd_create("bankml_convert", 0) if hasattr(os, "memfd_create") else _unlinked_temp_file()
-        os.set_inheritable(fd, True)
-        data = marshal.dumps(code)
-        at = 0
-        while at < len(data):
-            at += os.pwrite(fd, data[at:], at)
-        # -S: the module imports only the standard library, and site's .pth files alone took 20 ms
-        # of every start on the bench machine (`python3 -X importtime -c pass`).
-        os.execv(sys.executable, [sys.executable, *options, "-S", "-c", _RUN_HANDED_CODE, str(fd),
-                                  os.path.abspath(path), *sys.argv])
-    except (OSError, ValueError):
-        return
-
-
-def _unlinked_temp_file() -> int:
-    import tempfile
-    fd, name = tempfile.mkstemp()
-    os.unlink(name)
-    return fd
-
-
-if __name__ == "__main__" and __spec__ is None and hasattr(sys, "_getframe"):
-    _restart_as_module(sys._getframe(0).f_code, globals().get("__file__", ""))
+# Run as `python -m bankml_convert`, Python puts the current directory first on sys.path, and a
+# downloaded model directory may hold a json.py: this module's own imports must never find it.
+# (`python FILE` puts this file's folder there instead, and -I or -P put nothing.)
+if __name__ == "__main__" and __spec__ is not None and sys.path and sys.path[0] in ("", os.getcwd()):
+    del sys.path[0]
 
 import argparse
 import datetime
@@ -149,16 +88,17 @@ class Refusal(Exception):
 class ConversionFailed(Exception):
     """A conversion that broke down for a reason that is not its input: a bug in bankml_convert
     (``bug``), or else a fault of the machine it ran on (a worker killed for memory, the output
-    changed by another program, a disk failing).  Nothing is written.
+    changed by another program, a disk failing).  Nothing is written unless ``outcome`` says so.
 
     The command line prints ``bankml convert: failed: <what> (...)`` and exits 3.
     """
 
-    def __init__(self, what: str, bug: bool = True):
+    def __init__(self, what: str, bug: bool = True, outcome: str = "nothing was written"):
         what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what)     # one line, as a Refusal
         super().__init__(what)
         self.what = what
         self.bug = bug
+        self.outcome = outcome      # what became of the outputs, said truthfully after the reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,6 +463,29 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+def path_problem(path: Path) -> str:
+    """Why path cannot be read as a file, as the end of a sentence naming it ("is missing", ...)."""
+    import errno
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return "is a symbolic link to nothing" if os.path.islink(path) else "is missing"
+        if e.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        return f"cannot be read ({e.strerror or e})"
+    except ValueError as e:
+        return f"cannot be named ({e})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {file_kind(st.st_mode)}, not a file"
+    try:
+        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return "can be read"
+
+
 def _is_plain_file_name(name: str) -> bool:
     return (name not in ("", ".", "..") and "/" not in name and "\\" not in name
             and "\0" not in name and not os.path.isabs(name))
@@ -542,8 +505,11 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
     for part in part_names:
         path = model_dir / part
         if not _is_file(path):
-            raise Refusal(f"{index.name if index else 'the index'} names {part}, which is missing; "
-                          f"the download is incomplete")
+            problem = path_problem(path)
+            if index is None:
+                raise Refusal(f"{part} {problem}")
+            raise Refusal(f"{index.name} names {part}, which {problem}"
+                          + ("; the download is incomplete" if problem == "is missing" else ""))
         files.append(path)
         for t in part_tensors(path):
             if t.name in seen:
@@ -1412,6 +1378,7 @@ class Options(NamedTuple):
     workers: int | None = None      # processes converting in parallel; None: one per core where safe
     progress: Any = None            # called as progress(bytes_done, bytes_total, tensor_name)
     hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
+    notice: Any = None              # called with a line for the user (a dead run's .part replaced)
 
 
 class InputFile(NamedTuple):
@@ -1461,18 +1428,13 @@ class Plan(NamedTuple):
 
 def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
-    if "\0" in str(model_dir):
-        raise Refusal("the model directory's path contains a NUL byte")
-    try:
-        is_dir = model_dir.is_dir()
-    except OSError as e:    # a name too long for the file system, a loop of symlinks, ...
-        raise Refusal(f"{model_dir} cannot be opened: {e.strerror or e}") from None
-    if not is_dir:
-        raise Refusal(f"{model_dir} is not a directory")
+    problem = model_dir_problem(model_dir)
+    if problem:
+        raise Refusal(problem)
     out_type(options.outtype)       # an unknown type is refused before anything is read
     card = model_card(model_dir, options)
     config_path = model_dir / "config.json"
-    if not config_path.is_file():
+    if not _is_file(config_path):
         raise Refusal(no_config_reason(model_dir))
     config = read_json_object(config_path)
     family = family_of(config)
@@ -1523,8 +1485,42 @@ _MISTRAL_LAYOUT = ("Mistral's own layout (params.json, consolidated.safetensors)
                    "model's Hugging Face-format files (config.json, model*.safetensors) instead")
 
 
+def model_dir_problem(model_dir: Path) -> str | None:
+    """Why model_dir cannot be read as a model directory, in the words a user needs; None if it can."""
+    import errno
+    import stat
+    if "\0" in str(model_dir):
+        return "the model directory's path contains a NUL byte"
+    try:
+        st = os.stat(model_dir)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return (f"{model_dir} is a symbolic link to nothing" if os.path.islink(model_dir) else
+                    f"{model_dir} does not exist")
+        if e.errno == errno.ELOOP:
+            return f"{model_dir} is a loop of symbolic links"
+        return f"{model_dir} cannot be opened: {e.strerror or e}"
+    if stat.S_ISREG(st.st_mode):
+        return (f"{model_dir} is a file, not a model directory: pass the directory that holds it "
+                f"({model_dir.parent})")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{model_dir} is {file_kind(st.st_mode)}, not a model directory"
+    try:
+        os.listdir(model_dir)
+        os.stat(model_dir / "config.json")
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return f"the directory {model_dir} cannot be read: {e.strerror or e}"
+    return None
+
+
 def no_config_reason(model_dir: Path) -> str:
     """Why a directory without config.json is refused, naming Mistral's own layout when it is that."""
+    config = model_dir / "config.json"
+    if os.path.lexists(config):
+        return f"config.json in {model_dir} {path_problem(config)}"
     if (model_dir / "params.json").is_file():
         return f"params.json and no config.json in {model_dir}: {_MISTRAL_LAYOUT}"
     return f"no config.json in {model_dir}; is this a Hugging Face model directory?"
@@ -7117,35 +7113,374 @@ def filled_output_name(out: Path, label: str) -> Path:
     return out.with_name(name)
 
 
-def check_output_path(out: Path, model_dir: Path, inputs: list[Path]) -> None:
-    """Refuse an output that would overwrite an input or land inside the model directory's files."""
+def check_output_path(out: Path, model_dir: Path, inputs: list[Path], others: Sequence[Path] = (),
+                      role: str = "output") -> None:
+    """Refuse an output that is not a plain file to create or replace: standard output, a link, a
+    directory, a device or FIFO, an input, the model directory, or another output of this run."""
     if "\0" in str(out):
         raise Refusal("the output path contains a NUL byte")
+    if str(out) == "-":
+        raise Refusal("-o - would name a file called '-': bankml_convert writes a file it can hash and rename "
+                      "into place, not standard output; name a file")
     try:
-        _check_output_target(out, model_dir, inputs)
+        _check_output_target(out, model_dir, inputs, others, role)
     except (OSError, RuntimeError, ValueError) as e:    # a name too long, a symlink loop, ...
-        raise Refusal(f"the output {out} cannot be used: {getattr(e, 'strerror', None) or e}") from None
+        raise Refusal(f"the {role} {out} cannot be used: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _check_output_target(out: Path, model_dir: Path, inputs: list[Path]) -> None:
+def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others: Sequence[Path], role: str) -> None:
+    import stat
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise Refusal(f"the output's directory {parent} does not exist")
-    if out.is_dir():
-        raise Refusal(f"the output {out} is a directory; name a file such as {out / 'model-F16.gguf'}")
-    if out.is_symlink():
-        # A loop of links is refused (the error names it); since Python 3.13 only a strict
-        # resolve reports one.  A dangling link is replaced by the output, as before.
+        raise Refusal(f"the {role}'s directory {parent} does not exist")
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise Refusal(f"the {role} {out} is a directory; name a file such as {out / 'model-F16.gguf'}")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        # A loop of links is refused with its own error; since Python 3.13 only a strict resolve raises it.
         try:
             out.resolve(strict=True)
         except FileNotFoundError:
             pass
+        raise Refusal(f"the {role} {out} is a symbolic link: the file is put in place by renaming, which would "
+                      f"replace the link rather than write where it points; name the file itself")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise Refusal(f"the {role} {out} is {file_kind(st.st_mode)}, not a file: bankml_convert writes a regular "
+                      f"file it can hash and rename into place; name a file (--dry-run shows what would be "
+                      f"written without writing anything)")
     target = out.resolve()
     if target == model_dir.resolve():
-        raise Refusal("the output would replace the model directory")
+        raise Refusal(f"the {role} would replace the model directory")
     for f in inputs:
         if f.resolve() == target:
-            raise Refusal(f"the output {out} is one of the inputs ({f.name})")
+            raise Refusal(f"the {role} {out} is one of the inputs ({f.name})")
+    for other in others:
+        if target in (other.resolve(), other.with_name(other.name + ".part").resolve()) or \
+                other.resolve() == out.with_name(out.name + ".part").resolve():
+            raise Refusal(f"the {role} {out} and {other} would be the same file; name two files")
+
+
+# ---------------------------------------------------------------------------------------------
+# Committing: every file a run writes (OUT, its pin, the .sllm pair, ggml's files) is made as
+# TARGET.part beside its target and renamed into place with the others once all are whole.
+# ---------------------------------------------------------------------------------------------
+# The guarantees the README states, kept here and nowhere else:
+# - A .part is created exclusively and never through a link (O_EXCL|O_NOFOLLOW), and locked (flock)
+#   for as long as its run lives; a .part whose lock is free is a dead run's leftover and is replaced.
+# - Before the renames, every input is still the file that was read: the same device and inode
+#   behind its name, the same size, mtime and ctime as before the run read it (ctime cannot be set
+#   back by any program, so a write hidden by utime() still shows).  Then the data is flushed
+#   (fsync), the files are renamed in order -- OUT first, its pin last -- and their directories flushed.
+# - A run that stops before the renames removes its .parts and leaves every old file as it was;
+#   once the renames are done it has succeeded.
+
+try:
+    import fcntl
+except ImportError:     # not POSIX: no locks, so no .part is ever taken for a dead run's
+    fcntl = None        # type: ignore[assignment]
+
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class Identity(NamedTuple):
+    """What tells that a file is the one that was read: its inode, and what any write to it changes."""
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def identity_of(st: os.stat_result) -> Identity:
+    return Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def changed_input(path: Path, how: str) -> ConversionFailed:
+    return ConversionFailed(f"the input {path.name} {how} while it was being converted, so the output "
+                            f"would not be what the pin says it was made from; convert again once nothing "
+                            f"else writes to {path.parent}", bug=False)
+
+
+class InputSnapshot:
+    """The identity of a model directory's files from before a run reads any of them."""
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        self._seen: dict[str, Identity] = {}
+        try:
+            names = os.listdir(model_dir) if model_dir is not None else []
+        except (OSError, ValueError):
+            names = []      # planning says why the directory cannot be read
+        for name in names:
+            self.identity(Path(model_dir) / name)
+
+    def identity(self, path: Path) -> Identity | None:
+        """path's identity when the snapshot was taken, or when first asked for a file outside it
+        (a shard in a subfolder); None if it could not be read then."""
+        key = os.fspath(path)
+        if key not in self._seen:
+            try:
+                self._seen[key] = identity_of(os.stat(path))
+            except (OSError, ValueError):
+                return None
+        return self._seen[key]
+
+    def check_unchanged(self, path: Path, st: os.stat_result | None = None) -> None:
+        """Raise ConversionFailed unless path (or the open file whose stat is st) is what was snapshot."""
+        was = self.identity(path)
+        try:
+            now = identity_of(st if st is not None else os.stat(path))
+        except OSError as e:
+            raise changed_input(path, f"could no longer be read ({e.strerror or e})") from None
+        if was is None or now[:2] != was[:2]:
+            raise changed_input(path, "was replaced by another file")
+        if now != was:
+            raise changed_input(path, "was written to")
+
+    def check(self, paths: Iterable[Path]) -> None:
+        for path in paths:
+            self.check_unchanged(path)
+
+
+class _Part(NamedTuple):
+    target: Path
+    path: Path          # TARGET.part
+    fd: int
+    inode: tuple[int, int]
+
+
+def _hold_interrupts():
+    """Block SIGINT and SIGTERM (the command line's handlers raise); the mask to restore, or None."""
+    import signal
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _release_interrupts(mask) -> None:
+    import signal
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+class Commit:
+    """The files one run writes: create() makes each TARGET.part, commit() renames them all into
+    place, abort() (or leaving the with block by an exception) removes them."""
+
+    def __init__(self, notice: Callable[[str], None] | None = None) -> None:
+        self._parts: list[_Part] = []
+        self._notice = notice
+        self.committed = False
+
+    def __enter__(self) -> "Commit":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if not self.committed:
+            self.abort()
+
+    def create(self, target: Path) -> int:
+        """A new, empty TARGET.part, locked for this run; its descriptor (closed by commit or abort)."""
+        part = target.with_name(target.name + ".part")
+        # Held until the .part is recorded: an interrupt between its creation and the record would
+        # leave it behind.
+        mask = _hold_interrupts()
+        try:
+            fd = self._create_locked(part, target)
+            st = os.fstat(fd)
+            self._parts.append(_Part(target, part, fd, (st.st_dev, st.st_ino)))
+        finally:
+            _release_interrupts(mask)
+        return fd
+
+    def _create_locked(self, part: Path, target: Path) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW
+        for _ in range(2):
+            try:
+                fd = os.open(part, flags, 0o644)
+            except FileExistsError:
+                if self._remove_dead_part(part, target):
+                    continue
+                raise Refusal(f"{part} is being written by another conversion that is still running "
+                              f"(it holds the file's lock): wait for it, or write {target.name} elsewhere") from None
+            except OSError as e:
+                raise output_error(part, e) from None
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    pass    # a file system without locks: the .part is still exclusively ours
+            return fd
+        raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
+
+    def _remove_dead_part(self, part: Path, target: Path) -> bool:
+        """Remove a .part no live run holds (True), or say that one does (False); anything at the
+        name that no run of this tool leaves -- a link, a FIFO, a device -- is refused."""
+        import stat
+        try:
+            before = os.lstat(part)
+        except FileNotFoundError:
+            return True     # gone meanwhile: create it again
+        except OSError as e:
+            raise output_error(part, e) from None
+        if not stat.S_ISREG(before.st_mode):
+            raise Refusal(f"{part} exists and is {file_kind(before.st_mode)}, which no run of bankml_convert "
+                          f"leaves: remove it, or write {target.name} elsewhere")
+        if fcntl is None:
+            raise Refusal(f"{part} exists: another conversion is writing {target.name}, or one was killed; "
+                          f"remove {part.name} if no conversion is running")
+        try:
+            fd = os.open(part, os.O_RDONLY | _NO_FOLLOW | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            raise output_error(part, e) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            except OSError:
+                pass        # no locks on this file system: the file's own run cannot have held one
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+                return True     # replaced meanwhile: look again
+            os.unlink(part)
+        finally:
+            os.close(fd)
+        if self._notice:
+            self._notice(f"removed {part}, left behind by a conversion that is no longer running")
+        return True
+
+    def commit(self, check: Callable[[], None] | None = None) -> None:
+        """Flush every .part, run check (the inputs' identity), then rename each onto its target in
+        the order created and flush the directories.  A failure before the first rename is raised
+        with every .part removed; one after it is a ConversionFailed saying what was replaced."""
+        for p in self._parts:
+            os.fsync(p.fd)
+        if check is not None:
+            check()
+        for p in self._parts:
+            try:
+                now = os.lstat(p.path)
+            except OSError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != p.inode:
+                raise ConversionFailed(f"{p.path} was removed or replaced by another program while this run "
+                                       f"wrote it", bug=False)
+        mask = _hold_interrupts()
+        renamed: list[Path] = []
+        try:
+            for p in self._parts:
+                try:
+                    os.replace(p.path, p.target)
+                except OSError as e:
+                    if not renamed:
+                        raise
+                    self.committed = True   # what was renamed stays; the rest is removed
+                    self.abort()
+                    raise ConversionFailed(
+                        f"{', '.join(map(str, renamed))} written, but {p.target} could not be put in place "
+                        f"({e.strerror or e}); it is left as it was", bug=False, outcome="partly written") from None
+                renamed.append(p.target)
+            self.committed = True
+            for directory in {os.path.dirname(os.path.abspath(p.target)) for p in self._parts}:
+                _fsync_directory(directory)
+            self._close()
+        finally:
+            try:
+                _release_interrupts(mask)
+            except BaseException:
+                # An interrupt that came during the renames is taken after them: the run has
+                # succeeded, and says so, rather than report a failure that did not happen.
+                if not self.committed:
+                    raise
+
+    def abort(self) -> None:
+        """Remove every .part of this run that is still this run's, and close them."""
+        for p in self._parts:
+            try:
+                now = os.lstat(p.path)
+                if (now.st_dev, now.st_ino) == p.inode:     # not renamed, and not another run's since
+                    os.unlink(p.path)
+            except OSError:
+                pass
+        self._close()
+
+    def _close(self) -> None:
+        for p in self._parts:
+            try:
+                os.close(p.fd)
+            except OSError:
+                pass
+        self._parts = []
+
+
+def _fsync_directory(directory: str) -> None:
+    # Makes the renames durable; a file system that cannot flush a directory (EINVAL) has nothing
+    # more to do, and after the renames the run has succeeded whatever this says.
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """data written at the descriptor's position, whatever the short writes."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if not n:
+            import errno
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+
+
+def file_kind(mode: int) -> str:
+    """A file's type in words, for a message."""
+    import stat
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+# What an OSError while writing an output stands for.  A place the user may not write is their
+# command's doing, refused (exit 2) with the way out; a full disk, a file size limit or a failing
+# device is the machine's, a ConversionFailed (exit 3); either way nothing was written.
+_OUTPUT_REFUSED = {
+    "EACCES": "write the output where you may create files",
+    "EPERM": "write the output where you may create files",
+    "EROFS": "write the output to a file system mounted read-write",
+    "ENAMETOOLONG": "use a shorter output name",
+}
+_OUTPUT_FAULTS = {
+    "ENOSPC": "free space on that file system, or write the output elsewhere",
+    "EDQUOT": "free space within your disk quota, or write the output elsewhere",
+    "EFBIG": "raise the file size limit (ulimit -f), or write to a file system that holds files this large",
+}
+
+
+def output_error(path: Path, e: OSError) -> Exception:
+    """The Refusal or ConversionFailed an OSError writing path stands for."""
+    import errno
+    name = errno.errorcode.get(e.errno or 0, "")
+    reason = f"writing {path} failed: {e.strerror or e}"
+    if name in _OUTPUT_REFUSED:
+        return Refusal(f"{reason}; nothing was written: {_OUTPUT_REFUSED[name]}")
+    if name in _OUTPUT_FAULTS:
+        return ConversionFailed(f"{reason}: {_OUTPUT_FAULTS[name]}", bug=False)
+    return ConversionFailed(reason, bug=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -7215,108 +7550,59 @@ def _stage_clock() -> _StageClock | None:
 
 def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
                progress=None) -> tuple[str, int]:
-    """Write the GGUF to OUT.part, hashing as it goes, then rename it to OUT; (sha256, size).
-
-    The .part is created exclusively, so two conversions to one output cannot interleave; on any
-    failure or interrupt it is removed and an existing OUT is left as it was.
-    """
-    sha, size, _ = write_gguf_while_planning(out, plan.tensors, lambda: plan, workers, hasher, progress)
+    """Write the GGUF of a finished plan at OUT through a Commit; (sha256, size)."""
+    with Commit() as commit:
+        sha, size, _ = write_gguf_data(commit.create(out), plan.tensors, lambda: plan, workers, hasher, progress)
+        commit.commit()
     return sha, size
 
 
-def write_gguf_while_planning(out: Path, tensors: list[PlannedTensor], finish_plan: Callable[[], Plan],
-                              workers: int = 1, hasher: InputHasher | None = None,
-                              progress=None) -> tuple[str, int, Plan]:
-    """write_gguf for a plan that finish_plan() completes (it must keep `tensors`); (sha256, size,
-    plan).  With workers, they start converting tensor data before finish_plan() is called, so the
-    vocabulary is read while they work.  Writing errors the user can remedy (a full disk, a file
-    size limit, no permission) are Refusals that say so; the rest is a ConversionFailed."""
-    import signal
-    part = out.with_name(out.name + ".part")
-    # The command line's SIGINT/SIGTERM handlers raise.  Raised between the .part's creation and the
-    # try that removes it, one left the .part behind (under load, a signal sent the moment the file
-    # appeared did), so those signals are held until that try has begun.
-    held = {signal.SIGINT, signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
-    try:
-        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    except BaseException as e:
-        if held:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if isinstance(e, FileExistsError):
-            raise Refusal(f"{part} exists: another conversion is writing {out.name}, or one was "
-                          f"killed; remove {part.name} if no conversion is running") from None
-        if isinstance(e, OSError):
-            raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
-        raise
-    try:
-        with open(fd, "wb", buffering=0) as f:
-            if held:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)    # a held signal is raised here
-            clock = _stage_clock()
-            unplaced = data_jobs(tensors, 0)
-            if workers > 1 and len(unplaced) > 1:
-                plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress, clock)
-            else:
-                plan = finish_plan()
-                if clock:
-                    clock.lap("vocabulary and header")
-                jobs = data_jobs(plan.tensors, len(plan.header))
-                if hasher:
-                    hasher.start()
-                w = HashingWriter(f)
-                try:
-                    for piece in plan.header.pieces():
-                        w.write(piece)
-                    _write_tensor_data(w, jobs, progress)
-                    sha = w.close()
-                except BaseException:
-                    w.abort()
-                    raise
-                if clock:
-                    clock.lap("tensor data, converted and hashed")
-            size = gguf_size(data_jobs(plan.tensors, len(plan.header))) or len(plan.header)
-            written = os.fstat(fd).st_size
-            if written != size:
-                raise ConversionFailed(f"{part.name} holds {written} bytes where {size} were planned")
-            os.fsync(fd)
-        os.replace(part, out)
-        if clock:
-            clock.lap("fsync and rename")
-            clock.write(size)
-    except BaseException as e:
+class _CannotFork(Exception):
+    """Not one worker could be started (a process limit, no memory for another process)."""
+
+
+def write_gguf_data(fd: int, tensors: list[PlannedTensor], finish_plan: Callable[[], Plan],
+                    workers: int = 1, hasher: InputHasher | None = None,
+                    progress=None) -> tuple[str, int, Plan]:
+    """Write into the empty file fd the GGUF of a plan that finish_plan() completes (it must keep
+    `tensors`), hashing as it goes; (sha256, size, plan).  With workers, they start converting
+    tensor data before finish_plan() is called, so the vocabulary is read while they work; where
+    not one can be forked, this process converts alone.  OSErrors are raised as they are."""
+    clock = _stage_clock()
+    unplaced = data_jobs(tensors, 0)
+    plan = None
+    if workers > 1 and len(unplaced) > 1:
         try:
-            os.unlink(part)
-        except OSError:
+            plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress, clock)
+        except _CannotFork:
             pass
-        if isinstance(e, OSError):
-            raise _writing_failed(out, e) from None
-        raise
+    if plan is None:
+        plan = finish_plan()
+        if clock:
+            clock.lap("vocabulary and header")
+        jobs = data_jobs(plan.tensors, len(plan.header))
+        if hasher:
+            hasher.start()
+        w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
+        try:
+            for piece in plan.header.pieces():
+                w.write(piece)
+            _write_tensor_data(w, jobs, progress)
+            sha = w.close()
+        except BaseException:
+            w.abort()
+            raise
+        if clock:
+            clock.lap("tensor data, converted and hashed")
+    size = gguf_size(data_jobs(plan.tensors, len(plan.header))) or len(plan.header)
+    written = os.fstat(fd).st_size
+    if written != size:
+        raise ConversionFailed(f"the output holds {written} bytes where {size} were planned")
+    os.fsync(fd)
+    if clock:
+        clock.lap("fsync")
+        clock.write(size)
     return sha, size, plan
-
-
-def _writing_failed(out: Path, e: OSError) -> Exception:
-    """What an OSError while writing out stands for: a Refusal or a ConversionFailed.
-
-    A full disk or quota, a file size limit, or a place the user may not write is their situation,
-    not their model's and not a fault: like an output directory that does not exist, it is refused
-    with the way out, and the same command succeeds once that is taken.  Anything else (EIO: the
-    disk failing, ...) is the machine's, a ConversionFailed.
-    """
-    ways_out = {
-        "ENOSPC": "free space on that file system, or write the output elsewhere",
-        "EDQUOT": "free space within your disk quota, or write the output elsewhere",
-        "EFBIG": "raise the file size limit (ulimit -f), or write to a file system that holds files this large",
-        "EACCES": "write the output where you may create files",
-        "EPERM": "write the output where you may create files",
-        "EROFS": "write the output to a file system mounted read-write",
-    }
-    import errno
-    reason = f"writing {out} failed: {e.strerror or e}"
-    way_out = ways_out.get(errno.errorcode.get(e.errno or 0, ""))
-    if way_out:
-        return Refusal(f"{reason}; nothing was written: {way_out}")
-    return ConversionFailed(reason, bug=False)
 
 
 def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None:
@@ -7430,7 +7716,13 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             _worker(fd, unplaced, todo.receive_end, write_end, start_read)
 
         for k in range(workers):
-            pids.append(_forked_worker(work))
+            try:
+                pids.append(_forked_worker(work))
+            except OSError:     # EAGAIN at a process limit, ENOMEM: carry on with those started
+                if not pids:
+                    raise _CannotFork() from None
+                break
+        workers = len(pids)
         for end in (write_end, start_read):
             os.close(end)
         write_end = start_read = -1
@@ -7728,6 +8020,11 @@ def _pwrite_all(fd: int, pieces: list, pos: int) -> None:
             pieces[first] = memoryview(pieces[first])[n:]
 
 
+def _flush_data(fd: int) -> None:
+    # macOS has no fdatasync; fsync flushes the same data, and the file's times with it.
+    (os.fdatasync if hasattr(os, "fdatasync") else os.fsync)(fd)
+
+
 class _Flusher:
     """Flushes the output to disk on a thread while it is still being written (fdatasync releases
     the GIL), each time another FLUSH_BYTES are complete, so the closing fsync is short.
@@ -7762,7 +8059,7 @@ class _Flusher:
             if self._flushed_to > self._synced_to:
                 self._synced_to = self._flushed_to
                 try:
-                    os.fdatasync(self._fd)
+                    _flush_data(self._fd)
                 except OSError:
                     return      # the closing fsync reports what is wrong
             if self._stopped:
@@ -7819,26 +8116,33 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, f
 # ---------------------------------------------------------------------------------------------
 
 
-def hash_file(path: Path, cancelled: threading.Event | None = None) -> InputFile:
-    """An input's name, size and sha256 (unfinished, if ``cancelled`` is set while it reads)."""
+def hash_file(path: Path, cancelled: threading.Event | None = None,
+              snapshot: InputSnapshot | None = None) -> InputFile:
+    """An input's name, size and sha256 (unfinished, if ``cancelled`` is set while it reads); with a
+    snapshot, a ConversionFailed unless the file read is the one snapshot, unchanged to the end."""
     sha = hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as f:
+        if snapshot:
+            snapshot.check_unchanged(path, os.fstat(f.fileno()))
         buffer = bytearray(4 * CHUNK_BYTES)
         view = memoryview(buffer)
         while (n := f.readinto(buffer)) and not (cancelled and cancelled.is_set()):
             sha.update(view[:n])
             size += n
+        if snapshot and not (cancelled and cancelled.is_set()):
+            snapshot.check_unchanged(path, os.fstat(f.fileno()))
     return InputFile(path.name, size, sha.hexdigest())
 
 
 class InputHasher:
     """Hashes the input files on a thread while the conversion runs (sha256 releases the GIL)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], snapshot: InputSnapshot | None = None) -> None:
         self._paths = paths
+        self._snapshot = snapshot
         self._result: list[InputFile] = []
-        self._error: OSError | None = None
+        self._error: BaseException | None = None
         self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bankml-inputs", daemon=True)
 
@@ -7854,44 +8158,73 @@ class InputHasher:
 
     def _run(self) -> None:
         try:
-            self._result = [hash_file(p, self._cancelled) for p in self._paths]
-        except OSError as e:
+            self._result = [hash_file(p, self._cancelled, self._snapshot) for p in self._paths]
+        except (OSError, ConversionFailed) as e:
             self._error = e
 
     def result(self) -> tuple[InputFile, ...]:
         if not self._thread.is_alive() and self._thread.ident is None:
             self._run()
         self._thread.join()
-        if self._error is not None:
+        if isinstance(self._error, OSError):
             raise Refusal(f"cannot read an input: {self._error.strerror or self._error}")
+        if self._error is not None:
+            raise self._error
         return tuple(self._result)
 
 
-def convert(model_dir, out, options: Options | None = None) -> Report:
+def convert(model_dir, out, options: Options | None = None, pin=None, source: str | None = None) -> Report:
     """Convert model_dir to the GGUF llama.cpp would write at out; a Refusal says why not, a
     ConversionFailed what broke (a bug, or a fault of the machine).
 
-    ``out`` may hold llama.cpp's ``{ftype}`` template.  Nothing exists at ``out`` unless the
-    conversion completed.
+    ``out`` may hold llama.cpp's ``{ftype}`` template.  With ``pin``, the pin (fork_json, recording
+    ``source``, by default the directory's canonical path) is written there too.  The output and
+    its pin are put in place together once whole, and only if every input is still the file that
+    was read (Commit); until then nothing exists at either path that was not there before.
     """
     options = options or Options()
     model_dir = Path(model_dir)
+    snapshot = InputSnapshot(model_dir)
     tensor_plan = plan_tensor_data(model_dir, options)
     out = templated_output(Path(out), tensor_plan.outtype)
-    check_output_path(out, model_dir, tensor_plan.inputs)
+    outputs = [out] + ([Path(pin)] if pin is not None else [])
+    check_outputs(outputs, model_dir, tensor_plan.inputs, pin is not None)
+    snapshot.check(tensor_plan.inputs)
     workers = options.workers if options.workers is not None else default_workers()
-    hasher = InputHasher(tensor_plan.inputs) if options.hash_inputs else None
+    hasher = InputHasher(tensor_plan.inputs, snapshot) if options.hash_inputs or pin is not None else None
     try:
-        sha, size, plan = write_gguf_while_planning(
-            out, tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
-            workers, hasher, options.progress)
-    except BaseException:
-        if hasher:
-            hasher.cancel()
-        raise
-    inputs = hasher.result() if hasher else tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.inputs)
-    return Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs,
-                  options, plan.outtype.name)
+        with Commit(options.notice) as commit:
+            fds = [commit.create(path) for path in outputs]
+            try:
+                sha, size, plan = write_gguf_data(
+                    fds[0], tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
+                    workers, hasher, options.progress)
+                inputs = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
+            except BaseException:
+                if hasher:
+                    hasher.cancel()
+                raise
+            report = Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs,
+                            options, plan.outtype.name)
+            if pin is not None:
+                write_all(fds[1], fork_json(report, source or str(model_dir.resolve())).encode("utf-8"))
+            commit.commit(lambda: snapshot.check(plan.inputs))
+    except OSError as e:
+        raise output_error(out, e) from None
+    return report
+
+
+def check_outputs(outputs: list[Path], model_dir: Path, inputs: list[Path], pinned: bool) -> None:
+    """check_output_path for each of a run's outputs, each also against the others; with pinned,
+    the last is the pin."""
+    for n, path in enumerate(outputs):
+        role = "pin" if pinned and n == len(outputs) - 1 else "output"
+        check_output_path(path, model_dir, inputs, [o for o in outputs if o is not path], role)
+
+
+def input_sizes(paths: list[Path], snapshot: InputSnapshot) -> tuple[InputFile, ...]:
+    """The inputs by name and size, unhashed, as the snapshot found them."""
+    return tuple(InputFile(p.name, snapshot.identity(p).size, None) for p in paths)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -8297,64 +8630,24 @@ def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str) -> Iterator[b
     return sllm_q4_0_stream(values()) if outtype == "q4_0" else values()
 
 
-def _create_part(path: Path) -> int:
-    part = path.with_name(path.name + ".part")
-    try:
-        return os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise Refusal(f"{part} exists: another conversion is writing {path.name}, or one was killed; "
-                      f"remove {part.name} if no conversion is running") from None
-    except OSError as e:
-        raise Refusal(f"cannot create {part}: {e.strerror or e}") from None
-
-
-def write_sllm(out: Path, tok_out: Path, plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[InputFile, InputFile]:
-    """Write OUT.part and TOK.part, then rename both; the (name, size, sha256) of each."""
-    import signal
-    parts = [p.with_name(p.name + ".part") for p in (out, tok_out)]
-    files: list = []
-    # As in write_gguf_while_planning: the command line's SIGINT/SIGTERM handlers raise, and are held
-    # until each created .part is open and recorded for removal.
-    held = {signal.SIGINT, signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
-    try:
-        for path in (out, tok_out):
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
-            try:
-                files.append(open(_create_part(path), "wb", buffering=0))
-            finally:
-                if held:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        results = []
-        streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
-                   (plan.tokenizer_text,))
-        for f, pieces in zip(files, streams):
-            w = HashingWriter(f)
-            try:
-                if hasher and not results:
-                    hasher.start()
-                for piece in pieces:
-                    w.write(piece)
-                sha = w.close()
-            except BaseException:
-                w.abort()
-                raise
-            os.fsync(f.fileno())
-            results.append((w.size, sha))
-        for f in files:
-            f.close()
-        for part, path in zip(parts, (out, tok_out)):
-            os.replace(part, path)
-    except BaseException as e:
-        for f, part in zip(files, parts):
-            f.close()
-            try:
-                os.unlink(part)
-            except OSError:
-                pass
-        if isinstance(e, OSError):
-            raise _writing_failed(out, e) from None
-        raise
-    return tuple(InputFile(p.name, size, sha) for p, (size, sha) in zip((out, tok_out), results))
+def write_sllm(fds: Sequence[int], plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[tuple[int, str], ...]:
+    """Write the .sllm and its tokenizer file into the empty files fds; (size, sha256) of each."""
+    results = []
+    streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
+               (plan.tokenizer_text,))
+    for fd, pieces in zip(fds, streams):
+        w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
+        try:
+            if hasher and not results:
+                hasher.start()
+            for piece in pieces:
+                w.write(piece)
+            sha = w.close()
+        except BaseException:
+            w.abort()
+            raise
+        results.append((w.size, sha))
+    return tuple(results)
 
 
 class SllmReport(NamedTuple):
@@ -8363,28 +8656,41 @@ class SllmReport(NamedTuple):
     tokenizer: InputFile
 
 
-def export_sllm(model_dir, out, options: Options = Options(outtype="f32")) -> SllmReport:
-    """Write the kasahare .sllm of model_dir at out and its tokenizer file beside it, or a Refusal."""
+def export_sllm(model_dir, out, options: Options = Options(outtype="f32"), pin=None,
+                source: str | None = None) -> SllmReport:
+    """Write the kasahare .sllm of model_dir at out and its tokenizer file beside it (and with
+    ``pin`` its pin), all put in place together as convert() puts a GGUF; or a Refusal."""
     model_dir = Path(model_dir)
+    snapshot = InputSnapshot(model_dir)
     plan = plan_sllm(model_dir, options.outtype, options)
     out = filled_output_name(Path(out), options.outtype)     # -o model-{ftype}.sllm, as for a GGUF
     tok_out = sllm_tokenizer_path(out)
-    for path in (out, tok_out):
-        check_output_path(path, model_dir, plan.tensor_plan.inputs)
     if out.resolve() == tok_out.resolve():
         raise Refusal(f"the output {out} would also be its own tokenizer file; name it *.sllm")
-    hasher = InputHasher(plan.tensor_plan.inputs) if options.hash_inputs else None
+    outputs = [out, tok_out] + ([Path(pin)] if pin is not None else [])
+    inputs = plan.tensor_plan.inputs
+    check_outputs(outputs, model_dir, inputs, pin is not None)
+    snapshot.check(inputs)
+    hasher = InputHasher(inputs, snapshot) if options.hash_inputs or pin is not None else None
     try:
-        sllm_file, tok_file = write_sllm(out, tok_out, plan, hasher)
-    except BaseException:
-        if hasher:
-            hasher.cancel()
-        raise
-    inputs = (hasher.result() if hasher else
-              tuple(InputFile(p.name, p.stat().st_size, None) for p in plan.tensor_plan.inputs))
-    report = Report(out, sllm_file.sha256, sllm_file.size, len(plan.tensors), len(SllmConfig._fields),
-                    parameter_count(plan.tensors), model_dir.name, inputs, options, plan.outtype)
-    return SllmReport(report, tok_file)
+        with Commit(options.notice) as commit:
+            fds = [commit.create(path) for path in outputs]
+            try:
+                (size, sha), (tok_size, tok_sha) = write_sllm(fds[:2], plan, hasher)
+                read = hasher.result() if hasher else input_sizes(inputs, snapshot)
+            except BaseException:
+                if hasher:
+                    hasher.cancel()
+                raise
+            report = Report(out, sha, size, len(plan.tensors), len(SllmConfig._fields),
+                            parameter_count(plan.tensors), model_dir.name, read, options, plan.outtype)
+            exported = SllmReport(report, InputFile(tok_out.name, tok_size, tok_sha))
+            if pin is not None:
+                write_all(fds[2], sllm_fork_json(exported, source or str(model_dir.resolve())).encode("utf-8"))
+            commit.commit(lambda: snapshot.check(inputs))
+    except OSError as e:
+        raise output_error(out, e) from None
+    return exported
 
 
 def sllm_fork_json(r: SllmReport, source: str) -> str:
@@ -9719,36 +10025,40 @@ class GGMLJob(NamedTuple):
     input: InputFile
 
 
-def convert_state_dict(state_dict: Path, out: Path, gguf: str | None = None) -> GGMLJob:
-    """Write the legacy GGML file (or, with gguf="mnist-fc", the GGUF) for a state dict file."""
+def convert_state_dict(state_dict: Path, out: Path, gguf: str | None = None, pin=None,
+                       source: str | None = None) -> GGMLJob:
+    """Write the legacy GGML file (or, with gguf="mnist-fc", the GGUF) for a state dict file, and
+    with ``pin`` its pin, put in place together as convert() puts a GGUF."""
     state_dict, out = Path(state_dict), Path(out)
     if gguf not in (None, MNIST_FC_ARCH):
         raise Refusal(f"--gguf {gguf}: only {MNIST_FC_ARCH} is written")
+    snapshot = InputSnapshot()
+    snapshot.identity(state_dict)
+    outputs = [out] + ([Path(pin)] if pin is not None else [])
     try:
         if out.resolve() == state_dict.resolve():
             raise Refusal("the output would overwrite the state dict")
     except OSError as e:
         raise Refusal(f"{out}: {e.strerror or e}") from None
+    check_outputs(outputs, state_dict.parent, [state_dict], pin is not None)
     tensors = state_dict_tensors(state_dict)
     if gguf is None:
         refuse_unloadable_legacy(tensors)
         data = legacy_ggml_bytes(tensors)
     else:
         data = mnist_fc_gguf_bytes(tensors, state_dict)
-    part = out.with_name(out.name + ".part")
     try:
-        part.write_bytes(data)
-        os.replace(part, out)
-    except BaseException as e:
-        try:
-            part.unlink()
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise Refusal(f"cannot write {out}: {e.strerror or e}") from None
-        raise
-    source = InputFile(state_dict.name, state_dict.stat().st_size, sha256_file(state_dict))
-    return GGMLJob(out, hashlib.sha256(data).hexdigest(), len(data), len(tensors), source)
+        with Commit() as commit:
+            fds = [commit.create(path) for path in outputs]
+            write_all(fds[0], data)
+            read = hash_file(state_dict, snapshot=snapshot)
+            job = GGMLJob(out, hashlib.sha256(data).hexdigest(), len(data), len(tensors), read)
+            if pin is not None:
+                write_all(fds[1], ggml_fork_json(job, source or str(state_dict.resolve()), gguf).encode("utf-8"))
+            commit.commit(lambda: snapshot.check([state_dict]))
+    except OSError as e:
+        raise output_error(out, e) from None
+    return job
 
 
 def ggml_fork_json(job: GGMLJob, source: str, gguf: str | None) -> str:
@@ -9853,7 +10163,7 @@ def _conversion_failed(failure: ConversionFailed, as_json: bool = False) -> int:
     cause = ("a bug in bankml_convert; please report it" if failure.bug else
              "a fault of this machine or of another program; converting again may succeed")
     print(f"bankml convert: failed: {failure.what} (this is not a problem with your model: {cause}); "
-          f"nothing was written", file=sys.stderr)
+          f"{failure.outcome}", file=sys.stderr)
     if as_json:
         print(failure_json(failure))
     return _EXIT_FAILED
@@ -9886,7 +10196,8 @@ examples:
   {prog} verify smollm2-F16.gguf smollm2-F16.gguf.FORK.json --inputs ./smollm2-135m-instruct
   {prog} diff smollm2-F16.gguf llama-cpp-F16.gguf
 
-exit codes: 0 ok, 1 verify or diff found a difference, 2 refused or unreadable input.
+exit codes: 0 ok, 1 verify or diff found a difference, 2 refused or unreadable input,
+3 failed through no fault of the input (a full disk, a killed worker, a bug), 128+N signal N.
 A model directory named like a command is given as a path: {prog} ./inspect -o OUT.gguf
 """
 
@@ -9984,7 +10295,11 @@ def _options(args: argparse.Namespace) -> Options:
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
     return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
-                   progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned)
+                   progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned, notice=_notice)
+
+
+def _notice(line: str) -> None:
+    print(f"bankml convert: {line}", file=sys.stderr)
 
 
 class ProgressLine:
@@ -10077,88 +10392,117 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _ggml(args: argparse.Namespace) -> int:
-    fork = Path(args.fork) if args.fork else None
     try:
-        if fork is not None:
-            _check_pin_path(fork)
-        job = convert_state_dict(Path(args.state_dict), Path(args.outfile), args.gguf)
-        if fork is not None:
-            _write_text_atomically(fork, ggml_fork_json(job, str(Path(args.state_dict).resolve()), args.gguf))
+        job = convert_state_dict(Path(args.state_dict), Path(args.outfile), args.gguf, pin=args.fork)
     except Refusal as e:
         return _failed("ggml", e.reason, args.json)
+    except ConversionFailed as e:
+        return _conversion_failed(e, args.json)
     if args.json:
         _print_json({"ok": True, "output": {"name": str(job.out), "bytes": job.bytes, "sha256": job.sha256},
                      "tensors": job.tensors, "format": args.gguf or "ggml-legacy",
                      "inputs": [{"name": job.input.name, "bytes": job.input.size, "sha256": job.input.sha256}]})
     else:
-        print(f"{job.sha256}  {job.out}")
+        _print_sha256_line(job.sha256, job.out)
     return 0
+
+
+def _print_sha256_line(sha: str, path: Path) -> None:
+    """A sha256sum line; a file name that is not UTF-8 is written as its bytes, as sha256sum does."""
+    stream = sys.stdout
+    if hasattr(stream, "buffer"):
+        stream.flush()
+        stream.buffer.write(sha.encode("ascii") + b"  " + os.fsencode(path) + b"\n")
+    else:
+        print(f"{sha}  {path}")
+
+
+def _catch_interrupts(handler) -> dict:
+    """Install handler for SIGINT and SIGTERM, except where the signal was ignored when the program
+    started (nohup, a shell's background job): it stays ignored.  The handlers replaced."""
+    import signal
+    saved = {}
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            saved[s] = signal.signal(s, handler)
+    return saved
 
 
 def _convert(args: argparse.Namespace) -> int:
     import signal
+    # Once the outputs are in place the run has succeeded: an interrupt after that is not reported
+    # as a failure that left nothing behind.
+    done: list[bool] = []
 
     def interrupted(signum, frame):
-        raise _Interrupted(signum)
+        if not done:
+            raise _Interrupted(signum)
     # Restored afterwards, so that main() called from a program leaves its handlers as they were.
-    saved = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    saved = _catch_interrupts(interrupted)
     started = time.monotonic()
-    fork = Path(args.fork) if args.fork else None
     try:
-        if fork is not None:
-            _check_pin_path(fork)
         if args.format == "sllm":
-            return _export_sllm(args, fork, started)
+            return _export_sllm(args, started, done)
         if args.dry_run:
             planned = dry_run(args.model_dir, args.outfile, _options(args))
             _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
             return 0
-        report = convert(args.model_dir, args.outfile, _options(args))
-        if fork is not None:
-            source = args.source or str(Path(args.model_dir).resolve())
-            _write_text_atomically(fork, fork_json(report, source))
+        report = convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
+        done.append(True)
     except Refusal as e:
         return _failed("convert", e.reason, args.json)
     except ConversionFailed as e:
         return _conversion_failed(e, args.json)
-    except Exception as e:      # a bug past every check: its traceback for the report, then the line
-        import traceback
-        traceback.print_exc()
-        failure = (ConversionFailed("out of memory", bug=False) if isinstance(e, MemoryError) else
-                   ConversionFailed(f"{type(e).__name__}: {e}"))
-        return _conversion_failed(failure, args.json)
     except _Interrupted as e:
         print(f"bankml convert: interrupted by signal {e.signum}; nothing was written", file=sys.stderr)
         return 128 + e.signum
+    except Exception as e:      # past every check: the machine's (memory) or a bug, in one line
+        return _conversion_failed(unexpected_failure(e), args.json)
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
     if args.json:
-        print(report_json(report, time.monotonic() - started, fork))
+        print(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
     else:
-        print(f"{report.sha256}  {report.out}")
+        _print_sha256_line(report.sha256, report.out)
     if not args.quiet:
         print(_summary(report), file=sys.stderr)
     return 0
 
 
-def _export_sllm(args: argparse.Namespace, fork: Optional[Path], started: float) -> int:
+def unexpected_failure(e: BaseException) -> ConversionFailed:
+    """An exception no check anticipated, as the one-line failure the command line reports."""
+    import errno
+    if isinstance(e, MemoryError):
+        return ConversionFailed("out of memory", bug=False)
+    if isinstance(e, OSError):
+        name = errno.errorcode.get(e.errno or 0, "")
+        where = f" ({e.filename})" if e.filename else ""
+        return ConversionFailed(f"{e.strerror or e}{where}", bug=name not in _MACHINE_ERRNOS)
+    return ConversionFailed(f"{type(e).__name__}: {e}{_where(e)}")
+
+
+# errno names that are the machine's doing, whatever file they came from.
+_MACHINE_ERRNOS = frozenset({"EIO", "ENOSPC", "EDQUOT", "EFBIG", "EAGAIN", "ENOMEM", "EMFILE", "ENFILE",
+                             "ENOBUFS", "ESTALE", "ENXIO", "ENODEV", "ETIMEDOUT", "EINTR"})
+
+
+def _export_sllm(args: argparse.Namespace, started: float, done: list) -> int:
     # Called inside _convert's handlers: refusals, failures and signals are reported there.
     if args.dry_run:
         raise Refusal("--dry-run shows a GGUF conversion; it is not offered with --format sllm")
     options = _options(args)._replace(outtype=args.outtype or "f32")
-    exported = export_sllm(args.model_dir, args.outfile, options)
+    exported = export_sllm(args.model_dir, args.outfile, options, pin=args.fork, source=args.source)
+    done.append(True)
     report = exported.report
-    if fork is not None:
-        _write_text_atomically(fork, sllm_fork_json(exported, args.source or str(Path(args.model_dir).resolve())))
     if args.json:
-        doc = json.loads(report_json(report, time.monotonic() - started, fork))
+        doc = json.loads(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
         doc["tokenizer"] = {"out": str(sllm_tokenizer_path(report.out)), "bytes": exported.tokenizer.size,
                             "sha256": exported.tokenizer.sha256}
         _print_json(doc)
     else:
-        print(f"{report.sha256}  {report.out}")
-        print(f"{exported.tokenizer.sha256}  {sllm_tokenizer_path(report.out)}")
+        _print_sha256_line(report.sha256, report.out)
+        _print_sha256_line(exported.tokenizer.sha256, sllm_tokenizer_path(report.out))
     if not args.quiet:
         print(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
               f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}",
@@ -10169,22 +10513,50 @@ def _export_sllm(args: argparse.Namespace, fork: Optional[Path], started: float)
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (argparse exits 2 itself on a usage error)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "convert"
     try:
-        if argv and argv[0] in SUBCOMMANDS:
+        if command != "convert":
             args = _command_parser().parse_args(argv)
-            return {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)
-        return _convert(_parser().parse_args(argv))
+            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)
+        else:
+            code = _convert(_parser().parse_args(argv))
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
         print("bankml: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `inspect big.gguf | head` closes the pipe early; stop quietly, as a C tool killed by
         # SIGPIPE would, instead of a traceback at exit when Python flushes stdout again.
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
+        _drop_stdout()
         return 141
+    except Exception as e:
+        if _stdout_unusable():
+            # Whatever the command did is complete; only its result is lost (/dev/full, a closed
+            # descriptor).
+            _drop_stdout()
+            print(f"bankml {command}: done, but its result could not be written to standard output "
+                  f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+        else:
+            failure = unexpected_failure(e)
+            print(f"bankml {command}: failed: {failure.what}", file=sys.stderr)
+        return _EXIT_FAILED
+
+
+def _stdout_unusable() -> bool:
+    """Whether standard output cannot take what was printed (rather than the command having failed)."""
+    try:
+        sys.stdout.flush()
+        return False
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+def _drop_stdout() -> None:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 class _Interrupted(BaseException):
@@ -10195,51 +10567,21 @@ def _summary(r: Report) -> str:
     return (f"bankml convert: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, "
             f"{r.params:,} parameters, {r.bytes:,} bytes -> {r.out}")
 
-def _check_pin_path(path: Path) -> None:
-    # Checked before converting, so a pin that cannot be written does not leave a GGUF without one.
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise Refusal(f"the pin's directory {parent} does not exist")
-    if path.is_dir():
-        raise Refusal(f"the pin {path} is a directory")
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    part = path.with_name(path.name + ".part")
-    try:
-        part.write_text(text, encoding="utf-8")
-        os.replace(part, path)
-    except BaseException as e:
-        try:
-            part.unlink()
-        except OSError:
-            pass
-        if isinstance(e, (OSError, UnicodeError)):
-            raise Refusal(f"cannot write the pin {path}: {getattr(e, 'strerror', None) or e}") from None
-        raise
-
-
-def _release_freed_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing):
-    compiling this file leaves ~20 MiB of them, which Python's object allocator, mapping arenas of
-    its own, never reuses, so each conversion's peak would stand that much higher."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    except (ImportError, OSError, AttributeError):
-        pass
-
-
 def _exit(status: int) -> None:
     """Flush and end the process without the interpreter's teardown, which would free the plan's
     vocabulary object by object (about 15 ms for a 49,152-token model) only to exit."""
     try:
         sys.stdout.flush()
-        sys.stderr.flush()
     except BrokenPipeError:
         status = status or 141
+    except (OSError, ValueError, AttributeError):
+        status = status or _EXIT_FAILED
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
     os._exit(status)
 
 
 if __name__ == "__main__":
-    _release_freed_memory()     # what compiling this module under `python -m` left free
     _exit(main())
