@@ -34,6 +34,16 @@ import sys
 if __name__ == "__main__" and __spec__ is not None and sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
+if __name__ == "__main__":
+    import signal as _signal
+
+    def _interrupted_while_starting(signum, frame):
+        # Nothing has been read or written yet; one line, not the traceback of an import.
+        os.write(2, b"bankml: interrupted\n")
+        os._exit(128 + signum)
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
 import argparse
 import datetime
 import fnmatch
@@ -283,10 +293,20 @@ class GeneratedTensor(NamedTuple):
     shape: tuple[int, ...]
 
 
+# The largest JSON file read whole.  Real ones are far smaller (Gemma 3's tokenizer.json, the largest
+# known, is 33 MB); a larger one would cost memory in proportion before it could be refused.
+MAX_JSON_BYTES = 64 << 20
+
+
 def read_json(path: Path) -> object:
     """The parsed JSON of a file; a Refusal naming the file and position if it is not JSON."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_JSON_BYTES:
+                raise Refusal(f"{path.name} is {size:,} bytes; a model's JSON files are at most "
+                              f"{MAX_JSON_BYTES >> 20} MiB here, so this is not one")
+            text = f.read().decode("utf-8")
     except OSError as e:
         raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -1687,9 +1707,12 @@ def sampling_kvs(generation_config: dict) -> list[KV]:
 def load_generation_config(model_dir: Path) -> dict:
     """generation_config.json's object; like gguf-py, a missing file or invalid JSON counts as none."""
     path = model_dir / "generation_config.json"
-    if not path.is_file():
+    if not _is_file(path):
         return {}
     try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise Refusal(f"generation_config.json is {path.stat().st_size:,} bytes; a model's JSON files are "
+                          f"at most {MAX_JSON_BYTES >> 20} MiB here, so this is not one")
         text = path.read_bytes().decode("utf-8")
     except OSError:
         return {}
@@ -6890,7 +6913,10 @@ def source_file(files: dict, source: SourceTensor):
     if source.data is not None:
         return None
     if source.path not in files:
-        files[source.path] = open(source.path, "rb", buffering=0)
+        try:
+            files[source.path] = open(source.path, "rb", buffering=0)
+        except OSError as e:    # it was read while planning: something removed it or its permission since
+            raise changed_input(source.path, f"could no longer be read ({e.strerror or e})") from None
     return files[source.path]
 
 
@@ -7025,6 +7051,17 @@ def unwritable(key: str, vtype: int, e: Exception) -> Refusal:
                    f"llama.cpp's converter stops on it too")
 
 
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread | None:
+    """A started daemon thread running target; None where the system will start no more (a process
+    or thread limit), and the caller then does the work itself, in order."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:
+        return None
+    return thread
+
+
 class HashingWriter:
     """Writes chunks to a file and hashes them, in order, on a thread of its own.
 
@@ -7041,8 +7078,7 @@ class HashingWriter:
         self._pending: list[bytes] = []
         self._pending_size = 0
         self.size = 0
-        self._thread = threading.Thread(target=self._run, name="bankml-writer", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "bankml-writer")
 
     def _run(self) -> None:
         while (chunk := self._queue.get()) is not None:
@@ -7066,19 +7102,27 @@ class HashingWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            self._queue.put(b"".join(self._pending))
+            chunk = b"".join(self._pending)
             self._pending, self._pending_size = [], 0
+            if self._thread is None:
+                self._sha.update(chunk)
+                self._f.write(chunk)
+            else:
+                self._queue.put(chunk)
 
     def close(self) -> str:
         """Wait for every chunk to be written; the sha256 of all of them."""
         self._flush()
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
         if self._error is not None:
             raise self._error
         return self._sha.hexdigest()
 
     def abort(self) -> None:
+        if self._thread is None:
+            return
         self._stopped = True
         while True:
             try:
@@ -7946,7 +7990,7 @@ def _worker_error(kind: int, got: bytes, report: int) -> Exception:
     """The exception to raise for a worker's error record; got is what followed its kind so far."""
     got = _read_on(report, got, _ERROR.size)
     err, length = _ERROR.unpack_from(got)
-    text = _read_on(report, got, _ERROR.size + length)[_ERROR.size:].decode("utf-8", "replace")
+    text = _read_on(report, got, _ERROR.size + length)[_ERROR.size:_ERROR.size + length].decode("utf-8", "replace")
     if kind == _REFUSED:
         return Refusal(text)
     if kind == _OS_ERROR:
@@ -8042,8 +8086,8 @@ class _Flusher:
         self._stopped = False
         self._flushed_to = 0        # the end of the output asked to be flushed
         self._synced_to = 0         # the end this thread has flushed (or begun to)
-        self._thread = threading.Thread(target=self._run, name="bankml-flush", daemon=True)
-        self._thread.start()
+        # Without a thread (a process limit) nothing is flushed early; the closing fsync does it all.
+        self._thread = start_thread(self._run, "bankml-flush")
 
     def written_to(self, end: int) -> None:
         if end - self._flushed_to >= self.FLUSH_BYTES:
@@ -8068,7 +8112,8 @@ class _Flusher:
     def stop(self) -> None:
         self._stopped = True
         self._wanted.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, flusher: _Flusher,
@@ -8122,7 +8167,13 @@ def hash_file(path: Path, cancelled: threading.Event | None = None,
     snapshot, a ConversionFailed unless the file read is the one snapshot, unchanged to the end."""
     sha = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as f:
+    try:
+        f = open(path, "rb", buffering=0)
+    except OSError as e:
+        if snapshot is None:
+            raise
+        raise changed_input(path, f"could no longer be read ({e.strerror or e})") from None
+    with f:
         if snapshot:
             snapshot.check_unchanged(path, os.fstat(f.fileno()))
         buffer = bytearray(4 * CHUNK_BYTES)
@@ -8147,7 +8198,10 @@ class InputHasher:
         self._thread = threading.Thread(target=self._run, name="bankml-inputs", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:
+            pass    # no thread to be had (a process limit): result() hashes in this thread
 
     def cancel(self) -> None:
         """Stop hashing and wait for the thread: a conversion that failed must not leave a thread
@@ -10465,6 +10519,7 @@ def _convert(args: argparse.Namespace) -> int:
         print(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
     else:
         _print_sha256_line(report.sha256, report.out)
+    sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
     if not args.quiet:
         print(_summary(report), file=sys.stderr)
     return 0
@@ -10503,6 +10558,7 @@ def _export_sllm(args: argparse.Namespace, started: float, done: list) -> int:
     else:
         _print_sha256_line(report.sha256, report.out)
         _print_sha256_line(exported.tokenizer.sha256, sllm_tokenizer_path(report.out))
+    sys.stdout.flush()
     if not args.quiet:
         print(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
               f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}",
@@ -10514,6 +10570,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (argparse exits 2 itself on a usage error)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "convert"
+    import signal
+    if signal.getsignal(signal.SIGINT) is globals().get("_interrupted_while_starting"):
+        signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, cleaned up and reported
     try:
         if command != "convert":
             args = _command_parser().parse_args(argv)
