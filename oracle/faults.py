@@ -358,7 +358,7 @@ class Ctx:
             return [f"exit 0 but OUT {out.name} is {describe(entry_state(str(out)) if st else None)}"]
         digest = sha256_file(out)
         with open(out, "rb") as f:
-            if f.read(4) not in (b"GGUF",) and out.suffix != ".sllm":
+            if f.read(4) != b"GGUF" and out.suffix == ".gguf":
                 problems.append("OUT is not a GGUF")
         if digest.encode() not in ran.out:
             problems.append("stdout does not name OUT's sha256")
@@ -383,10 +383,10 @@ def kill_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def verdict(problems: list[str], ok: str) -> str:
-    """ok when there is no problem; else Fail naming them, then what happened (ok's text)."""
+def verdict(problems: list[str], ok: str, ran: Optional[Ran] = None) -> str:
+    """ok when there is no problem; else Fail naming them, then what the run said."""
     if problems:
-        raise Fail("; ".join(problems) + f" [{ok}]")
+        raise Fail("; ".join(problems) + (f" [{run_summary(ran)}]" if ran is not None else f" [{ok}]"))
     return ok
 
 
@@ -580,7 +580,7 @@ def dev_null(ctx: Ctx) -> str:
     problems = ctx.judge(ran, before, codes=(0, 2), ignore=[null])
     if entry_state(str(null)) != before["null"]:
         problems.insert(0, f"the null device became {describe(entry_state(str(null)))}")
-    return verdict(problems, f"stayed a character device 1,3; {run_summary(ran)}")
+    return verdict(problems, f"stayed a character device 1,3; {run_summary(ran)}", ran)
 
 
 class FifoReader(threading.Thread):
@@ -634,7 +634,7 @@ def fifo_out(ctx: Ctx) -> str:
     if ran.rc == 2 and reader.size:
         problems.append(f"refused after writing {reader.size} bytes into the FIFO")
     how = f"written through ({reader.size} bytes)" if ran.rc == 0 else "refused"
-    return verdict(problems, f"stayed a FIFO, {how}; {run_summary(ran)}")
+    return verdict(problems, f"stayed a FIFO, {how}; {run_summary(ran)}", ran)
 
 
 @scenario("not_out", "fifo_fork", fast=True)
@@ -651,7 +651,7 @@ def fifo_fork(ctx: Ctx) -> str:
     problems = ctx.judge(ran, before, codes=2, ignore=[fifo])
     if entry_state(str(fifo)) != before["pin.json"]:
         problems.insert(0, f"the FIFO became {describe(entry_state(str(fifo)))}")
-    return verdict(problems, f"refused, the FIFO stayed; {run_summary(ran)}")
+    return verdict(problems, f"refused, the FIFO stayed; {run_summary(ran)}", ran)
 
 
 def link_scenario(ctx: Ctx, which: str) -> str:
@@ -674,7 +674,7 @@ def link_scenario(ctx: Ctx, which: str) -> str:
     state = entry_state(str(link)) if os.path.lexists(link) else None
     if state is None or state[0] != "link" or state[2] != str(target):
         problems.insert(0, f"the link became {describe(state)}")
-    return verdict(problems, f"the link stayed a link; {run_summary(ran)}")
+    return verdict(problems, f"the link stayed a link; {run_summary(ran)}", ran)
 
 
 @scenario("not_out", "symlink_out", fast=True)
@@ -694,7 +694,7 @@ def fork_clash(ctx: Ctx, pin_of: Callable[[Path, Path], Path], expect: Optional[
     pin = pin_of(model, out)
     before = snapshot(ctx.tmp)
     ran = ctx.run([model, "-o", out, "--fork", pin])
-    return verdict(ctx.judge(ran, before, codes=2, expect=expect), f"refused, nothing touched; {run_summary(ran)}")
+    return verdict(ctx.judge(ran, before, codes=2, expect=expect), f"refused, nothing touched; {run_summary(ran)}", ran)
 
 
 @scenario("not_out", "fork_is_config_json", fast=True)
@@ -740,7 +740,7 @@ def planted_part(ctx: Ctx, which: str) -> str:
     if entry_state(str(victim)) != before["victim.txt"]:
         problems.insert(0, "the victim was changed")
     left = "kept" if os.path.lexists(part) else "removed"
-    return verdict(problems, f"the victim unchanged, the planted link {left}; {run_summary(ran)}")
+    return verdict(problems, f"the victim unchanged, the planted link {left}; {run_summary(ran)}", ran)
 
 
 @scenario("not_out", "symlink_at_pin_part", fast=True)
@@ -751,6 +751,51 @@ def pin_part_link(ctx: Ctx) -> str:
 @scenario("not_out", "symlink_at_out_part", fast=True)
 def out_part_link(ctx: Ctx) -> str:
     return planted_part(ctx, "out")
+
+
+STATE_DICT = ORACLE / "fixtures" / "torch" / "mnist-f32.pt"
+
+
+@scenario("not_out", "ggml_fork_equals_out", fast=True)
+def ggml_fork_out(ctx: Ctx) -> str:
+    """The ggml command's pin is checked as convert's: --fork equal to -o is refused, OUT kept."""
+    out = ctx.tmp / "out.bin"
+    ctx.old_files(out)
+    state = ctx.tmp / "mnist.pt"
+    shutil.copyfile(STATE_DICT, state)
+    before = snapshot(ctx.tmp)
+    ran = ctx.run(["ggml", state, "-o", out, "--fork", out])
+    return verdict(ctx.judge(ran, before, codes=2), run_summary(ran), ran)
+
+
+@scenario("not_out", "ggml_symlink_at_pin_part", fast=True)
+def ggml_pin_part(ctx: Ctx) -> str:
+    """The ggml command's pin goes through the same commit: a link planted at PIN.part is not followed."""
+    out, pin = ctx.tmp / "out.bin", ctx.tmp / "pin.json"
+    ctx.old_files(out, pin)
+    state = ctx.tmp / "mnist.pt"
+    shutil.copyfile(STATE_DICT, state)
+    victim = ctx.tmp / "victim.txt"
+    victim.write_bytes(b"the victim: nothing may write here\n")
+    part = ctx.tmp / "pin.json.part"
+    os.symlink(victim, part)
+    before = snapshot(ctx.tmp)
+    ran = ctx.run(["ggml", state, "-o", out, "--fork", pin])
+    problems = ctx.judge(ran, before, codes=(0, 2), out=out, pin=pin, planted=[part])
+    if entry_state(str(victim)) != before["victim.txt"]:
+        problems.insert(0, "the victim was changed")
+    return verdict(problems, f"the victim unchanged; {run_summary(ran)}", ran)
+
+
+@scenario("not_out", "sllm_fork_is_the_tokenizer_output", fast=True)
+def sllm_fork_tok(ctx: Ctx) -> str:
+    """--format sllm writes OUT.sllm and OUT.tok.txt: --fork naming the second is refused."""
+    model = ctx.model()
+    out, tok = ctx.tmp / "out.sllm", ctx.tmp / "out.tok.txt"
+    ctx.old_files(out, tok)
+    before = snapshot(ctx.tmp)
+    ran = ctx.run([model, "-o", out, "--format", "sllm", "--fork", tok])
+    return verdict(ctx.judge(ran, before, codes=2), run_summary(ran), ran)
 
 
 @scenario("not_out", "dash_out", fast=True)
@@ -764,7 +809,7 @@ def dash_out(ctx: Ctx) -> str:
     if ran.rc == 0 and not ran.out.startswith(b"GGUF"):
         problems.append("exit 0 but stdout is not the GGUF")
     how = f"streamed {len(ran.out)} bytes" if ran.rc == 0 else "refused"
-    return verdict(problems, f"no file named -, {how}; {run_summary(ran)}")
+    return verdict(problems, f"no file named -, {how}; {run_summary(ran)}", ran)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -791,7 +836,7 @@ def pin_dir_unwritable(ctx: Ctx) -> str:
     if not is_root():
         pins.chmod(0o755)
     return verdict(ctx.judge(ran, before, codes=(2, 3), out=out, pin=pin, model=model),
-                   f"old OUT and PIN kept; {run_summary(ran)}")
+                   f"old OUT and PIN kept; {run_summary(ran)}", ran)
 
 
 # As root that scenario mounts; it is fast and unprivileged only when not root.
@@ -821,7 +866,7 @@ def pin_dir_full(ctx: Ctx) -> str:
     before = snapshot(ctx.tmp)
     ran = ctx.run([model, "-o", out, "--fork", pin])
     return verdict(ctx.judge(ran, before, codes=3, out=out, pin=pin, model=model, expect="space"),
-                   f"old OUT and PIN kept; {run_summary(ran)}")
+                   f"old OUT and PIN kept; {run_summary(ran)}", ran)
 
 
 def late_input_change(ctx: Ctx, change: Callable[[Path], None], codes, what: str, model_kind: str = "big",
@@ -864,7 +909,7 @@ def input_deleted_late(ctx: Ctx) -> str:
     """model.safetensors (open: its tensors are being converted) deleted while the output is being
     written: exit 3 with old OUT and PIN kept, or exit 0 with a pin naming the bytes read."""
     ran, problems = late_input_change(ctx, lambda m: os.unlink(m / "model.safetensors"), (0, 3), "deleted")
-    return verdict(problems, f"consistent; {run_summary(ran)}")
+    return verdict(problems, f"consistent; {run_summary(ran)}", ran)
 
 
 @scenario("atomic", "input_unreadable_late", root=True)
@@ -875,7 +920,7 @@ def input_unreadable_late(ctx: Ctx) -> str:
     python, tool = ctx.env.nobody_python(), ctx.tool_for_nobody()
     ran, problems = late_input_change(ctx, lambda m: (m / "model.safetensors").chmod(0), (0, 3), "unreadable",
                                       preexec=as_nobody, python=python, tool=tool)
-    return verdict(problems, f"consistent; {run_summary(ran)}")
+    return verdict(problems, f"consistent; {run_summary(ran)}", ran)
 
 
 def signal_after_rename(ctx: Ctx, watch_pin: bool, rounds: int = 3) -> str:
@@ -911,7 +956,7 @@ def _signal_after_rename(ctx: Ctx, watch_pin: bool, owner: Ctx) -> str:
     problems = ctx.judge(ran, before, codes=(0, 130), out=out, pin=pin, model=model)
     window = "SIGINT sent right after the rename" if hit else "the run ended before the rename was seen"
     state = ", ".join(f"{p.name} {'kept' if entry_state(str(p)) == before[p.name] else 'replaced'}" for p in (out, pin))
-    return verdict(problems, f"{window}; {state}; {run_summary(ran)}")
+    return verdict(problems, f"{window}; {state}; {run_summary(ran)}", ran)
 
 
 @scenario("atomic", "signal_after_out_rename", fast=True)
@@ -961,19 +1006,19 @@ def rewrite_config(path: Path) -> None:
 @scenario("read", "shard_rewritten_in_place")
 def shard_in_place(ctx: Ctx) -> str:
     ran, problems = late_input_change(ctx, lambda m: rewrite_tail(m / "model.safetensors"), 3, "rewritten")
-    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}")
+    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}", ran)
 
 
 @scenario("read", "shard_swapped_by_rename")
 def shard_swapped(ctx: Ctx) -> str:
     ran, problems = late_input_change(ctx, lambda m: swap_by_rename(m / "model.safetensors"), 3, "swapped")
-    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}")
+    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}", ran)
 
 
 @scenario("read", "config_rewritten_in_place")
 def config_in_place(ctx: Ctx) -> str:
     ran, problems = late_input_change(ctx, lambda m: rewrite_config(m / "config.json"), 3, "rewritten")
-    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}")
+    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}", ran)
 
 
 @scenario("read", "tokenizer_swapped_by_rename")
@@ -997,7 +1042,7 @@ def tokenizer_swapped(ctx: Ctx) -> str:
         if named.get("tokenizer.json") != new_sha[0]:
             problems.append("exit 0 with a pin whose tokenizer.json is not the file read after the swap")
     how = "refused, nothing replaced" if ran.rc else "read after the swap, pinned as read"
-    return verdict(problems, f"{how}; {run_summary(ran)}")
+    return verdict(problems, f"{how}; {run_summary(ran)}", ran)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1036,7 +1081,7 @@ def killed_then_rerun(ctx: Ctx, sllm: bool) -> str:
         problems.append("no line says the stale .part was replaced")
     if len(said) > len(parts):
         problems.append(f"{len(said)} lines about {len(parts)} stale files")
-    return verdict(problems, f"the killed run left {', '.join(parts) or 'nothing'}; rerun {run_summary(ran)}")
+    return verdict(problems, f"the killed run left {', '.join(parts) or 'nothing'}; rerun {run_summary(ran)}", ran)
 
 
 @scenario("stale", "gguf_part_of_a_killed_run")
@@ -1073,7 +1118,7 @@ def live_writer(ctx: Ctx) -> str:
         problems.append(f"the first run then failed: {run_summary(first)}")
     else:
         problems += ctx.consistent(first, out, None, None)
-    return verdict(problems, f"second run {run_summary(ran)}; first run exit {first.rc}")
+    return verdict(problems, f"second run {run_summary(ran)}; first run exit {first.rc}", ran)
 
 
 @scenario("stale", "live_writer_part_removed_by_hand")
@@ -1125,7 +1170,7 @@ def disk_full(ctx: Ctx) -> str:
     ctx.old_files(out)
     before = snapshot(ctx.tmp)
     ran = ctx.run([model, "-o", out])
-    return verdict(ctx.judge(ran, before, codes=3, out=out, expect="space"), f"old OUT kept; {run_summary(ran)}")
+    return verdict(ctx.judge(ran, before, codes=3, out=out, expect="space"), f"old OUT kept; {run_summary(ran)}", ran)
 
 
 def limit_fsize() -> None:
@@ -1140,7 +1185,7 @@ def ulimit_f(ctx: Ctx) -> str:
     ctx.old_files(out)
     before = snapshot(ctx.tmp)
     ran = ctx.run([model, "-o", out], preexec=limit_fsize)
-    return verdict(ctx.judge(ran, before, codes=3, out=out), f"old OUT kept; {run_summary(ran)}")
+    return verdict(ctx.judge(ran, before, codes=3, out=out), f"old OUT kept; {run_summary(ran)}", ran)
 
 
 @scenario("machine", "fork_limit", root=True)
@@ -1169,7 +1214,7 @@ def fork_limit(ctx: Ctx) -> str:
     problems = ctx.judge(ran, before, codes=0, out=out)
     if ran.rc == 0 and sha256_file(out) != sha256_file(ref):
         problems.append("not the bytes of the unlimited run")
-    return verdict(problems, f"one process, same bytes; {run_summary(ran)}")
+    return verdict(problems, f"one process, same bytes; {run_summary(ran)}", ran)
 
 
 @scenario("machine", "unenterable_model_dir", root=True)
@@ -1187,7 +1232,7 @@ def unenterable(ctx: Ctx) -> str:
     ran = ctx.run([model, "-o", out], python=python, tool=tool, preexec=as_nobody)
     problems = ctx.judge(ran, before, codes=2, out=out, expect="permission")
     model.chmod(0o755)
-    return verdict(problems, run_summary(ran))
+    return verdict(problems, run_summary(ran), ran)
 
 
 HUGE_CONFIG = 384 << 20
@@ -1219,7 +1264,7 @@ def huge_config(ctx: Ctx) -> str:
     os.unlink(model / "config.json")
     size = r"(384|402,?653,?184|403|402)"
     return verdict(ctx.judge(ran, before, codes=2, out=out, expect=size, ignore=[model / "config.json"]),
-                   run_summary(ran))
+                   run_summary(ran), ran)
 
 
 @scenario("machine", "ctrl_c_early", fast=False)
@@ -1246,17 +1291,19 @@ def ignore_sigint() -> None:
 
 @scenario("machine", "sigint_ignored_on_entry", fast=True)
 def sigint_ignored(ctx: Ctx) -> str:
-    """SIGINT ignored on entry (nohup-like) stays ignored: two SIGINTs and the run still exits 0."""
+    """SIGINT ignored on entry (nohup-like) stays ignored: SIGINT every 20 ms, the run still exits 0."""
     model = ctx.model()
     out = ctx.tmp / "out.gguf"
     ctx.old_files(out)
     before = snapshot(ctx.tmp)
     p = ctx.start([model, "-o", out], preexec=ignore_sigint)
-    for delay in (0.1, 0.3):
-        time.sleep(delay)
+    sent = 0
+    while p.poll() is None and sent < 400:      # every 20 ms from start to end: every stage sees one
+        time.sleep(0.02)
         kill_group(p, signal.SIGINT)
+        sent += 1
     ran = ctx.finish(p)
-    return verdict(ctx.judge(ran, before, codes=0, out=out), run_summary(ran))
+    return verdict(ctx.judge(ran, before, codes=0, out=out), run_summary(ran), ran)
 
 
 @scenario("machine", "stdout_dev_full", fast=True)
@@ -1274,17 +1321,25 @@ def stdout_full(ctx: Ctx) -> str:
     replaced = entry_state(str(out)) != before["out.gguf"]
     if ran.rc != 0 and replaced and re.search(r"nothing|refuse|unchanged|kept", ran.err, re.I):
         problems.append("OUT was replaced but the message says otherwise")
-    return verdict(problems, f"OUT {'replaced' if replaced else 'kept'}; {run_summary(ran)}")
+    return verdict(problems, f"OUT {'replaced' if replaced else 'kept'}; {run_summary(ran)}", ran)
 
 
 @scenario("machine", "non_utf8_output_name", fast=True)
 def non_utf8(ctx: Ctx) -> str:
+    """-o b"out-\\xff.gguf" with --fork, under C.UTF-8 (stdout's errors: surrogateescape) and with a
+    strict UTF-8 stdout (as under en_US.UTF-8; PYTHONIOENCODING=utf-8 here, where that locale is
+    absent): exit 0 and the file at that exact name, both times."""
     model = ctx.model()
-    out = Path(os.fsdecode(os.fsencode(str(ctx.tmp)) + b"/out-\xff.gguf"))
-    pin = ctx.tmp / "pin.json"
-    before = snapshot(ctx.tmp)
-    ran = ctx.run([os.fsencode(str(model)), b"-o", os.fsencode(str(out)), b"--fork", os.fsencode(str(pin))])
-    return verdict(ctx.judge(ran, before, codes=0, out=out, pin=pin, model=model), run_summary(ran))
+    problems, said = [], []
+    for label, extra in (("C.UTF-8", {}), ("strict", {"PYTHONIOENCODING": "utf-8"})):
+        out = Path(os.fsdecode(os.fsencode(str(ctx.tmp)) + f"/out-{label}-\xff.gguf".encode("latin-1")))
+        pin = ctx.tmp / f"pin-{label}.json"
+        before = snapshot(ctx.tmp)
+        ran = ctx.run([os.fsencode(str(model)), b"-o", os.fsencode(str(out)), b"--fork", os.fsencode(str(pin))],
+                      env=clean_environ(extra))
+        problems += [f"{label}: {x}" for x in ctx.judge(ran, before, codes=0, out=out, pin=pin, model=model)]
+        said.append(f"{label} {run_summary(ran)}")
+    return verdict(problems, "; ".join(said))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1301,7 +1356,7 @@ def message_case(ctx: Ctx, model: Path, expect: str, must_not: Optional[str] = N
     problems = ctx.judge(ran, before, codes=2, expect=expect)
     if must_not and re.search(must_not, ran.err, re.I):
         problems.append(f"the message says /{must_not}/")
-    return verdict(problems, run_summary(ran))
+    return verdict(problems, run_summary(ran), ran)
 
 
 @scenario("messages", "dir_symlink_loop", fast=True)
