@@ -30,6 +30,47 @@ returns the scenarios that need neither root nor a mount and take under 2 s, as 
 pairs for the unit tests: each callable returns its detail, raises AssertionError on a failure and
 unittest.SkipTest on a skip.
 
+The contract asserted where the issue leaves a choice:
+
+  -o /dev/null   (a private mknod'd null device, c 1 3, in the scenario's directory; the machine's
+                 /dev/null is never named) exit 0, written into as llama.cpp does, or exit 2 refused
+                 with the reason; either way it is still a character device 1,3 with the same inode.
+  -o FIFO        exit 0 with a reader (held open non-blocking by a thread, so nothing can hang)
+                 receiving exactly the bytes a plain conversion to a file gets, or exit 2 with
+                 nothing written into it; the FIFO stays a FIFO.  --fork FIFO: exit 2 (a pin is a
+                 regular file).
+  -o -           exit 0 with stdout exactly a plain conversion's bytes, or exit 2; never a file
+                 named - (or -.part).
+  a symlink as -o / --fork   the link stays a link to the same target; exit 0 with the target
+                 holding the new file (written through, as open() would), or exit 2 with both as
+                 they were.  A link planted at OUT.part / PIN.part: its target never changes; the
+                 run may refuse or replace the link; the link never becomes a regular file.
+  a signal right after a rename   exit 0 with OUT and the pin both new and consistent, or exit
+                 130 with both exactly as before; never one of each (after the renames the run has
+                 succeeded: a signal then must not turn it into a failure).
+  an input deleted / made unreadable late   exit 3 with old OUT and PIN kept, or exit 0 with a pin
+                 naming the bytes that were there when the run began (read from open descriptors).
+  tokenizer.json swapped once the output's .part exists   the vocabulary may be read after that,
+                 so exit 0 is right if the pin names the file read (the new one); else exit 3.
+  stdout is /dev/full   exit 3 in one line (a lost sha256 line is not a success); old OUT kept,
+                 or the message does not claim it was.
+  a fork limit   RLIMIT_NPROC 1 for the uid nobody forbids threads as well as forks: the fallback
+                 must need neither, and write the same bytes as an unlimited run (exit 0).
+  a live writer  exit 2 or 3, the message naming it live/running/in progress, with no advice to
+                 remove its file; the live run then completes.
+
+`python -m` and the current directory: runpy (Python, before any of the module's code runs) imports
+from the current directory on these installed versions -- 3.8: contextlib, types, warnings, weakref;
+3.9: types, typing, warnings, weakref; 3.10: contextlib, warnings; 3.11: none; 3.12: types,
+warnings; 3.13: types (measured by running an empty module with -m from the same hostile folder).
+That is Python's behaviour and a documented limitation; cwd.python3_m asserts on the names the tool
+imports beyond those, and reports runpy's.  The shims in the hostile folder leave a marker and then
+load the real module in their place, so a run goes on and every name imported from there is seen.
+
+oracle/fuzz.py's helpers (tree_fingerprint, leftovers) are not imported: fuzz.py imports the
+converter at import time, and this suite must run a tool that may not even import; its snapshot
+also records inodes, modes and device numbers, which fuzz.py's does not need.
+
 Timing (class read and stale): the tool converts a 100 MB model (about 1 s); the suite polls OUT's
 directory every millisecond and, the moment a new entry (the .part) appears, stops the tool's
 process group with SIGSTOP, so the change to an input (or the SIGKILL, or the second run) lands
