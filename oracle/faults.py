@@ -28,7 +28,10 @@ Root-only scenarios (mounts of small tmpfs, mknod, running the tool as `nobody`)
 reason when not root; `make faults` is not run by CI for that reason.  `unprivileged_scenarios()`
 returns the scenarios that need neither root nor a mount and take under 2 s, as (name, callable)
 pairs for the unit tests: each callable returns its detail, raises AssertionError on a failure and
-unittest.SkipTest on a skip.
+unittest.SkipTest on a skip; `test_case(per_class=True)` wraps the first of each class as a
+unittest.TestCase (``FaultSuite = faults.test_case(per_class=True)`` in test_bankml_convert.py).
+Under the unit tests (quick) the read and stale windows use the tiny model and a missed window is a
+SKIP, so make test cannot flake on a slow machine.
 
 The contract asserted where the issue leaves a choice:
 
@@ -361,6 +364,9 @@ class Ctx:
                 kill_group(p, signal.SIGCONT)
                 kill_group(p, signal.SIGKILL)
                 p.wait()
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
         for m in reversed(self.mounts):
             subprocess.run(["umount", "-l", str(m)], capture_output=True)
 
@@ -974,7 +980,8 @@ def pin_dir_full(ctx: Ctx) -> str:
 
 def late_input_change(ctx: Ctx, change: Callable[[Path], None], codes, what: str,
                       preexec=None, python=None, tool=None, check_read: bool = True) -> tuple[Ran, list[str]]:
-    """Run on a model, stop the run the moment its output's .part appears, change an input, go on."""
+    """Run on a model, stop the run once model.safetensors is open or mapped by it (its data being
+    read), change an input, go on."""
     model = ctx.model(ctx.env.window_model)
     out, pin = ctx.tmp / "out.gguf", ctx.tmp / "pin.json"
     ctx.old_files(out, pin)
@@ -982,7 +989,7 @@ def late_input_change(ctx: Ctx, change: Callable[[Path], None], codes, what: str
         ctx.chown_tree()
     before = snapshot(ctx.tmp)
     p = ctx.start([model, "-o", out, "--fork", pin], preexec=preexec, python=python, tool=tool)
-    stop_mid_write(ctx, p, ctx.tmp, set(os.listdir(ctx.tmp)))
+    stop_when_open(ctx, p, model / "model.safetensors")
     time.sleep(0.03)
     change(model)
     kill_group(p, signal.SIGCONT)
@@ -1086,12 +1093,13 @@ def rewrite_tail(path: Path) -> None:
 
 
 def swap_by_rename(path: Path) -> None:
-    """A same-size file renamed over path: one byte changed (JSON: one indenting space made a tab,
-    so the file means the same and stays valid; elsewhere the last byte flipped)."""
+    """A same-size file renamed over path: one byte changed (tokenizer_config.json: one letter of
+    the chat template, which the GGUF carries, so the file stays valid and converts differently;
+    elsewhere the last byte flipped)."""
     data = bytearray(path.read_bytes())
-    if path.suffix == ".json":
-        i = data.index(b"\n ") + 1
-        data[i:i + 1] = b"\t"
+    if path.name == "tokenizer_config.json":
+        assert b"helpful AI assistant" in data
+        data = bytearray(bytes(data).replace(b"helpful AI assistant", b"helpful AI Assistant"))
     else:
         data[-1] ^= 0xFF
     tmp = path.with_name(".swap")
@@ -1100,52 +1108,104 @@ def swap_by_rename(path: Path) -> None:
 
 
 def rewrite_config(path: Path) -> None:
-    """Same size, in place: one letter of a value changed (the file stays valid JSON)."""
+    """Same size, in place: rope_theta 100000 -> 200000 (valid JSON, a different GGUF)."""
     data = path.read_bytes()
-    i = data.index(b'"llama"') + 1
-    path.write_bytes(data[:i] + b"L" + data[i + 1:])
+    assert b'"rope_theta": 100000,' in data
+    path.write_bytes(data.replace(b'"rope_theta": 100000,', b'"rope_theta": 200000,'))
+
+
+def group_has_open(pgid: int, st: os.stat_result) -> bool:
+    """Whether a process of the group has the file (st) open or mapped (/proc; Linux)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    t = os.stat(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if (t.st_dev, t.st_ino) == (st.st_dev, st.st_ino):
+                    return True
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[4] == str(st.st_ino):
+                        return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def stop_when_open(ctx: Ctx, p: subprocess.Popen, path: Path) -> None:
+    """Poll (/proc, every ~2 ms) until a process of the run's group has path open or mapped, then
+    SIGSTOP the group; Fail (Skip under --quick) if the run ends first."""
+    st = os.stat(path)
+    while p.poll() is None:
+        if group_has_open(p.pid, st):
+            kill_group(p, signal.SIGSTOP)
+            if p.poll() is None:
+                return
+        time.sleep(0.002)
+    ran = ctx.finish(p)
+    missed = Skip if ctx.env.quick else Fail
+    raise missed(f"window missed: the run ended ({run_summary(ran)}) without {path.name} seen open")
+
+
+def input_changed(ctx: Ctx, name: str, change: Callable[[Path], None], when: str = "part") -> str:
+    """Stop the run (when="part": the moment its output's .part appears; when="open": once the
+    input is open or mapped by the tool, i.e. while its data is being read), change the input
+    `name`, resume.
+
+    If the tool had the file open (or mapped) at the change, the change is one of an input it
+    read: exit 3, nothing replaced.  If not (it may read it later, or have read and closed it):
+    exit 3, or exit 0 with OUT exactly a plain conversion of the files as they now are and a pin
+    naming them -- a pin naming bytes other than those converted is the finding."""
+    model = ctx.model(ctx.env.window_model)
+    out, pin = ctx.tmp / "out.gguf", ctx.tmp / "pin.json"
+    ctx.old_files(out, pin)
+    before = snapshot(ctx.tmp)
+    p = ctx.start([model, "-o", out, "--fork", pin])
+    if when == "open":
+        stop_when_open(ctx, p, model / name)
+    else:
+        stop_mid_write(ctx, p, ctx.tmp, set(os.listdir(ctx.tmp)))
+    was_open = group_has_open(p.pid, os.stat(model / name))
+    time.sleep(0.03)            # past the kernel's coarse clock tick: mtime and ctime differ
+    change(model / name)
+    kill_group(p, signal.SIGCONT)
+    ran = ctx.finish(p)
+    problems = ctx.judge(ran, before, codes=3 if was_open else (0, 3), out=out, pin=pin, ignore=[model])
+    if ran.rc == 0 and not was_open:
+        problems += ctx.consistent(ran, out, pin, model)        # the pin names the files as they are now
+        if not problems and sha256_file(out) != ctx.reference(model):
+            problems.append(f"exit 0, but OUT is not what {name} as it now is converts to: the change "
+                            "came after the read and went unseen")
+    state = "open" if was_open else "not open"
+    how = "refused, nothing replaced" if ran.rc else "converted and pinned as read"
+    return verdict(problems, f"{name} {state} at the change; {how}; {run_summary(ran)}", ran)
 
 
 @scenario("read", "shard_rewritten_in_place", fast=True)
 def shard_in_place(ctx: Ctx) -> str:
-    ran, problems = late_input_change(ctx, lambda m: rewrite_tail(m / "model.safetensors"), 3, "rewritten")
-    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}", ran)
+    return input_changed(ctx, "model.safetensors", rewrite_tail, when="open")
 
 
 @scenario("read", "shard_swapped_by_rename")
 def shard_swapped(ctx: Ctx) -> str:
-    ran, problems = late_input_change(ctx, lambda m: swap_by_rename(m / "model.safetensors"), 3, "swapped")
-    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}", ran)
+    return input_changed(ctx, "model.safetensors", swap_by_rename, when="open")
 
 
 @scenario("read", "config_rewritten_in_place", fast=True)
 def config_in_place(ctx: Ctx) -> str:
-    ran, problems = late_input_change(ctx, lambda m: rewrite_config(m / "config.json"), 3, "rewritten")
-    return verdict(problems, f"refused, nothing replaced; {run_summary(ran)}", ran)
+    return input_changed(ctx, "config.json", rewrite_config)
 
 
-@scenario("read", "tokenizer_swapped_by_rename")
+@scenario("read", "tokenizer_config_swapped_by_rename")
 def tokenizer_swapped(ctx: Ctx) -> str:
-    """tokenizer.json may be first opened after the output's .part appears (the vocabulary is read
-    while workers convert): then exit 0 is right if the pin names the new file, which is what was
-    read; a pin naming the old file with exit 0 means a change after the read went unseen."""
-    new_sha = []
-
-    def swap(m: Path) -> None:
-        swap_by_rename(m / "tokenizer.json")
-        new_sha.append(sha256_file(m / "tokenizer.json"))
-    ran, problems = late_input_change(ctx, swap, (0, 3), "swapped", check_read=False)
-    if ran.rc == 0:
-        problems = [x for x in problems]
-        try:
-            doc = json.loads((ctx.tmp / "pin.json").read_bytes())
-            named = {i["name"]: i["sha256"] for i in doc.get("inputs", [])}
-        except (OSError, ValueError, KeyError, TypeError):
-            named = {}
-        if named.get("tokenizer.json") != new_sha[0]:
-            problems.append("exit 0 with a pin whose tokenizer.json is not the file read after the swap")
-    how = "refused, nothing replaced" if ran.rc else "read after the swap, pinned as read"
-    return verdict(problems, f"{how}; {run_summary(ran)}", ran)
+    return input_changed(ctx, "tokenizer_config.json", swap_by_rename)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1171,7 +1231,7 @@ def killed_then_rerun(ctx: Ctx, sllm: bool) -> str:
         while p.poll() is None and len(set(os.listdir(ctx.tmp)) - known) < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
     kill_group(p, signal.SIGKILL)
-    p.wait()
+    ctx.finish(p)
     parts = sorted(set(os.listdir(ctx.tmp)) - known)
     problems = [f"{n}: changed by the killed run" for n in ("out.gguf", "out.sllm", "out.tok.txt")
                 if n in before and entry_state(str(ctx.tmp / n)) != before[n]]
@@ -1555,6 +1615,22 @@ def unprivileged_scenarios(tool=None) -> list[tuple[str, Callable[[], str]]]:
         call.__name__ = s.qualified
         return call
     return [(s.qualified, bind(s)) for s in SCENARIOS if s.fast and not s.root]
+
+
+def test_case(tool=None, per_class: bool = False):
+    """A unittest.TestCase class with one test per unprivileged fast scenario (per_class: only the
+    first of each class), named test_<class>_<name>; for test_bankml_convert.py:
+    ``FaultSuite = faults.test_case()``."""
+    import unittest
+    chosen, seen = [], set()
+    for name, call in unprivileged_scenarios(tool):
+        cls = name.split(".")[0]
+        if cls == "control" or (per_class and cls in seen):
+            continue
+        seen.add(cls)
+        chosen.append((name, call))
+    methods = {f"test_{name.replace('.', '_')}": (lambda call: lambda self: call())(call) for name, call in chosen}
+    return type("FaultSuite", (unittest.TestCase,), methods)
 
 
 def main(argv=None) -> int:
