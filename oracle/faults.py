@@ -1264,14 +1264,24 @@ LIVE = r"\b(live|running|in progress|still|is writing|in use|held|locked)\b"
 def live_writer(ctx: Ctx) -> str:
     """A second run while the first (stopped mid-write, so provably alive) holds OUT.part: refused,
     the first named as live and no advice to remove its file; the first then completes."""
+    return live_writer_case(ctx, False)
+
+
+@scenario("stale", "sllm_live_writer_refused")
+def live_writer_sllm(ctx: Ctx) -> str:
+    return live_writer_case(ctx, True)
+
+
+def live_writer_case(ctx: Ctx, sllm: bool) -> str:
     big, tiny = ctx.model(ctx.env.window_model), ctx.model("tiny", "model2")
-    out = ctx.tmp / "out.gguf"
+    out = ctx.tmp / ("out.sllm" if sllm else "out.gguf")
+    extra = ["--format", "sllm"] if sllm else []
     ctx.old_files(out)
     known = set(os.listdir(ctx.tmp))
-    a = ctx.start([big, "-o", out])
+    a = ctx.start([big, "-o", out, *extra])
     stop_mid_write(ctx, a, ctx.tmp, known)
     before = snapshot(ctx.tmp)
-    ran = ctx.run([tiny, "-o", out])
+    ran = ctx.run([tiny, "-o", out, *extra])
     problems = ctx.judge(ran, before, codes=(2, 3), expect=LIVE)
     if re.search(r"\b(remove|delete)\b", ran.err, re.I) or "killed" in ran.err:
         problems.append("the message suggests the live writer's file is a leftover")
