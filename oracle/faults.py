@@ -1649,6 +1649,11 @@ def unprivileged_scenarios(tool=None) -> list[tuple[str, Callable[[], str]]]:
     import unittest
     global _UNIT_ENV
     if _UNIT_ENV is None or (tool is not None and Path(tool).resolve() != _UNIT_ENV.tool):
+        if _UNIT_ENV is not None:
+            _UNIT_ENV.close()
+        else:
+            import atexit
+            atexit.register(lambda: _UNIT_ENV is not None and _UNIT_ENV.close())    # the base models
         _UNIT_ENV = Env(Path(tool) if tool else DEFAULT_TOOL, quick=True)
     env = _UNIT_ENV
 
