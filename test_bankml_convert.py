@@ -5606,6 +5606,18 @@ class GGUFStringsArray(unittest.TestCase):
         self.assertEqual(strings.index("Ġthe"), 2)
 
 
+# ---------------------------------------------------------------------------------------------
+# Trust at the edges: the unprivileged scenarios of the fault suite (oracle/faults.py; make faults
+# runs every one, the root-only ones too), each the tool run as a user runs it -- a hostile current
+# directory, outputs that are not OUT, all-or-nothing commits, inputs changed mid-run, a dead run's
+# .part, the machine's faults and messages -- with its contract checked on every file around it.
+# ---------------------------------------------------------------------------------------------
+
+import faults  # noqa: E402
+
+FaultSuite = faults.test_case()
+
+
 def main() -> int:
     """Run these tests and the oracle tooling's own (oracle/test_*.py); end on a plain count line."""
     loader = unittest.TestLoader()
