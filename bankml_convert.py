@@ -10130,14 +10130,6 @@ def ggml_fork_json(job: GGMLJob, source: str, gguf: str | None) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # Reading a legacy GGML file back: its records, as far as they parse.
 
 class GGMLRecord(NamedTuple):
