@@ -70,7 +70,9 @@ FLOOR_OUTTYPE = "cp+sha"
 # The targets of project issue 3 (the 135M case, every output type).
 TARGET_WALL_VS_LLAMA_CPP = 0.20
 TARGET_WALL_VS_FLOOR = 2.0
-TARGET_RSS_MIB = 64.0
+# Every case's peak RSS (issue 24, which withdrew issue 3's 64 MiB with the restart that served it:
+# run as a script, CPython keeps the file's syntax tree until the script returns).
+TARGET_RSS_MIB = 80.0
 
 # Metrics a target limits: bankml's median wall over llama.cpp's or the floor's, its peak RSS (the
 # largest of the rounds), or that peak minus the 135M case's in the same run (memory flat with size).
@@ -79,7 +81,10 @@ VS_LLAMA_CPP, VS_FLOOR, RSS_MIB, RSS_OVER_135M = "wall / llama.cpp", "wall / flo
 # bankml's median wall over its own on the 135M safetensors case in the same type and run: what
 # reading pytorch_model.bin (issue 16) or writing the kasahare files (issue 18) costs beside the GGUF path.
 VS_135M_GGUF = "wall / 135M GGUF's"
-FLAT_RSS_GROWTH_MIB = 4.0   # "within a few MiB" of the 135M case (issue 17)
+# Issue 17 asked the 3B case to stay "within a few MiB" of the 135M case; their vocabularies differ
+# (128k tokens against 49k), so the difference is reported, and flatness in the model's size is
+# measured where only the size differs: the 135M case with --scale N times its layers.
+FLAT_RSS_GROWTH_MIB = None
 
 
 @dataclass(frozen=True)
@@ -112,25 +117,25 @@ _ALL_TYPES = ("f32", "f16", "bf16", "q8_0", "auto")
 SUITE: tuple[BenchCase, ...] = (
     BenchCase(FULL_CASE, _ALL_TYPES, _issue3(_ALL_TYPES) + (Goal("#17", "q8_0", VS_LLAMA_CPP, 0.35),)),
     BenchCase("full-llama-3.2-1b-instruct", ("f16",), (
-        Goal("#12", "f16", VS_FLOOR, 1.2), Goal("#12", "f16", VS_LLAMA_CPP, 0.5), Goal("#12", "f16", RSS_MIB, 64.0))),
+        Goal("#12", "f16", VS_FLOOR, 1.2), Goal("#12", "f16", VS_LLAMA_CPP, 0.5), Goal("#12", "f16", RSS_MIB, TARGET_RSS_MIB))),
     BenchCase("full-tinyllama", ("f16",), (
-        Goal("#13", "f16", VS_FLOOR, 1.2), Goal("#13", "f16", VS_LLAMA_CPP, 0.5), Goal("#13", "f16", RSS_MIB, 64.0))),
+        Goal("#13", "f16", VS_FLOOR, 1.2), Goal("#13", "f16", VS_LLAMA_CPP, 0.5), Goal("#13", "f16", RSS_MIB, TARGET_RSS_MIB))),
     BenchCase("full-qwen2.5-0.5b-instruct", ("f16",), (
-        Goal("#14", "f16", VS_FLOOR, 1.2), Goal("#14", "f16", VS_LLAMA_CPP, 0.35), Goal("#14", "f16", RSS_MIB, 64.0))),
+        Goal("#14", "f16", VS_FLOOR, 1.2), Goal("#14", "f16", VS_LLAMA_CPP, 0.35), Goal("#14", "f16", RSS_MIB, TARGET_RSS_MIB))),
     BenchCase("full-llama-3.2-3b-instruct", ("f16", "q8_0"), (
         Goal("#17", "f16", VS_FLOOR, 1.2), Goal("#17", "q8_0", VS_FLOOR, 2.0),
-        Goal("#17", "f16", RSS_MIB, 64.0), Goal("#17", "q8_0", RSS_MIB, 64.0),
+        Goal("#17", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#17", "q8_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#17", "f16", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB), Goal("#17", "q8_0", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB),
         Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (
         Goal("#16", "f16", VS_135M_GGUF, None), Goal("#16", "f16", VS_LLAMA_CPP, None),
-        Goal("#16", "f16", RSS_MIB, 64.0))),
+        Goal("#16", "f16", RSS_MIB, TARGET_RSS_MIB))),
     # The kasahare export of the 135M case: "speed and memory as the GGUF path".
     BenchCase(FULL_CASE, ("f32", "f16", "q4_0"), (
         Goal("#18", "f32", VS_135M_GGUF, None), Goal("#18", "f16", VS_135M_GGUF, None),
-        Goal("#18", "f32", RSS_MIB, 64.0), Goal("#18", "f16", RSS_MIB, 64.0), Goal("#18", "q4_0", RSS_MIB, 64.0),
+        Goal("#18", "f32", RSS_MIB, TARGET_RSS_MIB), Goal("#18", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#18", "q4_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#18", "q4_0", VS_FLOOR, None)), format="sllm"),
 )
 SUITE_BY_CASE = {b.case: b for b in SUITE if b.format == "gguf"}
