@@ -10562,6 +10562,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (argparse exits 2 itself on a usage error)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "convert"
+    stdout_closed = _open_standard_descriptors()
     import signal
     if signal.getsignal(signal.SIGINT) is globals().get("_interrupted_while_starting"):
         signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, cleaned up and reported
@@ -10572,6 +10573,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             code = _convert(_parser().parse_args(argv))
         sys.stdout.flush()
+        if stdout_closed and code == 0:
+            print(f"bankml {command}: done, but its result could not be written to standard output (it is "
+                  f"closed)", file=sys.stderr)
+            return _EXIT_FAILED
         return code
     except KeyboardInterrupt:
         print("bankml: interrupted", file=sys.stderr)
@@ -10585,13 +10590,37 @@ def main(argv: list[str] | None = None) -> int:
         if _stdout_unusable():
             # Whatever the command did is complete; only its result is lost (/dev/full, a closed
             # descriptor).
+            why = getattr(e, "strerror", None) or e
             _drop_stdout()
             print(f"bankml {command}: done, but its result could not be written to standard output "
-                  f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+                  f"({why})", file=sys.stderr)
         else:
             failure = unexpected_failure(e)
             print(f"bankml {command}: failed: {failure.what}", file=sys.stderr)
         return _EXIT_FAILED
+
+
+def _open_standard_descriptors() -> bool:
+    """Open the null device on whichever of descriptors 0, 1 and 2 the program was started without,
+    so that no file it opens takes their place (a message to stderr would land in the output);
+    whether standard output was closed."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")
+    stdout_closed = 1 in closed or sys.stdout is None
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)
+    return stdout_closed
 
 
 def _stdout_unusable() -> bool:

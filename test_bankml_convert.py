@@ -1185,6 +1185,23 @@ class CommandLine(Workspace):
         self.assertEqual(cli(d, "-o", out, "--quiet").code, 0)
         self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
 
+    def test_a_closed_standard_descriptor_is_never_taken_by_an_output(self):
+        # A file opened while descriptor 1 or 2 is closed would take its number, and a message would
+        # land in the output: they are opened on the null device first.
+        d = self.case("bf16")
+        for closed, code in ((1, 3), (2, 0)):
+            with self.subTest(closed=closed):
+                out = self.out_dir() / f"closed{closed}.gguf"
+                p = subprocess.run([*TOOL, str(d), "-o", str(out)], capture_output=True, text=True, timeout=120,
+                                   preexec_fn=lambda: os.close(closed))
+                self.assertEqual(p.returncode, code, p.stderr)
+                self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
+                if closed == 1:
+                    self.assertTrue(p.stderr.endswith("bankml convert: done, but its result could not be written "
+                                                      "to standard output (it is closed)\n"), p.stderr)
+                else:
+                    self.assertEqual(p.stdout, f"{GOLDEN['bf16']['sha256']}  {out}\n")
+
     def test_a_dead_run_s_part_file_is_replaced_with_one_line_saying_so(self):
         out = self.out_dir() / "stale.gguf"
         part = out.with_name("stale.gguf.part")
