@@ -3830,6 +3830,20 @@ import quant_oracle  # noqa: E402  (its input generators; standard library only 
 QUANT_RECORD = json.loads((ORACLE / "recorded" / "quant.json").read_text(encoding="utf-8"))
 
 
+def recorded_numpy_lanes() -> int:
+    """The SIMD width numpy used on the machine that recorded oracle/recorded/ (quant.json names its
+    numpy's CPU features; the golden runs were recorded on the same machine)."""
+    found = set(QUANT_RECORD["reference"]["numpy_simd_found"])
+    return 16 if "AVX512_SKX" in found else 8 if "AVX2" in found else 4
+
+
+# Q8_0 bytes of a block holding a NaN depend on the SIMD width numpy dispatched to where llama.cpp
+# ran (bc.numpy_f32_lanes reads this machine's).  The records were made on one machine, so these
+# tests emulate that machine's width whatever this one has; every width's rule is checked on its
+# own against its measured record (test_nan_blocks_follow_numpys_simd_width).
+bc.numpy_f32_lanes = recorded_numpy_lanes
+
+
 @lru_cache(maxsize=None)
 def patterns() -> bytes:
     return quant_oracle.all_16_bit_patterns()
