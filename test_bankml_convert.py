@@ -569,6 +569,86 @@ class ExampleModel(Workspace):
 # The tables: a family, a tokenizer kind, an output type is one entry; the pin says how a file was made.
 # ---------------------------------------------------------------------------------------------
 
+# A family llama.cpp does not have, shaped unlike Llama on purpose, to prove the Family seam: its
+# checkpoint fuses q/k/v and gate/up (modify_tensors slices them back, and permutes Q and K), its
+# norms are stored one below their value (modify_tensors adds one, as Gemma's does), its
+# generate_extra_tensors writes a key (as Phi-3's longrope does), and its set_vocab tries the gpt2
+# path alone (a tokenizer.model beside tokenizer.json is not read).  Everything else is Llama's.
+_FUSED_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_up_proj.weight": "ffn_gate_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def fused_modify_tensors(name: str, source: bc.SourceTensor, p: bc.TextParams) -> list[bc.Modified]:
+    block, kind = name.rsplit(".", 2)[0], name.split(".")[-2]
+    q, kv, ff = p.head_count * p.head_dim, p.head_count_kv * p.head_dim, p.feed_forward_length
+    if kind == "attn_qkv":
+        return [bc.Modified(f"{block}.attn_q.weight", bc.source_rows(source, 0, q), permute_heads=p.head_count),
+                bc.Modified(f"{block}.attn_k.weight", bc.source_rows(source, q, kv), permute_heads=p.head_count_kv),
+                bc.Modified(f"{block}.attn_v.weight", bc.source_rows(source, q + kv, kv))]
+    if kind == "ffn_gate_up":
+        return [bc.Modified(f"{block}.ffn_gate.weight", bc.source_rows(source, 0, ff)),
+                bc.Modified(f"{block}.ffn_up.weight", bc.source_rows(source, ff, ff))]
+    return [bc.Modified(name, source, add_one=name.endswith("norm.weight"))]
+
+
+FUSED_ATTN_FACTOR = bc.KV("llama.rope.scaling.attn_factor", bc.GGUF_FLOAT32, 1.5)
+
+FUSED = bc.Family(
+    name="Fused",
+    architectures=("FusedForCausalLM",),
+    model_types=("llama",),
+    gguf_arch="llama",
+    params=bc.llama_params,
+    hparam_kvs=bc.llama_hparam_kvs,
+    vocab_kvs=bc.llama_vocab_kvs,
+    top_tensors=bc._LLAMA_TOP_TENSORS,
+    block_tensors=_FUSED_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),
+    shape=bc.llama_shape,
+    modify_tensors=fused_modify_tensors,
+    early_kvs=lambda p: [FUSED_ATTN_FACTOR],
+    vocab_paths=("gpt2",),
+    block_outputs=tuple(bc._LLAMA_BLOCK_TENSORS.values()),
+)
+
+
+def fused_checkpoint(llama_dir: Path, out_dir: Path) -> None:
+    """llama_dir's files with its weights written the Fused way: q/k/v one tensor (their rows in that
+    order), gate/up one tensor, and a tokenizer.model beside tokenizer.json."""
+    shutil.copytree(llama_dir, out_dir)
+    sources, _ = bc.index_tensors(llama_dir)
+    raw = {t.name: (llama_dir / t.path.name).read_bytes()[t.start:t.start + t.nbytes] for t in sources}
+    by_name = {t.name: t for t in sources}
+    fused = {"self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", ("q_proj", "k_proj", "v_proj")),
+             "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", ("gate_proj", "up_proj"))}
+    entries = []
+    for t in sources:
+        block, _, part = t.name.partition(".layers.")[2].partition(".")
+        if part in fused:
+            name, members = fused[part]
+            names = [t.name.replace(members[0], m) for m in members]
+            data = b"".join(raw[n] for n in names)
+            shape = (sum(by_name[n].shape[0] for n in names), t.shape[1])
+            entries.append(make_models.Entry(f"model.layers.{block}.{name}", t.dtype, shape, lambda d=data: d))
+        elif not any(part.endswith(f"{m}.weight") for _, ms in fused.values() for m in ms[1:]):
+            entries.append(make_models.Entry(t.name, t.dtype, t.shape, lambda d=raw[t.name]: d))
+    make_models.write_safetensors(out_dir / "model.safetensors", make_models.library_order(entries))
+    edit_json(out_dir / "config.json", lambda c: c.update(architectures=["FusedForCausalLM"]))
+    (out_dir / "tokenizer.model").write_bytes(pb_model([("<unk>", 0.0, 2), ("a", 0.0, 1)]))
+
+
+def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
+    g = bc.read_gguf(path)
+    data = path.read_bytes()
+    return {t.name: data[t.file_offset:t.file_offset + t.nbytes] for t in g.tensors}
+
+
 class Seams(Workspace):
     def test_the_api_is_declared_and_holds_what_the_readme_imports(self):
         readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -587,6 +667,39 @@ class Seams(Workspace):
         with mock.patch.dict(bc.FAMILIES, {"MyLlamaForCausalLM": mine}):
             r = bc.convert(d, self.tmp / "mine.gguf", bc.Options())
         self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
+
+    def test_a_family_unlike_llama_converts_through_the_public_registration_alone(self):
+        llama_out, fused_dir, fused_out = self.tmp / "llama.gguf", self.tmp / "fused" / "smollm2-tiny", self.tmp / "fused.gguf"
+        bc.convert(ROOT / "example" / "smollm2-tiny", llama_out, bc.Options())
+        fused_checkpoint(ROOT / "example" / "smollm2-tiny", fused_dir)
+        with mock.patch.dict(bc.FAMILIES, {}):
+            bc.register(FUSED)
+            bc.convert(fused_dir, fused_out, bc.Options())
+        llama, fused = bc.read_gguf(llama_out), bc.read_gguf(fused_out)
+        # the early key right after general.architecture; every other key as Llama writes it (the
+        # tokenizer.model beside tokenizer.json unread: the same tokenizer.* keys)
+        written = lambda kvs: [(k.key, k.vtype, k.value) for k in kvs]     # noqa: E731
+        self.assertTrue(written(fused.kvs) == written([llama.kvs[0], FUSED_ATTN_FACTOR] + llama.kvs[1:]))
+        # the sliced and permuted tensors are Llama's bytes; each norm is its stored value + 1 in float32
+        llama_data, fused_data = tensor_bytes_by_name(llama_out), tensor_bytes_by_name(fused_out)
+        self.assertEqual(sorted(fused_data), sorted(llama_data))
+        for name, data in llama_data.items():
+            if name.endswith("norm.weight"):
+                stored = struct.unpack(f"<{len(data) // 4}f", data)
+                data = struct.pack(f"<{len(stored)}f", *(x + 1.0 for x in stored))
+            self.assertEqual(fused_data[name], data, name)
+
+    def test_a_family_vocabulary_order_is_its_own(self):
+        d = self.tmp / "order" / "smollm2-tiny"
+        fused_checkpoint(ROOT / "example" / "smollm2-tiny", d)
+        self.assertIs(bc.tokenizer_kind(d, FUSED), bc.BPE)
+        self.assertIs(bc.tokenizer_kind(d, bc.LLAMA), bc.SPM)
+
+    def test_qwen2_takes_the_gpt2_path_where_llama_would_take_llama_hf(self):
+        # Qwen2Model.set_vocab: SentencePiece, else gpt2 (qwen.py:60-64); llama_hf is LlamaModel's alone.
+        d = self.case("tinyllama-without-tokenizer-model")
+        self.assertIs(bc.tokenizer_kind(d, bc.LLAMA), bc.LLAMA_HF)
+        self.assertIs(bc.tokenizer_kind(d, bc.QWEN2), bc.BPE)
 
     def test_a_coding_error_while_reading_the_vocabulary_is_not_a_refusal(self):
         d, out = self.case("bf16"), self.tmp / "bug" / "x.gguf"
@@ -673,10 +786,11 @@ class RefusesWhatItWouldNotReproduce(Workspace):
         return self.assertRefuses(d, reason)
 
     def test_other_architectures_are_refused(self):
-        self.config_edit(lambda c: c.update(architectures=["Gemma2ForCausalLM"]),
-                         "architecture 'Gemma2ForCausalLM' is not LlamaForCausalLM or MistralForCausalLM or "
-                         "Qwen2ForCausalLM or Qwen3ForCausalLM; bankml_convert reproduces llama.cpp only for "
-                         "Llama, Qwen2, Qwen3 models: use llama.cpp's convert_hf_to_gguf.py for the rest")
+        # The message lists the registered architectures and families; which ones is FAMILIES' business.
+        self.config_edit(lambda c: c.update(architectures=["Phi3ForCausalLM"]),
+                         re.compile(r"architecture 'Phi3ForCausalLM' is not LlamaForCausalLM or .+; bankml_convert "
+                                    r"reproduces llama.cpp only for .*Llama.* models: use llama.cpp's "
+                                    r"convert_hf_to_gguf.py for the rest"))
 
     def test_text_config_is_refused(self):
         self.config_edit(lambda c: c.update(text_config={"hidden_size": 64}),
@@ -3087,9 +3201,9 @@ class QwenRefusals(Workspace):
         for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration"):
             with self.subTest(arch):
                 self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
-                                 f"architecture {arch!r} is not LlamaForCausalLM or MistralForCausalLM or "
-                                 "Qwen2ForCausalLM or Qwen3ForCausalLM; bankml_convert reproduces llama.cpp only "
-                                 "for Llama, Qwen2, Qwen3 models: use llama.cpp's convert_hf_to_gguf.py for the rest")
+                                 re.compile(rf"architecture {re.escape(repr(arch))} is not LlamaForCausalLM or .+; "
+                                            r"bankml_convert reproduces llama.cpp only for .*Qwen3.* models: use "
+                                            r"llama.cpp's convert_hf_to_gguf.py for the rest"))
 
     def test_null_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
         self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=None),
@@ -3352,7 +3466,7 @@ class RecordedLlamaVocabDirs(VocabCaseDirs):
     def kind_kvs(self, d: Path, kind) -> list[tuple[str, str, str]]:
         config = self.config(d)
         params = bc.llama_params(config)
-        self.assertIs(bc.tokenizer_kind(d), kind)
+        self.assertIs(bc.tokenizer_kind(d, bc.LLAMA), kind)
         v = kind.vocab(d, config, params.vocab_size)
         return [(kv.key, spm_type_tag(kv), value_sha256(kv.value)) for kv in bc.LLAMA.vocab_kvs(params, v, kind.kvs(v))]
 
@@ -3434,10 +3548,10 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
     def test_a_tokenizer_model_wins_over_the_llama_hf_path(self):
         d = self.recorded_case_dir(self.NAME)
         shutil.copyfile(LLAMA_TOKENIZER_MODEL, d / "tokenizer.model")
-        self.assertIs(bc.tokenizer_kind(d), bc.SPM)
+        self.assertIs(bc.tokenizer_kind(d, bc.LLAMA), bc.SPM)
 
     def test_byte_level_bpe_stays_on_the_gpt2_path(self):
-        self.assertIs(bc.tokenizer_kind(self.case_dir(INSTRUCT)), bc.BPE)
+        self.assertIs(bc.tokenizer_kind(self.case_dir(INSTRUCT), bc.LLAMA), bc.BPE)
 
     def assert_hf_refused(self, d: Path, fragment: str) -> None:
         config = self.config(d)
