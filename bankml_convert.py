@@ -8,7 +8,7 @@
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
-(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5 and Qwen3 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
+(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3 and Gemma 2 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
 anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
 The file reads top to bottom the way the data flows: read the directory -> decide (family,
@@ -2385,6 +2385,296 @@ QWEN3 = QWEN2._replace(
     refuse_directory=refuse_qwen3_reranker,
 )
 
+# Gemma 3 (llama.cpp's Gemma3Model): Gemma3ForCausalLM, and the text part of Gemma3ForConditionalGeneration
+# (its vision tower and projector dropped).  Then Gemma 2 (Gemma2Model).
+
+class GemmaParams(NamedTuple):
+    """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them."""
+    block_count: int
+    context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rms_norm_eps: float
+    head_dim: int
+    vocab_size: int
+    sliding_window: Optional[int]               # None: no attention.sliding_window key
+    rope_freq_base: float = 0.0                 # Gemma 3: full-attention layers' theta
+    rope_freq_base_swa: float = 0.0             # Gemma 3: sliding-window layers' theta
+    rope_linear_factor: Optional[float] = None  # Gemma 3 4B+: rope_type "linear"
+    final_logit_softcapping: Optional[float] = None
+    attn_logit_softcapping: Optional[float] = None     # Gemma 2 only
+
+
+def _gemma3_rope(config: dict) -> tuple[dict, dict]:
+    """rope_parameters' full_attention and sliding_attention entries as Gemma3TextConfig folds them
+    (rope_theta, rope_local_base_freq and rope_scaling into one dict per layer type), or a Refusal
+    for a scaling TextModel writes keys for that are not reproduced (only linear is)."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
+        full, sliding = rope.get("full_attention", {}), rope.get("sliding_attention", {})
+    else:
+        if rope is not None and config.get("rope_scaling") is not None:
+            raise Refusal("config.json sets both rope_scaling and rope_parameters; keep one of them")
+        scaling = rope if rope is not None else config.get("rope_scaling")
+        full = {"rope_type": "default", "rope_theta": config.get("rope_theta", 1_000_000.0)}
+        if scaling is not None:
+            if not isinstance(scaling, dict):
+                raise Refusal("config.json: rope_scaling must be an object or null")
+            full.update(scaling)
+            full["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+        sliding = {"rope_type": "default", "rope_theta": config.get("rope_local_base_freq", 10_000.0)}
+    for name, entry in (("full_attention", full), ("sliding_attention", sliding)):
+        if not isinstance(entry, dict):
+            raise Refusal(f"config.json: rope_parameters' {name} must be an object")
+        kind = entry.get("rope_type", "default")
+        extra = sorted(set(entry) - {"rope_type", "type", "rope_theta", "factor"})
+        if kind not in ("default", "linear") or extra or (kind == "linear" and name == "sliding_attention"):
+            raise Refusal(f"config.json: {name} rope scaling {kind!r}{' with ' + ', '.join(extra) if extra else ''}; "
+                          f"llama.cpp's Gemma 3 keys are reproduced for no scaling and linear scaling only")
+    return full, sliding
+
+
+def gemma3_params(config: dict) -> GemmaParams:
+    """The Gemma 3 hyperparameters of config.json (after text_config is merged), with Gemma3TextConfig's
+    defaults, or a Refusal for anything llama.cpp would treat otherwise."""
+    if config.get("attn_logit_softcapping") is not None:
+        # Gemma3Model asserts it is None (attn_logit_softcapping was removed in Gemma 3).
+        raise Refusal("config.json sets attn_logit_softcapping for Gemma 3; llama.cpp's converter stops on it")
+    full, sliding = _gemma3_rope(config)
+    factor = full.get("factor") if full.get("rope_type") == "linear" else None
+    heads = config_integer(config, "num_attention_heads", 8)
+    kv_heads = config_integer(config, "num_key_value_heads", 4)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    softcap = config.get("final_logit_softcapping")
+    return GemmaParams(
+        block_count=config_integer(config, "num_hidden_layers", 26),
+        context_length=config_integer(config, "max_position_embeddings", 131072),
+        embedding_length=config_integer(config, "hidden_size", 2304),
+        feed_forward_length=config_integer(config, "intermediate_size", 9216),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+        head_dim=config_integer(config, "head_dim", 256),
+        vocab_size=config_integer(config, "vocab_size", 262208),
+        # Gemma3Model writes no sliding window when every layer is global (sliding_window_pattern 1).
+        sliding_window=None if config.get("sliding_window_pattern") == 1 else config_integer(config, "sliding_window", 4096),
+        rope_freq_base=config_number(full, "rope_theta", 1_000_000.0),
+        rope_freq_base_swa=config_number(sliding, "rope_theta", 10_000.0),
+        rope_linear_factor=None if factor is None else config_number(full, "factor", 1.0),
+        final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
+    )
+
+
+def gemma3_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys (a linear scaling's type and factor before the thetas, the
+    sliding layers' theta after them), then Gemma3Model's: the keys it writes again keep their
+    places, the softcap and sliding window come after general.file_type."""
+    a = "gemma3"
+    kvs = [
+        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+    ]
+    if p.rope_linear_factor is not None:
+        kvs += [KV(f"{a}.rope.scaling.type", GGUF_STRING, "linear"),
+                KV(f"{a}.rope.scaling.factor", GGUF_FLOAT32, p.rope_linear_factor)]
+    kvs += [
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{a}.rope.freq_base_swa", GGUF_FLOAT32, p.rope_freq_base_swa),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV("general.file_type", GGUF_UINT32, file_type),
+    ]
+    if p.final_logit_softcapping is not None:
+        kvs.append(KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping))
+    if p.sliding_window is not None:
+        kvs.append(KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window))
+    return kvs
+
+
+def gemma_vocab_kvs(p: GemmaParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+    """Gemma2Model/Gemma3Model.set_vocab: the SentencePiece path's keys, then add_space_prefix False;
+    Gemma 3's gpt2 path (no tokenizer.model) writes its keys alone."""
+    if v.model != "llama":
+        return list(tokenizer_kvs)
+    return list(tokenizer_kvs) + [KV("tokenizer.ggml.add_space_prefix", GGUF_BOOL, False)]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.GEMMA2/GEMMA3: the post-attention norm is ATTN_POST_NORM, the
+# pre-feed-forward one FFN_PRE_NORM (written ffn_norm), as the arch lists have no FFN_NORM.
+_GEMMA2_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GEMMA3_BLOCK_TENSORS = {
+    **_GEMMA2_BLOCK_TENSORS,
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+
+def gemma_shape(gguf_name: str, p: GemmaParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a Gemma tensor must have: Llama's, Qwen3's per-head q/k norms, and
+    the post norms of the hidden size."""
+    if gguf_name.split(".")[-2] in ("post_attention_norm", "post_ffw_norm"):
+        return p.embedding_length,
+    return qwen_shape(gguf_name, p)
+
+
+def gemma_modify_tensors(gguf_name: str, source: SourceTensor, p: GemmaParams) -> list[Modified]:
+    """Gemma2Model/Gemma3Model.modify_tensors: every norm's weight + 1 (Gemma's RMSNorm scales by
+    1 + weight), in the source's float width; nothing permuted.
+
+    Gemma3Model also cuts token_embd to the vocabulary's length: on the SentencePiece path that is
+    vocab_size, the rows the shape check requires, so the cut takes nothing; the gpt2 path, where it
+    is tokenizer.json's token count, is refused (refuse_gemma3_without_tokenizer_model)."""
+    return [Modified(gguf_name, source, add_one=gguf_name.endswith("norm.weight"))]
+
+
+# TextModel.filter_tensors' multimodal names that a Gemma 3 checkpoint holds: the SigLIP tower
+# (vision_tower.*) and the projector (multi_modal_projector.*).
+_GEMMA3_DROPPED = ("vision_", "projector.")
+
+
+def gemma3_filter_tensors(hf_name: str) -> Optional[str]:
+    """ModelBase.filter_tensors strips "language_model." (base.py:596-597), so both layouts of a
+    Gemma3ForConditionalGeneration (language_model.model.layers.*, model.language_model.layers.*)
+    become model.layers.*; TextModel.filter_tensors drops the vision and projector tensors."""
+    if any(part in hf_name for part in _GEMMA3_DROPPED):
+        return None
+    return dropped_buffers(hf_name.replace("language_model.", ""))
+
+
+def refuse_gemma3_without_tokenizer_model(model_dir: Path, config: dict) -> None:
+    """Gemma3Model.set_vocab takes the gpt2 path when there is no tokenizer.model (what a transformers 5
+    re-save of a fine-tune leaves): not reproduced here, and for the 1B and 270M vocabulary size llama.cpp
+    itself fails on it (<image_soft_token> is id 262144, past vocab_size 262144: base.py's assert)."""
+    if (model_dir / "tokenizer.model").is_file():
+        return
+    way_out = "copy tokenizer.model from the base model (google/gemma-3-...) into the directory"
+    vocab_size = config_integer(config, "vocab_size", 262208)
+    path = model_dir / "tokenizer.json"
+    added = read_json_object(path).get("added_tokens") if path.is_file() else None
+    for token in added if isinstance(added, list) else ():
+        if isinstance(token, dict) and type(token.get("id")) is int and token["id"] >= vocab_size:
+            raise Refusal(f"no tokenizer.model, and tokenizer.json's {token.get('content')!r} is id {token['id']}, "
+                          f"past vocab_size {vocab_size}: llama.cpp's converter stops there (assert max(ids) < "
+                          f"vocab_size on its gpt2 path); {way_out}")
+    raise Refusal(f"no tokenizer.model: llama.cpp converts Gemma 3 then through its gpt2 path (tokenizer.json, "
+                  f"pre-tokenizer granite-embed-multi-311m), which bankml_convert does not reproduce; {way_out}")
+
+
+GEMMA3 = Family(
+    name="Gemma 3",
+    architectures=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+    model_types=("gemma3_text", "gemma3"),
+    gguf_arch="gemma3",
+    params=gemma3_params,
+    hparam_kvs=gemma3_hparam_kvs,
+    vocab_kvs=gemma_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_GEMMA3_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings: no lm_head in the checkpoint
+    shape=gemma_shape,
+    modify_tensors=gemma_modify_tensors,
+    hparams=merged_text_config,
+    # Gemma3Model reads the text_config (TextModel merges it) and Gemma3TextConfig folds the local
+    # theta into rope_parameters, so TextModel's find_hparam never sees rope_local_base_freq.
+    accepted_config_keys=frozenset({"text_config", "rope_local_base_freq"}),
+    # Gemma3Model.set_vocab: SentencePiece when tokenizer.model exists, else gpt2; never llama_hf.
+    vocab_paths=("sentencepiece", "gpt2"),
+    filter_tensors=gemma3_filter_tensors,
+    refuse_directory=refuse_gemma3_without_tokenizer_model,
+)
+
+
+def gemma2_params(config: dict) -> GemmaParams:
+    """The Gemma 2 hyperparameters of config.json, with Gemma2Config's defaults, or a Refusal for what
+    llama.cpp's Gemma2Model would stop on (a null softcap or sliding window: it writes them unguarded)."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
+        if key in config and config[key] is None:
+            raise Refusal(f"config.json: {key} is null; llama.cpp's Gemma 2 converter writes it as a number "
+                          f"and stops on null: write the model's value")
+    heads = config_integer(config, "num_attention_heads", 8)
+    kv_heads = config_integer(config, "num_key_value_heads", 4)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    return GemmaParams(
+        block_count=config_integer(config, "num_hidden_layers", 26),
+        context_length=config_integer(config, "max_position_embeddings", 8192),
+        embedding_length=config_integer(config, "hidden_size", 2304),
+        feed_forward_length=config_integer(config, "intermediate_size", 9216),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+        head_dim=config_integer(config, "head_dim", 256),
+        vocab_size=config_integer(config, "vocab_size", 256000),
+        sliding_window=config_integer(config, "sliding_window", 4096),
+        attn_logit_softcapping=config_number(config, "attn_logit_softcapping", 50.0),
+        final_logit_softcapping=config_number(config, "final_logit_softcapping", 30.0),
+    )
+
+
+def gemma2_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
+    """Gemma2Model.set_gguf_parameters (no TextModel keys, no rope.freq_base), in its order."""
+    a = "gemma2"
+    return [
+        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV("general.file_type", GGUF_UINT32, file_type),
+        KV(f"{a}.attn_logit_softcapping", GGUF_FLOAT32, p.attn_logit_softcapping),
+        KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping),
+        KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
+    ]
+
+
+def gemma2_filter_tensors(hf_name: str) -> Optional[str]:
+    # Gemma2Model.filter_tensors skips lm_head.weight ("not used in llama.cpp", autoawq saves one).
+    return None if hf_name == "lm_head.weight" else dropped_buffers(hf_name)
+
+
+GEMMA2 = Family(
+    name="Gemma 2",
+    architectures=("Gemma2ForCausalLM",),
+    model_types=("gemma2",),
+    gguf_arch="gemma2",
+    params=gemma2_params,
+    hparam_kvs=gemma2_hparam_kvs,
+    vocab_kvs=gemma_vocab_kvs,
+    top_tensors={k: v for k, v in _LLAMA_TOP_TENSORS.items() if k != "lm_head.weight"},
+    block_tensors=_GEMMA2_BLOCK_TENSORS,
+    optional_tensors=frozenset(),
+    shape=gemma_shape,
+    modify_tensors=gemma_modify_tensors,
+    # Gemma2Model.set_vocab: _set_vocab_sentencepiece with no fallback (FileNotFoundError without it).
+    vocab_paths=("sentencepiece",),
+    filter_tensors=gemma2_filter_tensors,
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -2396,7 +2686,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2):
     register(_family)
 
 
@@ -7799,7 +8089,7 @@ def _worker_error(kind: int, got: bytes, report: int) -> Exception:
     """The exception to raise for a worker's error record; got is what followed its kind so far."""
     got = _read_on(report, got, _ERROR.size)
     err, length = _ERROR.unpack_from(got)
-    text = _read_on(report, got, _ERROR.size + length)[_ERROR.size:].decode("utf-8", "replace")
+    text = _read_on(report, got, _ERROR.size + length)[_ERROR.size:_ERROR.size + length].decode("utf-8", "replace")
     if kind == _REFUSED:
         return Refusal(text)
     if kind == _OS_ERROR:

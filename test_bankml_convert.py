@@ -3281,6 +3281,125 @@ class QwenRefusals(Workspace):
 
 
 # ---------------------------------------------------------------------------------------------
+# Gemma 3 and Gemma 2 (issue 25), through the Family seam.  Their bytes are pinned by the golden runs
+# gemma-3-* and gemma-2-* (OutputIsLlamaCppsBytes).  Google's Gemma tokenizer is not used here (its
+# terms forbid shipping it): the cases take TinyLlama's Apache-2.0 tokenizer.model, on the same
+# SentencePiece path; Gemma 3's tokenizer.json-only (gpt2) path is refused, not reproduced.
+# ---------------------------------------------------------------------------------------------
+
+class GemmaNorms(unittest.TestCase):
+    def test_a_bf16_norm_plus_one_is_float32(self):
+        # prepare_tensors widens BF16 to float32 before modify_tensors adds one.
+        data, dtype = bc.plus_one(struct.pack("<2H", 0x3F80, 0xBF80), "BF16")     # 1.0, -1.0
+        self.assertEqual((struct.unpack("<2f", data), dtype), ((2.0, 0.0), "F32"))
+
+    def test_an_f16_norm_plus_one_rounds_in_float16(self):
+        # 2048 + 1 is a tie in float16 (ulp 2): to even, 2048; 65504 + 1 stays the largest half.
+        data, dtype = bc.plus_one(struct.pack("<3e", 2048.0, 65504.0, 0.5), "F16")
+        self.assertEqual(dtype, "F16")
+        self.assertEqual(struct.unpack("<3e", data), (2048.0, 65504.0, 1.5))
+
+    def test_an_f32_norm_plus_one_rounds_once(self):
+        tiny = 2.0 ** -30       # 1 + 2**-30 is below half a float32 ulp of 1
+        data, _ = bc.plus_one(struct.pack("<2f", tiny, 2.0 ** -23), "F32")
+        self.assertEqual(struct.unpack("<2f", data), (1.0, 1.0 + 2.0 ** -23))
+
+    def test_a_nan_in_a_norm_is_refused(self):
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.plus_one(struct.pack("<f", math.nan), "F32")
+        self.assertIn("a norm weight holds a NaN", cm.exception.reason)
+
+
+class GemmaKeysAndTensors(Workspace):
+    def plan(self, case: str) -> bc.Plan:
+        return bc.plan_conversion(self.case(case), bc.Options())
+
+    def test_gemma3_keys_follow_textmodel_then_gemma3model(self):
+        keys = [k.key for k in self.plan("gemma-3-1b-shape").kvs if k.key.startswith("gemma3.")]
+        self.assertEqual(keys, [f"gemma3.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "rope.freq_base_swa", "attention.layer_norm_rms_epsilon",
+            "attention.key_length", "attention.value_length", "attention.sliding_window")])
+
+    def test_gemma3_linear_rope_scaling_is_written_before_the_thetas(self):
+        kvs = {k.key: k.value for k in self.plan("gemma-3-4b-shape").kvs}
+        keys = list(kvs)
+        self.assertEqual((kvs["gemma3.rope.scaling.type"], kvs["gemma3.rope.scaling.factor"]), ("linear", 8.0))
+        self.assertLess(keys.index("gemma3.rope.scaling.factor"), keys.index("gemma3.rope.freq_base"))
+
+    def test_the_wrapper_keeps_the_text_model_alone(self):
+        names = [t.name for t in self.plan("gemma-3-4b-shape").tensors]
+        self.assertEqual(names, [t.name for t in self.plan("gemma-3-1b-shape").tensors])
+
+    def test_every_norm_gets_plus_one_and_nothing_is_permuted(self):
+        for t in self.plan("gemma-3-1b-shape").tensors:
+            self.assertEqual((t.add_one, t.permute_heads), (t.name.endswith("norm.weight"), 0), t.name)
+
+    def test_gemma2_writes_its_own_keys_and_add_space_prefix_last(self):
+        kvs = self.plan("gemma-2-2b-f32").kvs
+        self.assertEqual((kvs[-1].key, kvs[-1].value), ("tokenizer.ggml.add_space_prefix", False))
+        self.assertNotIn("gemma2.rope.freq_base", [k.key for k in kvs])
+
+    def test_gemma2_drops_an_lm_head(self):
+        d = self.case("gemma-2-2b-f32")
+        sources, _ = bc.index_tensors(d)
+        embed = next(t for t in sources if t.name == "model.embed_tokens.weight")
+        data = (d / "model.safetensors").read_bytes()[embed.start:embed.start + embed.nbytes]
+        extra = d / "lm_head.safetensors"
+        make_models.write_safetensors(extra, [make_models.Entry("lm_head.weight", embed.dtype, embed.shape,
+                                                                lambda: data)])
+        self.assertNotIn("output.weight", [t.name for t in bc.plan_conversion(d, bc.Options()).tensors])
+
+
+class GemmaRefusals(Workspace):
+    def test_gemma2_without_tokenizer_model_is_refused(self):
+        d = self.case("gemma-2-2b-f32")
+        (d / "tokenizer.model").unlink()
+        self.assertRefuses(d, f"no tokenizer.model in {d}: llama.cpp's Gemma 2 converter reads its vocabulary only "
+                              f"from tokenizer.model and stops with FileNotFoundError; copy it from the base model")
+
+    def test_gemma3_whose_image_token_lies_past_vocab_size_is_refused(self):
+        d = self.case("gemma-3-1b-shape")
+        (d / "tokenizer.model").unlink()
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 32000, "content": "<image_soft_token>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}))
+        self.assertRefuses(d, "no tokenizer.model, and tokenizer.json's '<image_soft_token>' is id 32000, past "
+                              "vocab_size 32000: llama.cpp's converter stops there (assert max(ids) < vocab_size on "
+                              "its gpt2 path); copy tokenizer.model from the base model (google/gemma-3-...) into "
+                              "the directory")
+
+    def test_gemma3_without_tokenizer_model_is_refused_as_unreproduced(self):
+        d = self.case("gemma-3-1b-shape")
+        (d / "tokenizer.model").unlink()
+        self.assertRefuses(d, "no tokenizer.model: llama.cpp converts Gemma 3 then through its gpt2 path "
+                              "(tokenizer.json, pre-tokenizer granite-embed-multi-311m), which bankml_convert does "
+                              "not reproduce; copy tokenizer.model from the base model (google/gemma-3-...) into "
+                              "the directory")
+
+    def test_gemma3_with_attention_softcapping_is_refused(self):
+        d = self.case("gemma-3-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(attn_logit_softcapping=50.0))
+        self.assertRefuses(d, "config.json sets attn_logit_softcapping for Gemma 3; llama.cpp's converter stops on it")
+
+    def test_gemma3_yarn_scaling_is_refused(self):
+        d = self.case("gemma-3-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+        self.assertRefuses(d, "config.json: full_attention rope scaling 'yarn'; llama.cpp's Gemma 3 keys are "
+                              "reproduced for no scaling and linear scaling only")
+
+    def test_a_nan_in_a_gemma_norm_is_refused_and_leaves_nothing(self):
+        d = self.case("gemma-3-1b-f32")
+        sources, _ = bc.index_tensors(d)
+        norm = next(t for t in sources if t.name == "model.norm.weight")
+        with open(d / "model.safetensors", "r+b") as f:
+            f.seek(norm.start)
+            f.write(struct.pack("<f", math.nan))
+        self.assertRefuses(d, "a norm weight holds a NaN; the bits llama.cpp's +1 (torch) makes of it are not "
+                              "reproduced: repair the checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
 # SentencePiece Llama and Mistral (issue 13): reading tokenizer.model without protobuf, the
 # vocabulary llama.cpp's _set_vocab_sentencepiece writes, MistralForCausalLM.  Byte-identical
 # outputs are pinned by the golden runs above (sentencepiece-tinyllama, mistral-*, llama-2-*, ...).
