@@ -8,15 +8,18 @@
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
-(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5 and Qwen3 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
+(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3 and Gemma 2 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
 anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
 The file reads top to bottom the way the data flows: read the directory -> decide (family,
 refusals, metadata, names, vocabulary, tensor plan) -> convert (numeric kernels, tensor data) ->
 write (GGUF) -> pin; then reading GGUF back (inspect, verify, diff) and the command line.
-A new model family is one entry of FAMILIES plus its functions; a new tokenizer kind, one entry of
-TOKENIZER_KINDS plus its functions; a new output type, one entry of OUT_TYPES plus its kernels.
-Nothing else changes for them: the deciding, writing and reading code reach them through the tables.
+To add a model family, write (as llama.cpp writes a ModelBase subclass): its params, keys and
+vocabulary order, its tensor names and shapes, and where it differs from a 1:1 copy its
+filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and early_kvs;
+then one Family entry and register(entry) ("Model families" says which field is which hook).
+A new tokenizer kind is one TOKENIZER_KINDS entry plus its functions; a new output type, one
+OUT_TYPES entry plus its kernels.
 Library use::
 
     from bankml_convert import convert, Options, fork_json, Refusal
@@ -1456,15 +1459,16 @@ def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
     config_path = model_dir / "config.json"
     if not _is_file(config_path):
         raise Refusal(no_config_reason(model_dir))
-    config = read_json_object(config_path)
-    family = family_of(config)
-    refuse_config(config)
+    written = read_json_object(config_path)
+    family = family_of(written)
+    config = family.hparams(written)
+    refuse_config(config, family.accepted_config_keys)
     params = family.params(config)
     family.refuse_directory(model_dir, config)
     sources, weight_files = index_tensors(model_dir)
     out = out_type(options.outtype, sources)
     tensors = plan_tensors(sources, family, params, out, config_path)
-    tokenizer = tokenizer_kind(model_dir)
+    tokenizer = tokenizer_kind(model_dir, family)
     small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
     return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer, card)
 
@@ -1480,6 +1484,10 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
 
     kv = KvList()
     kv.string("general.architecture", family.gguf_arch)
+    # prepare_tensors runs before prepare_metadata (base.py write()), so the keys generate_extra_tensors
+    # writes come before general.type: only general.architecture, written by GGUFWriter's __init__, precedes them.
+    for e in family.early_kvs(params):
+        kv.set(e.key, e.vtype, e.value, e.array)
     kv.string("general.type", "model")
     for s in sampling_kvs(load_generation_config(model_dir)):
         kv.set(s.key, s.vtype, s.value)
@@ -1595,14 +1603,15 @@ _CONFIG_ALIASES = ("n_layers", "n_layer", "num_layers", "n_ctx", "n_positions", 
                    "moe_router_activation_func", "expert_selection_fn")
 
 
-def refuse_config(config: dict) -> None:
-    """Refuse what llama.cpp's shared TextModel code would treat differently in any family."""
+def refuse_config(config: dict, accepted: frozenset = frozenset()) -> None:
+    """Refuse what llama.cpp's shared TextModel code would treat differently in any family, but for
+    the keys the family accepts (it reads them itself, as llama.cpp's class does)."""
     for key, what in _CONFIG_REFUSALS.items():
-        if key in config:
+        if key in config and key not in accepted:
             raise Refusal(f"config.json describes {what}; llama.cpp converts it differently and "
                           f"bankml_convert does not reproduce that: use llama.cpp's converter")
     for key in _CONFIG_ALIASES:
-        if key in config:
+        if key in config and key not in accepted:
             raise Refusal(f"config.json has {key!r}, which llama.cpp would read as a hyperparameter "
                           f"beside the Llama ones; bankml_convert does not reproduce that")
     if config.get("is_causal") is False:
@@ -1738,13 +1747,73 @@ def load_generation_config(model_dir: Path) -> dict:
 # Model families: one Family entry per HF architecture name, holding everything that differs
 # between families; the rest of the file reaches a family only through its entry.
 # ---------------------------------------------------------------------------------------------
-# To add a family: write its functions (hyperparameters, keys, shapes) after the Llama ones, one
-# Family(...) entry, and its architecture names in FAMILIES -- as llama.cpp registers one ModelBase
-# subclass per architecture.  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
+# A Family mirrors llama.cpp's ModelBase/TextModel class hook for hook, each field defaulting to what
+# the base class does.  To add a family, write:
+#   - params: config.json (after hparams' text_config merge) -> its hyperparameters, with its
+#     transformers config class's defaults, or a Refusal; accepted_config_keys for the shared
+#     refusals' keys its class reads itself;
+#   - hparam_kvs (set_gguf_parameters) and vocab_kvs (set_vocab's keys around its path), in order;
+#   - vocab_paths: the vocabulary paths its set_vocab tries, in its order (TOKENIZER_KINDS' names);
+#   - its tensor names (top_tensors, block_tensors), shape, and, where it differs from a 1:1 copy,
+#     filter_tensors and modify_tensors (Modified tensors: row slices of the source, Q/K permutation,
+#     the +1 of a norm), generated_tensors and early_kvs;
+# then one Family(...) entry, and register(entry) -- as llama.cpp's @ModelBase.register does.
+# Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
 def no_generated_tensors(params: Any) -> list[GeneratedTensor]:
     """ModelBase.generate_extra_tensors: nothing, unless a family yields its own."""
     return []
+
+
+def no_early_kvs(params: Any) -> list[KV]:
+    """The keys generate_extra_tensors writes (before general.type): none, unless a family writes some."""
+    return []
+
+
+def config_as_written(config: dict) -> dict:
+    return config
+
+
+def merged_text_config(config: dict) -> dict:
+    """TextModel.__init__'s hparams: a multimodal config's text_config moved to the top level
+    (base.py:1352-1354), its keys winning."""
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if not isinstance(text, dict):
+        raise Refusal("config.json: text_config must be an object")
+    return {**config, **text}
+
+
+class Modified(NamedTuple):
+    """One tensor a family's modify_tensors yields: its GGUF name, its source (the HF tensor or a run of
+    its rows), and the exact operations on its values, applied chunk by chunk by the tensor-data code."""
+    name: str
+    source: SourceTensor
+    permute_heads: int = 0      # Q/K rows from HF's rotate-half order to GGML's, per head (LlamaModel.permute)
+    add_one: bool = False       # value + 1 in the source's float width (Gemma's norms)
+
+
+def unmodified(gguf_name: str, source: SourceTensor, params: Any) -> list[Modified]:
+    """TextModel.modify_tensors: the tensor under its GGUF name, values as they are."""
+    return [Modified(gguf_name, source)]
+
+
+def source_rows(source: SourceTensor, first: int, count: int) -> SourceTensor:
+    """The rows first..first+count of a source tensor (torch's data[first:first + count]): a slice is
+    where its bytes are, so no value is touched."""
+    if not 0 <= first <= first + count <= source.shape[0] or len(source.shape) < 2:
+        raise Refusal(f"tensor {source.name!r} of shape {list(source.shape)} has no rows {first}..{first + count}")
+    row_bytes = source.nbytes // source.shape[0]
+    data = source.data[first * row_bytes:(first + count) * row_bytes] if source.data is not None else None
+    start = source.start + first * row_bytes if data is None else 0
+    return source._replace(shape=(count,) + source.shape[1:], start=start, nbytes=count * row_bytes, data=data)
+
+
+def dropped_buffers(hf_name: str) -> Optional[str]:
+    """ModelBase.filter_tensors with prepare_tensors' buffer skip: the old checkpoints' buffers
+    dropped (None), every other name kept as it is."""
+    return None if hf_name.endswith(_OLD_BUFFERS) else hf_name
 
 
 class Family(NamedTuple):
@@ -1759,14 +1828,26 @@ class Family(NamedTuple):
     top_tensors: dict[str, str]         # HF name -> GGUF name, outside the blocks
     block_tensors: dict[str, str]       # name after "model.layers.N." -> name after "blk.N."
     optional_tensors: frozenset[str]    # GGUF names a complete checkpoint may lack
-    dropped_suffixes: tuple[str, ...]   # buffers llama.cpp drops before mapping names
     shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
-    permute_heads: Callable[[str, Any], int]        # (GGUF name, params) -> heads of the Q/K row permutation, or 0
+    # (GGUF name, source, params) -> the tensors written for it (modify_tensors), or a Refusal
+    modify_tensors: Callable[[str, SourceTensor, Any], list[Modified]] = unmodified
     # params -> the tensors generate_extra_tensors computes (rope factors), or a Refusal; none by default
     generated_tensors: Callable[[Any], list[GeneratedTensor]] = no_generated_tensors
+    # params -> the keys generate_extra_tensors writes, which land right after general.architecture
+    early_kvs: Callable[[Any], list[KV]] = no_early_kvs
     # (model directory, config.json) -> None, or a Refusal for files or names beside config.json that
     # make llama.cpp write otherwise (Qwen's modules.json pooling, Qwen3's reranker branch).
     refuse_directory: Callable[[Path, dict], None] = lambda model_dir, config: None
+    # config.json as written -> the hparams llama.cpp reads (TextModel merges a text_config)
+    hparams: Callable[[dict], dict] = config_as_written
+    # keys of the shared refusals (_CONFIG_REFUSALS, _CONFIG_ALIASES) this family's class reads itself
+    accepted_config_keys: frozenset[str] = frozenset()
+    # the vocabulary paths set_vocab tries, in its order (names of TOKENIZER_KINDS): LlamaModel's by default
+    vocab_paths: tuple[str, ...] = ("sentencepiece", "llama_hf", "gpt2")
+    # HF name -> the name modify_tensors sees, or None for a tensor llama.cpp drops (filter_tensors)
+    filter_tensors: Callable[[str], Optional[str]] = dropped_buffers
+    # GGUF names (after "blk.N.") each block must have, where modify_tensors renames; None: block_tensors'
+    block_outputs: Optional[tuple[str, ...]] = None
 
 
 def family_of(config: dict) -> Family:
@@ -2112,7 +2193,7 @@ def llama_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
     }[kind]
 
 
-def llama_permute_heads(gguf_name: str, p: TextParams) -> int:
+def llama_modify_tensors(gguf_name: str, source: SourceTensor, p: TextParams) -> list[Modified]:
     """LlamaModel.modify_tensors permutes Q and K rows from HF's rotate-half order to GGML's
     interleaved one, per head: Q with the attention heads, K with the KV heads."""
     if gguf_name.endswith("attn_q.weight"):
@@ -2120,10 +2201,10 @@ def llama_permute_heads(gguf_name: str, p: TextParams) -> int:
     elif gguf_name.endswith("attn_k.weight"):
         heads = p.head_count_kv
     else:
-        return 0
+        return [Modified(gguf_name, source)]
     if p.head_dim % 2:
         raise Refusal(f"head_dim {p.head_dim} is odd; llama.cpp's Q/K permutation needs it even")
-    return heads
+    return [Modified(gguf_name, source, permute_heads=heads)]
 
 
 # Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
@@ -2140,9 +2221,8 @@ LLAMA = Family(
     top_tensors=_LLAMA_TOP_TENSORS,
     block_tensors=_LLAMA_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),      # tied embeddings: llama.cpp writes none
-    dropped_suffixes=_OLD_BUFFERS,
     shape=llama_shape,
-    permute_heads=llama_permute_heads,
+    modify_tensors=llama_modify_tensors,
     generated_tensors=llama_generated_tensors,
 )
 
@@ -2243,12 +2323,6 @@ def qwen_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
     return llama_shape(gguf_name, p)
 
 
-def no_permutation(gguf_name: str, p: Any) -> int:
-    # Qwen2Model.modify_tensors permutes nothing: llama.cpp's qwen2/qwen3 graphs apply NEOX-style rope,
-    # which takes HF's rotate-half row order as it is.
-    return 0
-
-
 def refuse_pooling(model_dir: Path, config: dict) -> None:
     # Qwen2Model.set_gguf_parameters' _try_set_pooling_type: a sentence-transformers modules.json
     # (Qwen3-Embedding ships one) makes llama.cpp write a pooling type.
@@ -2268,10 +2342,12 @@ QWEN2 = Family(
     top_tensors=_LLAMA_TOP_TENSORS,
     block_tensors=_QWEN2_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),      # tied embeddings (0.5B-3B): llama.cpp writes none
-    dropped_suffixes=_OLD_BUFFERS,
     shape=qwen_shape,
-    permute_heads=no_permutation,
+    # Qwen2Model.modify_tensors permutes nothing (the default): llama.cpp's qwen2/qwen3 graphs apply
+    # NEOX-style rope, which takes HF's rotate-half row order as it is.
     refuse_directory=refuse_pooling,
+    # Qwen2Model.set_vocab: SentencePiece, and gpt2 on FileNotFoundError; never LlamaModel's llama_hf.
+    vocab_paths=("sentencepiece", "gpt2"),
 )
 
 
@@ -2328,8 +2404,309 @@ QWEN3 = QWEN2._replace(
     refuse_directory=refuse_qwen3_reranker,
 )
 
-# HF architecture name -> Family: the one place a family is registered.
-FAMILIES: dict[str, Family] = {arch: f for f in (LLAMA, QWEN2, QWEN3) for arch in f.architectures}
+# Gemma 3 (llama.cpp's Gemma3Model): Gemma3ForCausalLM, and the text part of Gemma3ForConditionalGeneration
+# (its vision tower and projector dropped).  Then Gemma 2 (Gemma2Model).
+
+class GemmaParams(NamedTuple):
+    """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them."""
+    block_count: int
+    context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rms_norm_eps: float
+    head_dim: int
+    vocab_size: int
+    sliding_window: Optional[int]               # None: no attention.sliding_window key
+    rope_freq_base: float = 0.0                 # Gemma 3: full-attention layers' theta
+    rope_freq_base_swa: float = 0.0             # Gemma 3: sliding-window layers' theta
+    rope_linear_factor: Optional[float] = None  # Gemma 3 4B+: rope_type "linear"
+    final_logit_softcapping: Optional[float] = None
+    attn_logit_softcapping: Optional[float] = None     # Gemma 2 only
+
+
+def _gemma3_rope(config: dict) -> tuple[dict, dict]:
+    """rope_parameters' full_attention and sliding_attention entries as Gemma3TextConfig folds them
+    (rope_theta, rope_local_base_freq and rope_scaling into one dict per layer type), or a Refusal
+    for a scaling TextModel writes keys for that are not reproduced (only linear is)."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
+        full, sliding = rope.get("full_attention", {}), rope.get("sliding_attention", {})
+    else:
+        if rope is not None and config.get("rope_scaling") is not None:
+            raise Refusal("config.json sets both rope_scaling and rope_parameters; keep one of them")
+        scaling = rope if rope is not None else config.get("rope_scaling")
+        full = {"rope_type": "default", "rope_theta": config.get("rope_theta", 1_000_000.0)}
+        if scaling is not None:
+            if not isinstance(scaling, dict):
+                raise Refusal("config.json: rope_scaling must be an object or null")
+            full.update(scaling)
+            full["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+        sliding = {"rope_type": "default", "rope_theta": config.get("rope_local_base_freq", 10_000.0)}
+    for name, entry in (("full_attention", full), ("sliding_attention", sliding)):
+        if not isinstance(entry, dict):
+            raise Refusal(f"config.json: rope_parameters' {name} must be an object")
+        kind = entry.get("rope_type", "default")
+        extra = sorted(set(entry) - {"rope_type", "type", "rope_theta", "factor"})
+        if kind not in ("default", "linear") or extra or (kind == "linear" and name == "sliding_attention"):
+            raise Refusal(f"config.json: {name} rope scaling {kind!r}{' with ' + ', '.join(extra) if extra else ''}; "
+                          f"llama.cpp's Gemma 3 keys are reproduced for no scaling and linear scaling only")
+    return full, sliding
+
+
+def gemma3_params(config: dict) -> GemmaParams:
+    """The Gemma 3 hyperparameters of config.json (after text_config is merged), with Gemma3TextConfig's
+    defaults, or a Refusal for anything llama.cpp would treat otherwise."""
+    if config.get("attn_logit_softcapping") is not None:
+        # Gemma3Model asserts it is None (attn_logit_softcapping was removed in Gemma 3).
+        raise Refusal("config.json sets attn_logit_softcapping for Gemma 3; llama.cpp's converter stops on it")
+    full, sliding = _gemma3_rope(config)
+    factor = full.get("factor") if full.get("rope_type") == "linear" else None
+    heads = config_integer(config, "num_attention_heads", 8)
+    kv_heads = config_integer(config, "num_key_value_heads", 4)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    softcap = config.get("final_logit_softcapping")
+    return GemmaParams(
+        block_count=config_integer(config, "num_hidden_layers", 26),
+        context_length=config_integer(config, "max_position_embeddings", 131072),
+        embedding_length=config_integer(config, "hidden_size", 2304),
+        feed_forward_length=config_integer(config, "intermediate_size", 9216),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+        head_dim=config_integer(config, "head_dim", 256),
+        vocab_size=config_integer(config, "vocab_size", 262208),
+        # Gemma3Model writes no sliding window when every layer is global (sliding_window_pattern 1).
+        sliding_window=None if config.get("sliding_window_pattern") == 1 else config_integer(config, "sliding_window", 4096),
+        rope_freq_base=config_number(full, "rope_theta", 1_000_000.0),
+        rope_freq_base_swa=config_number(sliding, "rope_theta", 10_000.0),
+        rope_linear_factor=None if factor is None else config_number(full, "factor", 1.0),
+        final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
+    )
+
+
+def gemma3_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys (a linear scaling's type and factor before the thetas, the
+    sliding layers' theta after them), then Gemma3Model's: the keys it writes again keep their
+    places, the softcap and sliding window come after general.file_type."""
+    a = "gemma3"
+    kvs = [
+        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+    ]
+    if p.rope_linear_factor is not None:
+        kvs += [KV(f"{a}.rope.scaling.type", GGUF_STRING, "linear"),
+                KV(f"{a}.rope.scaling.factor", GGUF_FLOAT32, p.rope_linear_factor)]
+    kvs += [
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{a}.rope.freq_base_swa", GGUF_FLOAT32, p.rope_freq_base_swa),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV("general.file_type", GGUF_UINT32, file_type),
+    ]
+    if p.final_logit_softcapping is not None:
+        kvs.append(KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping))
+    if p.sliding_window is not None:
+        kvs.append(KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window))
+    return kvs
+
+
+def gemma_vocab_kvs(p: GemmaParams, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+    """Gemma2Model/Gemma3Model.set_vocab: the SentencePiece path's keys, then add_space_prefix False;
+    Gemma 3's gpt2 path (no tokenizer.model) writes its keys alone."""
+    if v.model != "llama":
+        return list(tokenizer_kvs)
+    return list(tokenizer_kvs) + [KV("tokenizer.ggml.add_space_prefix", GGUF_BOOL, False)]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.GEMMA2/GEMMA3: the post-attention norm is ATTN_POST_NORM, the
+# pre-feed-forward one FFN_PRE_NORM (written ffn_norm), as the arch lists have no FFN_NORM.
+_GEMMA2_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GEMMA3_BLOCK_TENSORS = {
+    **_GEMMA2_BLOCK_TENSORS,
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+
+def gemma_shape(gguf_name: str, p: GemmaParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a Gemma tensor must have: Llama's, Qwen3's per-head q/k norms, and
+    the post norms of the hidden size."""
+    if gguf_name.split(".")[-2] in ("post_attention_norm", "post_ffw_norm"):
+        return p.embedding_length,
+    return qwen_shape(gguf_name, p)
+
+
+def gemma_modify_tensors(gguf_name: str, source: SourceTensor, p: GemmaParams) -> list[Modified]:
+    """Gemma2Model/Gemma3Model.modify_tensors: every norm's weight + 1 (Gemma's RMSNorm scales by
+    1 + weight), in the source's float width; nothing permuted.
+
+    Gemma3Model also cuts token_embd to the vocabulary's length: on the SentencePiece path that is
+    vocab_size, the rows the shape check requires, so the cut takes nothing; the gpt2 path, where it
+    is tokenizer.json's token count, is refused (refuse_gemma3_without_tokenizer_model)."""
+    return [Modified(gguf_name, source, add_one=gguf_name.endswith("norm.weight"))]
+
+
+# TextModel.filter_tensors' multimodal names that a Gemma 3 checkpoint holds: the SigLIP tower
+# (vision_tower.*) and the projector (multi_modal_projector.*).
+_GEMMA3_DROPPED = ("vision_", "projector.")
+
+
+def gemma3_filter_tensors(hf_name: str) -> Optional[str]:
+    """ModelBase.filter_tensors strips "language_model." (base.py:596-597), so both layouts of a
+    Gemma3ForConditionalGeneration (language_model.model.layers.*, model.language_model.layers.*)
+    become model.layers.*; TextModel.filter_tensors drops the vision and projector tensors."""
+    if any(part in hf_name for part in _GEMMA3_DROPPED):
+        return None
+    return dropped_buffers(hf_name.replace("language_model.", ""))
+
+
+def refuse_gemma3_without_tokenizer_model(model_dir: Path, config: dict) -> None:
+    """Gemma3Model.set_vocab takes the gpt2 path when there is no tokenizer.model (what a transformers 5
+    re-save of a fine-tune leaves): not reproduced here, and for the 1B and 270M vocabulary size llama.cpp
+    itself fails on it (<image_soft_token> is id 262144, past vocab_size 262144: base.py's assert)."""
+    if (model_dir / "tokenizer.model").is_file():
+        return
+    way_out = "copy tokenizer.model from the base model (google/gemma-3-...) into the directory"
+    vocab_size = config_integer(config, "vocab_size", 262208)
+    path = model_dir / "tokenizer.json"
+    added = read_json_object(path).get("added_tokens") if path.is_file() else None
+    for token in added if isinstance(added, list) else ():
+        if isinstance(token, dict) and type(token.get("id")) is int and token["id"] >= vocab_size:
+            raise Refusal(f"no tokenizer.model, and tokenizer.json's {token.get('content')!r} is id {token['id']}, "
+                          f"past vocab_size {vocab_size}: llama.cpp's converter stops there (assert max(ids) < "
+                          f"vocab_size on its gpt2 path); {way_out}")
+    raise Refusal(f"no tokenizer.model: llama.cpp converts Gemma 3 then through its gpt2 path (tokenizer.json, "
+                  f"pre-tokenizer granite-embed-multi-311m), which bankml_convert does not reproduce; {way_out}")
+
+
+GEMMA3 = Family(
+    name="Gemma 3",
+    architectures=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+    model_types=("gemma3_text", "gemma3"),
+    gguf_arch="gemma3",
+    params=gemma3_params,
+    hparam_kvs=gemma3_hparam_kvs,
+    vocab_kvs=gemma_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_GEMMA3_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings: no lm_head in the checkpoint
+    shape=gemma_shape,
+    modify_tensors=gemma_modify_tensors,
+    hparams=merged_text_config,
+    # Gemma3Model reads the text_config (TextModel merges it) and Gemma3TextConfig folds the local
+    # theta into rope_parameters, so TextModel's find_hparam never sees rope_local_base_freq.
+    accepted_config_keys=frozenset({"text_config", "rope_local_base_freq"}),
+    # Gemma3Model.set_vocab: SentencePiece when tokenizer.model exists, else gpt2; never llama_hf.
+    vocab_paths=("sentencepiece", "gpt2"),
+    filter_tensors=gemma3_filter_tensors,
+    refuse_directory=refuse_gemma3_without_tokenizer_model,
+)
+
+
+def gemma2_params(config: dict) -> GemmaParams:
+    """The Gemma 2 hyperparameters of config.json, with Gemma2Config's defaults, or a Refusal for what
+    llama.cpp's Gemma2Model would stop on (a null softcap or sliding window: it writes them unguarded)."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
+        if key in config and config[key] is None:
+            raise Refusal(f"config.json: {key} is null; llama.cpp's Gemma 2 converter writes it as a number "
+                          f"and stops on null: write the model's value")
+    heads = config_integer(config, "num_attention_heads", 8)
+    kv_heads = config_integer(config, "num_key_value_heads", 4)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    return GemmaParams(
+        block_count=config_integer(config, "num_hidden_layers", 26),
+        context_length=config_integer(config, "max_position_embeddings", 8192),
+        embedding_length=config_integer(config, "hidden_size", 2304),
+        feed_forward_length=config_integer(config, "intermediate_size", 9216),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+        head_dim=config_integer(config, "head_dim", 256),
+        vocab_size=config_integer(config, "vocab_size", 256000),
+        sliding_window=config_integer(config, "sliding_window", 4096),
+        attn_logit_softcapping=config_number(config, "attn_logit_softcapping", 50.0),
+        final_logit_softcapping=config_number(config, "final_logit_softcapping", 30.0),
+    )
+
+
+def gemma2_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
+    """Gemma2Model.set_gguf_parameters (no TextModel keys, no rope.freq_base), in its order."""
+    a = "gemma2"
+    return [
+        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV("general.file_type", GGUF_UINT32, file_type),
+        KV(f"{a}.attn_logit_softcapping", GGUF_FLOAT32, p.attn_logit_softcapping),
+        KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping),
+        KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
+    ]
+
+
+def gemma2_filter_tensors(hf_name: str) -> Optional[str]:
+    # Gemma2Model.filter_tensors skips lm_head.weight ("not used in llama.cpp", autoawq saves one).
+    return None if hf_name == "lm_head.weight" else dropped_buffers(hf_name)
+
+
+GEMMA2 = Family(
+    name="Gemma 2",
+    architectures=("Gemma2ForCausalLM",),
+    model_types=("gemma2",),
+    gguf_arch="gemma2",
+    params=gemma2_params,
+    hparam_kvs=gemma2_hparam_kvs,
+    vocab_kvs=gemma_vocab_kvs,
+    top_tensors={k: v for k, v in _LLAMA_TOP_TENSORS.items() if k != "lm_head.weight"},
+    block_tensors=_GEMMA2_BLOCK_TENSORS,
+    optional_tensors=frozenset(),
+    shape=gemma_shape,
+    modify_tensors=gemma_modify_tensors,
+    # Gemma2Model.set_vocab: _set_vocab_sentencepiece with no fallback (FileNotFoundError without it).
+    vocab_paths=("sentencepiece",),
+    filter_tensors=gemma2_filter_tensors,
+)
+
+
+# HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Make family the one llama.cpp's converter would take for each of its architecture names."""
+    for arch in family.architectures:
+        FAMILIES[arch] = family
+    return family
+
+
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2):
+    register(_family)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4563,13 +4940,10 @@ class GGUFStrings:
 
 
 # Which path llama.cpp takes: the gpt2 one is ported through transformers' GPT2Tokenizer only; the
-# SentencePiece and llama_hf paths have kinds of their own (below), taken before this one.
+# SentencePiece and llama_hf paths have kinds of their own (below), and each family's vocab_paths
+# says which it tries before this one (a tokenizer.model wins in every family that reads one).
 
 def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config: dict) -> None:
-    # LlamaModel.set_vocab tries SentencePiece first: any tokenizer.model wins over tokenizer.json.
-    if (d / "tokenizer.model").is_file():
-        raise Refusal("SentencePiece tokenizer (tokenizer.model): llama.cpp takes its SentencePiece path "
-                         "(TokenizerKind SPM), not the gpt2 one")
     if tokenizer_json is None:
         raise Refusal("no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                          "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported")
@@ -5643,17 +6017,25 @@ BPE = TokenizerKind(
     kvs=bpe_kvs,
 )
 
-# In the order LlamaModel.set_vocab tries its paths (SentencePiece, then llama_hf, then gpt2).
-TOKENIZER_KINDS: tuple[TokenizerKind, ...] = (SPM, LLAMA_HF, BPE)
+# Each path under the name of llama.cpp's method (_set_vocab_<name>); a Family's vocab_paths lists the
+# ones its set_vocab tries, in its order.
+TOKENIZER_KINDS: dict[str, TokenizerKind] = {"sentencepiece": SPM, "llama_hf": LLAMA_HF, "gpt2": BPE}
 
 
-def tokenizer_kind(model_dir: Path) -> TokenizerKind:
-    """The vocabulary path llama.cpp takes for model_dir."""
-    return next(k for k in TOKENIZER_KINDS if k.taken(model_dir))
+def tokenizer_kind(model_dir: Path, family: Family) -> TokenizerKind:
+    """The vocabulary path llama.cpp's class for the family takes for model_dir, or a Refusal naming
+    the files it needs when none of its paths is taken (llama.cpp raises FileNotFoundError)."""
+    kinds = [TOKENIZER_KINDS[name] for name in family.vocab_paths]
+    for kind in kinds:
+        if kind.taken(model_dir):
+            return kind
+    raise Refusal(f"no {kinds[0].files[0]} in {model_dir}: llama.cpp's {family.name} converter reads its "
+                  f"vocabulary only from {' or '.join(dict.fromkeys(k.files[0] for k in kinds))} and stops "
+                  f"with FileNotFoundError; copy it from the base model")
 
 
 # Every small file some path may read: what `verify --inputs` expects a pin to name when present.
-_SMALL_INPUTS = tuple(dict.fromkeys(_MODEL_FILES + tuple(f for k in TOKENIZER_KINDS for f in k.files)
+_SMALL_INPUTS = tuple(dict.fromkeys(_MODEL_FILES + tuple(f for k in TOKENIZER_KINDS.values() for f in k.files)
                                     + _CARD_FILES))
 
 
@@ -5744,12 +6126,14 @@ _BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
 
 
 class PlannedTensor(NamedTuple):
-    """One GGUF tensor: its name, source, GGML type, dims (GGML order) and row permutation."""
+    """One GGUF tensor: its name, source, GGML type, dims (GGML order) and the exact operations on its
+    values (a family's Modified): the row permutation, the +1."""
     name: str
     source: SourceTensor
     ggml_type: int
     dims: tuple[int, ...]
     permute_heads: int      # 0, or the head count of llama.cpp's rotate-half -> GGML row permutation
+    add_one: bool = False   # value + 1 in the source's float width (plus_one) before the conversion
 
     @property
     def nbytes(self) -> int:
@@ -5770,22 +6154,25 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                  config_path: Path = Path("config.json")) -> list[PlannedTensor]:
     """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal: the
     family's generated tensors first (prepare_tensors chains generate_extra_tensors() before the
-    files' tensors), typed by the same rules as the rest."""
+    files' tensors), typed by the same rules as the rest.  Each source goes through the family's
+    filter_tensors, its name map and its modify_tensors, as in llama.cpp's prepare_tensors."""
     plan: list[PlannedTensor] = []
     for src in sources:
-        if src.name.endswith(family.dropped_suffixes):
+        hf_name = family.filter_tensors(src.name)
+        if hf_name is None:
             continue
-        name = gguf_tensor_name(family, src.name, p.block_count)
+        name = gguf_tensor_name(family, hf_name, p.block_count)
         if name is None:
             raise Refusal(f"tensor {src.name!r} is not one llama.cpp maps for a {family.name} model with "
                           f"{p.block_count} layers; bankml_convert converts plain "
                           f"{' or '.join(family.architectures)} weights only")
-        want = family.shape(name, p)
-        if src.shape != want:
-            raise Refusal(f"tensor {src.name!r} has shape {list(src.shape)}, but config.json "
-                          f"implies {list(want)}")
-        plan.append(PlannedTensor(name, src, tensor_type(name, src.shape, out),
-                                  tuple(reversed(src.shape)), family.permute_heads(name, p)))
+        for m in family.modify_tensors(name, src, p):
+            want = family.shape(m.name, p)
+            if m.source.shape != want:
+                raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
+                              f"implies {list(want)}")
+            plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
+                                      tuple(reversed(m.source.shape)), m.permute_heads, m.add_one))
     _refuse_incomplete(plan, family, p.block_count)
     generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
                  for g in family.generated_tensors(p)]
@@ -5798,12 +6185,19 @@ def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: i
     # would then fail on it; saying so now is kinder than a file that cannot load.
     # Planned names are unique and all needed but the optional ones, so counting finds what is
     # missing without listing every needed name (config.json may claim billions of layers).
-    names = {t.name for t in plan} - family.optional_tensors
+    seen: set[str] = set()
+    for t in plan:
+        if t.name in seen:
+            # Two source names one filter_tensors makes equal (model.layers.* beside language_model.model.layers.*).
+            raise Refusal(f"two tensors of the checkpoint become {t.name}; llama.cpp keeps one of them by "
+                          f"its own order, which bankml_convert does not reproduce")
+        seen.add(t.name)
+    names = seen - family.optional_tensors
     top = [n for n in family.top_tensors.values() if n not in family.optional_tensors]
-    n_missing = len(top) + len(family.block_tensors) * block_count - len(names)
+    block = family.block_outputs or tuple(family.block_tensors.values())
+    n_missing = len(top) + len(block) * block_count - len(names)
     if n_missing:
-        needed = itertools.chain(top, (
-            f"blk.{b}.{n}" for b in range(block_count) for n in family.block_tensors.values()))
+        needed = itertools.chain(top, (f"blk.{b}.{n}" for b in range(block_count) for n in block))
         first = next(n for n in needed if n not in names)
         raise Refusal(f"the model has no tensor {first}"
                       f"{f' (and {n_missing - 1} more)' if n_missing > 1 else ''}; "
@@ -6904,7 +7298,48 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for first_row_of_head in range(0, job.rows, rows_per_head)
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
-    yield from converted_pieces(data, t.source.dtype, t.ggml_type)
+    dtype = t.source.dtype
+    if t.add_one:
+        data, dtype = plus_one(data, dtype)
+    yield from converted_pieces(data, dtype, t.ggml_type)
+
+
+# The float width torch adds in: prepare_tensors turns every source but F16 and F32 into float32
+# before modify_tensors (base.py:1066), and a float16 tensor plus a Python float stays float16.
+_ADD_WIDTH = {"F16": "F16", "F32": "F32", "BF16": "F32"}
+
+
+def plus_one(data, dtype: str) -> tuple[bytes, str]:
+    """data + 1 as torch computes it in modify_tensors (Gemma's norms), and the dtype of the result.
+
+    torch adds two float32s with one rounding; the sum rounded once in double and then to float32
+    is the same value, because double's 53 bits are more than twice float32's 24 plus 2 (innocuous
+    double rounding for +).  A float16 sum is computed in float32 and rounded to float16: again
+    innocuous (24 >= 2 * 11 + 2), so struct's correctly rounded 'e' packing of the double sum is
+    torch's.  A NaN's payload through torch's add is not measured here: refused."""
+    width = _ADD_WIDTH.get(dtype)
+    if width is None:
+        raise Refusal(f"a {dtype} norm weight: llama.cpp's +1 on it is not reproduced")
+    values = _floats_of(bytes(data), dtype)
+    if any(v != v for v in values):
+        raise Refusal("a norm weight holds a NaN; the bits llama.cpp's +1 (torch) makes of it are not "
+                      "reproduced: repair the checkpoint")
+    fmt = "e" if width == "F16" else "f"
+    sums = []
+    for v in values:
+        try:
+            sums.append(struct.pack("<" + fmt, v + 1.0))
+        except OverflowError:       # beyond float16: torch's sum is infinite
+            sums.append(struct.pack("<" + fmt, math.inf))
+    return b"".join(sums), width
+
+
+def _floats_of(data: bytes, dtype: str) -> list[float]:
+    """The values of little-endian F16, BF16 or F32 bytes, as Python floats (exact)."""
+    if dtype == "BF16":
+        return list(struct.unpack(f"<{len(data) // 2}f", b"".join(b"\0\0" + data[i:i + 2] for i in range(0, len(data), 2))))
+    fmt = "e" if dtype == "F16" else "f"
+    return list(struct.unpack(f"<{len(data) // struct.calcsize(fmt)}{fmt}", data))
 
 
 def source_file(files: dict, source: SourceTensor):
@@ -8564,7 +8999,7 @@ class SllmTokenizer(NamedTuple):
 def sllm_tokenizer(model_dir: Path, config: dict) -> SllmTokenizer:
     """The byte-level BPE vocabulary of model_dir as the engine holds it, or a Refusal for a tokenizer
     its file cannot hold exactly."""
-    if tokenizer_kind(model_dir) is not BPE:
+    if tokenizer_kind(model_dir, family_of(config)) is not BPE:
         raise Refusal("the tokenizer is SentencePiece (tokenizer.model, or byte-fallback pieces); the "
                       "engine's tokenizer file holds byte-level BPE only; export to GGUF instead")
     tokenizer_json = read_json_object(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").is_file() else None

@@ -327,7 +327,69 @@ _QWEN2_5_GENERATION = {
     "bos_token_id": 151643, "pad_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
     "repetition_penalty": 1.1, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "transformers_version": "4.37.0",
 }
+# - Gemma 3 configs (gemma-3-270m, gemma-3-1b-it, gemma-3-4b-it): the keys and values of the Hub files as
+#   public copies quote them (4b: a Gemma3ForConditionalGeneration whose text_config has linear rope
+#   scaling, factor 8, and a SigLIP vision_config).  Google's Gemma tokenizer is not used: these cases
+#   take TinyLlama's Apache-2.0 tokenizer.model, which llama.cpp's Gemma3Model reads on the same
+#   SentencePiece path, with vocab_size set to its 32,000 pieces.
+GEMMA_2_2B_IT = "gemma-2-2b-it-shape"
+GEMMA_3_270M = "gemma-3-270m-shape"
+GEMMA_3_1B_IT = "gemma-3-1b-it-shape"
+GEMMA_3_4B_IT = "gemma-3-4b-it-shape"
+_GEMMA3_TEXT_COMMON = {
+    "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None, "bos_token_id": 2,
+    "eos_token_id": 1, "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "initializer_range": 0.02, "max_position_embeddings": 32768, "model_type": "gemma3_text", "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+    "rope_theta": 1000000.0, "sliding_window": 512, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 262144,
+}
+_GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_sample": True,
+                      "eos_token_id": [1, 106], "pad_token_id": 0, "top_k": 64, "top_p": 0.95,
+                      "transformers_version": "4.50.0.dev0"}
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    GEMMA_2_2B_IT: {
+        "config.json": {
+            "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+            "eos_token_id": [1, 107], "final_logit_softcapping": 30.0, "head_dim": 256,
+            "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304,
+            "initializer_range": 0.02, "intermediate_size": 9216, "max_position_embeddings": 8192,
+            "model_type": "gemma2", "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4,
+            "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+            "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4", "use_cache": True,
+            "vocab_size": 256000},
+        "generation_config.json": {"bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+                                   "pad_token_id": 0, "transformers_version": "4.42.4"},
+    },
+    GEMMA_3_270M: {
+        "config.json": {**_GEMMA3_TEXT_COMMON, "architectures": ["Gemma3ForCausalLM"], "_sliding_window_pattern": 6,
+                        "hidden_size": 640, "intermediate_size": 2048, "num_attention_heads": 4,
+                        "num_hidden_layers": 18, "num_key_value_heads": 1, "transformers_version": "4.55.0.dev0",
+                        "use_bidirectional_attention": False},
+        "generation_config.json": _GEMMA3_GENERATION,
+    },
+    GEMMA_3_1B_IT: {
+        "config.json": {**_GEMMA3_TEXT_COMMON, "architectures": ["Gemma3ForCausalLM"], "cache_implementation": "hybrid",
+                        "eos_token_id": [1, 106], "hidden_size": 1152, "intermediate_size": 6912,
+                        "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+                        "sliding_window_pattern": 6, "transformers_version": "4.50.0.dev0"},
+        "generation_config.json": _GEMMA3_GENERATION,
+    },
+    GEMMA_3_4B_IT: {
+        "config.json": {
+            "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+            "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02,
+            "mm_tokens_per_image": 256, "model_type": "gemma3",
+            "text_config": {"head_dim": 256, "hidden_size": 2560, "intermediate_size": 10240,
+                            "model_type": "gemma3_text", "num_hidden_layers": 34,
+                            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+            "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+            "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                              "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                              "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}},
+        "generation_config.json": _GEMMA3_GENERATION,
+    },
     QWEN2_5_0_5B_INSTRUCT: {
         "config.json": {**_QWEN2_5_COMMON, "hidden_size": 896, "intermediate_size": 4864, "max_window_layers": 21,
                         "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
@@ -513,6 +575,36 @@ MODEL_CARDS: dict[str, str] = {
         "---\n"),
 }
 
+# Gemma 3 (issue 25): the SentencePiece path (tokenizer.model), shrunk to 2 layers of hidden 32 with head_dim 16.
+GEMMA_DIMS = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, vocab_size=32000, max_position_embeddings=32768)
+GEMMA3_CASES: tuple[Case, ...] = (
+    Case("gemma-2-2b-f32", dtype="F32", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_2_2B_IT,
+         dims=GEMMA_DIMS, head_dim=16, dirname="gemma-2-2b-it",
+         description="gemma-2-2b-it's config (Gemma2ForCausalLM, softcaps), F32 as on the Hub"),
+    Case("gemma-2-2b-bf16", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_2_2B_IT,
+         dims=GEMMA_DIMS, head_dim=16, dirname="gemma-2-2b-it-bf16",
+         description="the gemma-2-2b case from BF16 weights"),
+)
+# Gemma 2 (issue 25): gemma-2-2b-it's config (F32 on the Hub), the SentencePiece path.
+GEMMA2_CASES: tuple[Case, ...] = (
+    Case("gemma-3-1b-shape", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_1B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-1b-it",
+         description="gemma-3-1b-it's config (Gemma3ForCausalLM), BF16, TinyLlama's tokenizer.model"),
+    Case("gemma-3-1b-shape-f16", dtype="F16", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_1B_IT,
+         dims=GEMMA_DIMS, head_dim=16, dirname="gemma-3-1b-it-f16",
+         description="the gemma-3-1b case from F16 weights (the +1 of the norms in float16)"),
+    Case("gemma-3-1b-f32", dtype="F32", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_1B_IT,
+         dims=GEMMA_DIMS, head_dim=16, dirname="gemma-3-1b-it-f32",
+         description="the gemma-3-1b case from F32 weights"),
+    Case("gemma-3-270m-shape", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_270M, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-270m",
+         description="gemma-3-270m's config (layer pattern in _sliding_window_pattern), BF16"),
+    Case("gemma-3-4b-shape", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it",
+         description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (text_config, linear rope x8), "
+                     "vision tower and projector tensors present, BF16"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -638,6 +730,8 @@ CASES: tuple[Case, ...] = (
          description="transformers 4 pytorch_model.bin: module order, tied lm_head.weight kept"),
     Case("bin-module-tied-sharded-2", weights="bin-module", shards=2, dtype="F16",
          description="two transformers 4 .bin shards, F16, tied lm_head.weight in the last"),
+    *GEMMA3_CASES,
+    *GEMMA2_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -718,6 +812,19 @@ def case_config(case: Case) -> dict:
         config.update(case.config_updates)
         return config
     dims = case.dims
+    if "text_config" in config:
+        # A multimodal wrapper: the text model's sizes live in text_config; its vision tower is shrunk too.
+        config["text_config"].update(
+            hidden_size=dims.hidden_size, intermediate_size=dims.intermediate_size,
+            num_hidden_layers=dims.num_hidden_layers, num_attention_heads=dims.num_attention_heads,
+            num_key_value_heads=dims.num_key_value_heads, vocab_size=dims.vocab_size,
+            max_position_embeddings=dims.max_position_embeddings)
+        config["vision_config"].update(VISION_TINY)
+        if case.head_dim is not None:
+            config["text_config"]["head_dim"] = case.head_dim
+        config.update(torch_dtype=TORCH_DTYPE[case.dtype])
+        config.update(case.config_updates)
+        return config
     config.update(
         hidden_size=dims.hidden_size,
         intermediate_size=dims.intermediate_size,
@@ -814,6 +921,52 @@ def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_ty
     # Tied models save no lm_head.weight: transformers drops the duplicate of embed_tokens.
     if not tied:
         specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+# A SigLIP tower far smaller than Gemma 3's: its tensors are there to be dropped, not read.
+VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "image_size": 28, "patch_size": 14}
+
+
+def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optional[dict]) -> list[TensorSpec]:
+    """Gemma2ForCausalLM's / Gemma3ForCausalLM's state_dict (tied: no lm_head.weight); Gemma 3's
+    per-head q/k norms; for Gemma3ForConditionalGeneration (model_type gemma3) the text model under
+    model.language_model. (transformers >= 4.52) beside a SigLIP tower and the projector."""
+    h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * head_dim, dims.num_key_value_heads * head_dim
+    text = "model.language_model." if model_type == "gemma3" else "model."
+    specs = [TensorSpec(text + "embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"{text}layers.{i}."
+        specs += [
+            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
+            *([TensorSpec(p + "self_attn.q_norm.weight", (head_dim,)),
+               TensorSpec(p + "self_attn.k_norm.weight", (head_dim,))] if model_type != "gemma2" else []),
+            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
+            TensorSpec(p + "input_layernorm.weight", (h,)),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+            TensorSpec(p + "pre_feedforward_layernorm.weight", (h,)),
+            TensorSpec(p + "post_feedforward_layernorm.weight", (h,)),
+        ]
+    specs.append(TensorSpec(text + "norm.weight", (h,)))
+    if vision is not None:
+        vh, patch = vision["hidden_size"], vision["patch_size"]
+        v = "model.vision_tower.vision_model."
+        specs += [
+            TensorSpec(v + "embeddings.patch_embedding.weight", (vh, 3, patch, patch)),
+            TensorSpec(v + "embeddings.patch_embedding.bias", (vh,)),
+            TensorSpec(v + "embeddings.position_embedding.weight", ((vision["image_size"] // patch) ** 2, vh)),
+            TensorSpec(v + "encoder.layers.0.self_attn.q_proj.weight", (vh, vh)),
+            TensorSpec(v + "encoder.layers.0.layer_norm1.weight", (vh,)),
+            TensorSpec(v + "post_layernorm.weight", (vh,)),
+            TensorSpec("model.multi_modal_projector.mm_input_projection_weight", (vh, h)),
+            TensorSpec("model.multi_modal_projector.mm_soft_emb_norm.weight", (vh,)),
+        ]
     return specs
 
 
@@ -1214,7 +1367,11 @@ def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
     tied = config.get("tie_word_embeddings", True)
-    specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
+    if config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
+        specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
+                                   config["model_type"], config.get("vision_config"))
+    else:
+        specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
     if case.weights == "bin-module" and tied:
         # transformers 4's state_dict() has the tied head too; torch.save stores its storage once.

@@ -76,6 +76,11 @@ RUNS: tuple[Run, ...] = tuple(
        for case in ("llama-3.2-1b-instruct", "llama-3.2-1b-instruct-f16", "llama-3.2-1b-instruct-resaved",
                     "llama-3.2-1b-instruct-resaved-f16", "llama-3.2-3b-shape", "llama-3.2-3b-shape-f16",
                     "llama-3.1-8b-shape", "llama-3.1-8b-shape-f16")
+       for t in OTHER_OUTTYPES]
+    # Gemma 3 and Gemma 2 (issue 25): every output type from each source dtype (BF16, F16, F32), for the
+    # 1B shape, the 4B wrapper and Gemma 2; the 270m shape and Gemma 2's BF16 source in f16 only.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
        for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
