@@ -7615,7 +7615,7 @@ def write_gguf_data(fd: int, tensors: list[PlannedTensor], finish_plan: Callable
     clock = _stage_clock()
     unplaced = data_jobs(tensors, 0)
     plan = None
-    if workers > 1 and len(unplaced) > 1:
+    if workers > 1 and len(unplaced) > 1 and can_write_in_workers():
         try:
             plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress, clock)
         except _CannotFork:
@@ -7686,9 +7686,16 @@ def default_workers() -> int:
     threading module cannot see counts too; where they cannot be counted (no /proc/self/task:
     macOS, the BSDs) threading's count is what there is.  Without os.fork nothing is forked.
     """
-    if not hasattr(os, "fork") or _thread_count() > 1:
+    if not can_write_in_workers() or _thread_count() > 1:
         return 1
     return max(1, min(os.cpu_count() or 1, _MAX_WORKERS))
+
+
+def can_write_in_workers() -> bool:
+    """Whether this platform has what the workers need: fork, and pwritev/preadv to write and read
+    the output at offsets (Python offers them on Linux and the BSDs; some macOS builds lack them).
+    Without them one process converts in order, writing the same bytes."""
+    return all(hasattr(os, name) for name in ("fork", "pwritev", "preadv"))
 
 
 def _thread_count() -> int:
@@ -7998,11 +8005,19 @@ def _worker_error(kind: int, got: bytes, report: int) -> Exception:
     return ConversionFailed(text, bug=kind != _FAULT)
 
 
+def exit_code(status: int) -> int:
+    """A wait status as os.waitstatus_to_exitcode gives it (Python 3.9+): the exit code, or minus
+    the signal that ended the process."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
 def _lost_worker(statuses: list[int]) -> ConversionFailed:
     """Why workers stopped without reporting an error, from their wait statuses."""
     import signal
     for status in statuses:
-        code = os.waitstatus_to_exitcode(status)
+        code = exit_code(status)
         if code < 0:
             try:
                 name = signal.Signals(-code).name
