@@ -8177,9 +8177,10 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, f
 
 
 def hash_file(path: Path, cancelled: threading.Event | None = None,
-              snapshot: InputSnapshot | None = None) -> InputFile:
+              snapshot: InputSnapshot | None = None, read: Callable[[int], None] | None = None) -> InputFile:
     """An input's name, size and sha256 (unfinished, if ``cancelled`` is set while it reads); with a
-    snapshot, a ConversionFailed unless the file read is the one snapshot, unchanged to the end."""
+    snapshot, a ConversionFailed unless the file read is the one snapshot, unchanged to the end.
+    read, if given, is called with the size of each chunk hashed (for a progress bar)."""
     sha = hashlib.sha256()
     size = 0
     try:
@@ -8196,6 +8197,8 @@ def hash_file(path: Path, cancelled: threading.Event | None = None,
         while (n := f.readinto(buffer)) and not (cancelled and cancelled.is_set()):
             sha.update(view[:n])
             size += n
+            if read:
+                read(n)
         if snapshot and not (cancelled and cancelled.is_set()):
             snapshot.check_unchanged(path, os.fstat(f.fileno()))
     return InputFile(path.name, size, sha.hexdigest())
@@ -8683,26 +8686,32 @@ def plan_sllm(model_dir: Path, outtype: str, options: Options = Options()) -> Sl
     return SllmPlan(sllm_header(config), tensors, sllm_tokenizer_text(tok), tp, outtype)
 
 
-def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str) -> Iterator[bytes]:
+def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str, progress=None) -> Iterator[bytes]:
     """The weight stream: each tensor read in bounded jobs and converted by the GGUF path's kernels
-    (float32 widened exactly, f16 rounded to nearest even as numpy does), Q4_0 made from the float32."""
+    (float32 widened exactly, f16 rounded to nearest even as numpy does), Q4_0 made from the float32.
+    progress, if given, is called as Options.progress is, in bytes of the sources read."""
     def values() -> Iterator[bytes]:
         jobs = data_jobs(tensors, 0)    # no alignment padding: the engine's stream has none
         files: dict[Path, object] = {}
         buffer = bytearray(max((j.src_len for j in jobs), default=0))
+        total, done = sum(j.src_len for j in jobs), 0
         try:
             for job in jobs:
                 yield from job_pieces(job, source_file(files, job.tensor.source), buffer)
+                done += job.src_len
+                if progress:
+                    progress(done, total, job.tensor.name)
         finally:
             for f in files.values():
                 f.close()
     return sllm_q4_0_stream(values()) if outtype == "q4_0" else values()
 
 
-def write_sllm(fds: Sequence[int], plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[tuple[int, str], ...]:
+def write_sllm(fds: Sequence[int], plan: SllmPlan, hasher: InputHasher | None = None,
+               progress=None) -> tuple[tuple[int, str], ...]:
     """Write the .sllm and its tokenizer file into the empty files fds; (size, sha256) of each."""
     results = []
-    streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
+    streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype, progress)),
                (plan.tokenizer_text,))
     for fd, pieces in zip(fds, streams):
         w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
@@ -8745,7 +8754,7 @@ def export_sllm(model_dir, out, options: Options = Options(outtype="f32"), pin=N
         with Commit(options.notice) as commit:
             fds = [commit.create(path) for path in outputs]
             try:
-                (size, sha), (tok_size, tok_sha) = write_sllm(fds[:2], plan, hasher)
+                (size, sha), (tok_size, tok_sha) = write_sllm(fds[:2], plan, hasher, options.progress)
                 read = hasher.result() if hasher else input_sizes(inputs, snapshot)
             except BaseException:
                 if hasher:
@@ -9857,7 +9866,7 @@ def _output_checks(actual: InputFile, pinned: InputFile) -> list[tuple[bool, str
     ]
 
 
-def _input_check(inputs_dir: Path, pinned: InputFile) -> tuple[bool, str]:
+def _input_check(inputs_dir: Path, pinned: InputFile, read=None) -> tuple[bool, str]:
     path = inputs_dir / pinned.name
     if not path.is_file():
         return False, f"input {pinned.name}: missing from {inputs_dir}"
@@ -9865,7 +9874,7 @@ def _input_check(inputs_dir: Path, pinned: InputFile) -> tuple[bool, str]:
     if size != pinned.size:
         # A different size settles it; hashing a large shard to say so again would only cost time.
         return False, f"input {pinned.name}: {size} bytes, the pin says {pinned.size}"
-    actual = hash_file(path)
+    actual = hash_file(path, read=read)
     if actual.sha256 != pinned.sha256:
         return False, f"input {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
     return True, f"input {pinned.name} ({size} bytes, sha256 {actual.sha256})"
@@ -9887,24 +9896,33 @@ def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str
     return [n for n in read if n not in names]
 
 
-def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]:
+def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None) -> tuple[list[str], bool]:
     """One "ok ..." or "FAIL ..." line per check of a GGUF (and its inputs) against its pin, and
-    whether every check held. A pin or path that cannot be read is a Refusal."""
+    whether every check held. A pin or path that cannot be read is a Refusal.  progress, if given,
+    is called as Options.progress is, in bytes hashed of all the pinned files' sizes."""
     pin = read_pin(fork_json_path)
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise Refusal(f"{gguf_path} is not a file")
+    total = pin.output.size + sum(c.size for c in pin.companions)
+    total += sum(p.size for p in pin.inputs) if inputs_dir is not None else 0
+    done = [0]
+
+    def read(n: int) -> None:
+        done[0] += n
+        if progress:
+            progress(done[0], total, "")
     try:
-        checks = _output_checks(hash_file(gguf_path), pin.output)
+        checks = _output_checks(hash_file(gguf_path, read=read), pin.output)
         for c in pin.companions:
             beside = gguf_path.with_name(c.name)
-            checks += (_output_checks(hash_file(beside), c) if beside.is_file()
+            checks += (_output_checks(hash_file(beside, read=read), c) if beside.is_file()
                        else [(False, f"{c.name}: missing beside {gguf_path.name}")])
         if inputs_dir is not None:
             inputs_dir = Path(inputs_dir)
             if not inputs_dir.is_dir():
                 raise Refusal(f"--inputs {inputs_dir} is not a directory")
-            checks += [_input_check(inputs_dir, p) for p in pin.inputs]
+            checks += [_input_check(inputs_dir, p, read) for p in pin.inputs]
             checks += [(False, f"input {n}: in {inputs_dir} but not in the pin; the converter would "
                                f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs)]
     except OSError as e:
@@ -9937,24 +9955,28 @@ def diff_files(a, b) -> tuple[list[str], int]:
     return lines, 1
 
 
-# --json results of convert: one JSON object on stdout, for programs that drive the converter.
+# --json results: one JSON object on stdout of the shape RESULT_SCHEMA (in the command line section
+# below) for every command, for programs that drive the converter.
 
 def report_json(report: Report, seconds: float, fork: Optional[Path] = None) -> str:
-    """A conversion's result as one line of JSON."""
-    doc = {
-        "ok": True, "exit": 0, "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
-        "tensors": report.tensors, "kv": report.kv, "params": report.params,
-        "general.name": report.name, "seconds": round(seconds, 3),
-        "fork": str(fork) if fork is not None else None,
-        "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
+    """A conversion's result as one line of JSON (RESULT_SCHEMA's shape)."""
+    outputs = [output_json(report.out, report.bytes, report.sha256, "gguf")]
+    if fork is not None:
+        outputs.append(file_json(fork, "pin"))
+    doc = result_json("convert", 0, seconds, {
+        "outputs": outputs, "inputs": [input_json(i) for i in report.inputs],
+        "outtype": report.outtype or report.options.outtype,
+        "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
+        "general.name": report.name, "params": report.params,
+        "tensor_count": report.tensors, "kv_count": report.kv,
         "tool": f"bankml_convert {__version__}", "reference": REFERENCE,
-    }
+    })
     return json.dumps(doc, ensure_ascii=False)
 
 
-def refusal_json(reason: str) -> str:
-    """A refusal as one line of JSON; the exit code is 2 as for every refusal."""
-    return json.dumps({"ok": False, "refusal": reason, "exit": 2}, ensure_ascii=False)
+def refusal_json(reason: str, command: str = "convert") -> str:
+    """A refusal as one line of JSON (RESULT_SCHEMA's shape); the exit code is 2 as for every refusal."""
+    return json.dumps(result_json(command, 2, None, {"refusal": reason}), ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -10220,21 +10242,104 @@ def inspect_ggml_lines(path) -> list[str]:
 _EXIT_FAILED = 3
 
 
-def failure_json(failure: ConversionFailed) -> str:
+# --json: whatever the command and however it ends (done, refused, failed, a usage error), one
+# object on stdout with these fields, in this order; a command adds its own after them (convert:
+# general.name, params, tensor_count, kv_count; inspect: kvs and tensors; verify: checks; diff:
+# differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
+# null), a list holding the schema of each element, a dict a nested object's fields.
+RESULT_SCHEMA = {
+    "schema": str,          # RESULT_VERSION
+    "ok": bool,             # exit == 0
+    "exit": int,            # the process's exit code: 0, 1 (verify/diff), 2 refused, 3 failed, 128+N
+    "command": str,         # convert, inspect, verify, diff or ggml
+    "outputs": [{"path": str, "bytes": int, "sha256": str, "role": str}],  # every file written
+    "inputs": [{"name": str, "bytes": (int, None), "sha256": (str, None)}],  # the files read
+    "outtype": (str, None),     # the output type as resolved (--outtype auto: what it chose)
+    "timings": {"seconds": (float, int)},
+    "refusal": (str, None),     # why the command refused (inspect of a model directory: why it would)
+    "failure": (str, None),     # why it failed (exit 3, or 128+N); then "bug" says whose fault it is
+}
+RESULT_VERSION = "bankml-result/1"
+# What --format sllm's bytes are checked against (oracle/sllm_oracle.py), as REFERENCE is for GGUF.
+SLLM_REFERENCE = "kasahare 0.5.4 engine (simple-llm): src/model_data.cpp, src/tokenizer.cpp"
+
+
+def schema_problems(value: Any, schema: Any = None, at: str = "") -> list[str]:
+    """Where value departs from schema (RESULT_SCHEMA by default): one line per problem, [] if none.
+    Fields a schema does not name are allowed."""
+    schema = RESULT_SCHEMA if schema is None else schema
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return [f"{at or 'the result'} is not an object"]
+        return [p for key, inner in schema.items()
+                for p in ([f"{at}{key} is missing"] if key not in value
+                          else schema_problems(value[key], inner, f"{at}{key}."))]
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{at.rstrip('.')} is not an array"]
+        return [p for i, item in enumerate(value) for p in schema_problems(item, schema[0], f"{at}{i}.")]
+    kinds = schema if isinstance(schema, tuple) else (schema,)
+    for kind in kinds:
+        if (value is None if kind is None else
+                isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+            return []
+    return [f"{at.rstrip('.')} is {value!r}, not {' or '.join('null' if k is None else k.__name__ for k in kinds)}"]
+
+
+# When main() began, for the timings of --json.
+_run_started = [0.0]
+
+
+def result_json(command: str, exit: int, seconds: Optional[float] = None, fields: Optional[dict] = None) -> dict:
+    """RESULT_SCHEMA's object for a command that ended with exit, with its own fields after (or
+    replacing) the defaults; seconds defaults to the time since main() began."""
+    if seconds is None:
+        seconds = time.monotonic() - _run_started[0] if _run_started[0] else 0.0
+    doc = {"schema": RESULT_VERSION, "ok": exit == 0, "exit": exit, "command": command, "outputs": [],
+           "inputs": [], "outtype": None, "timings": {"seconds": round(seconds, 3)}, "refusal": None,
+           "failure": None}
+    doc.update(fields or {})
+    return doc
+
+
+def output_json(path: Path, size: int, sha256: str, role: str) -> dict:
+    return {"path": str(path), "bytes": size, "sha256": sha256, "role": role}
+
+
+def file_json(path: Path, role: str) -> dict:
+    """output_json of a small file written beside the output (a pin), read back to hash it."""
+    data = Path(path).read_bytes()
+    return output_json(path, len(data), hashlib.sha256(data).hexdigest(), role)
+
+
+def input_json(i: InputFile) -> dict:
+    return {"name": i.name, "bytes": i.size, "sha256": i.sha256}
+
+
+def named_file_json(path) -> dict:
+    """An input named on the command line: its size where it can be seen, no sha256."""
+    try:
+        size = os.stat(path).st_size if os.path.isfile(path) else None
+    except (OSError, ValueError):
+        size = None
+    return {"name": str(path), "bytes": size, "sha256": None}
+
+
+def failure_json(failure: ConversionFailed, command: str = "convert") -> str:
     """A failed conversion as one line of JSON, as refusal_json is a refusal; the exit code is 3."""
-    return json.dumps({"ok": False, "failure": failure.what, "bug": failure.bug, "exit": _EXIT_FAILED},
+    return json.dumps(result_json(command, _EXIT_FAILED, None, {"failure": failure.what, "bug": failure.bug}),
                       ensure_ascii=False)
 
 
-def _conversion_failed(failure: ConversionFailed, as_json: bool = False) -> int:
+def _conversion_failed(failure: ConversionFailed, as_json: bool = False, command: str = "convert") -> int:
     # Not "refuse": a refusal tells the user their input is outside what is reproduced; this is
     # the program's or the machine's doing, and says which, so it is reported to the right place.
     cause = ("a bug in bankml_convert; please report it" if failure.bug else
              "a fault of this machine or of another program; converting again may succeed")
-    print(f"bankml convert: failed: {failure.what} (this is not a problem with your model: {cause}); "
-          f"{failure.outcome}", file=sys.stderr)
+    _say(f"bankml convert: failed: {failure.what} (this is not a problem with your model: {cause}); "
+         f"{failure.outcome}")
     if as_json:
-        print(failure_json(failure))
+        print(failure_json(failure, command))
     return _EXIT_FAILED
 
 
@@ -10278,10 +10383,23 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="leave README.md's model card out, the way past a card it refuses (the result then differs from llama.cpp's)")
 
 
+class _UsageError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        self.parser, self.message = parser, message
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are raised for main() to report, so that under --json
+    one also reaches stdout as a refusal; on stderr they read as argparse's own."""
+
+    def error(self, message):
+        raise _UsageError(self, message)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The convert command's parser (the default when the first argument names no command)."""
     prog = _prog()
-    p = argparse.ArgumentParser(
+    p = _ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Convert a Hugging Face safetensors Llama directory to GGUF, byte-identical to "
                     "llama.cpp's convert_hf_to_gguf.py, and pin it.",
@@ -10310,8 +10428,8 @@ def _parser() -> argparse.ArgumentParser:
 def _command_parser() -> argparse.ArgumentParser:
     """The parser of the inspect, verify and diff commands."""
     prog = _prog()
-    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=_commands_help(prog))
+    p = _ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=_commands_help(prog))
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     i = sub.add_parser("inspect", help="what a GGUF, a .safetensors file or a model directory holds",
                        description="Show a GGUF's header, metadata and tensor table; or a safetensors "
@@ -10334,6 +10452,7 @@ def _command_parser() -> argparse.ArgumentParser:
     v.add_argument("gguf", metavar="FILE.gguf")
     v.add_argument("fork", metavar="FORK.json")
     v.add_argument("--inputs", metavar="DIR", help="the model directory: check every pinned input in it")
+    v.add_argument("--json", action="store_true", help="one JSON object on stdout: the checks and the result")
     d = sub.add_parser("diff", help="where two GGUF files differ",
                        description="Compare two GGUF files key by key and tensor by tensor; exit 0 when "
                                    "byte-identical, 1 when they differ, 2 when one cannot be read.",
@@ -10341,6 +10460,7 @@ def _command_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("a", metavar="A.gguf")
     d.add_argument("b", metavar="B.gguf")
+    d.add_argument("--json", action="store_true", help="one JSON object on stdout: the differences")
     g = sub.add_parser("ggml", help="ggml's MNIST file from a state dict (.pt, .bin or .safetensors)",
                        description="Write the legacy GGML file ggml's examples/mnist/convert-h5-to-ggml.py "
                                    "wrote from a state dict (magic; per tensor, squeezed: n_dims, dims "
@@ -10364,32 +10484,118 @@ def _options(args: argparse.Namespace) -> Options:
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
     return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
-                   progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned, notice=_notice)
+                   progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice)
 
 
 def _notice(line: str) -> None:
-    print(f"bankml convert: {line}", file=sys.stderr)
+    _say(f"bankml convert: {line}")
 
 
-class ProgressLine:
-    """One line on a terminal, rewritten at most ten times a second: tensor, bytes done, rate."""
+class ProgressBar:
+    """The bar tqdm, pip and huggingface-cli draw, on one terminal line rewritten at most ten times a
+    second:  bankml convert:  47%|████▌     | 68.1M/145M [00:02<00:02, 30.0MB/s]
+    fitted to the terminal's width as it is now (the bar shrinks, then goes, then the line is cut:
+    it never wraps), the rate smoothed over recent updates as tqdm's is, the ETA from that rate.
+    No tensor names: in llama.cpp's order (blk.1, blk.10, blk.11, blk.2) they only seem to jump.
+    clear() takes it off the line before anything else is printed; at 100% it clears itself."""
 
-    def __init__(self, stream) -> None:
+    PARTS = " ▏▎▍▌▋▊▉█"          # eighths of a cell, as tqdm draws them; " #" where stderr is not Unicode
+
+    def __init__(self, stream, label: str = "bankml convert: ") -> None:
         self._stream = stream
-        self._start = self._shown = time.monotonic()
+        self._label = label
+        self._start = self._shown = self._last = time.monotonic()
+        self._last_done = 0
+        self._rate: Optional[float] = None
+        self.visible = False
+        encoding = (getattr(stream, "encoding", None) or "ascii").lower().replace("-", "")
+        self._parts = self.PARTS if encoding in ("utf8", "utf16", "utf32") else " #"
 
-    def __call__(self, done: int, total: int, tensor: str) -> None:
+    def __call__(self, done: int, total: int, name: str = "") -> None:
         now = time.monotonic()
-        if now - self._shown < 0.1 and done < total:
-            return
-        self._shown = now
-        rate = done / max(now - self._start, 1e-9) / 1e6
-        self._stream.write(f"\r\x1b[Kbankml convert: {done / 1e6:,.1f}/{total / 1e6:,.1f} MB "
-                           f"{rate:,.0f} MB/s  {tensor}")
-        self._stream.flush()
         if done >= total:
+            self.clear()
+            return
+        if now - self._shown < 0.1:
+            return
+        if now > self._last and done > self._last_done:
+            recent = (done - self._last_done) / (now - self._last)
+            self._rate = recent if self._rate is None else 0.3 * recent + 0.7 * self._rate
+            self._last, self._last_done = now, done
+        self._shown = now
+        self._stream.write("\r" + progress_text(done, total, now - self._start, self._rate, _terminal_width(self._stream),
+                                                self._label, self._parts) + "\x1b[K")
+        self._stream.flush()
+        self.visible = True
+
+    def clear(self) -> None:
+        if self.visible:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
+            self.visible = False
+
+
+def progress_text(done: int, total: int, elapsed: float, rate: Optional[float], width: int,
+                  label: str = "", parts: str = ProgressBar.PARTS) -> str:
+    """One progress line of at most width - 3 characters: a line that fills the last column wraps on
+    some terminals, and the "^C" a terminal echoes on Ctrl-C must fit beside it, or it wraps and
+    leaves the bar on the line above the message that follows."""
+    fraction = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
+    remaining = (total - done) / rate if rate else None
+    left = f"{label}{fraction * 100:3.0f}%"
+    right = (f" {_si(done)}/{_si(total)} [{_clock(elapsed)}<{_clock(remaining) if remaining is not None else '?'}, "
+             f"{_si(rate) + 'B/s' if rate else '?B/s'}]")
+    cells = width - 3 - len(left) - len(right) - 2
+    if cells < 10 and label:    # a narrow terminal: the bar matters more than the name
+        return progress_text(done, total, elapsed, rate, width, "", parts)
+    if cells >= 4:
+        eighths = int(fraction * cells * (len(parts) - 1))
+        full, part = divmod(eighths, len(parts) - 1)
+        bar = parts[-1] * full + (parts[part] if full < cells else "")
+        return f"{left}|{bar.ljust(cells)}|{right}"
+    return (left + right)[:max(width - 3, 0)]
+
+
+def _si(n: float) -> str:
+    """A count in tqdm's unit_scale form: three significant digits and an SI prefix (68.1M, 145M)."""
+    for prefix in ("", "k", "M", "G", "T", "P"):
+        if abs(n) < 999.5:
+            if abs(n) < 99.95:
+                return f"{n:1.2f}{prefix}" if abs(n) < 9.995 else f"{n:2.1f}{prefix}"
+            return f"{n:3.0f}{prefix}"
+        n /= 1000
+    return f"{n:3.1f}E"
+
+
+def _clock(seconds: float) -> str:
+    """MM:SS, or H:MM:SS from an hour, as tqdm shows elapsed and remaining time."""
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h:d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def _terminal_width(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
+# The bars shown by this run, so that any other line on stderr clears them first (_say).
+_bars: list = []
+
+
+def _progress_bar(label: str = "bankml convert: ") -> ProgressBar:
+    bar = ProgressBar(sys.stderr, label)
+    _bars.append(bar)
+    return bar
+
+
+def _say(line: str) -> None:
+    """A line on stderr, the progress bar (if one is showing) taken off first."""
+    for bar in _bars:
+        bar.clear()
+    print(line, file=sys.stderr)
 
 
 def _print_lines(lines: list[str]) -> None:
@@ -10412,7 +10618,10 @@ def _inspect(args: argparse.Namespace) -> int:
             result = inspect_gguf_json(path, args.full) if args.json else inspect_gguf_lines(path, args.full)
     except (GGUFError, Refusal, OSError) as e:
         return _failed("inspect", f"{path}: {_reason(e)}", args.json)
-    _print_json(result) if args.json else _print_lines(result)
+    if args.json:
+        _print_json(result_json("inspect", 0, None, dict({"inputs": [named_file_json(path)]}, **result)))
+    else:
+        _print_lines(result)
     return 0
 
 
@@ -10433,29 +10642,44 @@ def _reason(e: BaseException) -> str:
 
 
 def _failed(command: str, reason: str, as_json: bool = False) -> int:
-    print(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}", file=sys.stderr)
+    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}")
     if as_json:
-        print(refusal_json(reason))
+        print(refusal_json(reason, command))
     return 2
 
 
 def _verify(args: argparse.Namespace) -> int:
+    # Hashing the inputs is the long part (a 5 GB shard): a bar for it, on a terminal.
+    bar = _progress_bar("bankml verify: ") if args.inputs and sys.stderr.isatty() else None
     try:
-        lines, held = verify(args.gguf, args.fork, args.inputs)
+        lines, held = verify(args.gguf, args.fork, args.inputs, bar)
         pin = read_pin(args.fork)
     except Refusal as e:
-        return _failed("verify", e.reason)
+        return _failed("verify", e.reason, args.json)
+    finally:
+        if bar:
+            bar.clear()
+    code = 0 if held else 1
+    if args.json:
+        _print_json(result_json("verify", code, None, {
+            "inputs": [named_file_json(args.gguf), named_file_json(args.fork)],
+            "checks": lines, "made_by": shown_name(pin.command) if pin.command else None}))
+        return code
     _print_lines(lines)
     if held and pin.command:
         print(f"made by: {shown_name(pin.command)}")
-    return 0 if held else 1
+    return code
 
 
 def _diff(args: argparse.Namespace) -> int:
     try:
         lines, code = diff_files(args.a, args.b)
     except Refusal as e:
-        return _failed("diff", e.reason)
+        return _failed("diff", e.reason, args.json)
+    if args.json:
+        _print_json(result_json("diff", code, None, {"inputs": [named_file_json(args.a), named_file_json(args.b)],
+                                                       "identical": code == 0 and not lines, "differences": lines}))
+        return code
     _print_lines(lines or ["identical"])
     return code
 
@@ -10466,11 +10690,14 @@ def _ggml(args: argparse.Namespace) -> int:
     except Refusal as e:
         return _failed("ggml", e.reason, args.json)
     except ConversionFailed as e:
-        return _conversion_failed(e, args.json)
+        return _conversion_failed(e, args.json, "ggml")
     if args.json:
-        _print_json({"ok": True, "output": {"name": str(job.out), "bytes": job.bytes, "sha256": job.sha256},
-                     "tensors": job.tensors, "format": args.gguf or "ggml-legacy",
-                     "inputs": [{"name": job.input.name, "bytes": job.input.size, "sha256": job.input.sha256}]})
+        outputs = [output_json(job.out, job.bytes, job.sha256, "gguf" if args.gguf else "ggml")]
+        if args.fork:
+            outputs.append(file_json(Path(args.fork), "pin"))
+        _print_json(result_json("ggml", 0, None, {
+            "outputs": outputs, "inputs": [input_json(job.input)], "outtype": "f32",
+            "format": args.gguf or "ggml-legacy", "tensor_count": job.tensors}))
     else:
         _print_sha256_line(job.sha256, job.out)
     return 0
@@ -10514,7 +10741,12 @@ def _convert(args: argparse.Namespace) -> int:
             return _export_sllm(args, started, done)
         if args.dry_run:
             planned = dry_run(args.model_dir, args.outfile, _options(args))
-            _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
+            if args.json:
+                _print_json(result_json("convert", 0, time.monotonic() - started, dict(
+                    dry_run_json(planned), inputs=[dict(named_file_json(i), name=i.name) for i in planned.plan.inputs],
+                    outtype=planned.plan.outtype.name)))
+            else:
+                _print_lines(dry_run_lines(planned))
             return 0
         report = convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
         done.append(True)
@@ -10523,7 +10755,10 @@ def _convert(args: argparse.Namespace) -> int:
     except ConversionFailed as e:
         return _conversion_failed(e, args.json)
     except _Interrupted as e:
-        print(f"bankml convert: interrupted by signal {e.signum}; nothing was written", file=sys.stderr)
+        _say(f"bankml convert: interrupted by signal {e.signum}; nothing was written")
+        if args.json:
+            _print_json(result_json("convert", 128 + e.signum, time.monotonic() - started, {
+                "failure": f"interrupted by signal {e.signum}; nothing was written", "bug": False}))
         return 128 + e.signum
     except Exception as e:      # past every check: the machine's (memory) or a bug, in one line
         return _conversion_failed(unexpected_failure(e), args.json)
@@ -10536,7 +10771,7 @@ def _convert(args: argparse.Namespace) -> int:
         _print_sha256_line(report.sha256, report.out)
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
     if not args.quiet:
-        print(_summary(report), file=sys.stderr)
+        _say(_summary(report))
     return 0
 
 
@@ -10567,17 +10802,19 @@ def _export_sllm(args: argparse.Namespace, started: float, done: list) -> int:
     report = exported.report
     if args.json:
         doc = json.loads(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
-        doc["tokenizer"] = {"out": str(sllm_tokenizer_path(report.out)), "bytes": exported.tokenizer.size,
-                            "sha256": exported.tokenizer.sha256}
+        doc["outputs"][0]["role"] = "sllm"
+        doc["outputs"].insert(1, output_json(sllm_tokenizer_path(report.out), exported.tokenizer.size,
+                                             exported.tokenizer.sha256, "tokenizer"))
+        doc["format"] = "sllm"
+        doc["reference"] = SLLM_REFERENCE
         _print_json(doc)
     else:
         _print_sha256_line(report.sha256, report.out)
         _print_sha256_line(exported.tokenizer.sha256, sllm_tokenizer_path(report.out))
     sys.stdout.flush()
     if not args.quiet:
-        print(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
-              f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}",
-              file=sys.stderr)
+        _say(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
+             f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}")
     return 0
 
 
@@ -10585,6 +10822,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (argparse exits 2 itself on a usage error)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "convert"
+    _run_started[0] = time.monotonic()
     import signal
     if signal.getsignal(signal.SIGINT) is globals().get("_interrupted_while_starting"):
         signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, cleaned up and reported
@@ -10596,8 +10834,14 @@ def main(argv: list[str] | None = None) -> int:
             code = _convert(_parser().parse_args(argv))
         sys.stdout.flush()
         return code
+    except _UsageError as e:
+        e.parser.print_usage(sys.stderr)
+        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        if "--json" in argv:
+            print(refusal_json(e.message, command))
+        return 2
     except KeyboardInterrupt:
-        print("bankml: interrupted", file=sys.stderr)
+        _say("bankml: interrupted")
         return 130
     except BrokenPipeError:
         # `inspect big.gguf | head` closes the pipe early; stop quietly, as a C tool killed by
@@ -10613,7 +10857,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
         else:
             failure = unexpected_failure(e)
-            print(f"bankml {command}: failed: {failure.what}", file=sys.stderr)
+            _say(f"bankml {command}: failed: {failure.what}")
         return _EXIT_FAILED
 
 

@@ -1292,23 +1292,42 @@ class CommandLine(Workspace):
         self.assertEqual(part.read_bytes(), b"being written")
         self.assertEqual(entries(out.parent), ["busy.gguf.part"])
 
-    def test_progress_is_one_rewritten_line_on_a_terminal(self):
-        # In its own process: the progress line depends on stderr being a real terminal.
+    def on_a_terminal(self, *args, columns: int = 60) -> tuple[int, bytes]:
+        """The tool in its own process with stderr a terminal of this width: exit code, what it showed."""
+        import fcntl
         import pty
-        d = self.case("bf16")
-        out = self.tmp / "progress.gguf"
+        import termios
         primary, secondary = pty.openpty()
-        p = subprocess.run([*TOOL, str(d), "-o", str(out)], stdout=subprocess.PIPE, stderr=secondary, timeout=120)
+        fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        p = subprocess.run([*TOOL, *map(str, args)], stdout=subprocess.PIPE, stderr=secondary, timeout=300)
         os.close(secondary)
         seen = b""
         with contextlib.suppress(OSError):
-            while chunk := os.read(primary, 65536):
+            while True:
+                chunk = os.read(primary, 65536)
+                if not chunk:
+                    break
                 seen += chunk
         os.close(primary)
-        self.assertEqual(p.returncode, 0)
-        self.assertIn(b"\r\x1b[Kbankml convert: ", seen)
-        self.assertIn(b"MB/s", seen)
-        self.assertEqual(seen.count(b"\n"), 1)     # the progress line is erased; only the summary stays
+        return p.returncode, seen
+
+    def test_progress_is_a_bar_rewritten_on_one_line_then_cleared_before_the_summary(self):
+        out = self.tmp / "progress.gguf"
+        code, seen = self.on_a_terminal(self.case("bf16"), "-o", out, "--outtype", "q8_0")
+        self.assertEqual(code, 0)
+        self.assertRegex(seen, rb"\r(bankml convert: )? +\d+%\|[^|]*\| [0-9.]+[kMG]?/[0-9.]+[kMG]? "
+                               rb"\[\d\d:\d\d<(\d\d:\d\d|\?), ([0-9.]+[kMG]?|\?)B/s\]\x1b\[K")
+        self.assertEqual(seen.count(b"\n"), 1)     # the bar is erased; only the summary stays
+        self.assertIn(b"\r\x1b[Kbankml convert: 'Bf16'", seen)
+        out.unlink()
+
+    def test_progress_fits_a_60_column_terminal(self):
+        out = self.tmp / "narrow.gguf"
+        code, seen = self.on_a_terminal(self.case("bf16"), "-o", out, "--outtype", "q8_0", columns=60)
+        self.assertEqual(code, 0)
+        drawn = [line.split(b"\x1b[K")[0] for line in seen.split(b"\r") if b"%" in line]
+        self.assertTrue(drawn, seen)
+        self.assertTrue(all(len(line.decode("utf-8")) <= 57 for line in drawn), drawn)
         out.unlink()
 
     def test_import_has_no_side_effects(self):
@@ -2169,7 +2188,7 @@ class AroundCommandLine(AroundWorkspace):
                          (True, 0, self.report.sha256, self.report.bytes))
         self.assertEqual(doc["out"], str(out))
         self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
-        self.assertGreaterEqual(doc["seconds"], 0)
+        self.assertGreaterEqual(doc["timings"]["seconds"], 0)
         out.unlink()
 
     def test_json_on_refusal_is_one_object_with_the_reason(self):
@@ -2334,6 +2353,175 @@ def refusal(test: unittest.TestCase, blob: bytes, *fragments: str) -> str:
     for fragment in fragments:
         test.assertIn(fragment, message)
     return message
+
+
+class JsonSchema(AroundWorkspace):
+    """Every command's --json, however it ends, is one object of bc.RESULT_SCHEMA's shape."""
+
+    def assertResult(self, r: Result, command: str, code: int) -> dict:
+        self.assertEqual(r.code, code, r.err)
+        self.assertEqual(len(r.out.splitlines()), 1, r.out)
+        doc = json.loads(r.out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual(list(doc)[:len(bc.RESULT_SCHEMA)], list(bc.RESULT_SCHEMA))
+        self.assertEqual((doc["command"], doc["exit"], doc["ok"]), (command, code, code == 0))
+        return doc
+
+    def test_the_validator_names_a_missing_field_and_a_wrong_type(self):
+        doc = bc.result_json("convert", 0, 1.0, {"outputs": [{"path": "x", "bytes": True, "sha256": "s", "role": "gguf"}]})
+        del doc["failure"]
+        self.assertEqual(bc.schema_problems(doc), ["outputs.0.bytes is True, not int", "failure is missing"])
+
+    def test_a_conversion_lists_its_outputs_inputs_and_the_type_auto_chose(self):
+        out = self.out_dir() / "x.gguf"
+        doc = self.assertResult(cli(EXAMPLE, "-o", out, "--outtype", "auto", "--fork", out.with_suffix(".json"),
+                                    "--json"), "convert", 0)
+        self.assertEqual(doc["outtype"], "bf16")
+        self.assertEqual([(o["path"], o["role"]) for o in doc["outputs"]],
+                         [(str(out), "gguf"), (str(out.with_suffix(".json")), "pin")])
+        self.assertEqual(doc["outputs"][1]["sha256"], sha256_file(out.with_suffix(".json")))
+        self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
+        self.assertEqual((doc["tensor_count"], doc["kv_count"]), (self.report.tensors, self.report.kv))
+
+    def test_a_dry_run_writes_no_output_and_lists_its_inputs_unhashed(self):
+        doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--dry-run", "--json"), "convert", 0)
+        self.assertEqual((doc["outputs"], doc["outtype"], doc["inputs"][0]["sha256"]), ([], "f16", None))
+
+    def test_a_refusal_and_a_usage_error_are_refusals(self):
+        doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--outtype", "q4_k", "--json"),
+                                "convert", 2)
+        self.assertIn("q4_k", doc["refusal"])
+        r = cli(EXAMPLE, "--json")
+        doc = self.assertResult(r, "convert", 2)
+        self.assertEqual(doc["refusal"], "the following arguments are required: -o/--outfile")
+        self.assertIn("error: the following arguments are required", r.err)
+        self.assertEqual(self.assertResult(cli("verify", "--json"), "verify", 2)["command"], "verify")
+
+    def test_a_failure_says_whose_fault(self):
+        doc = json.loads(bc.failure_json(bc.ConversionFailed("disk full", bug=False)))
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual((doc["exit"], doc["failure"], doc["bug"]), (3, "disk full", False))
+
+    def test_inspect_of_a_gguf_a_directory_and_a_safetensors_file(self):
+        for path in (self.gguf, EXAMPLE, EXAMPLE / "model.safetensors"):
+            with self.subTest(path=path.name):
+                doc = self.assertResult(cli("inspect", path, "--json"), "inspect", 0)
+                self.assertEqual(doc["inputs"][0]["name"], str(path))
+        self.assertIn("cannot read", self.assertResult(cli("inspect", self.tmp / "absent.gguf", "--json"),
+                                                       "inspect", 2)["refusal"])
+
+    def test_verify_holds_fails_or_refuses(self):
+        doc = self.assertResult(cli("verify", self.gguf, self.pin, "--inputs", EXAMPLE, "--json"), "verify", 0)
+        self.assertTrue(all(line.startswith("ok ") for line in doc["checks"]))
+        other = self.copy_of_output()
+        with open(other, "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        doc = self.assertResult(cli("verify", other, self.pin, "--json"), "verify", 1)
+        self.assertTrue(any(line.startswith("FAIL sha256") for line in doc["checks"]))
+        self.assertResult(cli("verify", self.gguf, self.tmp / "absent.json", "--json"), "verify", 2)
+
+    def test_diff_identical_different_or_unreadable(self):
+        doc = self.assertResult(cli("diff", self.gguf, self.gguf, "--json"), "diff", 0)
+        self.assertEqual((doc["identical"], doc["differences"]), (True, []))
+        other = self.copy_of_output()
+        with open(other, "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        self.assertNotEqual(self.assertResult(cli("diff", self.gguf, other, "--json"), "diff", 1)["differences"], [])
+        self.assertResult(cli("diff", self.gguf, self.tmp / "absent.gguf", "--json"), "diff", 2)
+
+    def test_ggml_lists_its_output_and_pin(self):
+        out = self.out_dir() / "mnist.bin"
+        doc = self.assertResult(cli("ggml", ORACLE / "fixtures" / "torch" / "mnist-f32.pt", "-o", out,
+                                    "--fork", out.with_suffix(".json"), "--json"), "ggml", 0)
+        self.assertEqual([o["role"] for o in doc["outputs"]], ["ggml", "pin"])
+        self.assertEqual((doc["outputs"][0]["sha256"], doc["outtype"]), (sha256_file(out), "f32"))
+
+    def test_sllm_lists_both_files_and_names_the_engine_as_its_reference(self):
+        out = self.out_dir() / "x.sllm"
+        doc = self.assertResult(cli(EXAMPLE, "-o", out, "--format", "sllm", "--json"), "convert", 0)
+        self.assertEqual([o["role"] for o in doc["outputs"]], ["sllm", "tokenizer"])
+        self.assertEqual((doc["outtype"], doc["reference"]), ("f32", bc.SLLM_REFERENCE))
+
+
+class ProgressBarRules(unittest.TestCase):
+    def test_the_line_reads_as_tqdms(self):
+        self.assertEqual(bc.progress_text(68_100_000, 145_000_000, 2.2, 30e6, 60),
+                         " 47%|███████▌        | 68.1M/145M [00:02<00:02, 30.0MB/s]")
+
+    def test_no_width_gets_a_line_that_would_wrap(self):
+        for width in range(0, 200):
+            line = bc.progress_text(68_100_000, 145_000_000, 2.2, 30e6, width, "bankml convert: ")
+            self.assertLessEqual(len(line), max(width - 3, 0), width)   # room for an echoed ^C
+
+    def test_a_narrow_terminal_drops_the_label_before_the_bar_and_the_bar_before_the_counts(self):
+        wide = bc.progress_text(5, 10, 1, 5, 120, "bankml convert: ")
+        self.assertTrue(wide.startswith("bankml convert:  50%|"), wide)
+        self.assertTrue(bc.progress_text(5, 10, 1, 5, 60, "bankml convert: ").startswith(" 50%|"))
+        self.assertEqual(bc.progress_text(5, 10, 1, 5, 42, "bankml convert: "), " 50% 5.00/10.0 [00:01<00:01, 5.00B/s]")
+
+    def test_before_a_rate_is_known_the_eta_and_rate_are_question_marks(self):
+        self.assertTrue(bc.progress_text(0, 145_000_000, 0.1, None, 80).endswith("| 0.00/145M [00:00<?, ?B/s]"))
+
+    def test_an_hour_or_more_reads_h_mm_ss(self):
+        self.assertEqual((bc._clock(59), bc._clock(61), bc._clock(3725)), ("00:59", "01:01", "1:02:05"))
+
+    def test_sizes_have_three_significant_digits_and_an_si_prefix(self):
+        self.assertEqual([bc._si(n) for n in (5, 68_100_000, 145_000_000, 999_400, 2.5e9)],
+                         ["5.00", "68.1M", "145M", "999k", "2.50G"])
+
+    def test_a_stream_that_is_not_unicode_gets_hashes(self):
+        stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+        self.assertEqual(bc.ProgressBar(stream)._parts, " #")
+
+    def test_any_other_line_clears_a_visible_bar_first(self):
+        stream = io.StringIO()
+        bar = bc.ProgressBar(stream)
+        bar._shown -= 1
+        bar(50, 100)
+        self.assertTrue(bar.visible)
+        bc._bars.append(bar)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                bc._say("bankml convert: refuse: a reason")
+        finally:
+            bc._bars.remove(bar)
+        self.assertTrue(stream.getvalue().endswith("\r\x1b[K"))
+        self.assertEqual((bar.visible, err.getvalue()), (False, "bankml convert: refuse: a reason\n"))
+
+    def test_the_bar_clears_itself_at_the_end(self):
+        stream = io.StringIO()
+        bar = bc.ProgressBar(stream)
+        bar._shown -= 1
+        bar(50, 100)
+        bar(100, 100)
+        self.assertEqual((bar.visible, stream.getvalue()[-4:]), (False, "\r\x1b[K"))
+
+
+class ProgressOnEveryLongPath(AroundWorkspace):
+    def calls(self):
+        seen = []
+        return seen, lambda done, total, name: seen.append((done, total))
+
+    def assertRisesToTheTotal(self, seen):
+        self.assertTrue(seen)
+        self.assertEqual([d for d, _ in seen], sorted(d for d, _ in seen))
+        self.assertEqual(seen[-1][0], seen[-1][1])
+
+    def test_sllm_reports_the_sources_read(self):
+        seen, progress = self.calls()
+        bc.export_sllm(EXAMPLE, self.out_dir() / "x.sllm", bc.Options(outtype="f32", progress=progress))
+        self.assertRisesToTheTotal(seen)
+        self.assertEqual(seen[-1][1], (EXAMPLE / "model.safetensors").stat().st_size - 8 -
+                         int.from_bytes((EXAMPLE / "model.safetensors").read_bytes()[:8], "little"))
+
+    def test_verify_with_inputs_reports_every_pinned_file_hashed(self):
+        seen, progress = self.calls()
+        lines, held = bc.verify(self.gguf, self.pin, EXAMPLE, progress)
+        self.assertTrue(held, lines)
+        self.assertRisesToTheTotal(seen)
+        self.assertEqual(seen[-1][1], self.report.bytes + sum(i.size for i in self.report.inputs))
 
 
 class TempDirCase(unittest.TestCase):
@@ -5707,7 +5895,7 @@ FaultSuite = faults.test_case()
 # minute each, where the whole suite takes about five under one Python.
 FAST = ("ExampleModel", "PlatformsWithoutLinuxCalls", "CommandLine", "Rules", "SafetensorsHeaders",
         "DirectoryName", "SizeLabel", "InspectCommand", "VerifyCommand", "DiffCommand", "DryRunCommand",
-        "OutputTypeRules", "SllmRules")
+        "OutputTypeRules", "SllmRules", "JsonSchema", "ProgressBarRules")
 
 
 def main() -> int:
