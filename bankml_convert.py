@@ -10401,12 +10401,16 @@ def _parser() -> argparse.ArgumentParser:
     prog = _prog()
     p = _ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Convert a Hugging Face safetensors Llama directory to GGUF, byte-identical to "
-                    "llama.cpp's convert_hf_to_gguf.py, and pin it.",
+        description="Convert a Hugging Face model directory (safetensors or pytorch_model.bin) to GGUF, "
+                    "byte-identical to llama.cpp's convert_hf_to_gguf.py, and pin it. Families: "
+                    "Llama (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral: LlamaForCausalLM, "
+                    "MistralForCausalLM), Qwen2/Qwen2.5 (Qwen2ForCausalLM) and Qwen3 (Qwen3ForCausalLM); "
+                    "--print-supported-models lists them.",
         epilog=_commands_help(prog))
     p.add_argument("model_dir", metavar="DIR", help="the model directory (config.json, tokenizer, *.safetensors)")
-    p.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
-                   help="output file; {ftype} is filled in as llama.cpp does")
+    p.add_argument("-o", "--outfile", metavar="OUT.gguf",
+                   help="output file; {ftype} is filled in as llama.cpp does; a directory, or none, gets "
+                        "llama.cpp's default name ({Name}-{Size}-{FTYPE}.gguf) in it (none: in DIR, as llama.cpp)")
     _add_options(p)
     p.add_argument("--format", choices=("gguf", "sllm"), default="gguf",
                    help="gguf (the default), or sllm: the kasahare engine's OUT.sllm and OUT.tok.txt beside "
@@ -10420,9 +10424,115 @@ def _parser() -> argparse.ArgumentParser:
                         "size, without reading tensor data or writing anything")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout instead of the sha256 line (also for a refusal)")
-    p.add_argument("--quiet", action="store_true", help="no progress line and no summary on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
     p.add_argument("--version", action="version", version=f"bankml_convert {__version__} ({REFERENCE})")
+    same = p.add_argument_group("llama.cpp's flags that change nothing here (accepted so its commands run as they are)")
+    for flag in _LLAMA_CPP_HARMLESS:
+        same.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    same.add_argument("--print-supported-models", action="store_true",
+                      help="list the architectures this tool converts, and exit")
+    for flag, (takes_value, _) in _LLAMA_CPP_REFUSED.items():
+        p.add_argument(flag, dest=_refused_dest(flag), help=argparse.SUPPRESS,
+                       **({"metavar": "X"} if takes_value else {"action": "store_true"}))
     return p
+
+
+# convert_hf_to_gguf.py's flags that change nothing in what this tool writes: its lazy loading, temp
+# file and logging are how it works, not what it writes; without splitting, a first split is moot.
+_LLAMA_CPP_HARMLESS = ("--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split")
+
+# convert_hf_to_gguf.py's flags that would change the output in ways not reproduced: each refused
+# with why and what to do instead.  (flag: (takes a value, the reason and the way out))
+_LLAMA_CPP_REFUSED = {
+    "--vocab-only": (False, "writes only the vocabulary, which bankml_convert does not reproduce: convert the "
+                            "whole model, or run llama.cpp's convert_hf_to_gguf.py --vocab-only"),
+    "--bigendian": (False, "big-endian GGUF is not reproduced; every machine llama.cpp commonly runs on reads "
+                           "the little-endian file this tool writes"),
+    "--split-max-size": (True, "split output is not reproduced: convert to one file, then split it with "
+                               "llama.cpp's tool: llama-gguf-split --split-max-size 2G OUT.gguf OUT"),
+    "--split-max-tensors": (True, "split output is not reproduced: convert to one file, then split it with "
+                                  "llama.cpp's tool: llama-gguf-split --split-max-tensors 128 OUT.gguf OUT"),
+    "--metadata": (True, "metadata overrides from a file are not reproduced: use --model-name for general.name, "
+                         "or put the fields in README.md's model card, which is read as llama.cpp reads it"),
+    "--remote": (False, "reads a model from the Hugging Face Hub over the network; download it on a connected "
+                        "machine (huggingface-cli download ORG/NAME --local-dir NAME), copy the folder, and "
+                        "convert the folder"),
+    "--mmproj": (False, "writes a vision projector, which bankml_convert does not convert"),
+    "--mistral-format": (False, "reads Mistral's own layout, which is not reproduced: convert the model's "
+                                "Hugging Face-format files (config.json, model*.safetensors)"),
+}
+
+
+def _refused_dest(flag: str) -> str:
+    return "refused_" + flag.lstrip("-").replace("-", "_")
+
+
+def llama_cpp_flag_refusal(args: argparse.Namespace) -> Optional[str]:
+    """Why a llama.cpp flag given is refused, or None."""
+    for flag, (_, why) in _LLAMA_CPP_REFUSED.items():
+        if getattr(args, _refused_dest(flag), None) not in (None, False):
+            return f"{flag} {why}"
+    return None
+
+
+# --outtype values that llama.cpp's converter does not make either: its llama-quantize makes them
+# from the converter's f16, bf16 or f32 output (tools/quantize/quantize.cpp's list).
+LLAMA_QUANTIZE_TYPES = (
+    "Q1_0", "Q2_0", "Q4_0", "Q4_1", "MXFP4_MOE", "Q5_0", "Q5_1", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+    "IQ1_S", "IQ1_M", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K", "IQ3_XS", "Q3_K_S", "Q3_K_M",
+    "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K", "Q4_K_S", "Q4_K_M", "Q5_K", "Q5_K_S", "Q5_K_M", "Q6_K")
+
+
+def quantize_refusal(outtype: str, model_dir: str) -> Optional[str]:
+    """For an --outtype llama-quantize makes (q4_K_M, ...): the refusal that says how; else None."""
+    kind = outtype.upper()
+    if kind not in LLAMA_QUANTIZE_TYPES:
+        return None
+    stem = Path(model_dir).name or "model"
+    return (f"--outtype {outtype} is made by llama.cpp's llama-quantize, not by a converter (llama.cpp's "
+            f"convert_hf_to_gguf.py does not make it either): convert to f16 or bf16 here, then quantize: "
+            f"{_prog()} {shlex.quote(str(model_dir))} -o {stem}-F16.gguf && "
+            f"llama-quantize {stem}-F16.gguf {stem}-{kind}.gguf {kind}")
+
+
+def llama_cpp_default_name(model_name: Optional[str], base_name: Optional[str], finetune: Optional[str],
+                           version: Optional[str], size: Optional[str], output_type: Optional[str]) -> str:
+    """gguf-py's utility.naming_convention (no LoRA, no vocab-only), character for character."""
+    if base_name is not None:
+        name = base_name.strip().replace(" ", "-").replace("/", "-")
+    elif model_name is not None:
+        name = model_name.strip().replace(" ", "-").replace("/", "-")
+    else:
+        name = "ggml-model"
+    parameters = f"-{size}" if size is not None else ""
+    finetune = f"-{finetune.strip().replace(' ', '-')}" if finetune is not None else ""
+    version = f"-{version.strip().replace(' ', '-')}" if version is not None else ""
+    encoding = f"-{output_type.strip().replace(' ', '-').upper()}" if output_type is not None else ""
+    return f"{name}{parameters}{finetune}{version}{encoding}"
+
+
+def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
+    """Where llama.cpp writes when --outfile is a directory (or absent: the model directory):
+    FOLDER/{naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
+    names it.  The keys come from the same tensor plan and model card the conversion uses."""
+    tp = plan_tensor_data(model_dir, options)
+    n_params = parameter_count(tp.tensors)
+    name_or_path = tp.config.get("_name_or_path")
+    general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
+                                                    model_dir.name, options.model_name, n_params, n_params,
+                                                    0, 0, tp.card)}
+    name = llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
+                                  general.get("general.finetune"), general.get("general.version"),
+                                  general.get("general.size_label"), tp.outtype.label)
+    return folder / f"{name}.gguf"
+
+
+def supported_models_lines() -> list[str]:
+    """--print-supported-models: the config.json architectures converted, by family."""
+    families: dict[str, list[str]] = {}
+    for arch, family in FAMILIES.items():
+        families.setdefault(family.gguf_arch, []).append(arch)
+    return [f"{gguf_arch}: {', '.join(archs)}" for gguf_arch, archs in families.items()]
 
 
 def _command_parser() -> argparse.ArgumentParser:
@@ -10625,6 +10735,14 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _starts_with(path, prefix: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(prefix)) == prefix
+    except (OSError, ValueError):
+        return False
+
+
 def _looks_like_gguf(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
@@ -10650,6 +10768,9 @@ def _failed(command: str, reason: str, as_json: bool = False) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     # Hashing the inputs is the long part (a 5 GB shard): a bar for it, on a terminal.
+    if _starts_with(args.fork, b"GGUF") and not _starts_with(args.gguf, b"GGUF"):
+        return _failed("verify", f"the arguments are the other way round: {_prog()} verify {args.fork} {args.gguf} "
+                                 f"(the GGUF first, then its pin)", args.json)
     bar = _progress_bar("bankml verify: ") if args.inputs and sys.stderr.isatty() else None
     try:
         lines, held = verify(args.gguf, args.fork, args.inputs, bar)
@@ -10737,6 +10858,7 @@ def _convert(args: argparse.Namespace) -> int:
     saved = _catch_interrupts(interrupted)
     started = time.monotonic()
     try:
+        _check_llama_cpp_habits(args)
         if args.format == "sllm":
             return _export_sllm(args, started, done)
         if args.dry_run:
@@ -10772,7 +10894,94 @@ def _convert(args: argparse.Namespace) -> int:
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
     if not args.quiet:
         _say(_summary(report))
+        for note in after_conversion_notes(Path(args.model_dir), report.name):
+            _notice(note)
     return 0
+
+
+def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
+    """Refuse llama.cpp's flags that would change its output, point --outtype q4_K_M and friends at
+    llama-quantize, and give -o DIRECTORY (or no -o) llama.cpp's default name; args.outfile is then
+    the file to write."""
+    refused = llama_cpp_flag_refusal(args)
+    if refused:
+        raise Refusal(refused)
+    if args.format == "gguf" and args.outtype:
+        refused = quantize_refusal(args.outtype, args.model_dir)
+        if refused:
+            raise Refusal(refused)
+    mistake = input_mistake(args.model_dir)
+    if mistake:
+        raise Refusal(mistake)
+    if args.format == "sllm":
+        if args.outfile is None:
+            raise Refusal("--format sllm needs -o OUT.sllm (the tokenizer file is written beside it)")
+        if args.outfile.endswith(".gguf"):
+            _notice(f"warning: --format sllm writes the kasahare engine's format, not a GGUF, into {args.outfile}; "
+                    f"name it .sllm")
+        return
+    if args.outfile is not None and args.outfile.endswith(".sllm"):
+        _notice(f"warning: {args.outfile} will be a GGUF; add --format sllm for the kasahare engine's .sllm")
+    if args.outfile is None or os.path.isdir(args.outfile):
+        model_dir = Path(args.model_dir)
+        problem = model_dir_problem(model_dir)
+        if problem:
+            raise Refusal(problem)
+        folder = model_dir if args.outfile is None else Path(args.outfile)
+        args.outfile = str(default_output(model_dir, folder, _options(args)._replace(progress=None)))
+
+
+# A Hub id as `huggingface-cli download` takes it: ORG/NAME.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def input_mistake(model_dir: str) -> Optional[str]:
+    """The refusal for a common mistake in naming the model directory, in the words that say what
+    to do: a Hub id where a folder is meant, or a Trainer output folder holding only checkpoints.
+    None when it is none of these (the conversion's own checks then say what is wrong, if anything)."""
+    if not os.path.lexists(model_dir) and _HUB_ID.fullmatch(model_dir):
+        name = model_dir.split("/")[1]
+        return (f"{model_dir} does not exist here; it looks like a Hugging Face Hub id: download it on a "
+                f"connected machine with `huggingface-cli download {model_dir} --local-dir {name}`, copy the "
+                f"folder here and pass it ({name})")
+    if os.path.isdir(model_dir) and not os.path.lexists(os.path.join(model_dir, "config.json")):
+        try:
+            names = [n for n in os.listdir(model_dir) if re.fullmatch(r"checkpoint-\d+", n)
+                     and os.path.isfile(os.path.join(model_dir, n, "config.json"))]
+        except OSError:
+            return None
+        if names:
+            names.sort(key=lambda n: int(n.split("-")[1]))
+            return (f"no config.json in {model_dir}, only the Trainer's checkpoints {', '.join(names)}: pass "
+                    f"one of them, the last is {os.path.join(model_dir, names[-1])} (or the folder "
+                    f"trainer.save_model() wrote)")
+    return None
+
+
+def after_conversion_notes(model_dir: Path, name: str) -> list[str]:
+    """What a user should know about a finished conversion whose bytes are nonetheless llama.cpp's:
+    a general.name made from a directory named "." or a Hugging Face cache snapshot's hash, and no
+    chat template."""
+    notes = []
+    if not name.strip() or re.fullmatch(r"[0-9a-f]{40}", name.strip().lower()):
+        notes.append(f"warning: general.name is {name!r}, made from the directory's name as llama.cpp makes it; "
+                     f"the bytes are llama.cpp's, but pass --model-name NAME (or the folder under its own name) "
+                     f"for a readable one")
+    if not _has_chat_template(model_dir):
+        notes.append("note: the model has no chat template (tokenizer_config.json's chat_template, "
+                     "chat_template.jinja): llama-server and Ollama will fall back to a default one, which may "
+                     "not be the format the model was trained on")
+    return notes
+
+
+def _has_chat_template(model_dir: Path) -> bool:
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(config, dict) and config.get("chat_template"))
 
 
 def unexpected_failure(e: BaseException) -> ConversionFailed:
@@ -10827,6 +11036,9 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGINT) is globals().get("_interrupted_while_starting"):
         signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, cleaned up and reported
     try:
+        if command == "convert" and "--print-supported-models" in argv:
+            _print_lines(supported_models_lines())     # llama.cpp's flag, which needs no model either
+            return 0
         if command != "convert":
             args = _command_parser().parse_args(argv)
             code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)

@@ -870,8 +870,8 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                            "--outtype", "tq1_0")
 
     def test_unknown_output_types_are_refused(self):
-        self.assertRefuses(self.case("bf16"), "--outtype 'q4_k' is unknown; use f32, f16, bf16, q8_0 or auto",
-                           "--outtype", "q4_k")
+        self.assertRefuses(self.case("bf16"), "--outtype 'fp8' is unknown; use f32, f16, bf16, q8_0 or auto",
+                           "--outtype", "fp8")
 
     def test_a_file_instead_of_a_directory_is_refused_naming_its_directory(self):
         config = self.case("bf16") / "config.json"
@@ -1005,9 +1005,15 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                            out=d / "model.safetensors")
         self.assertEqual(sha256_file(d / "model.safetensors"), before)
 
-    def test_output_onto_the_model_directory_is_refused(self):
+    def test_output_naming_the_model_directory_gets_llama_cpps_default_name_in_it(self):
+        # llama.cpp's --outfile DIR writes DIR/{its default name}; the directory itself is never replaced.
         d = self.case("bf16")
-        self.assertRefuses(d, f"the output {d} is a directory; name a file such as {d / 'model-F16.gguf'}", out=d)
+        r = cli(d, "-o", d, "--quiet")
+        self.assertEqual(r, Result(0, f"{GOLDEN['bf16']['sha256']}  {d / 'Bf16-3.2M-F16.gguf'}\n", ""))
+
+    def test_sllm_output_onto_the_model_directory_is_refused(self):
+        d = self.case("bf16")
+        self.assertRefuses(d, re.compile(f"the output {re.escape(str(d))} is a directory; .*"), "--format", "sllm", out=d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1221,7 +1227,7 @@ class CommandLine(Workspace):
         self.assertEqual((p.returncode, p.stdout), (2, ""))
         self.assertTrue(p.stderr.startswith("usage: bankml_convert.py "), p.stderr)
         self.assertTrue(p.stderr.endswith("\nbankml_convert.py: error: the following arguments are required: "
-                                          "DIR, -o/--outfile\n"), p.stderr)
+                                          "DIR\n"), p.stderr)
 
     def test_fork_pins_output_and_every_input(self):
         d = self.case("bf16")
@@ -2391,9 +2397,9 @@ class JsonSchema(AroundWorkspace):
         doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--outtype", "q4_k", "--json"),
                                 "convert", 2)
         self.assertIn("q4_k", doc["refusal"])
-        r = cli(EXAMPLE, "--json")
+        r = cli("--json")
         doc = self.assertResult(r, "convert", 2)
-        self.assertEqual(doc["refusal"], "the following arguments are required: -o/--outfile")
+        self.assertEqual(doc["refusal"], "the following arguments are required: DIR")
         self.assertIn("error: the following arguments are required", r.err)
         self.assertEqual(self.assertResult(cli("verify", "--json"), "verify", 2)["command"], "verify")
 
@@ -2522,6 +2528,124 @@ class ProgressOnEveryLongPath(AroundWorkspace):
         self.assertTrue(held, lines)
         self.assertRisesToTheTotal(seen)
         self.assertEqual(seen[-1][1], self.report.bytes + sum(i.size for i in self.report.inputs))
+
+
+class LlamaCppHabits(Workspace):
+    """llama.cpp's command line as its users type it: the default output name, its flags, and
+    --outtype values its llama-quantize makes."""
+
+    def example(self) -> Path:
+        return Path(shutil.copytree(EXAMPLE, Path(tempfile.mkdtemp(dir=self.tmp)) / EXAMPLE.name))
+
+    def test_without_o_the_output_is_llama_cpps_default_name_in_the_model_directory(self):
+        d = self.example()
+        r = cli(d)
+        self.assertEqual((r.code, r.out), (0, f"{GOLDEN['example']['sha256']}  {d / 'Smollm2-Tiny-1.6M-F16.gguf'}\n"))
+
+    def test_an_output_directory_gets_the_name_llama_cpp_gives_in_it(self):
+        # The names llama.cpp's convert_hf_to_gguf.py (oracle/.ref) wrote with --outfile DIR for these
+        # directories (2026-12-05); the bytes were the same as bankml's.
+        for case, outtype, name in (("card-realistic", "q8_0", "Card-Realistic-3.2M-Q8_0.gguf"),
+                                    ("name-or-path", "f16", "SmolLM2-3.2M-135m-Instruct-F16.gguf"),
+                                    ("merged", "auto", "Merged-3.2M-BF16.gguf")):
+            with self.subTest(case=case):
+                folder = self.out_dir()
+                r = cli(self.case(case), "-o", folder, "--outtype", outtype, "--quiet")
+                self.assertEqual(r.code, 0, r.err)
+                self.assertEqual(os.listdir(folder), [name])
+        folder = self.out_dir()
+        self.assertEqual(cli(EXAMPLE, "-o", folder, "--outtype", "auto").code, 0)
+        self.assertEqual(os.listdir(folder), ["Smollm2-Tiny-1.6M-BF16.gguf"])
+
+    def test_the_name_is_gguf_pys_naming_convention(self):
+        name = bc.llama_cpp_default_name
+        self.assertEqual(name(None, None, None, None, None, "f16"), "ggml-model-F16")
+        self.assertEqual(name(" My Model ", None, "Chat Tuned", "v1 2", "7B", "q8_0"), "My-Model-7B-Chat-Tuned-v1-2-Q8_0")
+        self.assertEqual(name("x", "org/base name", None, None, None, None), "org-base-name")
+
+    def test_llama_cpps_harmless_flags_are_accepted(self):
+        out = self.out_dir() / "x.gguf"
+        r = cli(EXAMPLE, "-o", out, "--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split", "--quiet")
+        self.assertEqual(r, Result(0, f"{GOLDEN['example']['sha256']}  {out}\n", ""))
+
+    def test_llama_cpps_flags_that_would_change_the_output_are_refused_with_why(self):
+        for flag, (takes_value, why) in bc._LLAMA_CPP_REFUSED.items():
+            with self.subTest(flag=flag):
+                self.assertRefuses(EXAMPLE, f"{flag} {why}", flag, *(["2G"] if takes_value else []))
+
+    def test_print_supported_models_lists_every_architecture(self):
+        r = cli("--print-supported-models")
+        self.assertEqual(r.code, 0)
+        for arch in bc.FAMILIES:
+            self.assertIn(arch, r.out)
+
+    def test_quantized_types_point_at_llama_quantize_with_the_command(self):
+        self.assertRefuses(EXAMPLE, re.compile(r"--outtype q4_K_M is made by llama.cpp's llama-quantize.*"
+                                               r"llama-quantize smollm2-tiny-F16.gguf smollm2-tiny-Q4_K_M.gguf Q4_K_M"),
+                           "--outtype", "q4_K_M")
+
+    def test_a_hub_id_says_how_to_download_it(self):
+        self.assertRefuses(Path("HuggingFaceTB/SmolLM2-135M-Instruct"),
+                           re.compile(r"HuggingFaceTB/SmolLM2-135M-Instruct does not exist here; it looks like a "
+                                      r"Hugging Face Hub id: download it .*huggingface-cli download .*"))
+
+    def test_a_trainer_folder_names_its_checkpoints(self):
+        folder = self.out_dir() / "run"
+        for n in (500, 1000):
+            shutil.copytree(EXAMPLE, folder / f"checkpoint-{n}")
+        self.assertRefuses(folder, f"no config.json in {folder}, only the Trainer's checkpoints checkpoint-500, "
+                                   f"checkpoint-1000: pass one of them, the last is {folder / 'checkpoint-1000'} "
+                                   f"(or the folder trainer.save_model() wrote)")
+
+    def test_verify_with_its_arguments_swapped_says_so(self):
+        out = self.out_dir() / "x.gguf"
+        self.assertEqual(cli(EXAMPLE, "-o", out, "--fork", out.with_suffix(".json")).code, 0)
+        r = cli("verify", out.with_suffix(".json"), out)
+        self.assertEqual(r.code, 2)
+        self.assertIn("the arguments are the other way round", r.err)
+
+    def test_an_extension_that_is_not_the_format_is_warned_about(self):
+        out = self.out_dir()
+        r = cli(EXAMPLE, "-o", out / "x.sllm")
+        self.assertIn("warning: " + str(out / "x.sllm") + " will be a GGUF; add --format sllm", r.err)
+        r = cli(EXAMPLE, "-o", out / "y.gguf", "--format", "sllm")
+        self.assertIn("warning: --format sllm writes the kasahare engine's format", r.err)
+
+    def test_a_directory_named_dot_keeps_the_bytes_and_suggests_model_name(self):
+        out = self.out_dir() / "dot.gguf"
+        cwd = os.getcwd()
+        os.chdir(EXAMPLE)
+        try:
+            r = cli(".", "-o", out)
+        finally:
+            os.chdir(cwd)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("warning: general.name is '', made from the directory's name", r.err)
+        self.assertIn("--model-name", r.err)
+
+    def test_a_hugging_face_cache_snapshot_keeps_the_bytes_and_suggests_model_name(self):
+        snapshot = self.out_dir() / "models--org--name" / "snapshots" / ("0123456789abcdef" * 3)[:40]
+        shutil.copytree(EXAMPLE, snapshot)
+        r = cli(snapshot, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn(f"warning: general.name is '{snapshot.name}', made from the directory's name", r.err)
+
+    def test_a_model_without_a_chat_template_is_noted(self):
+        d = self.example()
+        config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        del config["chat_template"]
+        (d / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        r = cli(d, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("note: the model has no chat template", r.err)
+        self.assertNotIn("chat template", cli(EXAMPLE, "-o", self.out_dir() / "y.gguf").err)
+
+    def test_help_describes_every_family_and_exit_code_3(self):
+        r = cli("--help")
+        text = " ".join(r.out.split())
+        for arch in bc.FAMILIES:
+            self.assertIn(arch, text)
+        self.assertIn("3 failed", text)
 
 
 class TempDirCase(unittest.TestCase):
@@ -3263,9 +3387,9 @@ class QwenKeysAndTensors(Workspace):
     def test_qwen3_plans_per_head_q_and_k_norms_as_f32_and_no_biases(self):
         tensors = self.plan(QWEN3, "q8_0").tensors
         norms = {t.name: (t.ggml_type, t.dims) for t in tensors if "_norm" in t.name and "attn_" in t.name}
-        self.assertEqual(norms, {f"blk.{b}.attn_{x}_norm.weight": (bc.GGML_F32, (16,))
-                                 for b in range(2) for x in ("q", "k")} | {
-                                 f"blk.{b}.attn_norm.weight": (bc.GGML_F32, (32,)) for b in range(2)})
+        self.assertEqual(norms, dict({f"blk.{b}.attn_{x}_norm.weight": (bc.GGML_F32, (16,))
+                                      for b in range(2) for x in ("q", "k")},
+                                     **{f"blk.{b}.attn_norm.weight": (bc.GGML_F32, (32,)) for b in range(2)}))
         self.assertFalse([t.name for t in tensors if t.name.endswith(".bias")])
 
 
