@@ -8050,7 +8050,7 @@ def write_gguf_data(fd: int, tensors: list[PlannedTensor], finish_plan: Callable
     clock = _stage_clock()
     unplaced = data_jobs(tensors, 0)
     plan = None
-    if workers > 1 and len(unplaced) > 1:
+    if workers > 1 and len(unplaced) > 1 and can_write_in_workers():
         try:
             plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress, clock)
         except _CannotFork:
@@ -8121,9 +8121,16 @@ def default_workers() -> int:
     threading module cannot see counts too; where they cannot be counted (no /proc/self/task:
     macOS, the BSDs) threading's count is what there is.  Without os.fork nothing is forked.
     """
-    if not hasattr(os, "fork") or _thread_count() > 1:
+    if not can_write_in_workers() or _thread_count() > 1:
         return 1
     return max(1, min(os.cpu_count() or 1, _MAX_WORKERS))
+
+
+def can_write_in_workers() -> bool:
+    """Whether this platform has what the workers need: fork, and pwritev/preadv to write and read
+    the output at offsets (Python offers them on Linux and the BSDs; some macOS builds lack them).
+    Without them one process converts in order, writing the same bytes."""
+    return all(hasattr(os, name) for name in ("fork", "pwritev", "preadv"))
 
 
 def _thread_count() -> int:
@@ -8433,11 +8440,19 @@ def _worker_error(kind: int, got: bytes, report: int) -> Exception:
     return ConversionFailed(text, bug=kind != _FAULT)
 
 
+def exit_code(status: int) -> int:
+    """A wait status as os.waitstatus_to_exitcode gives it (Python 3.9+): the exit code, or minus
+    the signal that ended the process."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
 def _lost_worker(statuses: list[int]) -> ConversionFailed:
     """Why workers stopped without reporting an error, from their wait statuses."""
     import signal
     for status in statuses:
-        code = os.waitstatus_to_exitcode(status)
+        code = exit_code(status)
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -8597,9 +8612,10 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, f
 
 
 def hash_file(path: Path, cancelled: threading.Event | None = None,
-              snapshot: InputSnapshot | None = None) -> InputFile:
+              snapshot: InputSnapshot | None = None, read: Callable[[int], None] | None = None) -> InputFile:
     """An input's name, size and sha256 (unfinished, if ``cancelled`` is set while it reads); with a
-    snapshot, a ConversionFailed unless the file read is the one snapshot, unchanged to the end."""
+    snapshot, a ConversionFailed unless the file read is the one snapshot, unchanged to the end.
+    read, if given, is called with the size of each chunk hashed (for a progress bar)."""
     sha = hashlib.sha256()
     size = 0
     try:
@@ -8616,6 +8632,8 @@ def hash_file(path: Path, cancelled: threading.Event | None = None,
         while (n := f.readinto(buffer)) and not (cancelled and cancelled.is_set()):
             sha.update(view[:n])
             size += n
+            if read:
+                read(n)
         if snapshot and not (cancelled and cancelled.is_set()):
             snapshot.check_unchanged(path, os.fstat(f.fileno()))
     return InputFile(path.name, size, sha.hexdigest())
@@ -9103,26 +9121,32 @@ def plan_sllm(model_dir: Path, outtype: str, options: Options = Options()) -> Sl
     return SllmPlan(sllm_header(config), tensors, sllm_tokenizer_text(tok), tp, outtype)
 
 
-def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str) -> Iterator[bytes]:
+def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str, progress=None) -> Iterator[bytes]:
     """The weight stream: each tensor read in bounded jobs and converted by the GGUF path's kernels
-    (float32 widened exactly, f16 rounded to nearest even as numpy does), Q4_0 made from the float32."""
+    (float32 widened exactly, f16 rounded to nearest even as numpy does), Q4_0 made from the float32.
+    progress, if given, is called as Options.progress is, in bytes of the sources read."""
     def values() -> Iterator[bytes]:
         jobs = data_jobs(tensors, 0)    # no alignment padding: the engine's stream has none
         files: dict[Path, object] = {}
         buffer = bytearray(max((j.src_len for j in jobs), default=0))
+        total, done = sum(j.src_len for j in jobs), 0
         try:
             for job in jobs:
                 yield from job_pieces(job, source_file(files, job.tensor.source), buffer)
+                done += job.src_len
+                if progress:
+                    progress(done, total, job.tensor.name)
         finally:
             for f in files.values():
                 f.close()
     return sllm_q4_0_stream(values()) if outtype == "q4_0" else values()
 
 
-def write_sllm(fds: Sequence[int], plan: SllmPlan, hasher: InputHasher | None = None) -> tuple[tuple[int, str], ...]:
+def write_sllm(fds: Sequence[int], plan: SllmPlan, hasher: InputHasher | None = None,
+               progress=None) -> tuple[tuple[int, str], ...]:
     """Write the .sllm and its tokenizer file into the empty files fds; (size, sha256) of each."""
     results = []
-    streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype)),
+    streams = (itertools.chain((plan.header,), sllm_weight_pieces(plan.tensors, plan.outtype, progress)),
                (plan.tokenizer_text,))
     for fd, pieces in zip(fds, streams):
         w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
@@ -9165,7 +9189,7 @@ def export_sllm(model_dir, out, options: Options = Options(outtype="f32"), pin=N
         with Commit(options.notice) as commit:
             fds = [commit.create(path) for path in outputs]
             try:
-                (size, sha), (tok_size, tok_sha) = write_sllm(fds[:2], plan, hasher)
+                (size, sha), (tok_size, tok_sha) = write_sllm(fds[:2], plan, hasher, options.progress)
                 read = hasher.result() if hasher else input_sizes(inputs, snapshot)
             except BaseException:
                 if hasher:
@@ -10277,7 +10301,7 @@ def _output_checks(actual: InputFile, pinned: InputFile) -> list[tuple[bool, str
     ]
 
 
-def _input_check(inputs_dir: Path, pinned: InputFile) -> tuple[bool, str]:
+def _input_check(inputs_dir: Path, pinned: InputFile, read=None) -> tuple[bool, str]:
     path = inputs_dir / pinned.name
     if not path.is_file():
         return False, f"input {pinned.name}: missing from {inputs_dir}"
@@ -10285,7 +10309,7 @@ def _input_check(inputs_dir: Path, pinned: InputFile) -> tuple[bool, str]:
     if size != pinned.size:
         # A different size settles it; hashing a large shard to say so again would only cost time.
         return False, f"input {pinned.name}: {size} bytes, the pin says {pinned.size}"
-    actual = hash_file(path)
+    actual = hash_file(path, read=read)
     if actual.sha256 != pinned.sha256:
         return False, f"input {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
     return True, f"input {pinned.name} ({size} bytes, sha256 {actual.sha256})"
@@ -10307,24 +10331,33 @@ def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str
     return [n for n in read if n not in names]
 
 
-def verify(gguf_path, fork_json_path, inputs_dir=None) -> tuple[list[str], bool]:
+def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None) -> tuple[list[str], bool]:
     """One "ok ..." or "FAIL ..." line per check of a GGUF (and its inputs) against its pin, and
-    whether every check held. A pin or path that cannot be read is a Refusal."""
+    whether every check held. A pin or path that cannot be read is a Refusal.  progress, if given,
+    is called as Options.progress is, in bytes hashed of all the pinned files' sizes."""
     pin = read_pin(fork_json_path)
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise Refusal(f"{gguf_path} is not a file")
+    total = pin.output.size + sum(c.size for c in pin.companions)
+    total += sum(p.size for p in pin.inputs) if inputs_dir is not None else 0
+    done = [0]
+
+    def read(n: int) -> None:
+        done[0] += n
+        if progress:
+            progress(done[0], total, "")
     try:
-        checks = _output_checks(hash_file(gguf_path), pin.output)
+        checks = _output_checks(hash_file(gguf_path, read=read), pin.output)
         for c in pin.companions:
             beside = gguf_path.with_name(c.name)
-            checks += (_output_checks(hash_file(beside), c) if beside.is_file()
+            checks += (_output_checks(hash_file(beside, read=read), c) if beside.is_file()
                        else [(False, f"{c.name}: missing beside {gguf_path.name}")])
         if inputs_dir is not None:
             inputs_dir = Path(inputs_dir)
             if not inputs_dir.is_dir():
                 raise Refusal(f"--inputs {inputs_dir} is not a directory")
-            checks += [_input_check(inputs_dir, p) for p in pin.inputs]
+            checks += [_input_check(inputs_dir, p, read) for p in pin.inputs]
             checks += [(False, f"input {n}: in {inputs_dir} but not in the pin; the converter would "
                                f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs)]
     except OSError as e:
@@ -10357,24 +10390,28 @@ def diff_files(a, b) -> tuple[list[str], int]:
     return lines, 1
 
 
-# --json results of convert: one JSON object on stdout, for programs that drive the converter.
+# --json results: one JSON object on stdout of the shape RESULT_SCHEMA (in the command line section
+# below) for every command, for programs that drive the converter.
 
 def report_json(report: Report, seconds: float, fork: Optional[Path] = None) -> str:
-    """A conversion's result as one line of JSON."""
-    doc = {
-        "ok": True, "exit": 0, "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
-        "tensors": report.tensors, "kv": report.kv, "params": report.params,
-        "general.name": report.name, "seconds": round(seconds, 3),
-        "fork": str(fork) if fork is not None else None,
-        "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
+    """A conversion's result as one line of JSON (RESULT_SCHEMA's shape)."""
+    outputs = [output_json(report.out, report.bytes, report.sha256, "gguf")]
+    if fork is not None:
+        outputs.append(file_json(fork, "pin"))
+    doc = result_json("convert", 0, seconds, {
+        "outputs": outputs, "inputs": [input_json(i) for i in report.inputs],
+        "outtype": report.outtype or report.options.outtype,
+        "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
+        "general.name": report.name, "params": report.params,
+        "tensor_count": report.tensors, "kv_count": report.kv,
         "tool": f"bankml_convert {__version__}", "reference": REFERENCE,
-    }
+    })
     return json.dumps(doc, ensure_ascii=False)
 
 
-def refusal_json(reason: str) -> str:
-    """A refusal as one line of JSON; the exit code is 2 as for every refusal."""
-    return json.dumps({"ok": False, "refusal": reason, "exit": 2}, ensure_ascii=False)
+def refusal_json(reason: str, command: str = "convert") -> str:
+    """A refusal as one line of JSON (RESULT_SCHEMA's shape); the exit code is 2 as for every refusal."""
+    return json.dumps(result_json(command, 2, None, {"refusal": reason}), ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -10632,21 +10669,104 @@ def inspect_ggml_lines(path) -> list[str]:
 _EXIT_FAILED = 3
 
 
-def failure_json(failure: ConversionFailed) -> str:
+# --json: whatever the command and however it ends (done, refused, failed, a usage error), one
+# object on stdout with these fields, in this order; a command adds its own after them (convert:
+# general.name, params, tensor_count, kv_count; inspect: kvs and tensors; verify: checks; diff:
+# differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
+# null), a list holding the schema of each element, a dict a nested object's fields.
+RESULT_SCHEMA = {
+    "schema": str,          # RESULT_VERSION
+    "ok": bool,             # exit == 0
+    "exit": int,            # the process's exit code: 0, 1 (verify/diff), 2 refused, 3 failed, 128+N
+    "command": str,         # convert, inspect, verify, diff or ggml
+    "outputs": [{"path": str, "bytes": int, "sha256": str, "role": str}],  # every file written
+    "inputs": [{"name": str, "bytes": (int, None), "sha256": (str, None)}],  # the files read
+    "outtype": (str, None),     # the output type as resolved (--outtype auto: what it chose)
+    "timings": {"seconds": (float, int)},
+    "refusal": (str, None),     # why the command refused (inspect of a model directory: why it would)
+    "failure": (str, None),     # why it failed (exit 3, or 128+N); then "bug" says whose fault it is
+}
+RESULT_VERSION = "bankml-result/1"
+# What --format sllm's bytes are checked against (oracle/sllm_oracle.py), as REFERENCE is for GGUF.
+SLLM_REFERENCE = "kasahare 0.5.4 engine (simple-llm): src/model_data.cpp, src/tokenizer.cpp"
+
+
+def schema_problems(value: Any, schema: Any = None, at: str = "") -> list[str]:
+    """Where value departs from schema (RESULT_SCHEMA by default): one line per problem, [] if none.
+    Fields a schema does not name are allowed."""
+    schema = RESULT_SCHEMA if schema is None else schema
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return [f"{at or 'the result'} is not an object"]
+        return [p for key, inner in schema.items()
+                for p in ([f"{at}{key} is missing"] if key not in value
+                          else schema_problems(value[key], inner, f"{at}{key}."))]
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{at.rstrip('.')} is not an array"]
+        return [p for i, item in enumerate(value) for p in schema_problems(item, schema[0], f"{at}{i}.")]
+    kinds = schema if isinstance(schema, tuple) else (schema,)
+    for kind in kinds:
+        if (value is None if kind is None else
+                isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+            return []
+    return [f"{at.rstrip('.')} is {value!r}, not {' or '.join('null' if k is None else k.__name__ for k in kinds)}"]
+
+
+# When main() began, for the timings of --json.
+_run_started = [0.0]
+
+
+def result_json(command: str, exit: int, seconds: Optional[float] = None, fields: Optional[dict] = None) -> dict:
+    """RESULT_SCHEMA's object for a command that ended with exit, with its own fields after (or
+    replacing) the defaults; seconds defaults to the time since main() began."""
+    if seconds is None:
+        seconds = time.monotonic() - _run_started[0] if _run_started[0] else 0.0
+    doc = {"schema": RESULT_VERSION, "ok": exit == 0, "exit": exit, "command": command, "outputs": [],
+           "inputs": [], "outtype": None, "timings": {"seconds": round(seconds, 3)}, "refusal": None,
+           "failure": None}
+    doc.update(fields or {})
+    return doc
+
+
+def output_json(path: Path, size: int, sha256: str, role: str) -> dict:
+    return {"path": str(path), "bytes": size, "sha256": sha256, "role": role}
+
+
+def file_json(path: Path, role: str) -> dict:
+    """output_json of a small file written beside the output (a pin), read back to hash it."""
+    data = Path(path).read_bytes()
+    return output_json(path, len(data), hashlib.sha256(data).hexdigest(), role)
+
+
+def input_json(i: InputFile) -> dict:
+    return {"name": i.name, "bytes": i.size, "sha256": i.sha256}
+
+
+def named_file_json(path) -> dict:
+    """An input named on the command line: its size where it can be seen, no sha256."""
+    try:
+        size = os.stat(path).st_size if os.path.isfile(path) else None
+    except (OSError, ValueError):
+        size = None
+    return {"name": str(path), "bytes": size, "sha256": None}
+
+
+def failure_json(failure: ConversionFailed, command: str = "convert") -> str:
     """A failed conversion as one line of JSON, as refusal_json is a refusal; the exit code is 3."""
-    return json.dumps({"ok": False, "failure": failure.what, "bug": failure.bug, "exit": _EXIT_FAILED},
+    return json.dumps(result_json(command, _EXIT_FAILED, None, {"failure": failure.what, "bug": failure.bug}),
                       ensure_ascii=False)
 
 
-def _conversion_failed(failure: ConversionFailed, as_json: bool = False) -> int:
+def _conversion_failed(failure: ConversionFailed, as_json: bool = False, command: str = "convert") -> int:
     # Not "refuse": a refusal tells the user their input is outside what is reproduced; this is
     # the program's or the machine's doing, and says which, so it is reported to the right place.
     cause = ("a bug in bankml_convert; please report it" if failure.bug else
              "a fault of this machine or of another program; converting again may succeed")
-    print(f"bankml convert: failed: {failure.what} (this is not a problem with your model: {cause}); "
-          f"{failure.outcome}", file=sys.stderr)
+    _say(f"bankml convert: failed: {failure.what} (this is not a problem with your model: {cause}); "
+         f"{failure.outcome}")
     if as_json:
-        print(failure_json(failure))
+        print(failure_json(failure, command))
     return _EXIT_FAILED
 
 
@@ -10690,17 +10810,34 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="leave README.md's model card out, the way past a card it refuses (the result then differs from llama.cpp's)")
 
 
+class _UsageError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        self.parser, self.message = parser, message
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are raised for main() to report, so that under --json
+    one also reaches stdout as a refusal; on stderr they read as argparse's own."""
+
+    def error(self, message):
+        raise _UsageError(self, message)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The convert command's parser (the default when the first argument names no command)."""
     prog = _prog()
-    p = argparse.ArgumentParser(
+    p = _ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Convert a Hugging Face safetensors Llama directory to GGUF, byte-identical to "
-                    "llama.cpp's convert_hf_to_gguf.py, and pin it.",
+        description="Convert a Hugging Face model directory (safetensors or pytorch_model.bin) to GGUF, "
+                    "byte-identical to llama.cpp's convert_hf_to_gguf.py, and pin it. Families: "
+                    "Llama (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral: LlamaForCausalLM, "
+                    "MistralForCausalLM), Qwen2/Qwen2.5 (Qwen2ForCausalLM) and Qwen3 (Qwen3ForCausalLM); "
+                    "--print-supported-models lists them.",
         epilog=_commands_help(prog))
     p.add_argument("model_dir", metavar="DIR", help="the model directory (config.json, tokenizer, *.safetensors)")
-    p.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
-                   help="output file; {ftype} is filled in as llama.cpp does")
+    p.add_argument("-o", "--outfile", metavar="OUT.gguf",
+                   help="output file; {ftype} is filled in as llama.cpp does; a directory, or none, gets "
+                        "llama.cpp's default name ({Name}-{Size}-{FTYPE}.gguf) in it (none: in DIR, as llama.cpp)")
     _add_options(p)
     p.add_argument("--format", choices=("gguf", "sllm"), default="gguf",
                    help="gguf (the default), or sllm: the kasahare engine's OUT.sllm and OUT.tok.txt beside "
@@ -10714,16 +10851,122 @@ def _parser() -> argparse.ArgumentParser:
                         "size, without reading tensor data or writing anything")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout instead of the sha256 line (also for a refusal)")
-    p.add_argument("--quiet", action="store_true", help="no progress line and no summary on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
     p.add_argument("--version", action="version", version=f"bankml_convert {__version__} ({REFERENCE})")
+    same = p.add_argument_group("llama.cpp's flags that change nothing here (accepted so its commands run as they are)")
+    for flag in _LLAMA_CPP_HARMLESS:
+        same.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    same.add_argument("--print-supported-models", action="store_true",
+                      help="list the architectures this tool converts, and exit")
+    for flag, (takes_value, _) in _LLAMA_CPP_REFUSED.items():
+        p.add_argument(flag, dest=_refused_dest(flag), help=argparse.SUPPRESS,
+                       **({"metavar": "X"} if takes_value else {"action": "store_true"}))
     return p
+
+
+# convert_hf_to_gguf.py's flags that change nothing in what this tool writes: its lazy loading, temp
+# file and logging are how it works, not what it writes; without splitting, a first split is moot.
+_LLAMA_CPP_HARMLESS = ("--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split")
+
+# convert_hf_to_gguf.py's flags that would change the output in ways not reproduced: each refused
+# with why and what to do instead.  (flag: (takes a value, the reason and the way out))
+_LLAMA_CPP_REFUSED = {
+    "--vocab-only": (False, "writes only the vocabulary, which bankml_convert does not reproduce: convert the "
+                            "whole model, or run llama.cpp's convert_hf_to_gguf.py --vocab-only"),
+    "--bigendian": (False, "big-endian GGUF is not reproduced; every machine llama.cpp commonly runs on reads "
+                           "the little-endian file this tool writes"),
+    "--split-max-size": (True, "split output is not reproduced: convert to one file, then split it with "
+                               "llama.cpp's tool: llama-gguf-split --split-max-size 2G OUT.gguf OUT"),
+    "--split-max-tensors": (True, "split output is not reproduced: convert to one file, then split it with "
+                                  "llama.cpp's tool: llama-gguf-split --split-max-tensors 128 OUT.gguf OUT"),
+    "--metadata": (True, "metadata overrides from a file are not reproduced: use --model-name for general.name, "
+                         "or put the fields in README.md's model card, which is read as llama.cpp reads it"),
+    "--remote": (False, "reads a model from the Hugging Face Hub over the network; download it on a connected "
+                        "machine (huggingface-cli download ORG/NAME --local-dir NAME), copy the folder, and "
+                        "convert the folder"),
+    "--mmproj": (False, "writes a vision projector, which bankml_convert does not convert"),
+    "--mistral-format": (False, "reads Mistral's own layout, which is not reproduced: convert the model's "
+                                "Hugging Face-format files (config.json, model*.safetensors)"),
+}
+
+
+def _refused_dest(flag: str) -> str:
+    return "refused_" + flag.lstrip("-").replace("-", "_")
+
+
+def llama_cpp_flag_refusal(args: argparse.Namespace) -> Optional[str]:
+    """Why a llama.cpp flag given is refused, or None."""
+    for flag, (_, why) in _LLAMA_CPP_REFUSED.items():
+        if getattr(args, _refused_dest(flag), None) not in (None, False):
+            return f"{flag} {why}"
+    return None
+
+
+# --outtype values that llama.cpp's converter does not make either: its llama-quantize makes them
+# from the converter's f16, bf16 or f32 output (tools/quantize/quantize.cpp's list).
+LLAMA_QUANTIZE_TYPES = (
+    "Q1_0", "Q2_0", "Q4_0", "Q4_1", "MXFP4_MOE", "Q5_0", "Q5_1", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+    "IQ1_S", "IQ1_M", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K", "IQ3_XS", "Q3_K_S", "Q3_K_M",
+    "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K", "Q4_K_S", "Q4_K_M", "Q5_K", "Q5_K_S", "Q5_K_M", "Q6_K")
+
+
+def quantize_refusal(outtype: str, model_dir: str) -> Optional[str]:
+    """For an --outtype llama-quantize makes (q4_K_M, ...): the refusal that says how; else None."""
+    kind = outtype.upper()
+    if kind not in LLAMA_QUANTIZE_TYPES:
+        return None
+    stem = Path(model_dir).name or "model"
+    return (f"--outtype {outtype} is made by llama.cpp's llama-quantize, not by a converter (llama.cpp's "
+            f"convert_hf_to_gguf.py does not make it either): convert to f16 or bf16 here, then quantize: "
+            f"{_prog()} {shlex.quote(str(model_dir))} -o {stem}-F16.gguf && "
+            f"llama-quantize {stem}-F16.gguf {stem}-{kind}.gguf {kind}")
+
+
+def llama_cpp_default_name(model_name: Optional[str], base_name: Optional[str], finetune: Optional[str],
+                           version: Optional[str], size: Optional[str], output_type: Optional[str]) -> str:
+    """gguf-py's utility.naming_convention (no LoRA, no vocab-only), character for character."""
+    if base_name is not None:
+        name = base_name.strip().replace(" ", "-").replace("/", "-")
+    elif model_name is not None:
+        name = model_name.strip().replace(" ", "-").replace("/", "-")
+    else:
+        name = "ggml-model"
+    parameters = f"-{size}" if size is not None else ""
+    finetune = f"-{finetune.strip().replace(' ', '-')}" if finetune is not None else ""
+    version = f"-{version.strip().replace(' ', '-')}" if version is not None else ""
+    encoding = f"-{output_type.strip().replace(' ', '-').upper()}" if output_type is not None else ""
+    return f"{name}{parameters}{finetune}{version}{encoding}"
+
+
+def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
+    """Where llama.cpp writes when --outfile is a directory (or absent: the model directory):
+    FOLDER/{naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
+    names it.  The keys come from the same tensor plan and model card the conversion uses."""
+    tp = plan_tensor_data(model_dir, options)
+    n_params = parameter_count(tp.tensors)
+    name_or_path = tp.config.get("_name_or_path")
+    general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
+                                                    model_dir.name, options.model_name, n_params, n_params,
+                                                    0, 0, tp.card)}
+    name = llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
+                                  general.get("general.finetune"), general.get("general.version"),
+                                  general.get("general.size_label"), tp.outtype.label)
+    return folder / f"{name}.gguf"
+
+
+def supported_models_lines() -> list[str]:
+    """--print-supported-models: the config.json architectures converted, by family."""
+    families: dict[str, list[str]] = {}
+    for arch, family in FAMILIES.items():
+        families.setdefault(family.gguf_arch, []).append(arch)
+    return [f"{gguf_arch}: {', '.join(archs)}" for gguf_arch, archs in families.items()]
 
 
 def _command_parser() -> argparse.ArgumentParser:
     """The parser of the inspect, verify and diff commands."""
     prog = _prog()
-    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=_commands_help(prog))
+    p = _ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=_commands_help(prog))
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     i = sub.add_parser("inspect", help="what a GGUF, a .safetensors file or a model directory holds",
                        description="Show a GGUF's header, metadata and tensor table; or a safetensors "
@@ -10746,6 +10989,7 @@ def _command_parser() -> argparse.ArgumentParser:
     v.add_argument("gguf", metavar="FILE.gguf")
     v.add_argument("fork", metavar="FORK.json")
     v.add_argument("--inputs", metavar="DIR", help="the model directory: check every pinned input in it")
+    v.add_argument("--json", action="store_true", help="one JSON object on stdout: the checks and the result")
     d = sub.add_parser("diff", help="where two GGUF files differ",
                        description="Compare two GGUF files key by key and tensor by tensor; exit 0 when "
                                    "byte-identical, 1 when they differ, 2 when one cannot be read.",
@@ -10753,6 +10997,7 @@ def _command_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("a", metavar="A.gguf")
     d.add_argument("b", metavar="B.gguf")
+    d.add_argument("--json", action="store_true", help="one JSON object on stdout: the differences")
     g = sub.add_parser("ggml", help="ggml's MNIST file from a state dict (.pt, .bin or .safetensors)",
                        description="Write the legacy GGML file ggml's examples/mnist/convert-h5-to-ggml.py "
                                    "wrote from a state dict (magic; per tensor, squeezed: n_dims, dims "
@@ -10776,32 +11021,118 @@ def _options(args: argparse.Namespace) -> Options:
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
     return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
-                   progress=ProgressLine(sys.stderr) if show else None, hash_inputs=pinned, notice=_notice)
+                   progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice)
 
 
 def _notice(line: str) -> None:
-    print(f"bankml convert: {line}", file=sys.stderr)
+    _say(f"bankml convert: {line}")
 
 
-class ProgressLine:
-    """One line on a terminal, rewritten at most ten times a second: tensor, bytes done, rate."""
+class ProgressBar:
+    """The bar tqdm, pip and huggingface-cli draw, on one terminal line rewritten at most ten times a
+    second:  bankml convert:  47%|████▌     | 68.1M/145M [00:02<00:02, 30.0MB/s]
+    fitted to the terminal's width as it is now (the bar shrinks, then goes, then the line is cut:
+    it never wraps), the rate smoothed over recent updates as tqdm's is, the ETA from that rate.
+    No tensor names: in llama.cpp's order (blk.1, blk.10, blk.11, blk.2) they only seem to jump.
+    clear() takes it off the line before anything else is printed; at 100% it clears itself."""
 
-    def __init__(self, stream) -> None:
+    PARTS = " ▏▎▍▌▋▊▉█"          # eighths of a cell, as tqdm draws them; " #" where stderr is not Unicode
+
+    def __init__(self, stream, label: str = "bankml convert: ") -> None:
         self._stream = stream
-        self._start = self._shown = time.monotonic()
+        self._label = label
+        self._start = self._shown = self._last = time.monotonic()
+        self._last_done = 0
+        self._rate: Optional[float] = None
+        self.visible = False
+        encoding = (getattr(stream, "encoding", None) or "ascii").lower().replace("-", "")
+        self._parts = self.PARTS if encoding in ("utf8", "utf16", "utf32") else " #"
 
-    def __call__(self, done: int, total: int, tensor: str) -> None:
+    def __call__(self, done: int, total: int, name: str = "") -> None:
         now = time.monotonic()
-        if now - self._shown < 0.1 and done < total:
-            return
-        self._shown = now
-        rate = done / max(now - self._start, 1e-9) / 1e6
-        self._stream.write(f"\r\x1b[Kbankml convert: {done / 1e6:,.1f}/{total / 1e6:,.1f} MB "
-                           f"{rate:,.0f} MB/s  {tensor}")
-        self._stream.flush()
         if done >= total:
+            self.clear()
+            return
+        if now - self._shown < 0.1:
+            return
+        if now > self._last and done > self._last_done:
+            recent = (done - self._last_done) / (now - self._last)
+            self._rate = recent if self._rate is None else 0.3 * recent + 0.7 * self._rate
+            self._last, self._last_done = now, done
+        self._shown = now
+        self._stream.write("\r" + progress_text(done, total, now - self._start, self._rate, _terminal_width(self._stream),
+                                                self._label, self._parts) + "\x1b[K")
+        self._stream.flush()
+        self.visible = True
+
+    def clear(self) -> None:
+        if self.visible:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
+            self.visible = False
+
+
+def progress_text(done: int, total: int, elapsed: float, rate: Optional[float], width: int,
+                  label: str = "", parts: str = ProgressBar.PARTS) -> str:
+    """One progress line of at most width - 3 characters: a line that fills the last column wraps on
+    some terminals, and the "^C" a terminal echoes on Ctrl-C must fit beside it, or it wraps and
+    leaves the bar on the line above the message that follows."""
+    fraction = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
+    remaining = (total - done) / rate if rate else None
+    left = f"{label}{fraction * 100:3.0f}%"
+    right = (f" {_si(done)}/{_si(total)} [{_clock(elapsed)}<{_clock(remaining) if remaining is not None else '?'}, "
+             f"{_si(rate) + 'B/s' if rate else '?B/s'}]")
+    cells = width - 3 - len(left) - len(right) - 2
+    if cells < 10 and label:    # a narrow terminal: the bar matters more than the name
+        return progress_text(done, total, elapsed, rate, width, "", parts)
+    if cells >= 4:
+        eighths = int(fraction * cells * (len(parts) - 1))
+        full, part = divmod(eighths, len(parts) - 1)
+        bar = parts[-1] * full + (parts[part] if full < cells else "")
+        return f"{left}|{bar.ljust(cells)}|{right}"
+    return (left + right)[:max(width - 3, 0)]
+
+
+def _si(n: float) -> str:
+    """A count in tqdm's unit_scale form: three significant digits and an SI prefix (68.1M, 145M)."""
+    for prefix in ("", "k", "M", "G", "T", "P"):
+        if abs(n) < 999.5:
+            if abs(n) < 99.95:
+                return f"{n:1.2f}{prefix}" if abs(n) < 9.995 else f"{n:2.1f}{prefix}"
+            return f"{n:3.0f}{prefix}"
+        n /= 1000
+    return f"{n:3.1f}E"
+
+
+def _clock(seconds: float) -> str:
+    """MM:SS, or H:MM:SS from an hour, as tqdm shows elapsed and remaining time."""
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h:d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def _terminal_width(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
+# The bars shown by this run, so that any other line on stderr clears them first (_say).
+_bars: list = []
+
+
+def _progress_bar(label: str = "bankml convert: ") -> ProgressBar:
+    bar = ProgressBar(sys.stderr, label)
+    _bars.append(bar)
+    return bar
+
+
+def _say(line: str) -> None:
+    """A line on stderr, the progress bar (if one is showing) taken off first."""
+    for bar in _bars:
+        bar.clear()
+    print(line, file=sys.stderr)
 
 
 def _print_lines(lines: list[str]) -> None:
@@ -10824,8 +11155,19 @@ def _inspect(args: argparse.Namespace) -> int:
             result = inspect_gguf_json(path, args.full) if args.json else inspect_gguf_lines(path, args.full)
     except (GGUFError, Refusal, OSError) as e:
         return _failed("inspect", f"{path}: {_reason(e)}", args.json)
-    _print_json(result) if args.json else _print_lines(result)
+    if args.json:
+        _print_json(result_json("inspect", 0, None, dict({"inputs": [named_file_json(path)]}, **result)))
+    else:
+        _print_lines(result)
     return 0
+
+
+def _starts_with(path, prefix: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(prefix)) == prefix
+    except (OSError, ValueError):
+        return False
 
 
 def _looks_like_gguf(path: Path) -> bool:
@@ -10845,29 +11187,47 @@ def _reason(e: BaseException) -> str:
 
 
 def _failed(command: str, reason: str, as_json: bool = False) -> int:
-    print(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}", file=sys.stderr)
+    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}")
     if as_json:
-        print(refusal_json(reason))
+        print(refusal_json(reason, command))
     return 2
 
 
 def _verify(args: argparse.Namespace) -> int:
+    # Hashing the inputs is the long part (a 5 GB shard): a bar for it, on a terminal.
+    if _starts_with(args.fork, b"GGUF") and not _starts_with(args.gguf, b"GGUF"):
+        return _failed("verify", f"the arguments are the other way round: {_prog()} verify {args.fork} {args.gguf} "
+                                 f"(the GGUF first, then its pin)", args.json)
+    bar = _progress_bar("bankml verify: ") if args.inputs and sys.stderr.isatty() else None
     try:
-        lines, held = verify(args.gguf, args.fork, args.inputs)
+        lines, held = verify(args.gguf, args.fork, args.inputs, bar)
         pin = read_pin(args.fork)
     except Refusal as e:
-        return _failed("verify", e.reason)
+        return _failed("verify", e.reason, args.json)
+    finally:
+        if bar:
+            bar.clear()
+    code = 0 if held else 1
+    if args.json:
+        _print_json(result_json("verify", code, None, {
+            "inputs": [named_file_json(args.gguf), named_file_json(args.fork)],
+            "checks": lines, "made_by": shown_name(pin.command) if pin.command else None}))
+        return code
     _print_lines(lines)
     if held and pin.command:
         print(f"made by: {shown_name(pin.command)}")
-    return 0 if held else 1
+    return code
 
 
 def _diff(args: argparse.Namespace) -> int:
     try:
         lines, code = diff_files(args.a, args.b)
     except Refusal as e:
-        return _failed("diff", e.reason)
+        return _failed("diff", e.reason, args.json)
+    if args.json:
+        _print_json(result_json("diff", code, None, {"inputs": [named_file_json(args.a), named_file_json(args.b)],
+                                                       "identical": code == 0 and not lines, "differences": lines}))
+        return code
     _print_lines(lines or ["identical"])
     return code
 
@@ -10878,11 +11238,14 @@ def _ggml(args: argparse.Namespace) -> int:
     except Refusal as e:
         return _failed("ggml", e.reason, args.json)
     except ConversionFailed as e:
-        return _conversion_failed(e, args.json)
+        return _conversion_failed(e, args.json, "ggml")
     if args.json:
-        _print_json({"ok": True, "output": {"name": str(job.out), "bytes": job.bytes, "sha256": job.sha256},
-                     "tensors": job.tensors, "format": args.gguf or "ggml-legacy",
-                     "inputs": [{"name": job.input.name, "bytes": job.input.size, "sha256": job.input.sha256}]})
+        outputs = [output_json(job.out, job.bytes, job.sha256, "gguf" if args.gguf else "ggml")]
+        if args.fork:
+            outputs.append(file_json(Path(args.fork), "pin"))
+        _print_json(result_json("ggml", 0, None, {
+            "outputs": outputs, "inputs": [input_json(job.input)], "outtype": "f32",
+            "format": args.gguf or "ggml-legacy", "tensor_count": job.tensors}))
     else:
         _print_sha256_line(job.sha256, job.out)
     return 0
@@ -10922,11 +11285,17 @@ def _convert(args: argparse.Namespace) -> int:
     saved = _catch_interrupts(interrupted)
     started = time.monotonic()
     try:
+        _check_llama_cpp_habits(args)
         if args.format == "sllm":
             return _export_sllm(args, started, done)
         if args.dry_run:
             planned = dry_run(args.model_dir, args.outfile, _options(args))
-            _print_json(dry_run_json(planned)) if args.json else _print_lines(dry_run_lines(planned))
+            if args.json:
+                _print_json(result_json("convert", 0, time.monotonic() - started, dict(
+                    dry_run_json(planned), inputs=[dict(named_file_json(i), name=i.name) for i in planned.plan.inputs],
+                    outtype=planned.plan.outtype.name)))
+            else:
+                _print_lines(dry_run_lines(planned))
             return 0
         report = convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
         done.append(True)
@@ -10935,7 +11304,10 @@ def _convert(args: argparse.Namespace) -> int:
     except ConversionFailed as e:
         return _conversion_failed(e, args.json)
     except _Interrupted as e:
-        print(f"bankml convert: interrupted by signal {e.signum}; nothing was written", file=sys.stderr)
+        _say(f"bankml convert: interrupted by signal {e.signum}; nothing was written")
+        if args.json:
+            _print_json(result_json("convert", 128 + e.signum, time.monotonic() - started, {
+                "failure": f"interrupted by signal {e.signum}; nothing was written", "bug": False}))
         return 128 + e.signum
     except Exception as e:      # past every check: the machine's (memory) or a bug, in one line
         return _conversion_failed(unexpected_failure(e), args.json)
@@ -10948,8 +11320,95 @@ def _convert(args: argparse.Namespace) -> int:
         _print_sha256_line(report.sha256, report.out)
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
     if not args.quiet:
-        print(_summary(report), file=sys.stderr)
+        _say(_summary(report))
+        for note in after_conversion_notes(Path(args.model_dir), report.name):
+            _notice(note)
     return 0
+
+
+def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
+    """Refuse llama.cpp's flags that would change its output, point --outtype q4_K_M and friends at
+    llama-quantize, and give -o DIRECTORY (or no -o) llama.cpp's default name; args.outfile is then
+    the file to write."""
+    refused = llama_cpp_flag_refusal(args)
+    if refused:
+        raise Refusal(refused)
+    if args.format == "gguf" and args.outtype:
+        refused = quantize_refusal(args.outtype, args.model_dir)
+        if refused:
+            raise Refusal(refused)
+    mistake = input_mistake(args.model_dir)
+    if mistake:
+        raise Refusal(mistake)
+    if args.format == "sllm":
+        if args.outfile is None:
+            raise Refusal("--format sllm needs -o OUT.sllm (the tokenizer file is written beside it)")
+        if args.outfile.endswith(".gguf"):
+            _notice(f"warning: --format sllm writes the kasahare engine's format, not a GGUF, into {args.outfile}; "
+                    f"name it .sllm")
+        return
+    if args.outfile is not None and args.outfile.endswith(".sllm"):
+        _notice(f"warning: {args.outfile} will be a GGUF; add --format sllm for the kasahare engine's .sllm")
+    if args.outfile is None or os.path.isdir(args.outfile):
+        model_dir = Path(args.model_dir)
+        problem = model_dir_problem(model_dir)
+        if problem:
+            raise Refusal(problem)
+        folder = model_dir if args.outfile is None else Path(args.outfile)
+        args.outfile = str(default_output(model_dir, folder, _options(args)._replace(progress=None)))
+
+
+# A Hub id as `huggingface-cli download` takes it: ORG/NAME.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def input_mistake(model_dir: str) -> Optional[str]:
+    """The refusal for a common mistake in naming the model directory, in the words that say what
+    to do: a Hub id where a folder is meant, or a Trainer output folder holding only checkpoints.
+    None when it is none of these (the conversion's own checks then say what is wrong, if anything)."""
+    if not os.path.lexists(model_dir) and _HUB_ID.fullmatch(model_dir):
+        name = model_dir.split("/")[1]
+        return (f"{model_dir} does not exist here; it looks like a Hugging Face Hub id: download it on a "
+                f"connected machine with `huggingface-cli download {model_dir} --local-dir {name}`, copy the "
+                f"folder here and pass it ({name})")
+    if os.path.isdir(model_dir) and not os.path.lexists(os.path.join(model_dir, "config.json")):
+        try:
+            names = [n for n in os.listdir(model_dir) if re.fullmatch(r"checkpoint-\d+", n)
+                     and os.path.isfile(os.path.join(model_dir, n, "config.json"))]
+        except OSError:
+            return None
+        if names:
+            names.sort(key=lambda n: int(n.split("-")[1]))
+            return (f"no config.json in {model_dir}, only the Trainer's checkpoints {', '.join(names)}: pass "
+                    f"one of them, the last is {os.path.join(model_dir, names[-1])} (or the folder "
+                    f"trainer.save_model() wrote)")
+    return None
+
+
+def after_conversion_notes(model_dir: Path, name: str) -> list[str]:
+    """What a user should know about a finished conversion whose bytes are nonetheless llama.cpp's:
+    a general.name made from a directory named "." or a Hugging Face cache snapshot's hash, and no
+    chat template."""
+    notes = []
+    if not name.strip() or re.fullmatch(r"[0-9a-f]{40}", name.strip().lower()):
+        notes.append(f"warning: general.name is {name!r}, made from the directory's name as llama.cpp makes it; "
+                     f"the bytes are llama.cpp's, but pass --model-name NAME (or the folder under its own name) "
+                     f"for a readable one")
+    if not _has_chat_template(model_dir):
+        notes.append("note: the model has no chat template (tokenizer_config.json's chat_template, "
+                     "chat_template.jinja): llama-server and Ollama will fall back to a default one, which may "
+                     "not be the format the model was trained on")
+    return notes
+
+
+def _has_chat_template(model_dir: Path) -> bool:
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(config, dict) and config.get("chat_template"))
 
 
 def unexpected_failure(e: BaseException) -> ConversionFailed:
@@ -10979,17 +11438,19 @@ def _export_sllm(args: argparse.Namespace, started: float, done: list) -> int:
     report = exported.report
     if args.json:
         doc = json.loads(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
-        doc["tokenizer"] = {"out": str(sllm_tokenizer_path(report.out)), "bytes": exported.tokenizer.size,
-                            "sha256": exported.tokenizer.sha256}
+        doc["outputs"][0]["role"] = "sllm"
+        doc["outputs"].insert(1, output_json(sllm_tokenizer_path(report.out), exported.tokenizer.size,
+                                             exported.tokenizer.sha256, "tokenizer"))
+        doc["format"] = "sllm"
+        doc["reference"] = SLLM_REFERENCE
         _print_json(doc)
     else:
         _print_sha256_line(report.sha256, report.out)
         _print_sha256_line(exported.tokenizer.sha256, sllm_tokenizer_path(report.out))
     sys.stdout.flush()
     if not args.quiet:
-        print(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
-              f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}",
-              file=sys.stderr)
+        _say(f"bankml convert: {report.tensors} tensors, {report.params:,} parameters, {report.bytes:,} bytes "
+             f"-> {report.out}; tokenizer {exported.tokenizer.size:,} bytes -> {sllm_tokenizer_path(report.out)}")
     return 0
 
 
@@ -10998,10 +11459,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "convert"
     stdout_closed = _open_standard_descriptors()
+    _run_started[0] = time.monotonic()
     import signal
     if signal.getsignal(signal.SIGINT) is globals().get("_interrupted_while_starting"):
         signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, cleaned up and reported
     try:
+        if command == "convert" and "--print-supported-models" in argv:
+            _print_lines(supported_models_lines())     # llama.cpp's flag, which needs no model either
+            return 0
         if command != "convert":
             args = _command_parser().parse_args(argv)
             code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)
@@ -11013,8 +11478,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"closed)", file=sys.stderr)
             return _EXIT_FAILED
         return code
+    except _UsageError as e:
+        e.parser.print_usage(sys.stderr)
+        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        if "--json" in argv:
+            print(refusal_json(e.message, command))
+        return 2
     except KeyboardInterrupt:
-        print("bankml: interrupted", file=sys.stderr)
+        _say("bankml: interrupted")
         return 130
     except BrokenPipeError:
         # `inspect big.gguf | head` closes the pipe early; stop quietly, as a C tool killed by
@@ -11031,7 +11502,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({why})", file=sys.stderr)
         else:
             failure = unexpected_failure(e)
-            print(f"bankml {command}: failed: {failure.what}", file=sys.stderr)
+            _say(f"bankml {command}: failed: {failure.what}")
         return _EXIT_FAILED
 
 

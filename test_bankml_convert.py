@@ -96,6 +96,19 @@ def assert_no_child_left() -> None:
     raise AssertionError(f"a child process was left behind ({f'pid {pid}, unreaped' if pid else 'still running'})")
 
 
+@lru_cache(maxsize=1)
+def stdlib_module_names() -> frozenset:
+    """sys.stdlib_module_names (Python 3.10+); before it, the built-in modules and what the standard
+    library's directories hold (site-packages left out)."""
+    if hasattr(sys, "stdlib_module_names"):
+        return frozenset(sys.stdlib_module_names)
+    import pkgutil
+    import sysconfig
+    stdlib = sysconfig.get_paths()["stdlib"]
+    found = {m.name for m in pkgutil.iter_modules([stdlib, os.path.join(stdlib, "lib-dynload")])}
+    return frozenset(found | set(sys.builtin_module_names))
+
+
 def entries(folder: Path) -> list[str] | None:
     """The names in folder, or None where it cannot be listed."""
     try:
@@ -243,7 +256,7 @@ class ParallelAndSequentialWriting(Workspace):
             raise ValueError("a bug before the worker loop")
         pid = bc._forked_worker(broken_setup)
         _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 1)
+        self.assertEqual(bc.exit_code(status), 1)
 
     def test_one_process_and_forked_workers_write_the_same_file(self):
         d = self.case("sharded-3")
@@ -555,6 +568,77 @@ class ParallelAndSequentialWriting(Workspace):
                          r"\Abankml convert: failed: ZeroDivisionError: a bug at line \d+ in convert \(this is not a "
                          r"problem with your model: a bug in bankml_convert; please report it\); nothing was written\n\Z")
         self.assertEqual((stdout.getvalue(), list(self.tmp.glob("cli-bug*"))), ("", []))
+
+
+@contextlib.contextmanager
+def without(module, *names):
+    """module as a platform that lacks these attributes has it (macOS: no fdatasync; some builds
+    no pwritev/preadv; Windows-like: no fork), put back afterwards."""
+    saved = {name: getattr(module, name) for name in names if hasattr(module, name)}
+    try:
+        for name in saved:
+            delattr(module, name)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+class PlatformsWithoutLinuxCalls(Workspace):
+    """Where os lacks fork, pwritev/preadv or fdatasync, or there is no /proc, the tool converts the
+    same bytes in one process, without a traceback."""
+
+    EXAMPLE = ROOT / "example" / "smollm2-tiny"
+
+    def assertConvertsTheExample(self, *hidden, workers=None):
+        out = self.out_dir() / "x.gguf"
+        with without(os, *hidden):
+            report = bc.convert(self.EXAMPLE, out, bc.Options(workers=workers))
+            code = cli(self.EXAMPLE, "-o", self.out_dir() / "y.gguf")
+        self.assertEqual(report.sha256, GOLDEN["example"]["sha256"])
+        self.assertEqual(code.code, 0, code.err)
+        self.assertTrue(code.out.startswith(GOLDEN["example"]["sha256"]), code.out)
+
+    def test_without_fork_one_process_converts_to_llama_cpps_bytes(self):
+        with without(os, "fork"):
+            self.assertEqual(bc.default_workers(), 1)
+        self.assertConvertsTheExample("fork", workers=2)
+
+    def test_without_pwritev_or_preadv_asked_for_workers_one_process_converts(self):
+        with without(os, "pwritev", "preadv"):
+            self.assertFalse(bc.can_write_in_workers())
+            self.assertEqual(bc.default_workers(), 1)
+        self.assertConvertsTheExample("pwritev", "preadv", workers=2)
+
+    def test_without_fdatasync_the_flushes_are_fsyncs(self):
+        self.assertConvertsTheExample("fdatasync", workers=2)
+
+    def test_without_proc_threads_are_counted_by_the_threading_module(self):
+        real_listdir, real_open = os.listdir, open
+
+        def listdir(path="."):
+            if str(path).startswith("/proc"):
+                raise FileNotFoundError(2, "No such file or directory", str(path))
+            return real_listdir(path)
+
+        def opened(path, *args, **kwargs):
+            if str(path).startswith("/proc"):
+                raise FileNotFoundError(2, "No such file or directory", str(path))
+            return real_open(path, *args, **kwargs)
+        with mock.patch.object(os, "listdir", listdir), mock.patch("builtins.open", opened):
+            self.assertEqual(bc._thread_count(), threading.active_count())
+            self.assertConvertsTheExample()
+
+    def test_a_wait_status_gives_the_exit_code_or_minus_the_signal(self):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        self.assertEqual(bc.exit_code(os.waitpid(pid, 0)[1]), 7)
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(0)
+        self.assertEqual(bc.exit_code(os.waitpid(pid, 0)[1]), -signal.SIGKILL)
 
 
 class ExampleModel(Workspace):
@@ -900,8 +984,8 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                            "--outtype", "tq1_0")
 
     def test_unknown_output_types_are_refused(self):
-        self.assertRefuses(self.case("bf16"), "--outtype 'q4_k' is unknown; use f32, f16, bf16, q8_0 or auto",
-                           "--outtype", "q4_k")
+        self.assertRefuses(self.case("bf16"), "--outtype 'fp8' is unknown; use f32, f16, bf16, q8_0 or auto",
+                           "--outtype", "fp8")
 
     def test_a_file_instead_of_a_directory_is_refused_naming_its_directory(self):
         config = self.case("bf16") / "config.json"
@@ -1035,9 +1119,15 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                            out=d / "model.safetensors")
         self.assertEqual(sha256_file(d / "model.safetensors"), before)
 
-    def test_output_onto_the_model_directory_is_refused(self):
+    def test_output_naming_the_model_directory_gets_llama_cpps_default_name_in_it(self):
+        # llama.cpp's --outfile DIR writes DIR/{its default name}; the directory itself is never replaced.
         d = self.case("bf16")
-        self.assertRefuses(d, f"the output {d} is a directory; name a file such as {d / 'model-F16.gguf'}", out=d)
+        r = cli(d, "-o", d, "--quiet")
+        self.assertEqual(r, Result(0, f"{GOLDEN['bf16']['sha256']}  {d / 'Bf16-3.2M-F16.gguf'}\n", ""))
+
+    def test_sllm_output_onto_the_model_directory_is_refused(self):
+        d = self.case("bf16")
+        self.assertRefuses(d, re.compile(f"the output {re.escape(str(d))} is a directory; .*"), "--format", "sllm", out=d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1251,7 +1341,7 @@ class CommandLine(Workspace):
         self.assertEqual((p.returncode, p.stdout), (2, ""))
         self.assertTrue(p.stderr.startswith("usage: bankml_convert.py "), p.stderr)
         self.assertTrue(p.stderr.endswith("\nbankml_convert.py: error: the following arguments are required: "
-                                          "DIR, -o/--outfile\n"), p.stderr)
+                                          "DIR\n"), p.stderr)
 
     def test_fork_pins_output_and_every_input(self):
         d = self.case("bf16")
@@ -1339,41 +1429,60 @@ class CommandLine(Workspace):
         self.assertEqual(part.read_bytes(), b"being written")
         self.assertEqual(entries(out.parent), ["busy.gguf.part"])
 
-    def test_progress_is_one_rewritten_line_on_a_terminal(self):
-        # In its own process: the progress line depends on stderr being a real terminal.
+    def on_a_terminal(self, *args, columns: int = 60) -> tuple[int, bytes]:
+        """The tool in its own process with stderr a terminal of this width: exit code, what it showed."""
+        import fcntl
         import pty
-        d = self.case("bf16")
-        out = self.tmp / "progress.gguf"
+        import termios
         primary, secondary = pty.openpty()
-        p = subprocess.run([*TOOL, str(d), "-o", str(out)], stdout=subprocess.PIPE, stderr=secondary, timeout=120)
+        fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        p = subprocess.run([*TOOL, *map(str, args)], stdout=subprocess.PIPE, stderr=secondary, timeout=300)
         os.close(secondary)
         seen = b""
         with contextlib.suppress(OSError):
-            while chunk := os.read(primary, 65536):
+            while True:
+                chunk = os.read(primary, 65536)
+                if not chunk:
+                    break
                 seen += chunk
         os.close(primary)
-        self.assertEqual(p.returncode, 0)
-        self.assertIn(b"\r\x1b[Kbankml convert: ", seen)
-        self.assertIn(b"MB/s", seen)
-        self.assertEqual(seen.count(b"\n"), 1)     # the progress line is erased; only the summary stays
+        return p.returncode, seen
+
+    def test_progress_is_a_bar_rewritten_on_one_line_then_cleared_before_the_summary(self):
+        out = self.tmp / "progress.gguf"
+        code, seen = self.on_a_terminal(self.case("bf16"), "-o", out, "--outtype", "q8_0")
+        self.assertEqual(code, 0)
+        self.assertRegex(seen, rb"\r(bankml convert: )? +\d+%\|[^|]*\| [0-9.]+[kMG]?/[0-9.]+[kMG]? "
+                               rb"\[\d\d:\d\d<(\d\d:\d\d|\?), ([0-9.]+[kMG]?|\?)B/s\]\x1b\[K")
+        self.assertEqual(seen.count(b"\n"), 1)     # the bar is erased; only the summary stays
+        self.assertIn(b"\r\x1b[Kbankml convert: 'Bf16'", seen)
+        out.unlink()
+
+    def test_progress_fits_a_60_column_terminal(self):
+        out = self.tmp / "narrow.gguf"
+        code, seen = self.on_a_terminal(self.case("bf16"), "-o", out, "--outtype", "q8_0", columns=60)
+        self.assertEqual(code, 0)
+        drawn = [line.split(b"\x1b[K")[0] for line in seen.split(b"\r") if b"%" in line]
+        self.assertTrue(drawn, seen)
+        self.assertTrue(all(len(line.decode("utf-8")) <= 57 for line in drawn), drawn)
         out.unlink()
 
     def test_import_has_no_side_effects(self):
         code = ("import os, signal, sys; before = set(sys.modules); handlers = signal.getsignal(signal.SIGINT), "
                 "signal.getsignal(signal.SIGTERM); files = sorted(os.listdir('.')); import bankml_convert; "
                 "new = {m.split('.')[0] for m in set(sys.modules) - before} - {'bankml_convert'}; "
-                "assert new <= set(sys.stdlib_module_names), new; "
                 "assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers; "
-                "assert sorted(os.listdir('.')) == files; print('ok')")
+                "assert sorted(os.listdir('.')) == files; print(' '.join(sorted(new)))")
         p = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True, text=True, cwd=ROOT)
-        self.assertEqual((p.stdout, p.stderr), ("ok\n", ""))
+        self.assertEqual(p.stderr, "")
+        self.assertEqual(set(p.stdout.split()) - stdlib_module_names(), set())
 
     def test_only_the_standard_library_is_imported(self):
         import ast
         tree = ast.parse((ROOT / "bankml_convert.py").read_text(encoding="utf-8"))
         modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        self.assertEqual(modules - set(sys.stdlib_module_names) - {"__future__"}, set())
+        self.assertEqual(modules - stdlib_module_names() - {"__future__"}, set())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2216,7 +2325,7 @@ class AroundCommandLine(AroundWorkspace):
                          (True, 0, self.report.sha256, self.report.bytes))
         self.assertEqual(doc["out"], str(out))
         self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
-        self.assertGreaterEqual(doc["seconds"], 0)
+        self.assertGreaterEqual(doc["timings"]["seconds"], 0)
         out.unlink()
 
     def test_json_on_refusal_is_one_object_with_the_reason(self):
@@ -2381,6 +2490,293 @@ def refusal(test: unittest.TestCase, blob: bytes, *fragments: str) -> str:
     for fragment in fragments:
         test.assertIn(fragment, message)
     return message
+
+
+class JsonSchema(AroundWorkspace):
+    """Every command's --json, however it ends, is one object of bc.RESULT_SCHEMA's shape."""
+
+    def assertResult(self, r: Result, command: str, code: int) -> dict:
+        self.assertEqual(r.code, code, r.err)
+        self.assertEqual(len(r.out.splitlines()), 1, r.out)
+        doc = json.loads(r.out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual(list(doc)[:len(bc.RESULT_SCHEMA)], list(bc.RESULT_SCHEMA))
+        self.assertEqual((doc["command"], doc["exit"], doc["ok"]), (command, code, code == 0))
+        return doc
+
+    def test_the_validator_names_a_missing_field_and_a_wrong_type(self):
+        doc = bc.result_json("convert", 0, 1.0, {"outputs": [{"path": "x", "bytes": True, "sha256": "s", "role": "gguf"}]})
+        del doc["failure"]
+        self.assertEqual(bc.schema_problems(doc), ["outputs.0.bytes is True, not int", "failure is missing"])
+
+    def test_a_conversion_lists_its_outputs_inputs_and_the_type_auto_chose(self):
+        out = self.out_dir() / "x.gguf"
+        doc = self.assertResult(cli(EXAMPLE, "-o", out, "--outtype", "auto", "--fork", out.with_suffix(".json"),
+                                    "--json"), "convert", 0)
+        self.assertEqual(doc["outtype"], "bf16")
+        self.assertEqual([(o["path"], o["role"]) for o in doc["outputs"]],
+                         [(str(out), "gguf"), (str(out.with_suffix(".json")), "pin")])
+        self.assertEqual(doc["outputs"][1]["sha256"], sha256_file(out.with_suffix(".json")))
+        self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
+        self.assertEqual((doc["tensor_count"], doc["kv_count"]), (self.report.tensors, self.report.kv))
+
+    def test_a_dry_run_writes_no_output_and_lists_its_inputs_unhashed(self):
+        doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--dry-run", "--json"), "convert", 0)
+        self.assertEqual((doc["outputs"], doc["outtype"], doc["inputs"][0]["sha256"]), ([], "f16", None))
+
+    def test_a_refusal_and_a_usage_error_are_refusals(self):
+        doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--outtype", "q4_k", "--json"),
+                                "convert", 2)
+        self.assertIn("q4_k", doc["refusal"])
+        r = cli("--json")
+        doc = self.assertResult(r, "convert", 2)
+        self.assertEqual(doc["refusal"], "the following arguments are required: DIR")
+        self.assertIn("error: the following arguments are required", r.err)
+        self.assertEqual(self.assertResult(cli("verify", "--json"), "verify", 2)["command"], "verify")
+
+    def test_a_failure_says_whose_fault(self):
+        doc = json.loads(bc.failure_json(bc.ConversionFailed("disk full", bug=False)))
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual((doc["exit"], doc["failure"], doc["bug"]), (3, "disk full", False))
+
+    def test_inspect_of_a_gguf_a_directory_and_a_safetensors_file(self):
+        for path in (self.gguf, EXAMPLE, EXAMPLE / "model.safetensors"):
+            with self.subTest(path=path.name):
+                doc = self.assertResult(cli("inspect", path, "--json"), "inspect", 0)
+                self.assertEqual(doc["inputs"][0]["name"], str(path))
+        self.assertIn("cannot read", self.assertResult(cli("inspect", self.tmp / "absent.gguf", "--json"),
+                                                       "inspect", 2)["refusal"])
+
+    def test_verify_holds_fails_or_refuses(self):
+        doc = self.assertResult(cli("verify", self.gguf, self.pin, "--inputs", EXAMPLE, "--json"), "verify", 0)
+        self.assertTrue(all(line.startswith("ok ") for line in doc["checks"]))
+        other = self.copy_of_output()
+        with open(other, "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        doc = self.assertResult(cli("verify", other, self.pin, "--json"), "verify", 1)
+        self.assertTrue(any(line.startswith("FAIL sha256") for line in doc["checks"]))
+        self.assertResult(cli("verify", self.gguf, self.tmp / "absent.json", "--json"), "verify", 2)
+
+    def test_diff_identical_different_or_unreadable(self):
+        doc = self.assertResult(cli("diff", self.gguf, self.gguf, "--json"), "diff", 0)
+        self.assertEqual((doc["identical"], doc["differences"]), (True, []))
+        other = self.copy_of_output()
+        with open(other, "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        self.assertNotEqual(self.assertResult(cli("diff", self.gguf, other, "--json"), "diff", 1)["differences"], [])
+        self.assertResult(cli("diff", self.gguf, self.tmp / "absent.gguf", "--json"), "diff", 2)
+
+    def test_ggml_lists_its_output_and_pin(self):
+        out = self.out_dir() / "mnist.bin"
+        doc = self.assertResult(cli("ggml", ORACLE / "fixtures" / "torch" / "mnist-f32.pt", "-o", out,
+                                    "--fork", out.with_suffix(".json"), "--json"), "ggml", 0)
+        self.assertEqual([o["role"] for o in doc["outputs"]], ["ggml", "pin"])
+        self.assertEqual((doc["outputs"][0]["sha256"], doc["outtype"]), (sha256_file(out), "f32"))
+
+    def test_sllm_lists_both_files_and_names_the_engine_as_its_reference(self):
+        out = self.out_dir() / "x.sllm"
+        doc = self.assertResult(cli(EXAMPLE, "-o", out, "--format", "sllm", "--json"), "convert", 0)
+        self.assertEqual([o["role"] for o in doc["outputs"]], ["sllm", "tokenizer"])
+        self.assertEqual((doc["outtype"], doc["reference"]), ("f32", bc.SLLM_REFERENCE))
+
+
+class ProgressBarRules(unittest.TestCase):
+    def test_the_line_reads_as_tqdms(self):
+        self.assertEqual(bc.progress_text(68_100_000, 145_000_000, 2.2, 30e6, 60),
+                         " 47%|███████▌        | 68.1M/145M [00:02<00:02, 30.0MB/s]")
+
+    def test_no_width_gets_a_line_that_would_wrap(self):
+        for width in range(0, 200):
+            line = bc.progress_text(68_100_000, 145_000_000, 2.2, 30e6, width, "bankml convert: ")
+            self.assertLessEqual(len(line), max(width - 3, 0), width)   # room for an echoed ^C
+
+    def test_a_narrow_terminal_drops_the_label_before_the_bar_and_the_bar_before_the_counts(self):
+        wide = bc.progress_text(5, 10, 1, 5, 120, "bankml convert: ")
+        self.assertTrue(wide.startswith("bankml convert:  50%|"), wide)
+        self.assertTrue(bc.progress_text(5, 10, 1, 5, 60, "bankml convert: ").startswith(" 50%|"))
+        self.assertEqual(bc.progress_text(5, 10, 1, 5, 42, "bankml convert: "), " 50% 5.00/10.0 [00:01<00:01, 5.00B/s]")
+
+    def test_before_a_rate_is_known_the_eta_and_rate_are_question_marks(self):
+        self.assertTrue(bc.progress_text(0, 145_000_000, 0.1, None, 80).endswith("| 0.00/145M [00:00<?, ?B/s]"))
+
+    def test_an_hour_or_more_reads_h_mm_ss(self):
+        self.assertEqual((bc._clock(59), bc._clock(61), bc._clock(3725)), ("00:59", "01:01", "1:02:05"))
+
+    def test_sizes_have_three_significant_digits_and_an_si_prefix(self):
+        self.assertEqual([bc._si(n) for n in (5, 68_100_000, 145_000_000, 999_400, 2.5e9)],
+                         ["5.00", "68.1M", "145M", "999k", "2.50G"])
+
+    def test_a_stream_that_is_not_unicode_gets_hashes(self):
+        stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+        self.assertEqual(bc.ProgressBar(stream)._parts, " #")
+
+    def test_any_other_line_clears_a_visible_bar_first(self):
+        stream = io.StringIO()
+        bar = bc.ProgressBar(stream)
+        bar._shown -= 1
+        bar(50, 100)
+        self.assertTrue(bar.visible)
+        bc._bars.append(bar)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                bc._say("bankml convert: refuse: a reason")
+        finally:
+            bc._bars.remove(bar)
+        self.assertTrue(stream.getvalue().endswith("\r\x1b[K"))
+        self.assertEqual((bar.visible, err.getvalue()), (False, "bankml convert: refuse: a reason\n"))
+
+    def test_the_bar_clears_itself_at_the_end(self):
+        stream = io.StringIO()
+        bar = bc.ProgressBar(stream)
+        bar._shown -= 1
+        bar(50, 100)
+        bar(100, 100)
+        self.assertEqual((bar.visible, stream.getvalue()[-4:]), (False, "\r\x1b[K"))
+
+
+class ProgressOnEveryLongPath(AroundWorkspace):
+    def calls(self):
+        seen = []
+        return seen, lambda done, total, name: seen.append((done, total))
+
+    def assertRisesToTheTotal(self, seen):
+        self.assertTrue(seen)
+        self.assertEqual([d for d, _ in seen], sorted(d for d, _ in seen))
+        self.assertEqual(seen[-1][0], seen[-1][1])
+
+    def test_sllm_reports_the_sources_read(self):
+        seen, progress = self.calls()
+        bc.export_sllm(EXAMPLE, self.out_dir() / "x.sllm", bc.Options(outtype="f32", progress=progress))
+        self.assertRisesToTheTotal(seen)
+        self.assertEqual(seen[-1][1], (EXAMPLE / "model.safetensors").stat().st_size - 8 -
+                         int.from_bytes((EXAMPLE / "model.safetensors").read_bytes()[:8], "little"))
+
+    def test_verify_with_inputs_reports_every_pinned_file_hashed(self):
+        seen, progress = self.calls()
+        lines, held = bc.verify(self.gguf, self.pin, EXAMPLE, progress)
+        self.assertTrue(held, lines)
+        self.assertRisesToTheTotal(seen)
+        self.assertEqual(seen[-1][1], self.report.bytes + sum(i.size for i in self.report.inputs))
+
+
+class LlamaCppHabits(Workspace):
+    """llama.cpp's command line as its users type it: the default output name, its flags, and
+    --outtype values its llama-quantize makes."""
+
+    def example(self) -> Path:
+        return Path(shutil.copytree(EXAMPLE, Path(tempfile.mkdtemp(dir=self.tmp)) / EXAMPLE.name))
+
+    def test_without_o_the_output_is_llama_cpps_default_name_in_the_model_directory(self):
+        d = self.example()
+        r = cli(d)
+        self.assertEqual((r.code, r.out), (0, f"{GOLDEN['example']['sha256']}  {d / 'Smollm2-Tiny-1.6M-F16.gguf'}\n"))
+
+    def test_an_output_directory_gets_the_name_llama_cpp_gives_in_it(self):
+        # The names llama.cpp's convert_hf_to_gguf.py (oracle/.ref) wrote with --outfile DIR for these
+        # directories (2026-12-05); the bytes were the same as bankml's.
+        for case, outtype, name in (("card-realistic", "q8_0", "Card-Realistic-3.2M-Q8_0.gguf"),
+                                    ("name-or-path", "f16", "SmolLM2-3.2M-135m-Instruct-F16.gguf"),
+                                    ("merged", "auto", "Merged-3.2M-BF16.gguf")):
+            with self.subTest(case=case):
+                folder = self.out_dir()
+                r = cli(self.case(case), "-o", folder, "--outtype", outtype, "--quiet")
+                self.assertEqual(r.code, 0, r.err)
+                self.assertEqual(os.listdir(folder), [name])
+        folder = self.out_dir()
+        self.assertEqual(cli(EXAMPLE, "-o", folder, "--outtype", "auto").code, 0)
+        self.assertEqual(os.listdir(folder), ["Smollm2-Tiny-1.6M-BF16.gguf"])
+
+    def test_the_name_is_gguf_pys_naming_convention(self):
+        name = bc.llama_cpp_default_name
+        self.assertEqual(name(None, None, None, None, None, "f16"), "ggml-model-F16")
+        self.assertEqual(name(" My Model ", None, "Chat Tuned", "v1 2", "7B", "q8_0"), "My-Model-7B-Chat-Tuned-v1-2-Q8_0")
+        self.assertEqual(name("x", "org/base name", None, None, None, None), "org-base-name")
+
+    def test_llama_cpps_harmless_flags_are_accepted(self):
+        out = self.out_dir() / "x.gguf"
+        r = cli(EXAMPLE, "-o", out, "--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split", "--quiet")
+        self.assertEqual(r, Result(0, f"{GOLDEN['example']['sha256']}  {out}\n", ""))
+
+    def test_llama_cpps_flags_that_would_change_the_output_are_refused_with_why(self):
+        for flag, (takes_value, why) in bc._LLAMA_CPP_REFUSED.items():
+            with self.subTest(flag=flag):
+                self.assertRefuses(EXAMPLE, f"{flag} {why}", flag, *(["2G"] if takes_value else []))
+
+    def test_print_supported_models_lists_every_architecture(self):
+        r = cli("--print-supported-models")
+        self.assertEqual(r.code, 0)
+        for arch in bc.FAMILIES:
+            self.assertIn(arch, r.out)
+
+    def test_quantized_types_point_at_llama_quantize_with_the_command(self):
+        self.assertRefuses(EXAMPLE, re.compile(r"--outtype q4_K_M is made by llama.cpp's llama-quantize.*"
+                                               r"llama-quantize smollm2-tiny-F16.gguf smollm2-tiny-Q4_K_M.gguf Q4_K_M"),
+                           "--outtype", "q4_K_M")
+
+    def test_a_hub_id_says_how_to_download_it(self):
+        self.assertRefuses(Path("HuggingFaceTB/SmolLM2-135M-Instruct"),
+                           re.compile(r"HuggingFaceTB/SmolLM2-135M-Instruct does not exist here; it looks like a "
+                                      r"Hugging Face Hub id: download it .*huggingface-cli download .*"))
+
+    def test_a_trainer_folder_names_its_checkpoints(self):
+        folder = self.out_dir() / "run"
+        for n in (500, 1000):
+            shutil.copytree(EXAMPLE, folder / f"checkpoint-{n}")
+        self.assertRefuses(folder, f"no config.json in {folder}, only the Trainer's checkpoints checkpoint-500, "
+                                   f"checkpoint-1000: pass one of them, the last is {folder / 'checkpoint-1000'} "
+                                   f"(or the folder trainer.save_model() wrote)")
+
+    def test_verify_with_its_arguments_swapped_says_so(self):
+        out = self.out_dir() / "x.gguf"
+        self.assertEqual(cli(EXAMPLE, "-o", out, "--fork", out.with_suffix(".json")).code, 0)
+        r = cli("verify", out.with_suffix(".json"), out)
+        self.assertEqual(r.code, 2)
+        self.assertIn("the arguments are the other way round", r.err)
+
+    def test_an_extension_that_is_not_the_format_is_warned_about(self):
+        out = self.out_dir()
+        r = cli(EXAMPLE, "-o", out / "x.sllm")
+        self.assertIn("warning: " + str(out / "x.sllm") + " will be a GGUF; add --format sllm", r.err)
+        r = cli(EXAMPLE, "-o", out / "y.gguf", "--format", "sllm")
+        self.assertIn("warning: --format sllm writes the kasahare engine's format", r.err)
+
+    def test_a_directory_named_dot_keeps_the_bytes_and_suggests_model_name(self):
+        out = self.out_dir() / "dot.gguf"
+        cwd = os.getcwd()
+        os.chdir(EXAMPLE)
+        try:
+            r = cli(".", "-o", out)
+        finally:
+            os.chdir(cwd)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("warning: general.name is '', made from the directory's name", r.err)
+        self.assertIn("--model-name", r.err)
+
+    def test_a_hugging_face_cache_snapshot_keeps_the_bytes_and_suggests_model_name(self):
+        snapshot = self.out_dir() / "models--org--name" / "snapshots" / ("0123456789abcdef" * 3)[:40]
+        shutil.copytree(EXAMPLE, snapshot)
+        r = cli(snapshot, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn(f"warning: general.name is '{snapshot.name}', made from the directory's name", r.err)
+
+    def test_a_model_without_a_chat_template_is_noted(self):
+        d = self.example()
+        config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        del config["chat_template"]
+        (d / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        r = cli(d, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("note: the model has no chat template", r.err)
+        self.assertNotIn("chat template", cli(EXAMPLE, "-o", self.out_dir() / "y.gguf").err)
+
+    def test_help_describes_every_family_and_exit_code_3(self):
+        r = cli("--help")
+        text = " ".join(r.out.split())
+        for arch in bc.FAMILIES:
+            self.assertIn(arch, text)
+        self.assertIn("3 failed", text)
 
 
 class TempDirCase(unittest.TestCase):
@@ -3122,9 +3518,9 @@ class QwenKeysAndTensors(Workspace):
     def test_qwen3_plans_per_head_q_and_k_norms_as_f32_and_no_biases(self):
         tensors = self.plan(QWEN3, "q8_0").tensors
         norms = {t.name: (t.ggml_type, t.dims) for t in tensors if "_norm" in t.name and "attn_" in t.name}
-        self.assertEqual(norms, {f"blk.{b}.attn_{x}_norm.weight": (bc.GGML_F32, (16,))
-                                 for b in range(2) for x in ("q", "k")} | {
-                                 f"blk.{b}.attn_norm.weight": (bc.GGML_F32, (32,)) for b in range(2)})
+        self.assertEqual(norms, dict({f"blk.{b}.attn_{x}_norm.weight": (bc.GGML_F32, (16,))
+                                      for b in range(2) for x in ("q", "k")},
+                                     **{f"blk.{b}.attn_norm.weight": (bc.GGML_F32, (32,)) for b in range(2)}))
         self.assertFalse([t.name for t in tensors if t.name.endswith(".bias")])
 
 
@@ -5868,11 +6264,25 @@ import faults  # noqa: E402
 FaultSuite = faults.test_case()
 
 
+# `--fast`: what .ci/run runs under every Python the machine has (3.8 up) -- the example against
+# llama.cpp's sha256, the platform fallbacks, the command line and the readers -- in well under a
+# minute each, where the whole suite takes about five under one Python.
+FAST = ("ExampleModel", "PlatformsWithoutLinuxCalls", "CommandLine", "Rules", "SafetensorsHeaders",
+        "DirectoryName", "SizeLabel", "InspectCommand", "VerifyCommand", "DiffCommand", "DryRunCommand",
+        "OutputTypeRules", "SllmRules", "JsonSchema", "ProgressBarRules")
+
+
 def main() -> int:
-    """Run these tests and the oracle tooling's own (oracle/test_*.py); end on a plain count line."""
+    """Run these tests and the oracle tooling's own (oracle/test_*.py), or with --fast only the
+    classes of FAST; end on a plain count line."""
     loader = unittest.TestLoader()
-    suite = unittest.TestSuite([loader.loadTestsFromModule(sys.modules[__name__]),
-                                loader.discover(str(ORACLE), pattern="test_*.py", top_level_dir=str(ORACLE))])
+    module = sys.modules[__name__]
+    if "--fast" in sys.argv:
+        suite = unittest.TestSuite([loader.loadTestsFromTestCase(getattr(module, name))
+                                    for name in FAST if hasattr(module, name)])
+    else:
+        suite = unittest.TestSuite([loader.loadTestsFromModule(module),
+                                    loader.discover(str(ORACLE), pattern="test_*.py", top_level_dir=str(ORACLE))])
     result = unittest.TextTestRunner(verbosity=1 if "-q" in sys.argv else 2).run(suite)
     # A failing subtest is reported once per subtest; count each test method once.
     def method(test) -> str:

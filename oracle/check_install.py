@@ -16,7 +16,7 @@ copies the tracked and not-ignored files twice, as `git clone` would give them, 
                   dependencies and README.md as the markdown description; installed with
                   --no-index into a second venv it leaves nothing but the module and its metadata;
   vendoring       bankml_convert.py copied alone into an empty directory, run with
-                  `python3 -S -I` (and with Python 3.10, the lowest requires-python allows, when one
+                  `python3 -S -I` (and with Python 3.8, the lowest requires-python allows, when one
                   is found): the same bytes;
   -m              `python3 -m bankml_convert` against `python3 bankml_convert.py` there: the same
                   stdout, stderr and exit code for a conversion, --help and a refusal.
@@ -52,7 +52,7 @@ DIST = "bankml-convert"
 EXAMPLE = Path("example") / "smollm2-tiny"
 OUT = "smollm2-tiny-F16.gguf"
 TIMEOUT = 600
-REQUIRES_PYTHON = ">=3.10"  # pyproject.toml's; README says "3.10 or newer"; oldest_python() runs it
+REQUIRES_PYTHON = ">=3.8"  # pyproject.toml's; README says "3.8 or newer"; oldest_python() runs it
 
 
 class Failed(Exception):
@@ -203,18 +203,18 @@ def check_metadata(wheel: Path, src: Path, version: str) -> None:
 
 
 def oldest_python() -> Path | None:
-    """A Python 3.10 to run the vendored file with (requires-python's lower bound), if there is one."""
+    """A Python 3.8 to run the vendored file with (requires-python's lower bound), if there is one."""
     roots = [os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv")]
     candidates = sorted(g for r in roots if r
-                        for g in glob.glob(os.path.join(r, "versions", "3.10*", "bin", "python3.10")))
-    candidates += [c for c in (shutil.which("python3.10"), "/usr/bin/python3.10") if c]  # a pyenv shim may refuse
+                        for g in glob.glob(os.path.join(r, "versions", "3.8*", "bin", "python3.8")))
+    candidates += [c for c in (shutil.which("python3.8"), "/usr/bin/python3.8") if c]  # a pyenv shim may refuse
     for c in candidates:
         try:
             p = subprocess.run([c, "-S", "-I", "-c", "import sys; print(sys.version_info[:2])"],
                                capture_output=True, text=True, timeout=60)
         except OSError:
             continue
-        if p.returncode == 0 and p.stdout.strip() == "(3, 10)":
+        if p.returncode == 0 and p.stdout.strip() == "(3, 8)":
             return Path(c)
     return None
 
@@ -242,9 +242,9 @@ def vendored_and_dash_m(tmp: Path, src: Path, example: Path, expected: str) -> s
     old = oldest_python()
     if old is not None:
         convert_in(vend, [old, "-S", "-I", f"{MODULE}.py", example, "-o", OUT], expected,
-                   f"vendored with {old} (requires-python >=3.10)")
+                   f"vendored with {old} (requires-python >=3.8)")
     else:
-        note = " (no Python 3.10 here: requires-python's lower bound not run)"
+        note = " (no Python 3.8 here: requires-python's lower bound not run)"
     ran["-m"] = convert_in(vend, [*dash_m, example, "-o", OUT], expected, f"python3 -m {MODULE}")
     same_as_script(ran, "DIR -o OUT.gguf")
     # The usage (which names the program) and a refusal the same way too.

@@ -1018,16 +1018,21 @@ HIGH_BYTE_TABLES = {d: high_byte_table(d) for d in DTYPE_SIZE}
 RANDBYTES_MAX = 1 << 27
 
 
+def random_bytes(rng: random.Random, n: int) -> bytes:
+    """rng.randbytes(n), which is Python 3.9's: the same draw (random.py defines it so), for 3.8."""
+    return rng.getrandbits(n * 8).to_bytes(n, "little") if n else b""
+
+
 def random_weight_bytes(dtype: str, count: int, seed: str) -> bytearray:
     size = DTYPE_SIZE[dtype]
     n = count * size
     if n <= RANDBYTES_MAX:
-        data = bytearray(random.Random(seed).randbytes(n))
+        data = bytearray(random_bytes(random.Random(seed), n))
     else:
         data = bytearray(n)
         for k, start in enumerate(range(0, n, RANDBYTES_MAX)):
             end = min(n, start + RANDBYTES_MAX)
-            data[start:end] = random.Random(f"{seed}/{k}").randbytes(end - start)
+            data[start:end] = random_bytes(random.Random(f"{seed}/{k}"), end - start)
     high = slice(size - 1, None, size)  # little-endian: the last byte of each element
     data[high] = data[high].translate(HIGH_BYTE_TABLES[dtype])
     return data
