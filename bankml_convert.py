@@ -7730,12 +7730,18 @@ class _Part(NamedTuple):
     inode: tuple[int, int]
 
 
+def _interrupt_signals() -> tuple:
+    """The signals that end a run with its cleanup: Ctrl-C, kill, and the terminal closing."""
+    import signal
+    return tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+
+
 def _hold_interrupts():
-    """Block SIGINT and SIGTERM (the command line's handlers raise); the mask to restore, or None."""
+    """Block the interrupt signals (the command line's handlers raise); the mask to restore, or None."""
     import signal
     if not hasattr(signal, "pthread_sigmask"):
         return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    return signal.pthread_sigmask(signal.SIG_BLOCK, set(_interrupt_signals()))
 
 
 def _release_interrupts(mask) -> None:
@@ -8347,13 +8353,15 @@ def _forked_worker(run: Callable[[], object]) -> int:
     siblings, removing the .part -- or return into a library caller's program.
     """
     import signal
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = set(_interrupt_signals())
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         pid = os.fork()
         if pid == 0:
             try:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent handles interrupts
+                if hasattr(signal, "SIGHUP"):
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 run()
@@ -10829,10 +10837,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Convert a Hugging Face model directory (safetensors or pytorch_model.bin) to GGUF, "
-                    "byte-identical to llama.cpp's convert_hf_to_gguf.py, and pin it. Families: "
-                    "Llama (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral: LlamaForCausalLM, "
-                    "MistralForCausalLM), Qwen2/Qwen2.5 (Qwen2ForCausalLM) and Qwen3 (Qwen3ForCausalLM); "
-                    "--print-supported-models lists them.",
+                    "byte-identical to llama.cpp's convert_hf_to_gguf.py, and pin it. Architectures "
+                    f"(config.json's): {', '.join(FAMILIES)}; --print-supported-models lists them.",
         epilog=_commands_help(prog))
     p.add_argument("model_dir", metavar="DIR", help="the model directory (config.json, tokenizer, *.safetensors)")
     p.add_argument("-o", "--outfile", metavar="OUT.gguf",
@@ -11266,7 +11272,7 @@ def _catch_interrupts(handler) -> dict:
     started (nohup, a shell's background job): it stays ignored.  The handlers replaced."""
     import signal
     saved = {}
-    for s in (signal.SIGTERM, signal.SIGINT):
+    for s in _interrupt_signals():
         if signal.getsignal(s) is not signal.SIG_IGN:
             saved[s] = signal.signal(s, handler)
     return saved

@@ -1283,9 +1283,9 @@ class HostileInputs(Workspace):
         sys.exit(bc.main(sys.argv[1:]))
     """
 
-    def test_sigterm_and_sigint_mid_write_remove_the_part_without_a_traceback(self):
+    def test_sigterm_sigint_and_sighup_mid_write_remove_the_part_without_a_traceback(self):
         d = self.case("bf16")
-        for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)):
             with self.subTest(signal=sig.name):
                 out = self.out_dir() / "interrupted.gguf"
                 p = subprocess.Popen([sys.executable, "-c", self.HELD_MID_WRITE, str(d), "-o", str(out)], cwd=ROOT,
