@@ -1288,8 +1288,11 @@ class HostileInputs(Workspace):
         for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)):
             with self.subTest(signal=sig.name):
                 out = self.out_dir() / "interrupted.gguf"
+                # Each signal's default disposition in the child, whatever the runner had: nohup or a
+                # shell's background job starts CI with SIGHUP or SIGINT ignored, which the tool keeps.
                 p = subprocess.Popen([sys.executable, "-c", self.HELD_MID_WRITE, str(d), "-o", str(out)], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda sig=sig: signal.signal(sig, signal.SIG_DFL))
                 with p:
                     ready, _, _ = select.select([p.stdout], [], [], 60)
                     workers = [int(pid) for pid in p.stdout.readline().split()] if ready else []
