@@ -11317,9 +11317,16 @@ def _convert(args: argparse.Namespace) -> int:
         return 128 + e.signum
     except Exception as e:      # past every check: the machine's (memory) or a bug, in one line
         return _conversion_failed(unexpected_failure(e), args.json)
+    else:
+        # Still under the handler that ignores interrupts once done: the run has succeeded, and a
+        # Ctrl-C while its result is printed must not report it as interrupted.
+        return _print_conversion(args, report, started)
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def _print_conversion(args: argparse.Namespace, report: Report, started: float) -> int:
     if args.json:
         print(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
     else:
