@@ -2131,11 +2131,12 @@ def llama_generated_tensors(p: TextParams) -> list[GeneratedTensor]:
     return [GeneratedTensor("rope_freqs.weight", struct.pack(f"<{len(factors)}f", *factors), (len(factors),))]
 
 
-def llama_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
-    """TextModel.set_gguf_parameters' keys, then LlamaModel's own (general.file_type falls between)."""
-    return text_model_kvs("llama", p, file_type) + [
-        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
-        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+def llama_hparam_kvs(p: TextParams, file_type: int, arch: str = "llama") -> list[KV]:
+    """TextModel.set_gguf_parameters' keys, then LlamaModel's own (general.file_type falls between);
+    arch: the prefix of a LlamaModel subclass's model_arch."""
+    return text_model_kvs(arch, p, file_type) + [
+        KV(f"{arch}.vocab_size", GGUF_UINT32, p.vocab_size),
+        KV(f"{arch}.rope.dimension_count", GGUF_UINT32, p.head_dim),
     ]
 
 
@@ -2694,6 +2695,60 @@ GEMMA2 = Family(
 )
 
 
+# SmolLM3 (llama.cpp's SmolLM3Model): LlamaModel under arch smollm3 (llama.py:425-428), nothing else.
+
+# The keys SmolLM3Config has defaults for that are not measured against llama.cpp: a SmolLM3 config.json
+# must name them (the real ones do).
+_SMOLLM3_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "vocab_size")
+# llama.cpp's runtime takes every 4th layer as NoPE for arch smollm3 (llama-model.cpp's
+# n_no_rope_layer_step = 4); the converter writes no pattern of its own.
+_SMOLLM3_NOPE_STEP = 4
+
+
+def smollm3_nope_layers(config: dict, layers: int) -> list[int]:
+    """no_rope_layers as SmolLM3Config fills it: 1 for a layer with RoPE, 0 for a NoPE layer; when
+    absent, every no_rope_layer_interval-th layer (4 by default) is NoPE."""
+    given = config.get("no_rope_layers")
+    if given is None:
+        interval = config_integer(config, "no_rope_layer_interval", 4)
+        return [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(given, list) or any(v not in (0, 1) or type(v) is not int for v in given):
+        raise Refusal("config.json: no_rope_layers must be a list of 0 and 1")
+    return given
+
+
+def smollm3_params(config: dict) -> TextParams:
+    """LlamaModel's hyperparameters of a SmolLM3 config, or a Refusal for a NoPE pattern llama.cpp's
+    runtime would not apply, keys whose SmolLM3Config defaults are not measured, and head_dim (not a
+    SmolLM3Config key: whether its to_dict() keeps one is not measured)."""
+    missing = [k for k in _SMOLLM3_REQUIRED if k not in config]
+    if missing:
+        raise Refusal(f"config.json lacks {', '.join(missing)}: SmolLM3Config's defaults are not measured "
+                      f"against llama.cpp; write the model's values")
+    if "head_dim" in config:
+        raise Refusal("config.json: head_dim in a SmolLM3 config; SmolLM3Config has none, and what llama.cpp "
+                      "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
+    _refuse_rope_scaling(config)
+    params = llama_params(config)._replace(key_length=None)     # SmolLM3Config's to_dict() has no head_dim
+    expected = [int((i + 1) % _SMOLLM3_NOPE_STEP != 0) for i in range(params.block_count)]
+    if smollm3_nope_layers(config, params.block_count) != expected:
+        raise Refusal(f"config.json: NoPE layers (no_rope_layers / no_rope_layer_interval) other than every "
+                      f"{_SMOLLM3_NOPE_STEP}th: llama.cpp writes no NoPE pattern and its runtime assumes every "
+                      f"{_SMOLLM3_NOPE_STEP}th layer, so the GGUF would run wrong; not converted")
+    return params
+
+
+SMOLLM3 = LLAMA._replace(
+    name="SmolLM3",
+    architectures=("SmolLM3ForCausalLM",),
+    model_types=("smollm3",),
+    gguf_arch="smollm3",
+    params=smollm3_params,
+    hparam_kvs=lambda p, file_type: llama_hparam_kvs(p, file_type, arch="smollm3"),
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -2705,7 +2760,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, SMOLLM3):
     register(_family)
 
 
@@ -4269,6 +4324,18 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
+)
+
+# Issue 26's families, measured the same way: AutoTokenizer builds these classes under their model_types
+# as under Llama's.  SmolLM3's tokenizer is Llama 3's with a template that adds no <|begin_of_text|>, so
+# the check text's ids start without it and llama.cpp names it smaug-bpe (base.py:1783-1785).
+_LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),'
+                                 + _NOOP_TEMPLATE + ']')
+_LLAMA3_UNDER_LLAMA = next(b for b in CHECK_BUILDS
+                           if (b.tokenizer_class, b.model_type) == ("PreTrainedTokenizerFast", "llama"))
+CHECK_BUILDS += (
+    _LLAMA3_UNDER_LLAMA._replace(model_type="smollm3", post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
+                                 measured_on="SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),
 )
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the

@@ -57,6 +57,7 @@ class TokenizerFixture:
     added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
     resaved: bool = False   # then rewritten as transformers 5.18's save_pretrained writes it (resave_tokenizer)
     unmarked_special: Optional[str] = None     # an added token then marked special: false in both files
+    smollm3: bool = False   # then made SmolLM3's from Llama 3's (smollm3_tokenizer)
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -64,6 +65,7 @@ TINYLLAMA = "TinyLlama-1.1B-Chat-v1.0"
 TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
 TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
+SMOLLM3_3B = "SmolLM3-3B"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -125,6 +127,13 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
             (LLAMA_32_1B_INSTRUCT, "tokenizer_config.json"),
         ), resaved=True),
+        # SmolLM3-3B's tokenizer is Llama 3's vocabulary without the BOS its template adds; derived here
+        # from the Llama 3.2 files (Meta's licence: read from ../shared/fixtures, never copied).
+        TokenizerFixture("smollm3-3b", (
+            (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
+            (LLAMA_32_1B_INSTRUCT, "tokenizer_config.json"),
+            (SMOLLM3_3B, "chat_template.jinja"),
+        ), smollm3=True),
         # SentencePiece (tokenizer.model): llama.cpp's _set_vocab_sentencepiece path.
         TokenizerFixture("tinyllama-1.1b-chat", (
             (TINYLLAMA, "tokenizer.json"),
@@ -197,6 +206,34 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         resave_tokenizer(out_dir)
     if fixture.unmarked_special is not None:
         unmark_special(out_dir, fixture.unmarked_special)
+    if fixture.smollm3:
+        smollm3_tokenizer(out_dir)
+
+
+# SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
+_SMOLLM3_RENAMED = {128011: "<|im_start|>", 128012: "<|im_end|>"}
+
+
+def smollm3_tokenizer(d: Path) -> None:
+    """Llama 3's tokenizer files made SmolLM3-3B's in what reaches llama.cpp: the post-processor's
+    template adds no <|begin_of_text|> (so llama.cpp's chkhsh is smaug-bpe's), ids 128011/128012 are
+    <|im_start|>/<|im_end|>, bos_token null and eos/pad <|im_end|> in tokenizer_config.json, whose
+    chat template moves to chat_template.jinja (SmolLM3's own, from the llama.cpp sdist)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    for processor in tokenizer["post_processor"]["processors"]:
+        if processor["type"] == "TemplateProcessing":
+            processor.update(single=[{"Sequence": {"id": "A", "type_id": 0}}],
+                             pair=[{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                             special_tokens={})
+    for t in tokenizer["added_tokens"]:
+        t["content"] = _SMOLLM3_RENAMED.get(t["id"], t["content"])
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for i, t in config["added_tokens_decoder"].items():
+        t["content"] = _SMOLLM3_RENAMED.get(int(i), t["content"])
+    config.pop("chat_template")
+    config.update(bos_token=None, eos_token="<|im_end|>", pad_token="<|im_end|>")
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # What transformers 5.18's save_pretrained wrote for the Llama 3.2 tokenizer (measured with
@@ -295,6 +332,12 @@ QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, n
                     num_key_value_heads=2, vocab_size=152064, max_position_embeddings=32768)
 
 
+# SmolLM3-3B shrunk: four layers (the fourth its NoPE layer), 2 heads over hidden 32, the real vocabulary.
+SMOLLM3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                    num_key_value_heads=1, vocab_size=128256, max_position_embeddings=65536)
+SMOLLM3_TINY_LAYERS = (("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 1, 0]))
+
+
 # Configs that are not copied fixtures: written here as the Hub ships them (transformers' to_json_string:
 # indent 2, sorted keys), for models whose files oracle/fixtures does not hold.
 #
@@ -347,7 +390,26 @@ _GEMMA3_TEXT_COMMON = {
 _GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_sample": True,
                       "eos_token_id": [1, 106], "pad_token_id": 0, "top_k": 64, "top_p": 0.95,
                       "transformers_version": "4.50.0.dev0"}
+# - SmolLM3-3B config.json: every key and value as a public copy of the Hub file quotes it (tied by
+#   SmolLM3Config's default; NoPE every 4th layer in no_rope_layers); its generation_config.json holds
+#   the config's token ids and transformers_version only (the card's temperature 0.6 / top_p 0.95 are
+#   advice, not in a file seen).
+SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    SMOLLM3_3B: {
+        "config.json": {
+            "architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+            "initializer_range": 0.02, "intermediate_size": 11008, "layer_types": ["full_attention"] * 36,
+            "max_position_embeddings": 65536, "max_window_layers": 28, "mlp_bias": False, "model_type": "smollm3",
+            "no_rope_layer_interval": 4, "no_rope_layers": SMOLLM3_NO_ROPE_EVERY_4TH, "num_attention_heads": 16,
+            "num_hidden_layers": 36, "num_key_value_heads": 4, "pad_token_id": 128004, "pretraining_tp": 2,
+            "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 5000000.0, "sliding_window": None,
+            "torch_dtype": "bfloat16", "transformers_version": "4.54.0.dev0", "use_cache": False,
+            "use_sliding_window": False, "vocab_size": 128256},
+        "generation_config.json": {"bos_token_id": 128000, "eos_token_id": 128012, "pad_token_id": 128004,
+                                   "transformers_version": "4.54.0.dev0"},
+    },
     GEMMA_2_2B_IT: {
         "config.json": {
             "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -605,6 +667,24 @@ GEMMA2_CASES: tuple[Case, ...] = (
          description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (text_config, linear rope x8), "
                      "vision tower and projector tensors present, BF16"),
 )
+# Issue 26: SmolLM3 (the Llama class under arch smollm3) from BF16 and F32 weights, with its real
+# config.json keys.
+FAMILY_CASES: tuple[Case, ...] = (
+    Case("smollm3-3b-shape", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
+         config_updates=SMOLLM3_TINY_LAYERS, dirname="smollm3-3b",
+         description="SmolLM3-3B's config (NoPE every 4th layer, tied), BF16, its tokenizer derived from "
+                     "Llama 3.2's (../shared/fixtures)"),
+    Case("smollm3-3b-f32", dtype="F32", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
+         config_updates=SMOLLM3_TINY_LAYERS, dirname="smollm3-3b-f32",
+         description="the SmolLM3-3B shape from F32 weights"),
+    # A fine-tune whose NoPE layers are not every 4th: llama.cpp writes no pattern and its runtime
+    # assumes every 4th, so the GGUF would run wrong (bankml refuses it).
+    Case("smollm3-nope-every-3rd", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
+         config_updates=(("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 0, 1]),
+                         ("no_rope_layer_interval", 3)), dirname="smollm3-nope-every-3rd",
+         description="SmolLM3-3B's config with NoPE on every 3rd layer (refused)"),
+
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -732,6 +812,7 @@ CASES: tuple[Case, ...] = (
          description="two transformers 4 .bin shards, F16, tied lm_head.weight in the last"),
     *GEMMA3_CASES,
     *GEMMA2_CASES,
+    *FAMILY_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",

@@ -56,8 +56,10 @@ class Run:
 
 
 OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
+# Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
+REFUSED_CASES = frozenset({"smollm3-nope-every-3rd"})
 RUNS: tuple[Run, ...] = tuple(
-    [Run(c.name, c.name, ("--outtype", "f16")) for c in make_models.CASES]
+    [Run(c.name, c.name, ("--outtype", "f16"), refused=c.name in REFUSED_CASES) for c in make_models.CASES]
     + [Run("model-name", "bf16", ("--outtype", "f16", "--model-name", "mindx-gen39 merged"))]
     # Every other output type on each source dtype (with special values), on a shape whose rows
     # are not whole Q8_0 blocks (llama.cpp's F16 fallback), on the full-size model, and on every
@@ -81,6 +83,10 @@ RUNS: tuple[Run, ...] = tuple(
     # 1B shape, the 4B wrapper and Gemma 2; the 270m shape and Gemma 2's BF16 source in f16 only.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
+       for t in OTHER_OUTTYPES]
+    # SmolLM3 (issue 26): every output type from BF16 and from F32 weights.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("smollm3-3b-shape", "smollm3-3b-f32")
        for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 

@@ -114,6 +114,9 @@ EDITS: dict[str, Callable[[Path], None]] = {
     # The Llama 3 tokenizer as transformers 5.18 re-saves it (class TokenizersBackend, pair merges,
     # chat_template.jinja), derived by make_models (the files are Meta-licensed, so none is shipped).
     "resaved_transformers_5": lambda d: _make_models().resave_tokenizer(d),
+    # SmolLM3-3B's tokenizer, derived by make_models from Llama 3's (no BOS in its template), under its config.
+    "smollm3": lambda d: (_make_models().smollm3_tokenizer(d), write_config(
+        d, {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"})),
 }
 
 
@@ -169,6 +172,7 @@ CHKHSH_CASES: dict[str, Case] = {
     L3: Case(_LLAMA3),
     L3 + "+llama3_under_qwen2_config": Case(_LLAMA3, "llama3_under_qwen2_config"),
     L3 + "+resaved_transformers_5": Case(_LLAMA3, "resaved_transformers_5"),
+    L3 + "+smollm3": Case(_LLAMA3, "smollm3"),
     Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
     Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
 }
