@@ -2749,6 +2749,90 @@ SMOLLM3 = LLAMA._replace(
 )
 
 
+# Granite 3.x dense (llama.cpp's GraniteModel, a LlamaModel): GraniteForCausalLM.
+
+# GraniteConfig's multipliers -> the GGUF key (after the arch) GraniteModel.set_gguf_parameters writes for
+# each, in its order (granite.py:38-49); GraniteConfig's to_dict() holds 1.0 for each one left out.
+_GRANITE_SCALES = (("attention_multiplier", "attention.scale"), ("embedding_multiplier", "embedding_scale"),
+                   ("residual_multiplier", "residual_scale"), ("logits_scaling", "logit_scale"))
+
+
+class GraniteParams(NamedTuple):
+    """LlamaModel's hyperparameters and the multipliers GraniteModel writes (None: not written)."""
+    text: TextParams
+    scales: tuple[Optional[float], ...]     # in _GRANITE_SCALES' order
+
+    # What the shared code reads of every family's params.
+    @property
+    def vocab_size(self) -> int:
+        return self.text.vocab_size
+
+    @property
+    def block_count(self) -> int:
+        return self.text.block_count
+
+
+def granite_scale(config: dict, key: str) -> Optional[float]:
+    """One multiplier as GraniteModel reads it: written only when truthy (0 is not written)."""
+    value = config.get(key, 1.0)
+    if type(value) not in (int, float):
+        # GraniteConfig types them float or int; anything else stops AutoConfig, and llama.cpp then
+        # reads config.json raw.
+        raise Refusal(f"config.json: {key} is {value!r}; transformers' GraniteConfig rejects it: write a number")
+    if not abs(value) < 3.4e38:
+        raise Refusal(f"config.json: {key} is {value!r}; not a float32")
+    return value or None
+
+
+def granite_params(config: dict) -> GraniteParams:
+    """GraniteModel's hyperparameters: LlamaModel's with head_dim popped before any key is written
+    (granite.py:33-35: no key/value_length, rope dimensions hidden_size / heads), then the multipliers;
+    or a Refusal for a head_dim other than that (llama.cpp would ignore it and the GGUF run wrong) and
+    for Granite 4 vision's deepstack layers (granite.py:51-61)."""
+    for key in ("spatial_target_layers", "deepstack_layer_map"):
+        if config.get(key):
+            raise Refusal(f"config.json sets {key}: llama.cpp writes a Granite vision deepstack mapping for it, "
+                          f"which bankml_convert does not reproduce")
+    _refuse_rope_scaling(config)
+    text = llama_params({k: v for k, v in config.items() if k != "head_dim"})
+    if config.get("head_dim") is not None and config["head_dim"] != text.head_dim:
+        raise Refusal(f"config.json: head_dim {config['head_dim']!r} is not hidden_size / num_attention_heads "
+                      f"({text.head_dim}); llama.cpp ignores head_dim for Granite, so its GGUF would run wrong")
+    return GraniteParams(text._replace(key_length=None), tuple(granite_scale(config, k) for k, _ in _GRANITE_SCALES))
+
+
+def granite_hparam_kvs(p: GraniteParams, file_type: int) -> list[KV]:
+    """LlamaModel's keys under arch granite, then each multiplier set, as float32."""
+    return llama_hparam_kvs(p.text, file_type, arch="granite") + [
+        KV(f"granite.{name}", GGUF_FLOAT32, value)
+        for (_, name), value in zip(_GRANITE_SCALES, p.scales) if value is not None]
+
+
+# GraniteModel.filter_tensors' multimodal names (Granite vision checkpoints), dropped before LlamaModel's.
+_GRANITE_DROPPED = ("image_", "layerwise_projectors", "spatial_projectors")
+
+
+def granite_filter_tensors(hf_name: str) -> Optional[str]:
+    if hf_name.startswith("encoder.") or any(part in hf_name for part in _GRANITE_DROPPED):
+        return None
+    return dropped_buffers(hf_name)
+
+
+GRANITE = LLAMA._replace(
+    name="Granite",
+    architectures=("GraniteForCausalLM",),
+    model_types=("granite",),
+    gguf_arch="granite",
+    params=granite_params,
+    hparam_kvs=granite_hparam_kvs,
+    vocab_kvs=lambda p, v, tokenizer_kvs: llama_vocab_kvs(p.text, v, tokenizer_kvs),
+    shape=lambda gguf_name, p: llama_shape(gguf_name, p.text),
+    modify_tensors=lambda gguf_name, source, p: llama_modify_tensors(gguf_name, source, p.text),
+    generated_tensors=lambda p: llama_generated_tensors(p.text),
+    filter_tensors=granite_filter_tensors,
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -2760,7 +2844,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, SMOLLM3):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, SMOLLM3, GRANITE):
     register(_family)
 
 
@@ -4333,9 +4417,11 @@ _LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_
                                  + _NOOP_TEMPLATE + ']')
 _LLAMA3_UNDER_LLAMA = next(b for b in CHECK_BUILDS
                            if (b.tokenizer_class, b.model_type) == ("PreTrainedTokenizerFast", "llama"))
+_GPT2_UNDER_LLAMA = next(b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == ("GPT2Tokenizer", "llama"))
 CHECK_BUILDS += (
     _LLAMA3_UNDER_LLAMA._replace(model_type="smollm3", post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
                                  measured_on="SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),
+    _GPT2_UNDER_LLAMA._replace(model_type="granite", measured_on="SmolLM2 tokenizer, Granite 3.3 config"),
 )
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the

@@ -221,6 +221,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "llama-3.2-1b-instruct",                                        # Llama 3: rope_freqs.weight
     "qwen2.5-0.5b-bf16", "qwen3-0.6b-bf16",                         # Qwen2 biases, Qwen3 q/k norms
     "smollm3-3b-shape",                                             # SmolLM3: Llama under arch smollm3
+    "granite-3.3-2b-shape",                                         # Granite: its four scales
 })
 
 
@@ -3868,6 +3869,76 @@ class SmolLM3Refusals(Workspace):
         self.assertRefuses(d, "config.json: rope_scaling asks for rope scaling ('yarn', factor, "
                               "original_max_position_embeddings); llama.cpp writes rope factors for it that "
                               "bankml_convert does not reproduce")
+
+
+# ---------------------------------------------------------------------------------------------
+# Granite 3.x dense (issue 26): LlamaModel under arch granite, head_dim dropped, four float32 scales.
+# Bytes pinned by the golden runs granite-3.3-2b-*.  Granite's own tokenizer is not available offline:
+# its keys and tensors are tested with SmolLM2's Apache-2.0 GPT2Tokenizer (vocab_size 49,159 pads it).
+# ---------------------------------------------------------------------------------------------
+
+class GraniteKeysAndTensors(Workspace):
+    def kvs(self, d: Path) -> dict:
+        return {k.key: (k.vtype, k.value) for k in bc.plan_conversion(d, bc.Options()).kvs}
+
+    def test_granite_writes_llamas_keys_without_key_length_then_the_four_scales(self):
+        keys = [k for k in self.kvs(self.case("granite-3.3-2b-shape")) if k.startswith("granite.")]
+        self.assertEqual(keys, [f"granite.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "vocab_size",
+            "rope.dimension_count", "attention.scale", "embedding_scale", "residual_scale", "logit_scale")])
+
+    def test_granite_scales_are_the_multipliers_as_float32(self):
+        kvs = self.kvs(self.case("granite-3.3-2b-shape"))
+        self.assertEqual([kvs[f"granite.{k}"] for k in ("attention.scale", "embedding_scale", "residual_scale",
+                                                        "logit_scale")],
+                         [(bc.GGUF_FLOAT32, v) for v in (0.015625, 12.0, 0.22, 8.0)])
+
+    def test_a_multiplier_left_out_is_written_as_granite_configs_default(self):
+        d = self.case("granite-3.3-2b-shape")
+        edit_json(d / "config.json", lambda c: c.pop("residual_multiplier"))
+        self.assertEqual(self.kvs(d)["granite.residual_scale"], (bc.GGUF_FLOAT32, 1.0))
+
+    def test_a_zero_multiplier_is_not_written(self):
+        d = self.case("granite-3.3-2b-shape")
+        edit_json(d / "config.json", lambda c: c.update(logits_scaling=0))
+        self.assertNotIn("granite.logit_scale", self.kvs(d))
+
+    def test_a_head_dim_of_hidden_over_heads_changes_nothing(self):
+        d = self.case("granite-3.3-2b-shape")
+        edit_json(d / "config.json", lambda c: c.update(head_dim=c["hidden_size"] // c["num_attention_heads"]))
+        self.assertEqual(self.kvs(d), self.kvs(self.case("granite-3.3-2b-shape")))
+
+    def test_granite_permutes_q_and_k_as_llama(self):
+        plan = bc.plan_conversion(self.case("granite-3.3-2b-shape"), bc.Options())
+        permuted = {t.name: t.permute_heads for t in plan.tensors}
+        self.assertEqual((permuted["blk.0.attn_q.weight"], permuted["blk.0.attn_k.weight"]), (4, 1))
+
+    def test_granite_vision_tensors_are_dropped(self):
+        for name in ("encoder.layers.0.weight", "model.image_newline", "layerwise_projectors.0.weight",
+                     "spatial_projectors.0.weight"):
+            self.assertIsNone(bc.granite_filter_tensors(name), name)
+        self.assertEqual(bc.granite_filter_tensors("model.norm.weight"), "model.norm.weight")
+
+
+class GraniteRefusals(Workspace):
+    def test_a_head_dim_other_than_hidden_over_heads_is_refused(self):
+        d = self.case("granite-3.3-2b-shape")
+        edit_json(d / "config.json", lambda c: c.update(head_dim=16))
+        self.assertRefuses(d, "config.json: head_dim 16 is not hidden_size / num_attention_heads (8); llama.cpp "
+                              "ignores head_dim for Granite, so its GGUF would run wrong")
+
+    def test_a_null_multiplier_is_refused(self):
+        d = self.case("granite-3.3-2b-shape")
+        edit_json(d / "config.json", lambda c: c.update(embedding_multiplier=None))
+        self.assertRefuses(d, "config.json: embedding_multiplier is None; transformers' GraniteConfig rejects it: "
+                              "write a number")
+
+    def test_granite_vision_deepstack_layers_are_refused(self):
+        d = self.case("granite-3.3-2b-shape")
+        edit_json(d / "config.json", lambda c: c.update(deepstack_layer_map=[[0, 1]]))
+        self.assertRefuses(d, "config.json sets deepstack_layer_map: llama.cpp writes a Granite vision deepstack "
+                              "mapping for it, which bankml_convert does not reproduce")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
 TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
 SMOLLM3_3B = "SmolLM3-3B"
+GRANITE_33_2B_INSTRUCT = "granite-3.3-2b-instruct"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -336,6 +337,9 @@ QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, n
 SMOLLM3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                     num_key_value_heads=1, vocab_size=128256, max_position_embeddings=65536)
 SMOLLM3_TINY_LAYERS = (("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 1, 0]))
+# Granite 3.3 2B shrunk, with its real vocabulary size (past the tokenizer's 49,152).
+GRANITE_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=1, vocab_size=49159, max_position_embeddings=131072)
 
 
 # Configs that are not copied fixtures: written here as the Hub ships them (transformers' to_json_string:
@@ -394,6 +398,11 @@ _GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_s
 #   SmolLM3Config's default; NoPE every 4th layer in no_rope_layers); its generation_config.json holds
 #   the config's token ids and transformers_version only (the card's temperature 0.6 / top_p 0.95 are
 #   advice, not in a file seen).
+# - granite-3.3-2b-instruct config.json: the sizes, multipliers, ids, rope_theta 1e7, vocab 49,159 and
+#   tie as public copies quote the 2b file; the keys the Granite 3.3 files share (dropout, eps,
+#   transformers 4.49.0) as granite-3.3-8b-instruct's file, quoted whole.
+# The Granite tokenizer is not available offline: its cases take SmolLM2's Apache-2.0
+# GPT2Tokenizer (49,152 tokens; the larger vocab_size pads with [PAD] tokens as llama.cpp does).
 SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
     SMOLLM3_3B: {
@@ -409,6 +418,19 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "use_sliding_window": False, "vocab_size": 128256},
         "generation_config.json": {"bos_token_id": 128000, "eos_token_id": 128012, "pad_token_id": 128004,
                                    "transformers_version": "4.54.0.dev0"},
+    },
+    GRANITE_33_2B_INSTRUCT: {
+        "config.json": {
+            "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+            "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+            "logits_scaling": 8.0, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "granite",
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0,
+            "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000000.0,
+            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.49.0",
+            "use_cache": True, "vocab_size": 49159},
+        "generation_config.json": {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+                                   "transformers_version": "4.49.0"},
     },
     GEMMA_2_2B_IT: {
         "config.json": {
@@ -667,8 +689,8 @@ GEMMA2_CASES: tuple[Case, ...] = (
          description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (text_config, linear rope x8), "
                      "vision tower and projector tensors present, BF16"),
 )
-# Issue 26: SmolLM3 (the Llama class under arch smollm3) from BF16 and F32 weights, with its real
-# config.json keys.
+# Issue 26: SmolLM3 (the Llama class under arch smollm3) and Granite 3.x dense, each from BF16 and F32
+# weights, with their real config.json keys.
 FAMILY_CASES: tuple[Case, ...] = (
     Case("smollm3-3b-shape", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
          config_updates=SMOLLM3_TINY_LAYERS, dirname="smollm3-3b",
@@ -683,6 +705,13 @@ FAMILY_CASES: tuple[Case, ...] = (
          config_updates=(("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 0, 1]),
                          ("no_rope_layer_interval", 3)), dirname="smollm3-nope-every-3rd",
          description="SmolLM3-3B's config with NoPE on every 3rd layer (refused)"),
+    Case("granite-3.3-2b-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_33_2B_INSTRUCT,
+         dims=GRANITE_TINY, dirname="granite-3.3-2b-instruct",
+         description="granite-3.3-2b-instruct's config (four multipliers, tied), BF16; SmolLM2's tokenizer "
+                     "stands in for Granite's (not available offline)"),
+    Case("granite-3.3-2b-f32", dtype="F32", tokenizer="smollm2-135m-instruct",
+         config_from=GRANITE_33_2B_INSTRUCT, dims=GRANITE_TINY, dirname="granite-3.3-2b-instruct-f32",
+         description="the Granite 3.3 2B shape from F32 weights"),
 
 )
 CASES: tuple[Case, ...] = (
@@ -858,6 +887,7 @@ BENCH_CASES: tuple[Case, ...] = (
          config_updates=(("head_dim", 128), ("hidden_size", 3072), ("num_attention_heads", 24),
                          ("num_hidden_layers", 28)),
          description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
+
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
