@@ -2247,19 +2247,20 @@ def _refuse_unstrict_qwen_config(config: dict) -> None:
                           f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
 
 
-def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
-    """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
-    Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
-    _refuse_unstrict_qwen_config(config)
-    _refuse_rope_scaling(config)
+def text_model_rope(config: dict) -> dict:
+    """rope_parameters (empty when absent), or a Refusal for a null rope_theta: the config's to_dict()
+    keeps the null, and TextModel then writes no rope.freq_base."""
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
-        # to_dict() keeps the null in rope_parameters, and TextModel then writes no rope.freq_base.
         raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
                       "bankml_convert does not reproduce: write the model's rope_theta")
-    if config.get("classifier_pooling") is not None:
-        raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
-                      "which bankml_convert does not reproduce")
+    return rope
+
+
+def text_model_heads(config: dict) -> tuple[int, int, int]:
+    """hidden_size, num_attention_heads and num_key_value_heads (the attention heads when absent) with
+    the defaults of the config classes that share them (4096, 32), or a Refusal for a layout not
+    reproduced."""
     hidden = config_integer(config, "hidden_size", 4096)
     heads = config_integer(config, "num_attention_heads", 32)
     if hidden % heads:
@@ -2269,6 +2270,19 @@ def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
     if heads % kv_heads:
         raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
                       f"num_key_value_heads {kv_heads}")
+    return hidden, heads, kv_heads
+
+
+def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
+    """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
+    Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
+    _refuse_unstrict_qwen_config(config)
+    _refuse_rope_scaling(config)
+    rope = text_model_rope(config)
+    if config.get("classifier_pooling") is not None:
+        raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
+                      "which bankml_convert does not reproduce")
+    hidden, heads, kv_heads = text_model_heads(config)
     # Qwen2Config has no head_dim, but keeps one config.json names: TextModel then writes it.
     key_length = None
     if "head_dim" in config or head_dim_default is not None:
@@ -2833,6 +2847,90 @@ GRANITE = LLAMA._replace(
 )
 
 
+# OLMo 2 (llama.cpp's Olmo2Model): Olmo2ForCausalLM, on TextModel's generic path, not LlamaModel's.
+
+def olmo2_params(config: dict) -> TextParams:
+    """TextModel's hyperparameters of an OLMo 2 config, with Olmo2Config's defaults, or a Refusal for
+    what Olmo2Model would write otherwise: a sliding_window key (OLMo 3's sliding-window keys,
+    olmo.py:56-69), biases, rope scaling, and head_dim (not an Olmo2Config key; not measured)."""
+    if "sliding_window" in config:
+        raise Refusal("config.json has sliding_window: llama.cpp then writes OLMo 3's sliding-window keys, "
+                      "which bankml_convert does not reproduce")
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; biases are not reproduced")
+    if "head_dim" in config:
+        raise Refusal("config.json: head_dim in an OLMo 2 config; Olmo2Config has none, and what llama.cpp "
+                      "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
+    _refuse_rope_scaling(config)
+    rope = text_model_rope(config)
+    hidden, heads, kv_heads = text_model_heads(config)
+    return TextParams(
+        block_count=config_integer(config, "num_hidden_layers", 32),
+        context_length=config_integer(config, "max_position_embeddings", 2048),
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", 11008),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
+        head_dim=hidden // heads,
+        vocab_size=config_integer(config, "vocab_size", 50304),
+    )
+
+
+def olmo2_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
+    # Olmo2Model adds nothing to TextModel's keys without a sliding window: no vocab_size, no rope
+    # dimensions (those are LlamaModel's).
+    return text_model_kvs("olmo2", p, file_type)
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.OLMO2: no input norm; the post-attention norm is ATTN_POST_NORM (the
+# arch has no FFN_NORM), the feed-forward output's FFN_POST_NORM, and q/k norms over all heads.
+_OLMO2_BLOCK_TENSORS = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def olmo2_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
+    """Llama's shapes, the post norms of the hidden size, and q/k norms of all heads' width."""
+    kind = gguf_name.split(".")[-2]
+    if kind in ("post_attention_norm", "post_ffw_norm"):
+        return p.embedding_length,
+    if kind == "attn_q_norm":
+        return p.head_count * p.head_dim,
+    if kind == "attn_k_norm":
+        return p.head_count_kv * p.head_dim,
+    return llama_shape(gguf_name, p)
+
+
+OLMO2 = Family(
+    name="OLMo 2",
+    architectures=("Olmo2ForCausalLM",),
+    model_types=("olmo2",),
+    gguf_arch="olmo2",
+    params=olmo2_params,
+    hparam_kvs=olmo2_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # TextModel.set_vocab's keys as they are, as Qwen2Model's
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_OLMO2_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # a tied fine-tune saves no lm_head
+    shape=olmo2_shape,
+    # TextModel.modify_tensors permutes nothing (the default): llama.cpp's olmo2 graph applies NEOX-style
+    # rope to HF's rotate-half order (OLMo 1's OlmoModel permutes, olmo.py:30-39; Olmo2Model does not).
+    vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -2844,7 +2942,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, SMOLLM3, GRANITE):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, SMOLLM3, GRANITE, OLMO2):
     register(_family)
 
 
@@ -4422,6 +4520,7 @@ CHECK_BUILDS += (
     _LLAMA3_UNDER_LLAMA._replace(model_type="smollm3", post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
                                  measured_on="SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),
     _GPT2_UNDER_LLAMA._replace(model_type="granite", measured_on="SmolLM2 tokenizer, Granite 3.3 config"),
+    _GPT2_UNDER_LLAMA._replace(model_type="olmo2", measured_on="SmolLM2 tokenizer, OLMo 2 config"),
 )
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the

@@ -222,6 +222,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "qwen2.5-0.5b-bf16", "qwen3-0.6b-bf16",                         # Qwen2 biases, Qwen3 q/k norms
     "smollm3-3b-shape",                                             # SmolLM3: Llama under arch smollm3
     "granite-3.3-2b-shape",                                         # Granite: its four scales
+    "olmo-2-1b-shape",                                              # OLMo 2: TextModel's path, post norms
 })
 
 
@@ -3939,6 +3940,69 @@ class GraniteRefusals(Workspace):
         edit_json(d / "config.json", lambda c: c.update(deepstack_layer_map=[[0, 1]]))
         self.assertRefuses(d, "config.json sets deepstack_layer_map: llama.cpp writes a Granite vision deepstack "
                               "mapping for it, which bankml_convert does not reproduce")
+
+
+# ---------------------------------------------------------------------------------------------
+# OLMo 2 (issue 26): TextModel's generic path.  Bytes pinned by the golden runs olmo-2-1b-*.  OLMo 2's
+# dolma2 tokenizer is not available offline: its keys and tensors are tested with SmolLM2's Apache-2.0
+# GPT2Tokenizer (vocab_size 100,352 pads it).
+# ---------------------------------------------------------------------------------------------
+
+class Olmo2KeysAndTensors(Workspace):
+    def plan(self, d: Path) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options())
+
+    def test_olmo2_writes_textmodels_keys_only(self):
+        keys = [k.key for k in self.plan(self.case("olmo-2-1b-shape")).kvs if k.key.startswith("olmo2.")]
+        self.assertEqual(keys, [f"olmo2.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon")])
+
+    def test_olmo2_blocks_have_post_norms_and_full_width_qk_norms_and_no_input_norm(self):
+        plan = self.plan(self.case("olmo-2-1b-shape"))
+        block = sorted(t.name[len("blk.0."):] for t in plan.tensors if t.name.startswith("blk.0."))
+        self.assertEqual(block, sorted(f"{k}.weight" for k in (
+            "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "post_attention_norm",
+            "post_ffw_norm", "ffn_gate", "ffn_up", "ffn_down")))
+        shapes = {t.name: t.source.shape for t in plan.tensors}
+        self.assertEqual((shapes["blk.0.attn_q_norm.weight"], shapes["blk.0.attn_k_norm.weight"]), ((32,), (32,)))
+
+    def test_olmo2_permutes_nothing(self):
+        self.assertEqual({t.permute_heads for t in self.plan(self.case("olmo-2-1b-shape")).tensors}, {0})
+
+    def test_olmo2_untied_head_is_the_output(self):
+        self.assertIn("output.weight", [t.name for t in self.plan(self.case("olmo-2-1b-shape")).tensors])
+
+
+class Olmo2Refusals(Workspace):
+    def test_an_olmo2_sliding_window_is_refused(self):
+        d = self.case("olmo-2-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(sliding_window=4096))
+        self.assertRefuses(d, "config.json has sliding_window: llama.cpp then writes OLMo 3's sliding-window keys, "
+                              "which bankml_convert does not reproduce")
+
+    def test_an_olmo2_head_dim_is_refused(self):
+        d = self.case("olmo-2-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(head_dim=16))
+        self.assertRefuses(d, "config.json: head_dim in an OLMo 2 config; Olmo2Config has none, and what llama.cpp "
+                              "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
+
+    def test_olmo2_attention_bias_is_refused(self):
+        d = self.case("olmo-2-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(attention_bias=True))
+        self.assertRefuses(d, "config.json sets attention_bias: true; biases are not reproduced")
+
+    def test_an_olmo2_null_rope_theta_is_refused(self):
+        d = self.case("olmo-2-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(rope_theta=None))
+        self.assertRefuses(d, "config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
+                              "bankml_convert does not reproduce: write the model's rope_theta")
+
+    def test_olmo2_rope_scaling_is_refused(self):
+        d = self.case("olmo-2-1b-shape")
+        edit_json(d / "config.json", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}))
+        self.assertRefuses(d, "config.json: rope_scaling asks for rope scaling ('linear', factor); llama.cpp "
+                              "writes rope factors for it that bankml_convert does not reproduce")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
 SMOLLM3_3B = "SmolLM3-3B"
 GRANITE_33_2B_INSTRUCT = "granite-3.3-2b-instruct"
+OLMO_2_0425_1B = "OLMo-2-0425-1B"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -337,9 +338,11 @@ QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, n
 SMOLLM3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                     num_key_value_heads=1, vocab_size=128256, max_position_embeddings=65536)
 SMOLLM3_TINY_LAYERS = (("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 1, 0]))
-# Granite 3.3 2B shrunk, with its real vocabulary size (past the tokenizer's 49,152).
+# Granite 3.3 2B and OLMo 2 1B shrunk, with their real vocabulary sizes (past the tokenizer's 49,152).
 GRANITE_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=1, vocab_size=49159, max_position_embeddings=131072)
+OLMO2_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, vocab_size=100352, max_position_embeddings=4096)
 
 
 # Configs that are not copied fixtures: written here as the Hub ships them (transformers' to_json_string:
@@ -401,7 +404,9 @@ _GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_s
 # - granite-3.3-2b-instruct config.json: the sizes, multipliers, ids, rope_theta 1e7, vocab 49,159 and
 #   tie as public copies quote the 2b file; the keys the Granite 3.3 files share (dropout, eps,
 #   transformers 4.49.0) as granite-3.3-8b-instruct's file, quoted whole.
-# The Granite tokenizer is not available offline: its cases take SmolLM2's Apache-2.0
+# - OLMo-2-0425-1B config.json: the sizes, eps, rope_theta 500000, untied and vocab 100,352 as public
+#   copies quote the Hub file; ids (eos 100257, pad 100277) as the dolma2 tokenizer numbers them.
+# The Granite and OLMo 2 tokenizers are not available offline: their cases take SmolLM2's Apache-2.0
 # GPT2Tokenizer (49,152 tokens; the larger vocab_size pads with [PAD] tokens as llama.cpp does).
 SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
@@ -431,6 +436,16 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "use_cache": True, "vocab_size": 49159},
         "generation_config.json": {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
                                    "transformers_version": "4.49.0"},
+    },
+    OLMO_2_0425_1B: {
+        "config.json": {
+            "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+            "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "olmo2",
+            "num_attention_heads": 16, "num_hidden_layers": 16, "num_key_value_heads": 16, "pad_token_id": 100277,
+            "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False,
+            "torch_dtype": "float32", "transformers_version": "4.48.3", "use_cache": True, "vocab_size": 100352},
+        "generation_config.json": {"eos_token_id": 100257, "pad_token_id": 100277, "transformers_version": "4.48.3"},
     },
     GEMMA_2_2B_IT: {
         "config.json": {
@@ -689,8 +704,8 @@ GEMMA2_CASES: tuple[Case, ...] = (
          description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (text_config, linear rope x8), "
                      "vision tower and projector tensors present, BF16"),
 )
-# Issue 26: SmolLM3 (the Llama class under arch smollm3) and Granite 3.x dense, each from BF16 and F32
-# weights, with their real config.json keys.
+# Issue 26: SmolLM3 (the Llama class under arch smollm3), Granite 3.x dense and OLMo 2, each from BF16
+# and F32 weights, with their real config.json keys.
 FAMILY_CASES: tuple[Case, ...] = (
     Case("smollm3-3b-shape", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
          config_updates=SMOLLM3_TINY_LAYERS, dirname="smollm3-3b",
@@ -712,7 +727,13 @@ FAMILY_CASES: tuple[Case, ...] = (
     Case("granite-3.3-2b-f32", dtype="F32", tokenizer="smollm2-135m-instruct",
          config_from=GRANITE_33_2B_INSTRUCT, dims=GRANITE_TINY, dirname="granite-3.3-2b-instruct-f32",
          description="the Granite 3.3 2B shape from F32 weights"),
-
+    Case("olmo-2-1b-shape", tokenizer="smollm2-135m-instruct", config_from=OLMO_2_0425_1B, dims=OLMO2_TINY,
+         tied=False, dirname="olmo-2-0425-1b",
+         description="OLMo-2-0425-1B's config (q/k norms, post norms, untied), BF16; SmolLM2's tokenizer "
+                     "stands in for dolma2's (not available offline)"),
+    Case("olmo-2-1b-f32", dtype="F32", tokenizer="smollm2-135m-instruct", config_from=OLMO_2_0425_1B,
+         dims=OLMO2_TINY, tied=False, dirname="olmo-2-0425-1b-f32",
+         description="the OLMo 2 1B shape from F32 weights, as on the Hub"),
 )
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
@@ -1030,6 +1051,33 @@ def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_ty
         ]
     specs.append(TensorSpec("model.norm.weight", (h,)))
     # Tied models save no lm_head.weight: transformers drops the duplicate of embed_tokens.
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+def olmo2_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
+    """Olmo2ForCausalLM's state_dict: no input norm, q/k norms over all heads (not per head), the
+    attention and feed-forward outputs each normed after."""
+    hd = dims.hidden_size // dims.num_attention_heads
+    h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
+            TensorSpec(p + "self_attn.q_norm.weight", (q_out,)),
+            TensorSpec(p + "self_attn.k_norm.weight", (kv_out,)),
+            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+            TensorSpec(p + "post_feedforward_layernorm.weight", (h,)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
     if not tied:
         specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
     return specs
@@ -1486,6 +1534,8 @@ def case_entries(case: Case) -> list[Entry]:
     if config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
                                    config["model_type"], config.get("vision_config"))
+    elif config.get("model_type") == "olmo2":
+        specs = olmo2_tensor_specs(dims, tied)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

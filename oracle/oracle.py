@@ -84,10 +84,11 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
        for t in OTHER_OUTTYPES]
-    # SmolLM3 and Granite 3.x (issue 26): every output type from BF16 and from F32 weights; a
+    # SmolLM3, Granite 3.x and OLMo 2 (issue 26): every output type from BF16 and from F32 weights; a
     # SmolLM3 config whose NoPE layers llama.cpp's runtime would not apply, refused.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("smollm3-3b-shape", "smollm3-3b-f32", "granite-3.3-2b-shape", "granite-3.3-2b-f32")
+       for case in ("smollm3-3b-shape", "smollm3-3b-f32", "granite-3.3-2b-shape", "granite-3.3-2b-f32",
+                    "olmo-2-1b-shape", "olmo-2-1b-f32")
        for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
