@@ -908,7 +908,12 @@ BENCH_CASES: tuple[Case, ...] = (
          config_updates=(("head_dim", 128), ("hidden_size", 3072), ("num_attention_heads", 24),
                          ("num_hidden_layers", 28)),
          description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
-
+    # Issue 26's bench: SmolLM3-3B's config (written above as the Hub ships it), its tokenizer derived from
+    # Llama 3.2's (../shared/fixtures), random BF16 weights, tied, in two shards as save_pretrained's 5 GB
+    # limit splits it (~6.2 GB).
+    Case("full-smollm3-3b", full_size=True, dirname="smollm3-3b", seed="full", tokenizer="smollm3-3b",
+         config_from=SMOLLM3_3B, shard_max_bytes=5_000_000_000,
+         description="SmolLM3-3B config, its tokenizer, random BF16 weights in 2 shards (~6.2 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
