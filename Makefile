@@ -8,8 +8,9 @@ test:
 
 # Every way in, from the files a fresh clone has, in a throwaway directory: pip install . into a new
 # venv, the wheel (contents and metadata), the file vendored alone under python3 -S -I, and
-# python3 -m bankml_convert; each converts the example to llama.cpp's sha256. Needs the package
-# registry (setuptools for the build); one line on success. CI runs it before the tests.
+# python3 -m bankml_convert; each converts the example to llama.cpp's sha256; pip install . again
+# under Python 3.8 when the machine has one. Needs the package registry (hatchling for the build);
+# one line on success. CI runs it before the tests.
 check-install:
 	@$(PYTHON) oracle/check_install.py
 
