@@ -84,6 +84,12 @@ __all__ = ["convert", "Options", "Report", "InputFile", "Refusal", "ConversionFa
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
 
 
+def one_line(message: str) -> str:
+    """A message as one printable line: names and values quoted from hostile files may hold line
+    breaks or terminal escapes, which are shown escaped instead."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 class Refusal(Exception):
     """Input bankml_convert will not convert, with the reason and the way out.
 
@@ -91,9 +97,7 @@ class Refusal(Exception):
     """
 
     def __init__(self, reason: str):
-        # Names and values quoted from hostile files may hold line breaks or terminal escapes;
-        # a refusal stays one printable line.
-        reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in reason)
+        reason = one_line(reason)
         super().__init__(reason)
         self.reason = reason
 
@@ -107,7 +111,7 @@ class ConversionFailed(Exception):
     """
 
     def __init__(self, what: str, bug: bool = True, outcome: str = "nothing was written"):
-        what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what)     # one line, as a Refusal
+        what = one_line(what)
         super().__init__(what)
         self.what = what
         self.bug = bug
@@ -225,9 +229,6 @@ GGML_TYPES = {
 # The types the converter writes.
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
 QK8_0 = GGML_TYPES[GGML_Q8_0].block
-# Views of GGML_TYPES in the shapes the tensor plan and its tests were written against.
-GGML_TYPE_NAMES = {code: t.name for code, t in GGML_TYPES.items()}
-GGML_BLOCKS = {code: (t.block, t.size) for code, t in GGML_TYPES.items()}
 
 
 def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
@@ -5645,14 +5646,6 @@ def spm_token_type(kind: int) -> int:
     return kind if kind in (UNKNOWN, CONTROL, UNUSED, BYTE) else NORMAL
 
 
-def does_token_look_special(token: str) -> bool:
-    """llama.cpp's test for added tokens some models forget to mark special."""
-    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-            or (token.startswith("<|") and token.endswith("|>"))
-            or (token.startswith("<｜") and token.endswith("｜>"))
-            or (token.startswith("<unused") and token.endswith(">")))
-
-
 class SpmTokens(NamedTuple):
     tokens: list[str]
     scores: list[float]
@@ -5679,7 +5672,7 @@ def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optio
         tid, content = int(key), t["content"]
         if tid >= vocab_size:
             continue
-        if t.get("special") or does_token_look_special(content):
+        if t.get("special") or looks_special(content):
             types[tid] = CONTROL
         else:
             # llama.cpp pre-normalizes spaces of user-defined tokens.
@@ -6057,7 +6050,7 @@ class OutType(NamedTuple):
     vector_type: int = GGML_F32
 
 
-# To add an output type: one entry here (its GGML type and block size in GGML_BLOCKS) plus its
+# To add an output type: one entry here (its GGML type and block size in GGML_TYPES) plus its
 # kernels, one per source dtype, in CONVERSIONS (after the fast kernels).
 OUT_TYPES = {
     "f32": OutType("f32", 0, "F32", GGML_F32),        # ALL_F32
@@ -6101,7 +6094,7 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
         return out.vector_type
-    if hf_shape[-1] % GGML_BLOCKS[out.matrix_type][0]:
+    if hf_shape[-1] % GGML_TYPES[out.matrix_type].block:
         return out.partial_rows_type
     return out.matrix_type
 
@@ -7185,15 +7178,15 @@ def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: Optional
     instead of faulting in a fresh buffer for the whole result.
     """
     conversion = CONVERSIONS[(src_dtype, ggml_type)]
-    per_block = GGML_BLOCKS[ggml_type][0]
+    per_block = GGML_TYPES[ggml_type].block
     if chunk_elems is None:
         chunk_elems = conversion.chunk_elems
     if chunk_elems < 1 or chunk_elems % per_block:
-        raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPE_NAMES[ggml_type]} blocks")
+        raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPES[ggml_type].name} blocks")
     view = _byte_view(data, conversion.width)
     if len(view) // conversion.width % per_block:
         raise ValueError(f"{len(view) // conversion.width} values is not a whole number of "
-                         f"{GGML_TYPE_NAMES[ggml_type]} blocks")
+                         f"{GGML_TYPES[ggml_type].name} blocks")
     if not _LITTLE_ENDIAN_HOST:
         return iter((conversion.simple(view),))
     return _pieces(view, conversion.width * chunk_elems, conversion.fast)
@@ -7991,55 +7984,10 @@ def output_error(path: Path, e: OSError) -> Exception:
 # several processes never interleave; end-of-file ends every wait, so no worker outlives the parent.
 
 
-# Where a conversion's time goes, for oracle/bench.py: with BANKML_STAGE_TIMES=FILE in the environment,
-# each conversion appends one JSON line to FILE -- per stage its wall time and the CPU time of this
-# process's main thread and of its other threads (the inputs' hasher, the flusher), and each worker's
-# CPU time and peak RSS -- so `make bench` can show whether the workers or this process's serial
-# hashing set the pace.  Nothing else reads the variable; without it nothing is measured or written.
-_STAGE_TIMES_ENV = "BANKML_STAGE_TIMES"
-
-
-class _StageClock:
-    """Laps of wall, main-thread CPU and other-threads CPU time, and the workers' rusage."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.rows: list[dict] = []
-        self.workers: list[dict] = []
-        self.before_cpu_s = time.process_time()     # startup, imports, reading headers, the tensor plan
-        self._mark()
-
-    def _mark(self) -> None:
-        self._wall, self._thread, self._process = time.perf_counter(), time.thread_time(), time.process_time()
-
-    def lap(self, stage: str) -> None:
-        thread, process = time.thread_time() - self._thread, time.process_time() - self._process
-        self.rows.append({"stage": stage, "wall_s": time.perf_counter() - self._wall, "cpu_s": thread,
-                          "threads_cpu_s": max(process - thread, 0.0)})
-        self._mark()
-
-    def worker(self, usage) -> None:
-        self.workers.append({"cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kib": usage.ru_maxrss})
-
-    def write(self, size: int) -> None:
-        line = json.dumps({"before_cpu_s": self.before_cpu_s, "stages": self.rows, "workers": self.workers,
-                           "output_bytes": size})
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
-
-def _stage_clock() -> _StageClock | None:
-    path = os.environ.get(_STAGE_TIMES_ENV)
-    return _StageClock(path) if path else None
-
-
-def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
-               progress=None) -> tuple[str, int]:
-    """Write the GGUF of a finished plan at OUT through a Commit; (sha256, size)."""
-    with Commit() as commit:
-        sha, size, _ = write_gguf_data(commit.create(out), plan.tensors, lambda: plan, workers, hasher, progress)
-        commit.commit()
-    return sha, size
+# Where a conversion's time goes: oracle/stage_times.py, which `make bench` runs, sets this to make a
+# clock with lap(stage), worker(rusage) and write(output_bytes) per conversion; nothing else sets it,
+# and unset it measures nothing.
+stage_clock: Callable[[], Any] = lambda: None
 
 
 class _CannotFork(Exception):
@@ -8053,7 +8001,7 @@ def write_gguf_data(fd: int, tensors: list[PlannedTensor], finish_plan: Callable
     `tensors`), hashing as it goes; (sha256, size, plan).  With workers, they start converting
     tensor data before finish_plan() is called, so the vocabulary is read while they work; where
     not one can be forked, this process converts alone.  OSErrors are raised as they are."""
-    clock = _stage_clock()
+    clock = stage_clock()
     unplaced = data_jobs(tensors, 0)
     plan = None
     if workers > 1 and len(unplaced) > 1 and can_write_in_workers():
@@ -8163,7 +8111,7 @@ def gguf_size(jobs: list[Job]) -> int:
 
 def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], Plan], workers: int,
                         hasher: InputHasher | None, progress=None,
-                        clock: _StageClock | None = None) -> tuple[Plan, str]:
+                        clock: Any = None) -> tuple[Plan, str]:
     """Convert jobs in forked workers that pwrite straight into the output, and hash it in order;
     the finished plan and the output's sha256.
 
@@ -10433,7 +10381,6 @@ GGML_FILE_MAGIC = 0x67676D6C        # "ggml", ggml.h
 MNIST_FC_ARCH = "mnist-fc"
 # ggml's mnist-common.h: what mnist_model_init_from_file asserts, as HF shapes (rows first).
 MNIST_FC_TENSORS = {"fc1.weight": (500, 784), "fc1.bias": (500,), "fc2.weight": (10, 500), "fc2.bias": (10,)}
-_GGUF_MAX_DIMS = 4                  # GGML_MAX_DIMS: gguf.cpp refuses a tensor of more
 _GGML_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -10537,9 +10484,9 @@ def mnist_fc_gguf_bytes(tensors: list[StateTensor], source: Path) -> bytes:
             raise Refusal(f"ggml's mnist-fc loader (mnist_model_init_from_file) needs {name} of shape "
                           f"{list(shape)} (squeezed, rows first); it is {got}")
     for t in tensors:
-        if not 1 <= len(t.shape) <= _GGUF_MAX_DIMS:
+        if not 1 <= len(t.shape) <= GGML_MAX_DIMS:
             raise Refusal(f"tensor {t.name!r} has {len(t.shape)} dimensions once squeezed; a GGUF "
-                          f"tensor has 1 to {_GGUF_MAX_DIMS}")
+                          f"tensor has 1 to {GGML_MAX_DIMS}")
     planned = [PlannedTensor(t.name, SourceTensor(t.name, "F32", t.shape, source, 0, len(t.data), t.data),
                              GGML_F32, tuple(reversed(t.shape)), 0) for t in tensors]
     parts = [gguf_header([KV("general.architecture", GGUFValueType.STRING, MNIST_FC_ARCH)], planned)]
@@ -10629,7 +10576,7 @@ def read_legacy_ggml(path: Path) -> tuple[list[GGMLRecord], str]:
         if pos + 4 > len(data):
             return records, f"{len(data) - pos} stray bytes at {pos}"
         (n_dims,) = struct.unpack_from("<i", data, pos)
-        if not 0 <= n_dims <= _GGUF_MAX_DIMS or pos + 4 + 4 * n_dims > len(data):
+        if not 0 <= n_dims <= GGML_MAX_DIMS or pos + 4 + 4 * n_dims > len(data):
             return records, f"no tensor record at {pos} (n_dims {n_dims})"
         dims = struct.unpack_from(f"<{n_dims}i", data, pos + 4)
         if any(d < 1 for d in dims):

@@ -382,7 +382,9 @@ class ParallelAndSequentialWriting(Workspace):
                     f.truncate(f.seek(0, 2) // 2)
                 out = self.tmp / f"shrunk{workers}.gguf"
                 with self.assertRaisesRegex(bc.Refusal, "changed while"):
-                    bc.write_gguf(out, plan, workers)
+                    with bc.Commit() as commit:
+                        bc.write_gguf_data(commit.create(out), plan.tensors, lambda: plan, workers)
+                        commit.commit()
                 self.assertEqual([p.name for p in self.tmp.glob("shrunk*")], [])
 
     def test_jobs_cover_every_tensor_byte_once_in_file_order(self):
@@ -4524,12 +4526,15 @@ class RecordedInputs(unittest.TestCase):
 
 # --- Conversions as the records name them: "bf16_to_q8_0" is bc.CONVERSIONS[("BF16", bc.GGML_Q8_0)].
 
-GGML_TYPE_OF_NAME = {name: code for code, name in bc.GGML_TYPE_NAMES.items()}
+# GGML_TYPES as the kernel tests index it: by name, and as (block, bytes per block).
+GGML_TYPE_NAMES = {code: t.name for code, t in bc.GGML_TYPES.items()}
+GGML_BLOCKS = {code: (t.block, t.size) for code, t in bc.GGML_TYPES.items()}
+GGML_TYPE_OF_NAME = {name: code for code, name in GGML_TYPE_NAMES.items()}
 
 
 def conversion_name(key: tuple[str, int]) -> str:
     src_dtype, ggml_type = key
-    return f"{src_dtype.lower()}_to_{bc.GGML_TYPE_NAMES[ggml_type].lower()}"
+    return f"{src_dtype.lower()}_to_{GGML_TYPE_NAMES[ggml_type].lower()}"
 
 
 def conversion_key(name: str) -> tuple[str, int]:
@@ -4755,7 +4760,7 @@ def random_bits(rng: random.Random, nbytes: int) -> bytes:
 
 def block_of(key: tuple[str, int]) -> int:
     """Values per block of the conversion's output type: lengths and chunks must be whole blocks."""
-    return bc.GGML_BLOCKS[key[1]][0]
+    return GGML_BLOCKS[key[1]][0]
 
 
 class FastEqualsSimple(unittest.TestCase):
@@ -4997,7 +5002,7 @@ class OutputTypeRules(unittest.TestCase):
         for name, rec in QUANT_RECORD["rules"]["ggml_types"].items():
             ggml = GGML_TYPE_OF_NAME[name]
             self.assertEqual(ggml, rec["id"], name)
-            self.assertEqual(list(bc.GGML_BLOCKS[ggml]), rec["block"], name)
+            self.assertEqual(list(GGML_BLOCKS[ggml]), rec["block"], name)
 
     def test_matrix_type_where_gguf_py_raises_quant_error(self):
         for rec in QUANT_RECORD["rules"]["quant_error"]:
@@ -5009,10 +5014,10 @@ class OutputTypeRules(unittest.TestCase):
             self.assertEqual(got, bc.GGML_F16 if rec["quant_error"] else out.matrix_type, rec)
 
     def test_types_with_blocks_of_more_than_one_fall_back_to_a_type_without_blocks(self):
-        blocked = [out for out in bc.OUT_TYPES.values() if bc.GGML_BLOCKS[out.matrix_type][0] > 1]
+        blocked = [out for out in bc.OUT_TYPES.values() if GGML_BLOCKS[out.matrix_type][0] > 1]
         self.assertTrue(blocked)
         for out in blocked:
-            self.assertEqual(bc.GGML_BLOCKS[out.partial_rows_type][0], 1, out.name)
+            self.assertEqual(GGML_BLOCKS[out.partial_rows_type][0], 1, out.name)
 
     def test_norms_and_vectors_stay_f32(self):
         for out in bc.OUT_TYPES.values():
@@ -6277,8 +6282,13 @@ FAST = ("ExampleModel", "PlatformsWithoutLinuxCalls", "CommandLine", "Rules", "S
 
 def main() -> int:
     """Run these tests and the oracle tooling's own (oracle/test_*.py), or with --fast only the
-    classes of FAST; end on a plain count line."""
+    classes of FAST, or with -k only the tests whose names match; end on a plain count line."""
     loader = unittest.TestLoader()
+    # -k PATTERN (repeatable) as unittest's own runner takes it: a test runs when its full name
+    # matches one (a pattern without * is matched as *PATTERN*).
+    patterns = [a for k, a in zip(sys.argv, sys.argv[1:]) if k == "-k"]
+    if patterns:
+        loader.testNamePatterns = [p if "*" in p else f"*{p}*" for p in patterns]
     module = sys.modules[__name__]
     if "--fast" in sys.argv:
         suite = unittest.TestSuite([loader.loadTestsFromTestCase(getattr(module, name))
