@@ -11,9 +11,36 @@ writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.g
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3 and Gemma 2 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
 anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
-The file reads top to bottom the way the data flows: read the directory -> decide (family,
-refusals, metadata, names, vocabulary, tensor plan) -> convert (numeric kernels, tensor data) ->
-write (GGUF) -> pin; then reading GGUF back (inspect, verify, diff) and the command line.
+The file reads top to bottom the way the data flows; each section opens with two lines saying what
+it owns, and the rest of the file reaches it only through its functions.  The map (core: what the
+bytes depend on; speed and memory: how they are made fast and in flat memory; trust: what a run may
+touch; tool: around the conversion):
+
+  The GGUF format              core   numbers, value and tensor types, the key/value record, declared once
+  Reading the directory        core   JSON files and safetensors headers, checked against the files
+  Reading PyTorch checkpoints  core   torch.save files as safetensors-like records, no pickle ever run
+  Deciding                     core   the inputs that matter, config refusals, metadata order
+  Model families               core   Family (llama.cpp's model class hooks) and one entry per family
+  Naming                       core   general.name/basename/finetune/size label as gguf-py derives them
+  Model cards                  core   README.md's YAML front matter as PyYAML and gguf-py read it
+  Vocabulary                   core   tokenizer.* keys: the chkhsh replay, tokenizer.json (read lean,
+                                      memory), added tokens, SentencePiece protobuf, llama_hf, the kinds
+  Tensor plan                  core   which tensors, under which names, in which types and order
+  Kernels                      core   exact element and block rules, as torch and numpy round
+  Fast kernels                 speed  the same bytes at C speed (big-integer lanes, translate tables)
+  Tensor data                  speed  each tensor's bytes in bounded chunks through one reused buffer
+  Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed
+  The output path              tool   llama.cpp's output name; outputs that would overwrite inputs refused
+  Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
+  Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
+  The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
+  Pinning                      trust  FORK.json: what was made from what
+  Exporting for kasahare       tool   the .sllm model and tokenizer files (--format sllm)
+  Reading GGUF                 tool   a strict reader, the listing, the structural diff
+  Around the file              tool   inspect, dry run, verify, --json results
+  ggml's MNIST files           tool   the legacy GGML and mnist-fc GGUF writers and readers
+  Command line                 tool   argument parsing, messages, exit codes, the progress bar
+
 To add a model family, write (as llama.cpp writes a ModelBase subclass): its params, keys and
 vocabulary order, its tensor names and shapes, and where it differs from a 1:1 copy its
 filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and early_kvs;

@@ -753,6 +753,16 @@ class Seams(Workspace):
         for name in bc.__all__:
             self.assertTrue(hasattr(bc, name), name)
 
+    def test_the_docstring_map_names_every_section_in_file_order(self):
+        source = (ROOT / "bankml_convert.py").read_text(encoding="utf-8")
+        lines = source.splitlines()
+        rules = [i for i, line in enumerate(lines) if re.fullmatch(r"# -{80,}", line)]
+        # A banner is a pair of rules; the first line between them is "# Title: what it owns".
+        sections = [lines[i + 1][2:].split(":")[0] for i in rules[::2]]
+        mapped = re.findall(r"^  (\S.*?\S)\s{2,}(?:core|speed|memory|trust|tool)\s", bc.__doc__, re.MULTILINE)
+        self.assertGreater(len(sections), 10)
+        self.assertEqual(mapped, sections)
+
     def test_a_family_registered_under_another_architecture_converts_through_its_entry_alone(self):
         d = self.case("bf16")
         edit_json(d / "config.json", lambda c: c.update(architectures=["MyLlamaForCausalLM"]))
