@@ -1,10 +1,15 @@
 # bankml_convert: the converter needs only python3; `make oracle` also sets up llama.cpp's reference.
 PYTHON ?= python3
 
-.PHONY: test check-install example oracle bench fuzz faults clean
+.PHONY: test test-fast check-install example oracle bench fuzz faults clean
 
 test:
 	$(PYTHON) -S test_bankml_convert.py
+
+# The edit loop: the tests that convert no model directory, start no process and sweep no recorded
+# data (test_bankml_convert.py's in_fast_tier); make test is the full run CI does.
+test-fast:
+	$(PYTHON) -S test_bankml_convert.py --fast -q
 
 # Every way in, from the files a fresh clone has, in a throwaway directory: pip install . into a new
 # venv, the wheel (contents and metadata), the file vendored alone under python3 -S -I, and

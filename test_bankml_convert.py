@@ -117,6 +117,13 @@ def entries(folder: Path) -> list[str] | None:
         return None
 
 
+def full_tier(test_or_case):
+    """Marks a test, or a class that is not a Workspace, that converts a model directory or starts a
+    process: make test runs it, make test-fast does not (in_fast_tier)."""
+    test_or_case.full_tier = True
+    return test_or_case
+
+
 class Workspace(unittest.TestCase):
     """A temporary folder per test class, with generated model directories made on demand."""
 
@@ -3402,6 +3409,7 @@ class ChkhshEncoderRules(unittest.TestCase):
         self.assertEqual(unicodedata.normalize("NFC", bc.CHKTXT), bc.CHKTXT)
         self.assertEqual(set(bc.check_classes().spaces.replace("\\", "")), set("\t\n "))
 
+    @full_tier
     def test_nothing_is_built_at_import(self):
         code = ("import bankml_convert as b; print(b.check_classes.cache_info().currsize, "
                 "b._pre_by_chkhsh.cache_info().currsize, b.check_pattern.cache_info().currsize)")
@@ -5465,6 +5473,7 @@ class HostileCheckpoints(unittest.TestCase):
                 self.assertFalse(self.marker.exists())
 
 
+@full_tier
 class TorchBinModelDirectories(unittest.TestCase):
     """pytorch_model*.bin directories as llama.cpp reads them: only without safetensors, in pickle
     order, a tied lm_head.weight kept (the byte-identity itself: the bin-* runs of golden.json)."""
@@ -6279,20 +6288,41 @@ class GGUFStringsArray(unittest.TestCase):
 
 import faults  # noqa: E402
 
-FaultSuite = faults.test_case()
+FaultSuite = full_tier(faults.test_case())
 
 
-# `--fast`: what .ci/run runs under every Python the machine has (3.8 up) -- the example against
+# `--matrix`: what .ci/run runs under every Python the machine has (3.8 up) -- the example against
 # llama.cpp's sha256, the platform fallbacks, the command line and the readers -- in well under a
-# minute each, where the whole suite takes about five under one Python.
-FAST = ("ExampleModel", "PlatformsWithoutLinuxCalls", "CommandLine", "Rules", "SafetensorsHeaders",
-        "DirectoryName", "SizeLabel", "InspectCommand", "VerifyCommand", "DiffCommand", "DryRunCommand",
-        "OutputTypeRules", "SllmRules", "JsonSchema", "ProgressBarRules")
+# minute each, where the whole suite takes minutes under one Python.
+MATRIX = ("ExampleModel", "PlatformsWithoutLinuxCalls", "CommandLine", "Rules", "SafetensorsHeaders",
+          "DirectoryName", "SizeLabel", "InspectCommand", "VerifyCommand", "DiffCommand", "DryRunCommand",
+          "OutputTypeRules", "SllmRules", "JsonSchema", "ProgressBarRules")
+
+# `--fast` (make test-fast): the edit loop's tier -- every test that converts no model directory (a
+# Workspace does), starts no process (refused while it runs) and is not one of these exhaustive
+# sweeps over recorded data; make test runs everything.
+SWEEPS = ("EveryConversionAgainstTheRecord", "FastEqualsSimple", "ChkhshAsLlamaCpp")
+
+
+def in_fast_tier(test: unittest.TestCase) -> bool:
+    case = type(test)
+    return not (issubclass(case, Workspace) or case.__name__ in SWEEPS or getattr(case, "full_tier", False)
+                or getattr(getattr(test, test._testMethodName), "full_tier", False))
+
+
+
+def refuse_processes() -> None:
+    """For --fast: a test that starts a process belongs to make test's tier; it fails saying so."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a --fast test started a process: make it a Workspace test (make test's tier)")
+    subprocess.Popen.__init__ = refused
+    os.fork = refused
 
 
 def main() -> int:
-    """Run these tests and the oracle tooling's own (oracle/test_*.py), or with --fast only the
-    classes of FAST, or with -k only the tests whose names match; end on a plain count line."""
+    """Run these tests and the oracle tooling's own (oracle/test_*.py) -- or only the classes of
+    MATRIX (--matrix), or the fast tier (--fast) -- and of those only the tests whose names match a
+    -k pattern when given; end on a plain count line."""
     loader = unittest.TestLoader()
     # -k PATTERN (repeatable) as unittest's own runner takes it: a test runs when its full name
     # matches one (a pattern without * is matched as *PATTERN*).
@@ -6300,9 +6330,13 @@ def main() -> int:
     if patterns:
         loader.testNamePatterns = [p if "*" in p else f"*{p}*" for p in patterns]
     module = sys.modules[__name__]
-    if "--fast" in sys.argv:
-        suite = unittest.TestSuite([loader.loadTestsFromTestCase(getattr(module, name))
-                                    for name in FAST if hasattr(module, name)])
+    cases = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, unittest.TestCase)]
+    if "--matrix" in sys.argv:
+        suite = unittest.TestSuite([loader.loadTestsFromTestCase(getattr(module, name)) for name in MATRIX])
+    elif "--fast" in sys.argv:
+        refuse_processes()
+        suite = unittest.TestSuite([test for c in cases for test in loader.loadTestsFromTestCase(c)
+                                    if in_fast_tier(test)])
     else:
         suite = unittest.TestSuite([loader.loadTestsFromModule(module),
                                     loader.discover(str(ORACLE), pattern="test_*.py", top_level_dir=str(ORACLE))])
