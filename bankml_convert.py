@@ -2132,7 +2132,7 @@ def llama3_rope_freqs(base: float, dim: int, rope: Llama3Rope) -> list[float]:
     if not 0 < b < math.inf:
         raise Refusal(f"config.json: rope_theta {base} is not a positive float32")
     if dim > _MAX_LLAMA3_HEAD_DIM:
-        # Each power takes ~60 us exactly; a head this wide is no Llama 3, only a way to stall.
+        # Each power is computed exactly, which is slow; a head this wide is no Llama 3, only a way to stall.
         raise Refusal(f"head_dim {dim} with a llama3 rope_scaling: rope_freqs.weight is computed for "
                       f"head_dim up to {_MAX_LLAMA3_HEAD_DIM} (Llama 3's are 64 and 128)")
     factors = []
@@ -4706,8 +4706,8 @@ def _merges_written(merges: list) -> list[str]:
 
 
 # Reading a large tokenizer.json lean.  Llama 3's holds 280,147 merges, which json.loads makes into as
-# many Python strings (about 21 MB; a list of pairs, twice that) on top of the file's text (16 MB as a
-# str): more than the whole conversion may use (issue 12: 64 MiB).  So the model's vocab object and
+# many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
+# whole conversion may use (README's memory target).  So the model's vocab object and
 # merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
 # parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
 # written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
@@ -5830,7 +5830,7 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
     # This path reads tokenizer.json's added tokens, normalizer and post-processor, never its model:
-    # read lean, TinyLlama's 61,249 merges are never parsed (peak RSS, issue 13).
+    # read lean, its merges are never parsed, which keeps them out of the peak RSS.
     tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
@@ -6316,7 +6316,7 @@ def f32_bits_from_bf16_bits(bits: int) -> int:
 
 # --- Lookup tables for 16-bit sources, equal to the element rules above for every pattern.
 # --- They patch the fast path's odd lanes; built with struct's binary16 codec, which rounds like
-# --- numpy (to nearest, ties to even, subnormals included), because the rules take ~50 ms a table.
+# --- numpy (to nearest, ties to even, subnormals included), because the rules are slower to build a table with.
 
 @lru_cache(maxsize=None)
 def bf16_to_f16_table() -> array:
@@ -7186,10 +7186,10 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
     # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
-    # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
-    # at its peak, which is the conversion's.  BF16 takes 4 chunks a call: its ~150 big-integer
-    # steps a call cost about a sixth of a 16,384-value chunk's time, and its 16 KB lane integers
-    # still stay in cache (`python3 oracle/kernel_timing.py` measures it per size).
+    # worker builds its own BF16 block tables: the parent's would add to its peak, which is the
+    # conversion's.  BF16 takes 4 chunks a call: its fixed big-integer steps a call are then a small
+    # part of the time, and its lane integers still stay in cache (`python3 oracle/kernel_timing.py`
+    # measures it per size).
     Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk, chunk_elems=4 * CHUNK_ELEMS),
     Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk),
     Conversion("F32", GGML_Q8_0, _q8_0_chunk),
@@ -8082,12 +8082,11 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
             f.close()
 
 
-# At most this many workers.  Not measured past 2 cores (every machine of this project has 2).
-# What the cap bounds: memory, since before the header exists each worker may keep _EARLY_BYTES
-# (16 MiB) of converted rows, so the process tree's extra memory stays under ~70 MiB whatever the
-# core count; and it costs no speed that could be had, since one parent hashes every byte on one
-# core (sha256 ~1 GB/s here) where a worker converts f16 at ~0.25 GB/s: from about 4 workers on,
-# the hashing, not the converting, sets the pace.
+# At most this many workers.  What the cap bounds: memory, since before the header exists each worker
+# may keep _EARLY_BYTES of converted rows, so the process tree's extra memory stays bounded whatever the
+# core count; and it costs no speed that could be had, since one parent hashes every byte on one core,
+# several times faster than a worker converts: past a few workers the hashing, not the converting,
+# sets the pace (`make bench` prints both per case).
 _MAX_WORKERS = 4
 
 
