@@ -8856,9 +8856,11 @@ def refuse_adapter_config(lc: dict) -> None:
         raise Refusal(f"{ADAPTER_CONFIG}: an aLoRA invocation_string, which llama.cpp's converter turns into "
                       f"token ids by running the base's tokenizer (transformers), not reproduced here: write "
                       f"the ids as alora_invocation_tokens")
-    if lc.get("alora_invocation_tokens"):
-        raise Refusal(f"{ADAPTER_CONFIG}: aLoRA (alora_invocation_tokens) adapters are not reproduced yet; "
-                      f"use llama.cpp's convert_lora_to_gguf.py")
+    tokens = lc.get("alora_invocation_tokens")
+    if tokens and not (isinstance(tokens, list)
+                       and all(type(t) is int and 0 <= t < 2**32 for t in tokens)):
+        raise Refusal(f"{ADAPTER_CONFIG}: alora_invocation_tokens {_short(tokens)} is not a list of token ids "
+                      f"(llama.cpp writes them as uint32): write the ids as a list of integers")
     if lc.get("bias", "none") != "none" or lc.get("lora_bias"):
         raise Refusal(f"{ADAPTER_CONFIG} trains biases (bias {lc.get('bias')!r}, lora_bias "
                       f"{lc.get('lora_bias')!r}); llama.cpp's adapters hold no biases (its converter stops on "
@@ -9046,6 +9048,8 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
                          0, 0, card):
         kv.set(g.key, g.vtype, g.value, g.array)
     kv.float32("adapter.lora.alpha", float(lc["lora_alpha"]))
+    # An aLoRA's invocation token ids, written when present and not empty (:446-451).
+    kv.array("adapter.alora.invocation_tokens", GGUF_UINT32, lc.get("alora_invocation_tokens") or [])
     kv.uint32("general.quantization_version", 2)
     kvs = kv.items()
     name = next((k.value for k in kvs if k.key == "general.name"), "")

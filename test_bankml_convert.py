@@ -6537,6 +6537,10 @@ class LoraRefusals(LoraWorkspace):
         self.assertLoraRefuses(self.edit_config(self.adapter(), invocation_string="<|assistant|>"), self.base(),
                                re.compile(r"aLoRA invocation_string.*write the ids as alora_invocation_tokens$"))
 
+    def test_alora_tokens_that_are_not_ids_are_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), alora_invocation_tokens=[1, -2]), self.base(),
+                               re.compile(r"alora_invocation_tokens \[1, -2\] is not a list of token ids"))
+
     def test_rslora_is_refused(self):
         self.assertLoraRefuses(self.edit_config(self.adapter(), use_rslora=True), self.base(),
                                re.compile(r"use_rslora: PEFT scales by lora_alpha/sqrt\(r\), llama\.cpp's runtime by "

@@ -47,7 +47,8 @@ def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
     model.name_or_path = HUB_IDS[adapter.base]
     model.config._name_or_path = HUB_IDS[adapter.base]
     lora = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=list(adapter.targets),
-                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                      alora_invocation_tokens=list(adapter.alora_tokens) or None)
     model = get_peft_model(model, lora, autocast_adapter_dtype=adapter.dtype == "float32")
     g = torch.Generator().manual_seed(adapter.seed)
     with torch.no_grad():
@@ -62,7 +63,21 @@ def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
     model.save_pretrained(out, safe_serialization=adapter.weights == "safetensors", save_embedding_layers=False)
     if not adapter.card:
         (out / "README.md").unlink()
+    if adapter.norms:
+        add_mergekit_norms(out / "adapter_model.safetensors", model, g)
     return out
+
+
+def add_mergekit_norms(path: Path, model, g) -> None:
+    """The layer norms mergekit-extract-lora saves beside the pairs (convert_lora_to_gguf.py keeps
+    names with _layernorm or .norm as plain tensors), under PEFT's prefix."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(path)
+    for name, p in model.named_parameters():
+        if "lora_" not in name and (name.endswith("_layernorm.weight") or name.endswith(".norm.weight")):
+            tensors[name.replace(".base_layer", "")] = (torch.randn(p.shape, generator=g) * 0.05 + 1).to(torch.float32)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def main(argv: list[str]) -> int:

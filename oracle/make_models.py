@@ -800,6 +800,8 @@ class Adapter:
     card: bool = True                          # False: PEFT's README.md removed
     dtype: str = "float32"                     # the adapter's weights (PEFT keeps float32 unless told)
     seed: int = 0
+    alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
+    norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
 
 
 ADAPTERS: tuple[Adapter, ...] = (
@@ -813,6 +815,8 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("qwen2.5-0.5b-lora-r8", "qwen2.5-0.5b-bf16", seed=6),
     Adapter("qwen2.5-0.5b-lora-r16-bin", "qwen2.5-0.5b-bf16", r=16, alpha=16, weights="bin", seed=7),
     Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
+    Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
+            seed=9),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
