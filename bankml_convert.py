@@ -10996,7 +10996,8 @@ _EXIT_FAILED = 3
 
 # --json: whatever the command and however it ends (done, refused, failed, a usage error), one
 # object on stdout with these fields, in this order; a command adds its own after them (convert:
-# general.name, params, tensor_count, kv_count; inspect: kvs and tensors; verify: checks; diff:
+# general.name, params, tensor_count, kv_count, and adapter_not_applied for a directory that also
+# holds a LoRA adapter; lora: convert's and base; inspect: kvs and tensors; verify: checks; diff:
 # differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
 # null), a list holding the schema of each element, a dict a nested object's fields.
 RESULT_SCHEMA = {
