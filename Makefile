@@ -61,6 +61,7 @@ fuzz:
 	$(PYTHON) oracle/fuzz.py $(FUZZ_ARGS) --report build/fuzz/report.json --progress build/fuzz/progress
 	$(PYTHON) oracle/fuzz.py --gguf --inputs 100000 --seed 1 --report build/fuzz/gguf-report.json
 	$(PYTHON) oracle/fuzz.py --checkpoint --inputs 50000 --seed 1 --convert-every 100 --report build/fuzz/checkpoint-report.json
+	$(PYTHON) oracle/fuzz.py --lora --inputs 5000 --seed 1 --report build/fuzz/lora-report.json
 
 # The fault suite of issue 24 (oracle/faults.py): hostile current directories, files that are not
 # OUT (devices, FIFOs, planted links, --fork clashes), all-or-nothing commits, inputs changed while

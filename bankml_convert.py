@@ -35,6 +35,7 @@ touch; tool: around the conversion):
   Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
   The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
   Pinning                      trust  FORK.json: what was made from what
+  LoRA adapters                core   PEFT adapters as convert_lora_to_gguf.py writes them, through the family plan
   Exporting for kasahare       tool   the .sllm model and tokenizer files (--format sllm)
   Reading GGUF                 tool   a strict reader, the listing, the structural diff
   Around the file              tool   inspect, dry run, verify, --json results
@@ -105,7 +106,7 @@ __version__ = "0.1.0"
 
 # The API: what the README documents.  Everything else may change between versions; the tests
 # reach into it, callers should not.
-__all__ = ["convert", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
+__all__ = ["convert", "convert_lora", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
            "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
 
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
@@ -1451,6 +1452,8 @@ class Report(NamedTuple):
     inputs: tuple[InputFile, ...]
     options: Options = Options()
     outtype: str = ""       # --outtype as decided ("auto" resolved)
+    base: str = ""          # a LoRA adapter's: the base directory whose config.json was read
+    base_inputs: tuple[InputFile, ...] = ()     # and that config.json (the last input read)
 
 
 class TensorPlan(NamedTuple):
@@ -1579,6 +1582,9 @@ def no_config_reason(model_dir: Path) -> str:
         return f"config.json in {model_dir} {path_problem(config)}"
     if (model_dir / "params.json").is_file():
         return f"params.json and no config.json in {model_dir}: {_MISTRAL_LAYOUT}"
+    if (model_dir / "adapter_config.json").is_file():
+        return (f"no config.json in {model_dir}: it holds a PEFT LoRA adapter (adapter_config.json), which "
+                f"converts with its base model's config.json: {_prog()} lora {model_dir} --base BASE_DIR -o OUT.gguf")
     return f"no config.json in {model_dir}; is this a Hugging Face model directory?"
 
 
@@ -6171,7 +6177,7 @@ def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | No
 
 
 def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType,
-                 config_path: Path = Path("config.json")) -> list[PlannedTensor]:
+                 config_path: Path = Path("config.json"), complete: bool = True) -> list[PlannedTensor]:
     """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal: the
     family's generated tensors first (prepare_tensors chains generate_extra_tensors() before the
     files' tensors), typed by the same rules as the rest.  Each source goes through the family's
@@ -6193,7 +6199,8 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                               f"implies {list(want)}")
             plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
                                       tuple(reversed(m.source.shape)), m.permute_heads, m.add_one))
-    _refuse_incomplete(plan, family, p.block_count)
+    if complete:        # False: an adapter's few tensors
+        _refuse_incomplete(plan, family, p.block_count)
     generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
                  for g in family.generated_tensors(p)]
     return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
@@ -8673,28 +8680,38 @@ def convert(model_dir, out, options: Options | None = None, pin=None, source: st
     model_dir = Path(model_dir)
     snapshot = InputSnapshot(model_dir)
     tensor_plan = plan_tensor_data(model_dir, options)
-    out = templated_output(Path(out), tensor_plan.outtype)
+    return write_planned(model_dir, out, options, pin, source or str(model_dir.resolve()), snapshot,
+                         tensor_plan.outtype, tensor_plan.tensors, tensor_plan.inputs,
+                         lambda: plan_conversion(model_dir, options, tensor_plan))
+
+
+def write_planned(model_dir: Path, out, options: Options, pin, source: str, snapshot: InputSnapshot,
+                  outtype: OutType, tensors: list[PlannedTensor], inputs: list[Path],
+                  finish_plan: Callable[[], Plan], base: str = "") -> Report:
+    """Write planned tensors (the rest of the plan finished by finish_plan while they are written)
+    to out and, with pin, the pin, committed together (Commit); with base (a LoRA adapter's base
+    directory), the last input is that base's config.json and the pin records it apart."""
+    out = templated_output(Path(out), outtype)
     outputs = [out] + ([Path(pin)] if pin is not None else [])
-    check_outputs(outputs, model_dir, tensor_plan.inputs, pin is not None)
-    snapshot.check(tensor_plan.inputs)
+    check_outputs(outputs, model_dir, inputs, pin is not None)
+    snapshot.check(inputs)
     workers = options.workers if options.workers is not None else default_workers()
-    hasher = InputHasher(tensor_plan.inputs, snapshot) if options.hash_inputs or pin is not None else None
+    hasher = InputHasher(inputs, snapshot) if options.hash_inputs or pin is not None else None
     try:
         with Commit(options.notice) as commit:
             fds = [commit.create(path) for path in outputs]
             try:
-                sha, size, plan = write_gguf_data(
-                    fds[0], tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
-                    workers, hasher, options.progress)
-                inputs = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
+                sha, size, plan = write_gguf_data(fds[0], tensors, finish_plan, workers, hasher, options.progress)
+                read = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
             except BaseException:
                 if hasher:
                     hasher.cancel()
                 raise
-            report = Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs,
-                            options, plan.outtype.name)
+            n_base = 1 if base else 0
+            report = Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name,
+                            read[:len(read) - n_base], options, plan.outtype.name, base, read[len(read) - n_base:])
             if pin is not None:
-                write_all(fds[1], fork_json(report, source or str(model_dir.resolve())).encode("utf-8"))
+                write_all(fds[1], fork_json(report, source).encode("utf-8"))
             commit.commit(lambda: snapshot.check(plan.inputs))
     except OSError as e:
         raise output_error(out, e) from None
@@ -8736,9 +8753,299 @@ def fork_json(report: Report, source: str) -> str:
                     "ignore_model_card": report.options.ignore_model_card},
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
+    if report.base:
+        # A LoRA adapter: what `lora --base` read of its base, apart (both may hold a config.json).
+        doc["base"] = {"source": report.base,
+                       "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.base_inputs]}
     # ensure_ascii: a file name that is not valid UTF-8 reaches here with surrogate escapes,
     # which JSON can carry as \u escapes but UTF-8 cannot encode.
     return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA adapters: a PEFT adapter directory as llama.cpp's convert_lora_to_gguf.py writes it with
+# --base (only the base's config.json read): the base family's plan applied to lora_A/lora_B pairs,
+# written and pinned by the machinery above.
+# ---------------------------------------------------------------------------------------------
+# convert_lora_to_gguf.py (the sdist's vendor/llama.cpp) subclasses the base family's class
+# (LoraModel, :407-526): no vocabulary, general.type "adapter", its own set_gguf_parameters, no
+# generated tensors, and each pair handed to the family's modify_tensors as one LoraTorchTensor, whose
+# row operations (the Q/K permute, a split) act on lora_B alone (:40-266).
+
+ADAPTER_CONFIG = "adapter_config.json"
+# adapter_model.safetensors when it exists, else adapter_model.bin (:354-374).
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+# Files of the adapter directory that llama.cpp's Metadata.load reads as the model's (:416 makes the
+# adapter directory the model card's): the card, config.json's _name_or_path, the sampling keys.
+_ADAPTER_METADATA_FILES = ("README.md", "config.json", "generation_config.json")
+_MERGE_WAY_OUT = ("merge the adapter into its base (PEFT's merge_and_unload(), then save_pretrained) and "
+                  "convert the merged model")
+
+
+class LoraPair(NamedTuple):
+    """One LoRA target: the base tensor's HF name (after filter_tensors) and its two factors."""
+    base_name: str
+    a: SourceTensor     # lora_A: (r, in); an embedding's lora_embedding_A: (r, vocab)
+    b: SourceTensor     # lora_B: (out, r)
+
+
+def adapter_base_name(name: str) -> str:
+    """get_base_tensor_name (:269-276): PEFT's prefix and factor suffixes off, as plain replaces."""
+    for old, new in (("base_model.model.", ""), (".lora_A.weight", ".weight"), (".lora_B.weight", ".weight"),
+                     (".lora_embedding_A", ".weight"), (".lora_embedding_B", ".weight")):
+        name = name.replace(old, new)
+    return name
+
+
+def adapter_weights_path(adapter_dir: Path) -> Path:
+    for name in ADAPTER_WEIGHTS:
+        if _is_file(adapter_dir / name):
+            return adapter_dir / name
+    raise Refusal(f"no {' or '.join(ADAPTER_WEIGHTS)} in {adapter_dir}; is this a PEFT adapter directory?")
+
+
+def refuse_adapter_config(lc: dict) -> None:
+    """A Refusal for an adapter_config.json llama.cpp stops on, or converts into a file whose adapter
+    llama.cpp's runtime would apply otherwise than PEFT (it scales by the one lora_alpha / r)."""
+    if lc.get("peft_type", "LORA") != "LORA":
+        raise Refusal(f"{ADAPTER_CONFIG}: peft_type {lc.get('peft_type')!r} is not LORA; llama.cpp converts "
+                      f"LoRA adapters only: {_MERGE_WAY_OUT}")
+    if "lora_alpha" not in lc:
+        raise Refusal(f"{ADAPTER_CONFIG} has no lora_alpha; llama.cpp's converter stops on it: write the "
+                      f"adapter's lora_alpha into it")
+    alpha = lc["lora_alpha"]
+    if type(alpha) not in (int, float) or not abs(alpha) <= 3.4028234663852886e38:
+        raise Refusal(f"{ADAPTER_CONFIG}: lora_alpha {alpha!r} is not a float32 number")
+    if lc.get("use_dora"):
+        raise Refusal(f"{ADAPTER_CONFIG} sets use_dora: a DoRA adapter's magnitude vectors have no place in "
+                      f"llama.cpp's LoRA format (its converter stops on them): {_MERGE_WAY_OUT}")
+    if lc.get("use_rslora"):
+        raise Refusal(f"{ADAPTER_CONFIG} sets use_rslora: PEFT scales by lora_alpha/sqrt(r), llama.cpp's "
+                      f"runtime by lora_alpha/r, so its converter's file would apply the adapter at another "
+                      f"strength: {_MERGE_WAY_OUT}")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if lc.get(key):
+            raise Refusal(f"{ADAPTER_CONFIG} sets {key}: llama.cpp writes only the one lora_alpha, so layers "
+                          f"of another rank or alpha would be scaled wrong: {_MERGE_WAY_OUT}")
+    if lc.get("invocation_string") and not lc.get("alora_invocation_tokens"):
+        raise Refusal(f"{ADAPTER_CONFIG}: an aLoRA invocation_string, which llama.cpp's converter turns into "
+                      f"token ids by running the base's tokenizer (transformers), not reproduced here: write "
+                      f"the ids as alora_invocation_tokens")
+    tokens = lc.get("alora_invocation_tokens")
+    if tokens and not (isinstance(tokens, list)
+                       and all(type(t) is int and 0 <= t < 2**32 for t in tokens)):
+        raise Refusal(f"{ADAPTER_CONFIG}: alora_invocation_tokens {_short(tokens)} is not a list of token ids "
+                      f"(llama.cpp writes them as uint32): write the ids as a list of integers")
+    if lc.get("bias", "none") != "none" or lc.get("lora_bias"):
+        raise Refusal(f"{ADAPTER_CONFIG} trains biases (bias {lc.get('bias')!r}, lora_bias "
+                      f"{lc.get('lora_bias')!r}); llama.cpp's adapters hold no biases (its converter stops on "
+                      f"them): {_MERGE_WAY_OUT}")
+    for key in ("modules_to_save", "trainable_token_indices"):
+        if lc.get(key):
+            raise Refusal(f"{ADAPTER_CONFIG} sets {key} ({_short(lc[key])}): the adapter then holds whole "
+                          f"weights (embeddings, lm_head, new tokens), which llama.cpp's adapters cannot "
+                          f"carry (its converter stops on them): {_MERGE_WAY_OUT}")
+
+
+def _adapter_name_problem(name: str) -> str:
+    if ".embed_tokens.weight" in name or ".lm_head.weight" in name:
+        return (f"the adapter holds the whole weight {name!r} (new tokens added in fine-tuning, or PEFT's "
+                f"save_embedding_layers), which llama.cpp's adapters cannot carry (its converter stops on it): "
+                f"{_MERGE_WAY_OUT}, or save the adapter with save_embedding_layers=False if no token was added")
+    return (f"tensor {name!r} of the adapter is not a lora_A or lora_B factor; llama.cpp's converter stops on "
+            f"it (DoRA magnitudes, biases and saved modules are not in its format): {_MERGE_WAY_OUT}")
+
+
+def adapter_tensors(sources: list[SourceTensor], family: Family) -> tuple[list[SourceTensor], list[LoraPair]]:
+    """The plain tensors (mergekit's norms) and the LoRA pairs of an adapter, in get_tensors' order
+    (:457-499): plain ones as met, pairs after them in the order their base names were first met."""
+    plain: list[SourceTensor] = []
+    halves: dict[str, dict[str, SourceTensor]] = {}
+    for src in sources:
+        base_name = family.filter_tensors(adapter_base_name(src.name))
+        is_a = ".lora_A.weight" in src.name or ".lora_embedding_A" in src.name
+        is_b = ".lora_B.weight" in src.name or ".lora_embedding_B" in src.name
+        if base_name is None:
+            if is_a or is_b:
+                # get_tensors skips it without a word: the adapter would silently lose this target.
+                raise Refusal(f"the adapter's LoRA on {adapter_base_name(src.name)!r} is a tensor llama.cpp drops "
+                              f"for a {family.name} model, so its converter would leave it out without a word: "
+                              f"retrain without that target, or {_MERGE_WAY_OUT}")
+            continue
+        if not (is_a or is_b):
+            if ".base_layer.weight" in src.name:
+                continue
+            if "_layernorm" in src.name or ".norm" in src.name:
+                plain.append(src._replace(name=base_name))
+                continue
+            raise Refusal(_adapter_name_problem(src.name))
+        halves.setdefault(base_name, {})["a" if is_a else "b"] = src
+    pairs = []
+    for base_name, ab in halves.items():
+        if len(ab) != 2:
+            has, lacks = ("A", "B") if "a" in ab else ("B", "A")
+            raise Refusal(f"the adapter has lora_{has} for {base_name!r} but not lora_{lacks}; the adapter file "
+                          f"is incomplete")
+        pairs.append(LoraPair(base_name, ab["a"], ab["b"]))
+    return plain, pairs
+
+
+def transposed(source: SourceTensor) -> SourceTensor:
+    """A 2-D tensor's transpose (torch's .T), its bytes read now: a lora_a is r rows, so small."""
+    rows, cols = source.shape
+    size = SAFETENSORS_DTYPES[source.dtype]
+    if source.data is not None:
+        data = source.data
+    else:
+        with open(source.path, "rb", buffering=0) as f:
+            data = bytes(_read_exactly(f, source.start, memoryview(bytearray(source.nbytes))))
+    code = {2: "H", 4: "I"}[size]
+    values = array(code, data)
+    out = array(code, bytes(len(data)))
+    for i in range(rows):
+        out[i::rows] = values[i * cols:(i + 1) * cols]
+    return source._replace(shape=(cols, rows), start=0, data=out.tobytes())
+
+
+def _refuse_other_operations(m: Modified, base_name: str) -> None:
+    # LoraTorchTensor has no __add__ (Gemma's +1), and any operation a family adds to Modified later
+    # is one the pair would need its own rule for.
+    plain = Modified(m.name, m.source, m.permute_heads)
+    if m != plain:
+        raise Refusal(f"the adapter's LoRA on {base_name!r}: its base tensor is written through an operation "
+                      f"llama.cpp's adapter converter does not reproduce on a LoRA pair: {_MERGE_WAY_OUT}")
+
+
+def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Family, p: Any,
+                 out: OutType) -> list[PlannedTensor]:
+    """The adapter's GGUF tensors in llama.cpp's order: plain tensors through the family's plan, then
+    <name>.lora_a and <name>.lora_b of each pair (:501-526), lora_B's rows modified as the base
+    tensor's, token_embd's lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types
+    any tensor (F16 where Q8_0's rows are not whole blocks: every lora_b of rank below 32)."""
+    # generate_extra_tensors yields nothing for an adapter (:453-455): no rope_freqs.weight.
+    tensors = plan_tensors(plain, family._replace(generated_tensors=no_generated_tensors), p, out, complete=False)
+    for t in tensors:
+        if "_norm" not in t.name:       # LoraModel.modify_tensors asserts a plain tensor is a norm
+            raise Refusal(_adapter_name_problem(t.source.name))
+    for pair in pairs:
+        a, b = pair.a, pair.b
+        if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != b.shape[1]:
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} has lora_A {list(a.shape)} and lora_B "
+                          f"{list(b.shape)}, which are not the factors (r, in) and (out, r) of one rank")
+        name = gguf_tensor_name(family, pair.base_name, p.block_count)
+        if name is None:
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
+                          f"{family.name} model with {p.block_count} layers; is --base the adapter's base model?")
+        embedding = name.startswith("token_embd.")
+        if embedding and family.gguf_arch == "gemma3":
+            raise Refusal("a LoRA on Gemma 3's embedding: llama.cpp's converter cuts it by the base's tokenizer, "
+                          f"which is not reproduced for adapters: {_MERGE_WAY_OUT}")
+        for m in family.modify_tensors(name, b, p):
+            _refuse_other_operations(m, pair.base_name)
+            rows, cols = family.shape(m.name, p)
+            if embedding:
+                rows, cols = cols, rows     # lora_embedding_B is (hidden, r), A (r, vocab)
+            if (m.source.shape[0], a.shape[1]) != (rows, cols):
+                raise Refusal(f"the adapter's LoRA on {pair.base_name!r} makes a {m.source.shape[0]}x{a.shape[1]} "
+                              f"update, but --base's config.json implies {rows}x{cols}; is --base the adapter's "
+                              f"base model?")
+            lora_a = transposed(a) if embedding else a
+            for suffix, src, heads in ((".lora_a", lora_a, 0), (".lora_b", m.source, m.permute_heads)):
+                tensors.append(PlannedTensor(m.name + suffix, src, tensor_type(m.name + suffix, src.shape, out),
+                                             tuple(reversed(src.shape)), heads))
+    return tensors
+
+
+def lora_parameter_count(tensors: list[PlannedTensor]) -> int:
+    """gguf-py's get_total_parameter_count for an adapter: each pair counted as lora_b's rows times
+    lora_a's last dimension, negated (the "likely not exact" sign) when there is a pair."""
+    total = 0
+    last_a = None
+    for t in tensors:
+        if t.name.endswith(".lora_a"):
+            last_a = t
+        elif t.name.endswith(".lora_b"):
+            total += t.source.n_elements // t.source.shape[-1] * last_a.source.shape[-1]
+        else:
+            total += t.source.n_elements
+    return -total if last_a is not None else total
+
+
+def adapter_name_or_path(adapter_dir: Path) -> Optional[str]:
+    """_name_or_path of a config.json in the adapter directory, which Metadata.load reads as the model's."""
+    path = adapter_dir / "config.json"
+    value = read_json_object(path).get("_name_or_path") if _is_file(path) else None
+    return value if isinstance(value, str) else None
+
+
+def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
+    """Everything llama.cpp's convert_lora_to_gguf.py --base BASE_DIR would write for the adapter,
+    or a Refusal; the keys in its order: general.architecture, the adapter's general.type and
+    adapter.type (set_type), the naming keys from the adapter directory, adapter.lora.alpha, the
+    quantization version; no vocabulary, no general.file_type, no size label."""
+    for d in (adapter_dir, base_dir):
+        problem = model_dir_problem(d)
+        if problem:
+            raise Refusal(problem)
+    if options.outtype == "auto":
+        raise Refusal("--outtype auto: llama.cpp's convert_lora_to_gguf.py stops on it (it asks a LoRA pair for "
+                      "its dimensions); name the type: f32 (its default), f16, bf16 or q8_0")
+    out = out_type(options.outtype)
+    config_path = adapter_dir / ADAPTER_CONFIG
+    if not _is_file(config_path):
+        if _is_file(adapter_dir / "config.json"):
+            raise Refusal(f"no {ADAPTER_CONFIG} in {adapter_dir}: it is a model directory, not a PEFT adapter; "
+                          f"convert it with {_prog()} {adapter_dir} -o OUT.gguf")
+        raise Refusal(f"no {ADAPTER_CONFIG} in {adapter_dir}; is this a PEFT adapter directory?")
+    lc = read_json_object(config_path)
+    refuse_adapter_config(lc)
+    base_config = base_dir / "config.json"
+    if not _is_file(base_config):
+        raise Refusal(f"--base {base_dir}: {no_config_reason(base_dir)} (only the base model's config.json is read)")
+    written = read_json_object(base_config)
+    family = family_of(written)
+    config = family.hparams(written)
+    refuse_config(config, family.accepted_config_keys)
+    params = family.params(config)
+    weights = adapter_weights_path(adapter_dir)
+    plain, pairs = adapter_tensors(part_tensors(weights), family)
+    tensors = lora_tensors(plain, pairs, family, params, out)
+    card = model_card(adapter_dir, options._replace(ignore_model_card=False))
+    n_params = lora_parameter_count(tensors)
+
+    kv = KvList()
+    kv.string("general.architecture", family.gguf_arch)
+    kv.string("general.type", "adapter")
+    kv.string("adapter.type", "lora")
+    for s in sampling_kvs(load_generation_config(adapter_dir)):
+        kv.set(s.key, s.vtype, s.value)
+    for g in general_kvs(adapter_name_or_path(adapter_dir), adapter_dir.name, None, n_params, abs(n_params),
+                         0, 0, card):
+        kv.set(g.key, g.vtype, g.value, g.array)
+    kv.float32("adapter.lora.alpha", float(lc["lora_alpha"]))
+    # An aLoRA's invocation token ids, written when present and not empty (:446-451).
+    kv.array("adapter.alora.invocation_tokens", GGUF_UINT32, lc.get("alora_invocation_tokens") or [])
+    kv.uint32("general.quantization_version", 2)
+    kvs = kv.items()
+    name = next((k.value for k in kvs if k.key == "general.name"), "")
+    inputs = ([config_path, weights] + [adapter_dir / n for n in _ADAPTER_METADATA_FILES if _is_file(adapter_dir / n)]
+              + [base_config])
+    return Plan(kvs, tensors, inputs, n_params, name, Header(kvs, tensors), out)
+
+
+def convert_lora(adapter_dir, out, base, options: Options | None = None, pin=None,
+                 source: str | None = None) -> Report:
+    """Convert a PEFT LoRA adapter directory to the GGUF adapter llama.cpp's convert_lora_to_gguf.py
+    --base BASE would write at out (output type f32 unless options say otherwise, as that script's);
+    only BASE's config.json is read.  The output and its pin are committed as convert()'s are; the
+    pin records the adapter's files and, as its base, the base's config.json."""
+    options = options or Options(outtype="f32")
+    adapter_dir, base = Path(adapter_dir), Path(base)
+    snapshot = InputSnapshot(adapter_dir)
+    snapshot.identity(base / "config.json")
+    plan = plan_lora(adapter_dir, base, options)
+    return write_planned(adapter_dir, out, options, pin, source or str(adapter_dir.resolve()), snapshot,
+                         plan.outtype, plan.tensors, plan.inputs, lambda: plan, base=str(base.resolve()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -10212,6 +10519,7 @@ class Pin(NamedTuple):
     source: str
     command: str = ""
     companions: tuple[InputFile, ...] = ()     # files written beside the output (a .sllm's tokenizer)
+    base_inputs: tuple[InputFile, ...] = ()     # a LoRA adapter's: what it read of its base directory
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -10247,10 +10555,16 @@ def read_pin(path) -> Pin:
     if not isinstance(companions, list):
         raise Refusal(f"{path.name}: \"companions\" must be a list")
     beside = tuple(_pinned_file(e, f"companions[{i}]", path.name) for i, e in enumerate(companions))
-    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name), beside)
+    base = doc.get("base")
+    if base is not None and not (isinstance(base, dict) and isinstance(base.get("source"), str)
+                                 and isinstance(base.get("inputs"), list)):
+        raise Refusal(f"{path.name}: \"base\" must hold a source and an inputs list")
+    base_inputs = tuple(_pinned_file(e, f"base inputs[{i}]", path.name) for i, e in enumerate(base["inputs"])) if base else ()
+    command = _remaking_command(doc.get("options"), source, output.name, path.name, base["source"] if base else None)
+    return Pin(output, pinned, source, command, beside, base_inputs)
 
 
-def _remaking_command(options: object, source: str, out_name: str, pin_name: str) -> str:
+def _remaking_command(options: object, source: str, out_name: str, pin_name: str, base: Optional[str] = None) -> str:
     """The command line that writes the pinned output again from the pinned inputs."""
     if options is None:
         return ""
@@ -10262,6 +10576,9 @@ def _remaking_command(options: object, source: str, out_name: str, pin_name: str
                       f"model_name (a string or null) and ignore_model_card (true or false)")
     words = ["bankml_convert.py", source or "DIR", "-o", out_name, *(["--format", "sllm"] if sllm else []),
              "--outtype", options["outtype"]]
+    if base is not None:
+        words = ["bankml_convert.py", "lora", source or "ADAPTER_DIR", "--base", base, "-o", out_name,
+                 "--outtype", options["outtype"]]
     if options["model_name"] is not None:
         words += ["--model-name", options["model_name"]]
     if options["ignore_model_card"]:
@@ -10281,18 +10598,18 @@ def _output_checks(actual: InputFile, pinned: InputFile) -> list[tuple[bool, str
     ]
 
 
-def _input_check(inputs_dir: Path, pinned: InputFile, read=None) -> tuple[bool, str]:
+def _input_check(inputs_dir: Path, pinned: InputFile, read=None, what: str = "input") -> tuple[bool, str]:
     path = inputs_dir / pinned.name
     if not path.is_file():
-        return False, f"input {pinned.name}: missing from {inputs_dir}"
+        return False, f"{what} {pinned.name}: missing from {inputs_dir}"
     size = path.stat().st_size
     if size != pinned.size:
         # A different size settles it; hashing a large shard to say so again would only cost time.
-        return False, f"input {pinned.name}: {size} bytes, the pin says {pinned.size}"
+        return False, f"{what} {pinned.name}: {size} bytes, the pin says {pinned.size}"
     actual = hash_file(path, read=read)
     if actual.sha256 != pinned.sha256:
-        return False, f"input {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
-    return True, f"input {pinned.name} ({size} bytes, sha256 {actual.sha256})"
+        return False, f"{what} {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
+    return True, f"{what} {pinned.name} ({size} bytes, sha256 {actual.sha256})"
 
 
 def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str]:
@@ -10311,10 +10628,11 @@ def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str
     return [n for n in read if n not in names]
 
 
-def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None) -> tuple[list[str], bool]:
+def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=None) -> tuple[list[str], bool]:
     """One "ok ..." or "FAIL ..." line per check of a GGUF (and its inputs) against its pin, and
     whether every check held. A pin or path that cannot be read is a Refusal.  progress, if given,
-    is called as Options.progress is, in bytes hashed of all the pinned files' sizes."""
+    is called as Options.progress is, in bytes hashed of all the pinned files' sizes.  base_dir: a
+    LoRA adapter's base directory, whose pinned config.json is checked too."""
     pin = read_pin(fork_json_path)
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
@@ -10340,6 +10658,10 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None) -> tuple[l
             checks += [_input_check(inputs_dir, p, read) for p in pin.inputs]
             checks += [(False, f"input {n}: in {inputs_dir} but not in the pin; the converter would "
                                f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs)]
+        if base_dir is not None:
+            if not pin.base_inputs:
+                raise Refusal(f"{Path(fork_json_path).name} pins no base: it is not a LoRA adapter's pin")
+            checks += [_input_check(Path(base_dir), p, read, "base input") for p in pin.base_inputs]
     except OSError as e:
         raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     return [("ok " if held else "FAIL ") + text for held, text in checks], all(h for h, _ in checks)
@@ -10373,19 +10695,22 @@ def diff_files(a, b) -> tuple[list[str], int]:
 # --json results: one JSON object on stdout of the shape RESULT_SCHEMA (in the command line section
 # below) for every command, for programs that drive the converter.
 
-def report_json(report: Report, seconds: float, fork: Optional[Path] = None) -> str:
-    """A conversion's result as one line of JSON (RESULT_SCHEMA's shape)."""
+def report_json(report: Report, seconds: float, fork: Optional[Path] = None, command: str = "convert") -> str:
+    """A conversion's result as one line of JSON (RESULT_SCHEMA's shape); an adapter's base
+    config.json is among the inputs, and "base" names its directory."""
     outputs = [output_json(report.out, report.bytes, report.sha256, "gguf")]
     if fork is not None:
         outputs.append(file_json(fork, "pin"))
-    doc = result_json("convert", 0, seconds, {
-        "outputs": outputs, "inputs": [input_json(i) for i in report.inputs],
+    doc = result_json(command, 0, seconds, {
+        "outputs": outputs, "inputs": [input_json(i) for i in report.inputs + report.base_inputs],
         "outtype": report.outtype or report.options.outtype,
         "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
         "general.name": report.name, "params": report.params,
         "tensor_count": report.tensors, "kv_count": report.kv,
         "tool": f"bankml_convert {__version__}", "reference": REFERENCE,
     })
+    if report.base:
+        doc["base"] = report.base
     return json.dumps(doc, ensure_ascii=False)
 
 
@@ -10645,7 +10970,8 @@ _EXIT_FAILED = 3
 
 # --json: whatever the command and however it ends (done, refused, failed, a usage error), one
 # object on stdout with these fields, in this order; a command adds its own after them (convert:
-# general.name, params, tensor_count, kv_count; inspect: kvs and tensors; verify: checks; diff:
+# general.name, params, tensor_count, kv_count, and adapter_not_applied for a directory that also
+# holds a LoRA adapter; lora: convert's and base; inspect: kvs and tensors; verify: checks; diff:
 # differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
 # null), a list holding the schema of each element, a dict a nested object's fields.
 RESULT_SCHEMA = {
@@ -10744,7 +11070,7 @@ def _conversion_failed(failure: ConversionFailed, as_json: bool = False, command
     return _EXIT_FAILED
 
 
-SUBCOMMANDS = ("inspect", "verify", "diff", "ggml")
+SUBCOMMANDS = ("inspect", "verify", "diff", "ggml", "lora")
 
 
 def _prog() -> str:
@@ -10761,6 +11087,7 @@ commands:
   verify FILE FORK.json     a GGUF (and with --inputs DIR its inputs) against its pin
   diff A.gguf B.gguf        where two GGUF files differ
   ggml STATE_DICT -o OUT    ggml's MNIST file from a state dict (--gguf mnist-fc: its GGUF)
+  lora ADAPTER --base BASE -o OUT.gguf   a PEFT LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes it
 
 examples:
   {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --fork smollm2-F16.gguf.FORK.json
@@ -10961,6 +11288,7 @@ def _command_parser() -> argparse.ArgumentParser:
     v.add_argument("gguf", metavar="FILE.gguf")
     v.add_argument("fork", metavar="FORK.json")
     v.add_argument("--inputs", metavar="DIR", help="the model directory: check every pinned input in it")
+    v.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter's base directory: check its pinned config.json")
     v.add_argument("--json", action="store_true", help="one JSON object on stdout: the checks and the result")
     d = sub.add_parser("diff", help="where two GGUF files differ",
                        description="Compare two GGUF files key by key and tensor by tensor; exit 0 when "
@@ -10984,6 +11312,26 @@ def _command_parser() -> argparse.ArgumentParser:
     g.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s "
                    "(verify checks it as a conversion's)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    lo = sub.add_parser("lora", help="a PEFT LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes it",
+                        description="Convert a PEFT LoRA adapter directory (adapter_config.json, "
+                                    "adapter_model.safetensors or .bin) to the GGUF adapter llama.cpp's "
+                                    "convert_lora_to_gguf.py --base BASE writes, byte for byte, and pin it. "
+                                    "Only BASE's config.json is read: no base weights, no network.",
+                        epilog=f"example:\n  {prog} lora ./my-lora --base ./smollm2-135m-instruct -o my-lora-F32.gguf "
+                               f"--fork my-lora-F32.gguf.FORK.json\n  llama-cli -m smollm2-F16.gguf --lora my-lora-F32.gguf",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lo.add_argument("adapter_dir", metavar="ADAPTER_DIR")
+    lo.add_argument("--base", required=True, metavar="BASE_DIR",
+                    help="the base model's directory; only its config.json is read")
+    lo.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
+                    help="output file; {ftype} is filled in as llama.cpp does")
+    lo.add_argument("--outtype", default="f32", metavar="TYPE",
+                    help=f"{', '.join(OUT_TYPES)} (f32 is the default, as convert_lora_to_gguf.py's)")
+    lo.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
+    lo.add_argument("--source", metavar="SRC", help="where the adapter came from, recorded in the pin "
+                    "(default: the directory's canonical path)")
+    lo.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the sha256 line")
+    lo.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
     return p
 
 
@@ -11159,7 +11507,7 @@ def _reason(e: BaseException) -> str:
 
 
 def _failed(command: str, reason: str, as_json: bool = False) -> int:
-    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}")
+    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml', 'lora') else 'error'}: {reason}")
     if as_json:
         print(refusal_json(reason, command))
     return 2
@@ -11172,7 +11520,7 @@ def _verify(args: argparse.Namespace) -> int:
                                  f"(the GGUF first, then its pin)", args.json)
     bar = _progress_bar("bankml verify: ") if args.inputs and sys.stderr.isatty() else None
     try:
-        lines, held = verify(args.gguf, args.fork, args.inputs, bar)
+        lines, held = verify(args.gguf, args.fork, args.inputs, bar, args.base)
         pin = read_pin(args.fork)
     except Refusal as e:
         return _failed("verify", e.reason, args.json)
@@ -11245,6 +11593,38 @@ def _catch_interrupts(handler) -> dict:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    return _guarded_conversion(args, "convert", lambda started, done: _convert_body(args, started, done))
+
+
+def _lora(args: argparse.Namespace) -> int:
+    def body(started: float, done: list) -> Report:
+        show = not args.quiet and sys.stderr.isatty()
+        options = Options(outtype=args.outtype, progress=_progress_bar() if show else None,
+                          hash_inputs=bool(args.fork or args.json), notice=_notice)
+        return convert_lora(args.adapter_dir, args.outfile, args.base, options, pin=args.fork, source=args.source)
+    return _guarded_conversion(args, "lora", body)
+
+
+def _convert_body(args: argparse.Namespace, started: float, done: list) -> Report | int:
+    _check_llama_cpp_habits(args)
+    if args.format == "sllm":
+        return _export_sllm(args, started, done)
+    if args.dry_run:
+        planned = dry_run(args.model_dir, args.outfile, _options(args))
+        if args.json:
+            _print_json(result_json("convert", 0, time.monotonic() - started, dict(
+                dry_run_json(planned), inputs=[dict(named_file_json(i), name=i.name) for i in planned.plan.inputs],
+                outtype=planned.plan.outtype.name)))
+        else:
+            _print_lines(dry_run_lines(planned))
+        return 0
+    return convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
+
+
+def _guarded_conversion(args: argparse.Namespace, command: str,
+                        body: Callable[[float, list], "Report | int"]) -> int:
+    """Run a conversion's body (which returns its Report, or an exit code when it printed its own
+    result) under the interrupt handling, and report its result, refusal or failure as command."""
     import signal
     # Once the outputs are in place the run has succeeded: an interrupt after that is not reported
     # as a failure that left nothing behind.
@@ -11257,52 +11637,61 @@ def _convert(args: argparse.Namespace) -> int:
     saved = _catch_interrupts(interrupted)
     started = time.monotonic()
     try:
-        _check_llama_cpp_habits(args)
-        if args.format == "sllm":
-            return _export_sllm(args, started, done)
-        if args.dry_run:
-            planned = dry_run(args.model_dir, args.outfile, _options(args))
-            if args.json:
-                _print_json(result_json("convert", 0, time.monotonic() - started, dict(
-                    dry_run_json(planned), inputs=[dict(named_file_json(i), name=i.name) for i in planned.plan.inputs],
-                    outtype=planned.plan.outtype.name)))
-            else:
-                _print_lines(dry_run_lines(planned))
-            return 0
-        report = convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
+        report = body(started, done)
+        if isinstance(report, int):
+            return report
         done.append(True)
     except Refusal as e:
-        return _failed("convert", e.reason, args.json)
+        return _failed(command, e.reason, args.json)
     except ConversionFailed as e:
-        return _conversion_failed(e, args.json)
+        return _conversion_failed(e, args.json, command)
     except _Interrupted as e:
-        _say(f"bankml convert: interrupted by signal {e.signum}; nothing was written")
+        _say(f"bankml {command}: interrupted by signal {e.signum}; nothing was written")
         if args.json:
-            _print_json(result_json("convert", 128 + e.signum, time.monotonic() - started, {
+            _print_json(result_json(command, 128 + e.signum, time.monotonic() - started, {
                 "failure": f"interrupted by signal {e.signum}; nothing was written", "bug": False}))
         return 128 + e.signum
     except Exception as e:      # past every check: the machine's (memory) or a bug, in one line
-        return _conversion_failed(unexpected_failure(e), args.json)
+        return _conversion_failed(unexpected_failure(e), args.json, command)
     else:
         # Still under the handler that ignores interrupts once done: the run has succeeded, and a
         # Ctrl-C while its result is printed must not report it as interrupted.
-        return _print_conversion(args, report, started)
+        return _print_conversion(args, report, started, command)
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
 
 
-def _print_conversion(args: argparse.Namespace, report: Report, started: float) -> int:
+def _print_conversion(args: argparse.Namespace, report: Report, started: float, command: str = "convert") -> int:
+    unapplied = adapter_not_applied(Path(args.model_dir)) if command == "convert" else None
     if args.json:
-        print(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
+        doc = json.loads(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None, command))
+        if unapplied:
+            doc["adapter_not_applied"] = unapplied
+        print(json.dumps(doc, ensure_ascii=False))
     else:
         _print_sha256_line(report.sha256, report.out)
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
+    if unapplied:
+        # Said even with --quiet: the file is not what a user who left the adapter there may think.
+        _notice(unapplied)
     if not args.quiet:
         _say(_summary(report))
-        for note in after_conversion_notes(Path(args.model_dir), report.name):
+        for note in (after_conversion_notes(Path(args.model_dir), report.name) if command == "convert" else []):
             _notice(note)
     return 0
+
+
+def adapter_not_applied(model_dir: Path) -> Optional[str]:
+    """For a model directory that also holds a PEFT adapter: that the conversion (llama.cpp's too) is
+    the base alone and how to convert the adapter; else None."""
+    found = [n for n in (ADAPTER_CONFIG,) + ADAPTER_WEIGHTS if _is_file(model_dir / n)]
+    if not found:
+        return None
+    return (f"note: {model_dir} also holds a LoRA adapter ({', '.join(found)}), which was not applied: the GGUF "
+            f"is the base model alone, as llama.cpp's converter writes it; convert the adapter to load beside it "
+            f"(llama-cli --lora): {_prog()} lora {shlex.quote(str(model_dir))} --base {shlex.quote(str(model_dir))} "
+            f"-o ADAPTER-F32.gguf")
 
 
 def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
@@ -11448,7 +11837,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if command != "convert":
             args = _command_parser().parse_args(argv)
-            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)
+            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml, "lora": _lora}[args.command](args)
         else:
             code = _convert(_parser().parse_args(argv))
         sys.stdout.flush()

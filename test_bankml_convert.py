@@ -247,7 +247,8 @@ def _in_make_test(run: dict) -> bool:
 
 
 def _add_golden_tests():
-    for name in filter(lambda n: _in_make_test(GOLDEN[n]), GOLDEN):
+    # LoRA runs (an "adapter" key) are LoraAdaptersAreLlamaCppsBytes'.
+    for name in filter(lambda n: "adapter" not in GOLDEN[n] and _in_make_test(GOLDEN[n]), GOLDEN):
         def test(self, name=name):
             self.check_run(name)
         test.__doc__ = f"oracle run {name!r}: {GOLDEN[name]['command']}"
@@ -6310,7 +6311,6 @@ def in_fast_tier(test: unittest.TestCase) -> bool:
                 or getattr(getattr(test, test._testMethodName), "full_tier", False))
 
 
-
 def refuse_processes() -> None:
     """For --fast: a test that starts a process belongs to make test's tier; it fails saying so."""
     def refused(*args, **kwargs):
@@ -6350,6 +6350,288 @@ def main() -> int:
     print(f"{passed} passed, {failed} failed, {len(result.skipped)} skipped")
     return 0 if failed == 0 and result.testsRun > 0 else 1
 
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA adapters (issue 28): PEFT adapters (oracle/fixtures/lora, made by oracle/make_adapters.py) as
+# llama.cpp's convert_lora_to_gguf.py --base writes them; the base is a case's config.json alone.
+# ---------------------------------------------------------------------------------------------
+
+LORA_RUNS = {name: run for name, run in GOLDEN.items() if "adapter" in run}
+_Q_PROJ_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+_Q_PROJ_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+
+
+class LoraWorkspace(Workspace):
+    def base(self, case: str = "bf16") -> Path:
+        """A base directory holding only the case's config.json."""
+        try:
+            return make_models.make_base_config_dir(make_models.CASES_BY_NAME[case], Path(tempfile.mkdtemp(dir=self.tmp)))
+        except make_models.FixtureAbsent as e:
+            raise unittest.SkipTest(f"base {case!r} not made: {e}") from None
+
+    def adapter(self, name: str = "smollm2-lora-r8") -> Path:
+        """A fresh copy of an adapter fixture, under its own name."""
+        return Path(shutil.copytree(make_models.LORA_FIXTURES / name, Path(tempfile.mkdtemp(dir=self.tmp)) / name))
+
+    def edit_config(self, adapter: Path, **changes) -> Path:
+        path = adapter / "adapter_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), **changes}), encoding="utf-8")
+        return adapter
+
+    def rename_tensor(self, adapter: Path, old: str, new: str) -> Path:
+        rewrite_safetensors_header(adapter / "adapter_model.safetensors",
+                                   lambda h: {(new if k == old else k): v for k, v in h.items()})
+        return adapter
+
+    def assertLoraRefuses(self, adapter: Path, base: Path, reason: str | re.Pattern, *extra) -> Result:
+        """`lora ADAPTER --base BASE -o OUT` refuses: exit 2, the one line, and nothing written."""
+        out = self.out_dir() / "refused.gguf"
+        r = cli("lora", adapter, "--base", base, "-o", out, "--fork", out.with_name("refused.json"), *extra)
+        self.assertEqual((r.code, r.out), (2, ""), r.err)
+        prefix = "bankml lora: refuse: "
+        self.assertTrue(r.err.startswith(prefix) and r.err.endswith("\n") and r.err.count("\n") == 1, r.err)
+        if isinstance(reason, re.Pattern):
+            self.assertIsNotNone(reason.search(r.err[len(prefix):-1]), r.err)
+        else:
+            self.assertEqual(r.err[len(prefix):-1], reason)
+        self.assertEqual(entries(out.parent), [])
+        return r
+
+
+class LoraAdaptersAreLlamaCppsBytes(LoraWorkspace):
+    """For every recorded LoRA run, convert_lora writes llama.cpp's exact file (SmolLM2, Llama 3.2,
+    Qwen2.5 and Gemma 3 bases; r 8, 16 and 32; safetensors and .bin; with and without PEFT's card;
+    an embedding LoRA in BF16; each in f32, f16, bf16 and q8_0)."""
+
+    def check_run(self, run_name: str):
+        run = LORA_RUNS[run_name]
+        base, adapter = self.base(run["case"]), self.adapter(run["adapter"])
+        digest = hashlib.sha256(f"{inputs_digest(base)}\0{inputs_digest(adapter)}".encode()).hexdigest()
+        self.assertEqual(digest, run["inputs_sha256"], "the fixtures are no longer the inputs the oracle recorded")
+        outtype = run["args"][run["args"].index("--outtype") + 1]
+        out = self.out_dir() / "adapter.gguf"
+        report = bc.convert_lora(adapter, out, base, bc.Options(outtype=outtype))
+        self.assertEqual((report.sha256, report.bytes), (run["sha256"], run["bytes"]))
+        self.assertEqual(sha256_file(out), run["sha256"])
+
+
+def _add_lora_golden_tests():
+    for name in LORA_RUNS:
+        def test(self, name=name):
+            self.check_run(name)
+        test.__doc__ = f"oracle run {name!r}: {LORA_RUNS[name]['command']}"
+        setattr(LoraAdaptersAreLlamaCppsBytes, f"test_{name.replace('-', '_').replace('.', '_')}_is_llama_cpps_file", test)
+
+
+_add_lora_golden_tests()
+
+
+class LoraCommand(LoraWorkspace):
+    def test_every_adapter_fixture_has_its_runs_recorded(self):
+        self.assertEqual({r["adapter"] for r in LORA_RUNS.values()}, {a.name for a in make_models.ADAPTERS})
+
+    def test_lora_command_writes_the_adapter_and_its_pin_with_the_base_config(self):
+        base, adapter = self.base(), self.adapter()
+        out = self.out_dir() / "adapter.gguf"
+        r = cli("lora", adapter, "--base", base, "-o", out, "--fork", out.with_name("adapter.json"))
+        expected = LORA_RUNS["lora-smollm2-lora-r8-f32"]["sha256"]
+        self.assertEqual((r.code, r.out), (0, f"{expected}  {out}\n"), r.err)
+        self.assertEqual(entries(out.parent), ["adapter.gguf", "adapter.json"])
+        pin = json.loads(out.with_name("adapter.json").read_text(encoding="utf-8"))
+        self.assertEqual([i["name"] for i in pin["inputs"]], ["adapter_config.json", "adapter_model.safetensors", "README.md"])
+        self.assertEqual(pin["base"]["source"], str(base.resolve()))
+        self.assertEqual(pin["base"]["inputs"], [{"name": "config.json", "bytes": (base / "config.json").stat().st_size,
+                                                  "sha256": sha256_file(base / "config.json")}])
+
+    def test_the_default_output_type_is_f32_as_llama_cpps(self):
+        out = self.out_dir() / "adapter.gguf"
+        self.assertEqual(bc.convert_lora(self.adapter(), out, self.base()).sha256,
+                         LORA_RUNS["lora-smollm2-lora-r8-f32"]["sha256"])
+
+    def test_json_names_the_base_and_its_config_among_the_inputs(self):
+        base = self.base()
+        out = self.out_dir() / "adapter.gguf"
+        r = cli("lora", self.adapter(), "--base", base, "-o", out, "--outtype", "q8_0", "--json")
+        doc = json.loads(r.out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual((doc["command"], doc["base"], doc["outtype"]), ("lora", str(base.resolve()), "q8_0"))
+        self.assertEqual(doc["inputs"][-1]["sha256"], sha256_file(base / "config.json"))
+
+    def test_the_adapter_keys_are_written_and_no_tokenizer_file_type_or_size_label(self):
+        out = self.out_dir() / "adapter.gguf"
+        bc.convert_lora(self.adapter("smollm2-lora-r16-no-card"), out, self.base(), bc.Options(outtype="f16"))
+        kvs = {k.key: k.value for k in bc.read_gguf(out).kvs}
+        self.assertEqual((kvs["general.type"], kvs["adapter.type"], kvs["adapter.lora.alpha"]), ("adapter", "lora", 8.0))
+        self.assertFalse([k for k in kvs if k.startswith("tokenizer.") or k in ("general.file_type", "general.size_label")])
+
+    def test_llama3_base_gets_no_rope_freqs_and_q_k_permute_only_lora_b(self):
+        base = self.base("llama-3.2-1b-instruct")
+        out = self.out_dir() / "adapter.gguf"
+        adapter = self.adapter("llama-3.2-1b-lora-r16")
+        bc.convert_lora(adapter, out, base)
+        f = bc.read_gguf(out)
+        names = [t.name for t in f.tensors]
+        self.assertNotIn("rope_freqs.weight", names)
+        self.assertEqual(names[:2], ["blk.0.ffn_down.weight.lora_a", "blk.0.ffn_down.weight.lora_b"])
+
+    def test_verify_checks_an_adapter_and_its_base_config(self):
+        base, adapter = self.base(), self.adapter()
+        out = self.out_dir() / "adapter.gguf"
+        bc.convert_lora(adapter, out, base, pin=out.with_name("adapter.json"))
+        r = cli("verify", out, out.with_name("adapter.json"), "--inputs", adapter, "--base", base)
+        self.assertEqual(r.code, 0, r.out + r.err)
+        self.assertIn("ok base input config.json", r.out)
+        (base / "config.json").write_bytes((base / "config.json").read_bytes() + b"\n")
+        r = cli("verify", out, out.with_name("adapter.json"), "--inputs", adapter, "--base", base)
+        self.assertEqual(r.code, 1, r.out + r.err)
+        self.assertIn("FAIL base input config.json", r.out)
+
+    def test_inspect_shows_the_adapter_keys(self):
+        out = self.out_dir() / "adapter.gguf"
+        bc.convert_lora(self.adapter(), out, self.base())
+        r = cli("inspect", out)
+        self.assertEqual(r.code, 0, r.err)
+        for line in ("STRING     general.type = 'adapter'", "STRING     adapter.type = 'lora'",
+                     "FLOAT32    adapter.lora.alpha = 16.0", "blk.0.attn_q.weight.lora_a"):
+            self.assertIn(line, r.out)
+
+    def test_converting_an_adapter_directory_as_a_model_names_the_lora_command(self):
+        adapter = self.adapter()
+        self.assertRefuses(adapter, f"no config.json in {adapter}: it holds a PEFT LoRA adapter (adapter_config.json), "
+                                    f"which converts with its base model's config.json: bankml_convert.py lora "
+                                    f"{adapter} --base BASE_DIR -o OUT.gguf")
+
+    def test_a_pins_remaking_command_is_the_lora_command(self):
+        base, adapter = self.base(), self.adapter()
+        out = self.out_dir() / "adapter.gguf"
+        bc.convert_lora(adapter, out, base, bc.Options(outtype="bf16"), pin=out.with_name("adapter.json"))
+        pin = bc.read_pin(out.with_name("adapter.json"))
+        self.assertEqual(pin.command, f"bankml_convert.py lora {adapter.resolve()} --base {base.resolve()} "
+                                      f"-o adapter.gguf --outtype bf16")
+
+
+class BaseDirectoryWithAnAdapter(LoraWorkspace):
+    """A model directory that also holds a PEFT adapter converts to the base alone (llama.cpp's bytes),
+    and says so, with the command that converts the adapter."""
+
+    def model_with_adapter(self) -> Path:
+        d = self.case("bf16")
+        for f in (make_models.LORA_FIXTURES / "smollm2-lora-r8").iterdir():
+            if f.name != "README.md":
+                shutil.copy(f, d / f.name)
+        return d
+
+    def test_the_base_is_converted_and_stderr_says_the_adapter_was_not_applied(self):
+        d = self.model_with_adapter()
+        out = self.out_dir() / "base.gguf"
+        r = cli(d, "-o", out, "--quiet")
+        self.assertEqual((r.code, r.out), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n"), r.err)
+        self.assertIn("also holds a LoRA adapter (adapter_config.json, adapter_model.safetensors), which was not applied", r.err)
+        self.assertIn(f"lora {d} --base {d} -o ADAPTER-F32.gguf", r.err)
+
+    def test_json_says_the_adapter_was_not_applied(self):
+        d = self.model_with_adapter()
+        doc = json.loads(cli(d, "-o", self.out_dir() / "base.gguf", "--json").out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertIn("which was not applied", doc["adapter_not_applied"])
+
+    def test_a_plain_model_directory_has_no_such_note(self):
+        doc = json.loads(cli(self.case("bf16"), "-o", self.out_dir() / "base.gguf", "--json").out)
+        self.assertNotIn("adapter_not_applied", doc)
+
+    def test_the_adapter_beside_its_base_converts_with_the_command_given(self):
+        d = self.model_with_adapter()
+        out = self.out_dir() / "adapter.gguf"
+        r = cli("lora", d, "--base", d, "-o", out, "--fork", out.with_name("adapter.json"))
+        self.assertEqual(r.code, 0, r.err)
+        pin = json.loads(out.with_name("adapter.json").read_text(encoding="utf-8"))
+        self.assertEqual([i["name"] for i in pin["base"]["inputs"]], ["config.json"])
+        self.assertIn("config.json", [i["name"] for i in pin["inputs"]])    # Metadata.load reads it as the adapter's too
+
+
+class LoraRefusals(LoraWorkspace):
+    def test_outtype_auto_is_refused(self):
+        self.assertLoraRefuses(self.adapter(), self.base(), re.compile(r"^--outtype auto: llama\.cpp's "
+                               r"convert_lora_to_gguf\.py stops on it"), "--outtype", "auto")
+
+    def test_dora_is_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), use_dora=True), self.base(),
+                               re.compile(r"sets use_dora: .*merge the adapter into its base"))
+
+    def test_a_dora_magnitude_tensor_is_refused(self):
+        adapter = self.rename_tensor(self.adapter(), _Q_PROJ_A, _Q_PROJ_A.replace("lora_A.weight", "lora_magnitude_vector"))
+        self.assertLoraRefuses(adapter, self.base(), re.compile(r"lora_magnitude_vector' of the adapter is not a "
+                                                                r"lora_A or lora_B factor"))
+
+    def test_trained_biases_are_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), bias="all"), self.base(),
+                               re.compile(r"trains biases \(bias 'all'"))
+
+    def test_a_bias_tensor_is_refused(self):
+        adapter = self.rename_tensor(self.adapter(), _Q_PROJ_A, _Q_PROJ_A.replace("lora_A.weight", "base_layer.bias"))
+        self.assertLoraRefuses(adapter, self.base(), re.compile(r"base_layer\.bias' of the adapter is not a lora_A"))
+
+    def test_embeddings_in_modules_to_save_are_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), modules_to_save=["embed_tokens", "lm_head"]),
+                               self.base(), re.compile(r"sets modules_to_save .*cannot carry"))
+
+    def test_a_whole_embedding_in_the_adapter_is_refused(self):
+        adapter = self.rename_tensor(self.adapter(), _Q_PROJ_A, "base_model.model.model.embed_tokens.weight")
+        self.assertLoraRefuses(adapter, self.base(), re.compile(r"holds the whole weight "
+                               r"'base_model\.model\.model\.embed_tokens\.weight'.*save_embedding_layers=False"))
+
+    def test_an_alora_invocation_string_is_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), invocation_string="<|assistant|>"), self.base(),
+                               re.compile(r"aLoRA invocation_string.*write the ids as alora_invocation_tokens$"))
+
+    def test_alora_tokens_that_are_not_ids_are_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), alora_invocation_tokens=[1, -2]), self.base(),
+                               re.compile(r"alora_invocation_tokens \[1, -2\] is not a list of token ids"))
+
+    def test_rslora_is_refused(self):
+        self.assertLoraRefuses(self.edit_config(self.adapter(), use_rslora=True), self.base(),
+                               re.compile(r"use_rslora: PEFT scales by lora_alpha/sqrt\(r\), llama\.cpp's runtime by "
+                                          r"lora_alpha/r"))
+
+    def test_rank_and_alpha_patterns_are_refused(self):
+        for key in ("rank_pattern", "alpha_pattern"):
+            with self.subTest(key):
+                self.assertLoraRefuses(self.edit_config(self.adapter(), **{key: {"q_proj": 4}}), self.base(),
+                                       re.compile(f"sets {key}: llama\\.cpp writes only the one lora_alpha"))
+
+    def test_a_lm_head_lora_gemma_2_drops_is_refused(self):
+        adapter = self.adapter("gemma-3-1b-lora-r8")
+        for half in ("A", "B"):
+            old = f"base_model.model.model.layers.0.self_attn.q_proj.lora_{half}.weight"
+            self.rename_tensor(adapter, old, f"base_model.model.lm_head.lora_{half}.weight")
+        self.assertLoraRefuses(adapter, self.base("gemma-2-2b-bf16"), re.compile(
+            r"LoRA on 'lm_head\.weight' is a tensor llama\.cpp drops for a Gemma 2 model"))
+
+    def test_missing_lora_alpha_is_refused(self):
+        adapter = self.adapter()
+        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+        del config["lora_alpha"]
+        (adapter / "adapter_config.json").write_text(json.dumps(config), encoding="utf-8")
+        self.assertLoraRefuses(adapter, self.base(), re.compile(r"has no lora_alpha"))
+
+    def test_a_model_directory_given_as_the_adapter_is_refused(self):
+        self.assertLoraRefuses(self.base(), self.base(), re.compile(r"it is a model directory, not a PEFT adapter"))
+
+    def test_a_base_of_another_shape_is_refused(self):
+        self.assertLoraRefuses(self.adapter(), self.base("qwen2.5-0.5b-bf16"), re.compile(
+            r"implies \d+x\d+; is --base the adapter's base model\?$"))
+
+    def test_a_base_without_config_is_refused(self):
+        base = self.base()
+        (base / "config.json").unlink()
+        self.assertLoraRefuses(self.adapter(), base, re.compile(r"^--base .*: no config\.json in"))
+
+    def test_a_half_pair_is_refused(self):
+        adapter = self.rename_tensor(self.adapter(), _Q_PROJ_B, _Q_PROJ_B.replace("layers.0.", "layers.1.").replace(
+            "q_proj", "x_proj"))
+        self.assertLoraRefuses(adapter, self.base(), re.compile(r"lora_A for 'model\.layers\.0\.self_attn\.q_proj\.weight' "
+                                                                r"but not lora_B"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -782,6 +782,53 @@ BENCH_CASES: tuple[Case, ...] = (
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
+# LoRA adapters (issue 28): made by PEFT's save_pretrained (oracle/make_adapters.py, in the reference
+# venv with peft) on a case's config and committed under fixtures/lora/<name>/, since they are small;
+# their base directory holds only the case's config.json, all llama.cpp's --base reads.
+LORA_FIXTURES = FIXTURES / "lora"
+_LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str                                  # its folder under fixtures/lora/, also the adapter directory's name
+    base: str                                  # the case whose config.json is the base
+    r: int = 8
+    alpha: float = 16
+    targets: tuple[str, ...] = _LLAMA_TARGETS
+    weights: str = "safetensors"               # safetensors | bin (save_pretrained(safe_serialization=False))
+    card: bool = True                          # False: PEFT's README.md removed
+    dtype: str = "float32"                     # the adapter's weights (PEFT keeps float32 unless told)
+    seed: int = 0
+    alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
+    norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
+
+
+ADAPTERS: tuple[Adapter, ...] = (
+    Adapter("smollm2-lora-r8", "bf16"),
+    Adapter("smollm2-lora-r16-bin", "bf16", r=16, alpha=32, weights="bin"),
+    Adapter("smollm2-lora-r16-no-card", "bf16", r=16, alpha=8, card=False, seed=1),
+    Adapter("smollm2-lora-r32-qv", "bf16", r=32, alpha=64, targets=("q_proj", "v_proj"), seed=2),
+    Adapter("smollm2-lora-embed-bf16", "bf16", targets=("q_proj", "v_proj", "embed_tokens"), dtype="bfloat16", seed=3),
+    Adapter("llama-3.2-1b-lora-r16", "llama-3.2-1b-instruct", r=16, alpha=16, seed=4),
+    Adapter("llama-3.2-1b-lora-r8-bin-no-card", "llama-3.2-1b-instruct", weights="bin", card=False, seed=5),
+    Adapter("qwen2.5-0.5b-lora-r8", "qwen2.5-0.5b-bf16", seed=6),
+    Adapter("qwen2.5-0.5b-lora-r16-bin", "qwen2.5-0.5b-bf16", r=16, alpha=16, weights="bin", seed=7),
+    Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
+    Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
+            seed=9),
+)
+ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
+
+
+def make_base_config_dir(case: Case, root: Path) -> Path:
+    """A base directory as convert_lora_to_gguf.py --base needs it: the case's config.json alone."""
+    out = Path(root) / case.directory_name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_bytes(config_json_bytes(case))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # config.json and generation_config.json: the real files' keys with the case's sizes.
 # Written as transformers' to_json_string does (indent 2, sorted keys, trailing newline).

@@ -49,6 +49,7 @@ class Run:
     case: str
     args: tuple[str, ...] = ()
     refused: bool = False       # bankml_convert must refuse (llama.cpp converts it another way)
+    adapter: str = ""           # a LoRA run: make_models.ADAPTERS' name; case is its base (config.json only)
 
     @property
     def outtype(self) -> str:
@@ -81,7 +82,11 @@ RUNS: tuple[Run, ...] = tuple(
     # 1B shape, the 4B wrapper and Gemma 2; the 270m shape and Gemma 2's BF16 source in f16 only.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
-       for t in OTHER_OUTTYPES])
+       for t in OTHER_OUTTYPES]
+    # LoRA adapters (issue 28): convert_lora_to_gguf.py --base, in each output type it offers but auto
+    # (which crashes there); f32 is its default.
+    + [Run(f"lora-{a.name}-{t}", a.base, ("--outtype", t), adapter=a.name)
+       for a in make_models.ADAPTERS for t in ("f32", "f16", "bf16", "q8_0")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
@@ -105,14 +110,23 @@ def reference_python() -> Path:
 
 def case_dir(run: Run) -> Path:
     case = make_models.CASES_BY_NAME[run.case]
+    if run.adapter:
+        return make_models.make_base_config_dir(case, WORK / "lora-bases" / case.name)
     d = WORK / "cases" / case.name / case.directory_name
     if not (d / "config.json").is_file():
         make_models.make_case(case, d.parent)
     return d
 
 
+def adapter_dir(run: Run) -> Path:
+    return make_models.LORA_FIXTURES / run.adapter
+
+
 def reference_command(run: Run, model_dir: Path, out: Path) -> list[str]:
     ref = reference_dir()
+    if run.adapter:
+        return [str(reference_python()), str(ref / "convert_lora_to_gguf.py"), "--base", str(model_dir),
+                str(adapter_dir(run)), "--outfile", str(out), *run.args]
     return [str(reference_python()), str(ref / "convert_hf_to_gguf.py"), str(model_dir),
             "--outfile", str(out), *run.args]
 
@@ -139,6 +153,9 @@ def run_bankml(run: Run) -> tuple[subprocess.CompletedProcess, Path]:
     if out.exists():
         out.unlink()
     cmd = [sys.executable, str(ROOT / "bankml_convert.py"), model_dir.name, "-o", str(out.resolve()), *run.args]
+    if run.adapter:
+        cmd = [sys.executable, str(ROOT / "bankml_convert.py"), "lora", str(adapter_dir(run)),
+               "--base", str(model_dir.resolve()), "-o", str(out.resolve()), *run.args]
     return subprocess.run(cmd, cwd=model_dir.parent, capture_output=True, text=True), out
 
 
@@ -149,6 +166,12 @@ def inputs_digest(model_dir: Path) -> str:
         if f.is_file():
             h.update(f"{f.name}\0{sha256_of(f)}\n".encode())
     return h.hexdigest()
+
+
+def run_inputs_digest(run: Run) -> str:
+    """inputs_digest of the run's case; for a LoRA run, of its base directory and then its adapter's."""
+    digest = inputs_digest(case_dir(run))
+    return hashlib.sha256(f"{digest}\0{inputs_digest(adapter_dir(run))}".encode()).hexdigest() if run.adapter else digest
 
 
 def load_golden() -> dict:
@@ -162,10 +185,14 @@ def record(runs: list[Run]) -> int:
     for run in runs:
         out, seconds = run_reference(run)
         entry = {"case": run.case, "dir": case_dir(run).name, "args": list(run.args),
-                 "inputs_sha256": inputs_digest(case_dir(run)),
+                 "inputs_sha256": run_inputs_digest(run),
                  "sha256": sha256_of(out), "bytes": out.stat().st_size,
                  "command": "convert_hf_to_gguf.py " + shlex.join([case_dir(run).name, "--outfile", "OUT", *run.args]),
                  "refused_by_bankml": run.refused}
+        if run.adapter:
+            entry["adapter"] = run.adapter
+            entry["command"] = "convert_lora_to_gguf.py " + shlex.join(
+                ["--base", case_dir(run).name, run.adapter, "--outfile", "OUT", *run.args])
         golden["runs"][run.name] = entry
         print(f"{run.name:<26} {entry['sha256']}  {entry['bytes']:>12,} B  {seconds:5.1f} s")
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
@@ -178,13 +205,14 @@ def recorded_case_dir(run: Run, recorded_inputs: str, digests: dict[str, str]) -
     build/ by an older generator is made again; None if even a fresh one differs."""
     d = case_dir(run)
     for attempt in (1, 2):
-        if run.case not in digests:
-            digests[run.case] = inputs_digest(d)
-        if digests[run.case] == recorded_inputs:
+        key = f"{run.case}+{run.adapter}"
+        if key not in digests:
+            digests[key] = run_inputs_digest(run)
+        if digests[key] == recorded_inputs:
             return d
         if attempt == 1:
             shutil.rmtree(d.parent)
-            del digests[run.case]
+            del digests[key]
             d = case_dir(run)
     return None
 
