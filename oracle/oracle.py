@@ -81,7 +81,10 @@ RUNS: tuple[Run, ...] = tuple(
     # 1B shape, the 4B wrapper and Gemma 2; the 270m shape and Gemma 2's BF16 source in f16 only.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
-       for t in OTHER_OUTTYPES])
+       for t in OTHER_OUTTYPES]
+    # Mixtures of experts (issue 27): every output type from BF16 and F16 experts spanning shards, for
+    # Qwen3-MoE (and its transformers 5 stacked layout), Mixtral and Qwen2-MoE.
+    + [Run(f"{c.name}-{t}", c.name, ("--outtype", t)) for c in make_models.MOE_CASES for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
