@@ -862,6 +862,11 @@ BENCH_CASES: tuple[Case, ...] = (
          config_updates=(("head_dim", 128), ("hidden_size", 3072), ("num_attention_heads", 24),
                          ("num_hidden_layers", 28)),
          description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
+    # Issue 27's bench: Qwen3-30B-A3B's config (128 experts of width 768 over hidden 2048) cut to 3 of its
+    # 48 layers, random BF16 weights in 2 shards cut mid-layer (~5.0 GB): 3,456 expert matrices stacked.
+    Case("full-qwen3-moe-3-layers", full_size=True, dirname="qwen3-30b-a3b-3-layers", seed="full",
+         tokenizer="qwen3", config_from=QWEN3_30B_A3B, layers=3, shard_max_bytes=2_500_000_000,
+         description="Qwen3-30B-A3B config with 3 layers, Qwen3 tokenizer, random BF16 weights in 2 shards (~5.0 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
