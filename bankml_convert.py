@@ -2936,7 +2936,7 @@ def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) 
         return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, e, rank * n_ff, n_ff),
                          stacked=Stacked(source.name, rank, 2, e, p.expert_count))
                 for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for e in range(p.expert_count)]
-    if kind in _QWEN_MOE_EXPERT_RANKS and len(source.shape) == 2:
+    if kind in _QWEN_MOE_EXPERT_RANKS and _EXPERT_NUMBER.search(source.name):
         return [stacked_expert(gguf_name, source, _QWEN_MOE_EXPERT_RANKS, p.expert_count)]
     return [Modified(gguf_name, source)]
 
