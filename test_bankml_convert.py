@@ -3592,13 +3592,18 @@ class QwenRefusals(Workspace):
             "config.json: rope_scaling asks for rope scaling ('yarn', factor, original_max_position_embeddings); "
             "llama.cpp writes rope factors for it that bankml_convert does not reproduce")
 
-    def test_qwen_mixture_of_experts_and_vision_language_architectures_are_refused(self):
-        for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration"):
+    def test_qwen_vision_language_architectures_are_refused(self):
+        arch = "Qwen2_5_VLForConditionalGeneration"
+        self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
+                         re.compile(rf"architecture {re.escape(repr(arch))} is not LlamaForCausalLM or .+; "
+                                    r"bankml_convert reproduces llama.cpp only for .*Qwen3.* models: use "
+                                    r"llama.cpp's convert_hf_to_gguf.py for the rest"))
+
+    def test_a_dense_qwen_config_under_a_mixture_of_experts_architecture_is_refused(self):
+        for arch, model_type in (("Qwen2MoeForCausalLM", "qwen2_moe"), ("Qwen3MoeForCausalLM", "qwen3_moe")):
             with self.subTest(arch):
                 self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
-                                 re.compile(rf"architecture {re.escape(repr(arch))} is not LlamaForCausalLM or .+; "
-                                            r"bankml_convert reproduces llama.cpp only for .*Qwen3.* models: use "
-                                            r"llama.cpp's convert_hf_to_gguf.py for the rest"))
+                                 f"model_type 'qwen2' is not '{model_type}'")
 
     def test_null_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
         self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=None),
