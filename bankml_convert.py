@@ -1511,7 +1511,8 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     the family's set_gguf_parameters, the quantization version, then its set_vocab."""
     config, family, params, tensors, inputs, out, tokenizer, card = tensor_plan or plan_tensor_data(model_dir, options)
     vocab = tokenizer.vocab(model_dir, config, params.vocab_size)
-    n_params = parameter_count(tensors)
+    counts = parameter_counts(tensors)
+    n_params = counts.total
 
     kv = KvList()
     kv.string("general.architecture", family.gguf_arch)
@@ -1524,7 +1525,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
         kv.set(s.key, s.vtype, s.value)
     name_or_path = config.get("_name_or_path")
     for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None, model_dir.name,
-                         options.model_name, n_params, n_params, 0, 0, card):
+                         options.model_name, *counts, card):
         kv.set(g.key, g.vtype, g.value, g.array)
     for h in family.hparam_kvs(params, out.file_type):
         kv.set(h.key, h.vtype, h.value)
@@ -1819,13 +1820,32 @@ def merged_text_config(config: dict) -> dict:
     return {**config, **text}
 
 
+class Stacked(NamedTuple):
+    """A source's place in a tensor llama.cpp stacks from many (torch.stack(..., dim=0) of a layer's
+    experts, conversion/llama.py:266-294, qwen.py:119-145).  llama.cpp buffers a group's sources and
+    yields its stacked tensors when the group's last source arrives, so they take that source's place
+    in the tensor order -- with shards, the shard that holds it.  Stacking commutes with the
+    element-wise conversions and Q8_0's row blocks, so a stacked tensor's bytes are its sources'
+    converted bytes, one after the other: no source is held, none is read twice."""
+    group: str      # the sources yielded together once all have come (llama.cpp's per-layer expert buffer)
+    rank: int       # the stacked tensor's place among the group's, in the order llama.cpp yields them
+    ranks: int      # how many stacked tensors the group makes
+    index: int      # the source's place along the new first axis (the expert number)
+    count: int      # sources per stacked tensor (the expert count)
+
+
 class Modified(NamedTuple):
     """One tensor a family's modify_tensors yields: its GGUF name, its source (the HF tensor or a run of
-    its rows), and the exact operations on its values, applied chunk by chunk by the tensor-data code."""
+    its rows), and the exact operations on its values, applied chunk by chunk by the tensor-data code.
+
+    With stacked set, it is not a tensor of its own but one source of the stacked tensor name (its
+    shape the stacked tensor's without the first axis): plan_tensors gathers the group and writes
+    each stacked tensor once all its sources have come (PlannedTensor.parts)."""
     name: str
     source: SourceTensor
     permute_heads: int = 0      # Q/K rows from HF's rotate-half order to GGML's, per head (LlamaModel.permute)
     add_one: bool = False       # value + 1 in the source's float width (Gemma's norms)
+    stacked: Optional[Stacked] = None   # one source of a stacked tensor (a layer's experts)
 
 
 def unmodified(gguf_name: str, source: SourceTensor, params: Any) -> list[Modified]:
@@ -1842,6 +1862,16 @@ def source_rows(source: SourceTensor, first: int, count: int) -> SourceTensor:
     data = source.data[first * row_bytes:(first + count) * row_bytes] if source.data is not None else None
     start = source.start + first * row_bytes if data is None else 0
     return source._replace(shape=(count,) + source.shape[1:], start=start, nbytes=count * row_bytes, data=data)
+
+
+def matrix_rows(source: SourceTensor, matrix: int, first: int, count: int) -> SourceTensor:
+    """The rows first..first+count of matrix number `matrix` of a 3-D source tensor (torch's
+    data[matrix, first:first + count]), as a 2-D source: where its bytes are, no value touched."""
+    if len(source.shape) != 3 or not 0 <= matrix < source.shape[0] or not 0 <= first <= first + count <= source.shape[1]:
+        raise Refusal(f"tensor {source.name!r} of shape {list(source.shape)} has no rows {first}..{first + count} "
+                      f"in matrix {matrix}")
+    rows = source.shape[1]
+    return source_rows(source._replace(shape=(source.shape[0] * rows, source.shape[2])), matrix * rows + first, count)
 
 
 def dropped_buffers(hf_name: str) -> Optional[str]:
@@ -2728,6 +2758,284 @@ GEMMA2 = Family(
 )
 
 
+# Mixtures of experts: Mixtral (llama.cpp's LlamaModel), Qwen2-MoE (its Qwen2MoeModel) and Qwen3-MoE
+# (its Qwen3MoeModel).  Each layer's experts become three stacked tensors (Modified.stacked), its router
+# ffn_gate_inp stays F32 (_F32_MATRICES).
+
+class MoeParams(NamedTuple):
+    """TextParams' fields in their order, then the experts' (TextModel reads the counts, the Qwen MoE
+    classes the widths)."""
+    block_count: int
+    context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rope_freq_base: float
+    rms_norm_eps: float
+    head_dim: int
+    vocab_size: int
+    key_length: Optional[int] = None
+    rope_llama3: Optional[Llama3Rope] = None
+    expert_count: int = 0
+    expert_used_count: int = 0
+    expert_feed_forward_length: int = 0     # one expert's width (Mixtral: intermediate_size)
+    expert_shared_feed_forward_length: Optional[int] = None     # Qwen2-MoE's shared expert
+
+
+def _require_config_keys(config: dict, keys: tuple[str, ...], config_class: str) -> None:
+    # The MoE config classes' defaults (transformers 5.18) are not carried here: a key the sizes
+    # depend on must be written.
+    for key in keys:
+        if config.get(key) is None:
+            raise Refusal(f"config.json has no {key}; {config_class}'s default for it is not reproduced: "
+                          f"write the model's value")
+
+
+def moe_text_model_kvs(arch: str, p: MoeParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys with the expert counts after the RMS epsilon, before
+    key/value_length and general.file_type (base.py:1517-1522)."""
+    kvs = text_model_kvs(arch, p, file_type)
+    at = next(i for i, kv in enumerate(kvs) if kv.key.endswith(".attention.layer_norm_rms_epsilon")) + 1
+    return kvs[:at] + [KV(f"{arch}.expert_count", GGUF_UINT32, p.expert_count),
+                       KV(f"{arch}.expert_used_count", GGUF_UINT32, p.expert_used_count)] + kvs[at:]
+
+
+def moe_shape(gguf_name: str, p: MoeParams) -> tuple[int, ...]:
+    """The HF shape (rows first) of an MoE tensor: the stacked experts (experts first), the router,
+    Qwen2-MoE's shared expert and its gate; the rest as Qwen's (Llama's)."""
+    e, n_embd, ff, sff = p.expert_count, p.embedding_length, p.expert_feed_forward_length, \
+        p.expert_shared_feed_forward_length
+    shapes = {
+        "ffn_gate_inp": (e, n_embd),
+        "ffn_gate_exps": (e, ff, n_embd),
+        "ffn_up_exps": (e, ff, n_embd),
+        "ffn_down_exps": (e, n_embd, ff),
+        "ffn_gate_shexp": (sff, n_embd),
+        "ffn_up_shexp": (sff, n_embd),
+        "ffn_down_shexp": (n_embd, sff),
+        "ffn_gate_inp_shexp": (1, n_embd),
+    }
+    return shapes.get(gguf_name.split(".")[-2]) or qwen_shape(gguf_name, p)
+
+
+def stacked_expert(gguf_name: str, source: SourceTensor, ranks: tuple[str, ...], count: int) -> Modified:
+    """An expert's matrix as one source of the layer's stacked tensor gguf_name: its number from the HF
+    name, its rank the stacked tensor's place in ranks (the order llama.cpp yields them)."""
+    block, kind = gguf_name.split(".")[1], gguf_name.split(".")[-2]
+    index = int(_EXPERT_NUMBER.search(source.name).group(1))
+    return Modified(gguf_name, source, stacked=Stacked(f"blk.{block}.experts", ranks.index(kind), len(ranks),
+                                                       index, count))
+
+
+# Mixtral (MixtralForCausalLM, on llama.cpp's LlamaModel): Llama's attention, w1/w2/w3 experts.
+
+def mixtral_params(config: dict) -> MoeParams:
+    """Llama's hyperparameters with the experts' counts.  MixtralConfig's to_dict() has head_dim only
+    when config.json names it (null otherwise), so key/value_length are written only then."""
+    _require_config_keys(config, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                  "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                                  "num_local_experts", "num_experts_per_tok"), "MixtralConfig")
+    if config.get("rope_theta") is None and (config.get("rope_parameters") or {}).get("rope_theta") is None:
+        _require_config_keys(config, ("rope_theta",), "MixtralConfig")
+    text = llama_params(config)
+    head_dim = config.get("head_dim")
+    return MoeParams(*text._replace(key_length=None if head_dim is None else text.head_dim),
+                     expert_count=config_integer(config, "num_local_experts"),
+                     expert_used_count=config_integer(config, "num_experts_per_tok"),
+                     expert_feed_forward_length=text.feed_forward_length)
+
+
+def mixtral_hparam_kvs(p: MoeParams, file_type: int) -> list[KV]:
+    return moe_text_model_kvs("llama", p, file_type) + [
+        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
+        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+    ]
+
+
+_MIXTRAL_EXPERT_RANKS = ("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps")     # w1, w2, w3 (llama.py:279)
+
+
+def mixtral_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) -> list[Modified]:
+    """LlamaModel.modify_tensors: Q/K permuted as Llama's; each expert one source of its layer's
+    stacked w1, w2, w3 (gate, down, up)."""
+    if gguf_name.split(".")[-2] in _MIXTRAL_EXPERT_RANKS:
+        return [stacked_expert(gguf_name, source, _MIXTRAL_EXPERT_RANKS, p.expert_count)]
+    return llama_modify_tensors(gguf_name, source, p)
+
+
+_MIXTRAL_BLOCK_TENSORS = {
+    **{k: v for k, v in _LLAMA_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.experts.{x}.w1.weight": "ffn_gate_exps.weight",
+    "block_sparse_moe.experts.{x}.w2.weight": "ffn_down_exps.weight",
+    "block_sparse_moe.experts.{x}.w3.weight": "ffn_up_exps.weight",
+}
+
+MIXTRAL = LLAMA._replace(
+    name="Mixtral",
+    architectures=("MixtralForCausalLM",),
+    model_types=("mixtral",),
+    params=mixtral_params,
+    hparam_kvs=mixtral_hparam_kvs,
+    block_tensors=_MIXTRAL_BLOCK_TENSORS,
+    shape=moe_shape,
+    modify_tensors=mixtral_modify_tensors,
+    accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
+    block_outputs=tuple(dict.fromkeys(_MIXTRAL_BLOCK_TENSORS.values())),
+)
+
+
+# Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): Qwen's attention, the experts
+# as separate matrices or (a transformers 5 save) already stacked.
+
+def _refuse_unmapped_qwen_moe_layers(config: dict) -> None:
+    # Dense layers among the sparse ones get mlp.gate_proj names the MoE architectures cannot map:
+    # llama.cpp stops on them ("Can not map tensor").
+    if config.get("mlp_only_layers"):
+        raise Refusal(f"config.json: mlp_only_layers {config['mlp_only_layers']!r} (dense layers among the experts); "
+                      f"llama.cpp cannot map their tensors for this architecture and stops: not converted")
+    if config.get("decoder_sparse_step", 1) != 1:
+        raise Refusal(f"config.json: decoder_sparse_step {config['decoder_sparse_step']!r} (experts only every few "
+                      f"layers); llama.cpp cannot map the dense layers' tensors and stops: not converted")
+
+
+_QWEN_MOE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size", "max_position_embeddings", "num_experts",
+                  "num_experts_per_tok", "moe_intermediate_size")
+
+
+def qwen_moe_params(config: dict, text: TextParams) -> MoeParams:
+    shared = config.get("shared_expert_intermediate_size")
+    return MoeParams(*text, expert_count=config_integer(config, "num_experts"),
+                     expert_used_count=config_integer(config, "num_experts_per_tok"),
+                     expert_feed_forward_length=config_integer(config, "moe_intermediate_size"),
+                     expert_shared_feed_forward_length=None if shared is None else
+                     config_integer(config, "shared_expert_intermediate_size"))
+
+
+def qwen2moe_params(config: dict) -> MoeParams:
+    """Qwen2's hyperparameters (q/k/v biases, head_dim only where config.json names it) with the
+    experts' and the shared expert's."""
+    _require_config_keys(config, _QWEN_MOE_KEYS + ("shared_expert_intermediate_size",), "Qwen2MoeConfig")
+    _refuse_unmapped_qwen_moe_layers(config)
+    if config.get("qkv_bias") is False:
+        raise Refusal("config.json sets qkv_bias: false; not reproduced for Qwen2-MoE")
+    return qwen_moe_params(config, qwen_params(config, head_dim_default=None))
+
+
+def qwen3moe_params(config: dict) -> MoeParams:
+    """Qwen3's hyperparameters with the experts'.  Qwen3MoeConfig's to_dict() keeps head_dim only
+    when config.json names it, so key/value_length are written only then."""
+    _require_config_keys(config, _QWEN_MOE_KEYS, "Qwen3MoeConfig")
+    _refuse_unmapped_qwen_moe_layers(config)
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "yarn":
+        raise Refusal("config.json: YaRN rope scaling on a Qwen3-MoE model; llama.cpp writes keys for it that "
+                      "its runtime applies wrongly to this architecture (llama.cpp issue 13322): remove "
+                      "rope_scaling and set the context length when running the model instead")
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3-MoE "
+                      "model, which bankml_convert does not reproduce")
+    return qwen_moe_params(config, qwen_params(config, head_dim_default=None))
+
+
+def qwen2moe_hparam_kvs(p: MoeParams, file_type: int, arch: str = "qwen2moe") -> list[KV]:
+    """Qwen2MoeModel.set_gguf_parameters: TextModel's keys, then the experts' widths (qwen.py:81-88)."""
+    kvs = moe_text_model_kvs(arch, p, file_type) + [
+        KV(f"{arch}.expert_feed_forward_length", GGUF_UINT32, p.expert_feed_forward_length)]
+    if p.expert_shared_feed_forward_length is not None:
+        kvs.append(KV(f"{arch}.expert_shared_feed_forward_length", GGUF_UINT32, p.expert_shared_feed_forward_length))
+    return kvs
+
+
+def qwen3moe_hparam_kvs(p: MoeParams, file_type: int) -> list[KV]:
+    return qwen2moe_hparam_kvs(p, file_type, "qwen3moe")
+
+
+_QWEN_MOE_EXPERT_RANKS = ("ffn_down_exps", "ffn_gate_exps", "ffn_up_exps")    # qwen.py:127
+
+
+def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) -> list[Modified]:
+    """Qwen2MoeModel.modify_tensors (qwen.py:90-145): each expert one source of its layer's stacked
+    down, gate, up; an already stacked gate_up_proj (transformers 5) split at its middle row, gate
+    first, as two stacked tensors of its matrices' halves; the rest as they are."""
+    kind = gguf_name.split(".")[-2]
+    if kind == "ffn_gate_up_exps":
+        n_ff2 = source.shape[-2] if len(source.shape) == 3 else 1
+        if len(source.shape) != 3 or n_ff2 % 2 or source.shape[0] != p.expert_count:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length]}")
+        block, n_ff = gguf_name.split(".")[1], n_ff2 // 2
+        return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, e, rank * n_ff, n_ff),
+                         stacked=Stacked(source.name, rank, 2, e, p.expert_count))
+                for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for e in range(p.expert_count)]
+    if kind in _QWEN_MOE_EXPERT_RANKS and _EXPERT_NUMBER.search(source.name):
+        return [stacked_expert(gguf_name, source, _QWEN_MOE_EXPERT_RANKS, p.expert_count)]
+    return [Modified(gguf_name, source)]
+
+
+_QWEN_MOE_EXPERTS = {
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.{x}.down_proj.weight": "ffn_down_exps.weight",
+    "mlp.experts.{x}.gate_proj.weight": "ffn_gate_exps.weight",
+    "mlp.experts.{x}.up_proj.weight": "ffn_up_exps.weight",
+    # transformers 5 saves each layer's experts stacked: down_proj as it is, gate_up_proj to be split
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "mlp.experts.down_proj.weight": "ffn_down_exps.weight",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "mlp.experts.gate_up_proj.weight": "ffn_gate_up_exps.weight",
+}
+_QWEN_MOE_OUTPUTS = ("ffn_gate_inp.weight", "ffn_down_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight")
+_QWEN2MOE_BLOCK_TENSORS = {
+    **{k: v for k, v in _QWEN2_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
+    **_QWEN_MOE_EXPERTS,
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+_QWEN3MOE_BLOCK_TENSORS = {
+    **{k: v for k, v in _QWEN3_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
+    **_QWEN_MOE_EXPERTS,
+}
+
+
+def _block_outputs(block_tensors: dict[str, str]) -> tuple[str, ...]:
+    return tuple(n for n in dict.fromkeys(block_tensors.values()) if n != "ffn_gate_up_exps.weight")
+
+
+QWEN2MOE = Family(
+    name="Qwen2-MoE",
+    architectures=("Qwen2MoeForCausalLM",),
+    model_types=("qwen2_moe",),
+    gguf_arch="qwen2moe",
+    params=qwen2moe_params,
+    hparam_kvs=qwen2moe_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_QWEN2MOE_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),
+    shape=moe_shape,
+    modify_tensors=qwen_moe_modify_tensors,
+    accepted_config_keys=frozenset({"num_experts", "num_experts_per_tok"}),
+    # Qwen2MoeModel is a TextModel: _set_vocab_gpt2 alone (no SentencePiece try, no pooling type).
+    vocab_paths=("gpt2",),
+    block_outputs=_block_outputs(_QWEN2MOE_BLOCK_TENSORS),
+)
+
+QWEN3MOE = QWEN2MOE._replace(
+    name="Qwen3-MoE",
+    architectures=("Qwen3MoeForCausalLM",),
+    model_types=("qwen3_moe",),
+    gguf_arch="qwen3moe",
+    params=qwen3moe_params,
+    hparam_kvs=qwen3moe_hparam_kvs,
+    block_tensors=_QWEN3MOE_BLOCK_TENSORS,
+    block_outputs=_block_outputs(_QWEN3MOE_BLOCK_TENSORS),
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -2739,7 +3047,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE):
     register(_family)
 
 
@@ -4303,6 +4611,13 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
+    # AutoTokenizer builds the same Qwen2Tokenizer under the MoE model types (chkhsh e636dc30..., qwen2,
+    # measured on make_models' qwen3-moe-bf16 and qwen2-moe-bf16 directories).
+    *(CheckBuild("Qwen2Tokenizer", model_type, rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+                 post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
+                 split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False,
+                 measured_on=f"Qwen3 tokenizer, {model_type} config")
+      for model_type in ("qwen3_moe", "qwen2_moe")),
 )
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the
@@ -6118,6 +6433,11 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
     return OUT_TYPES["f16"]
 
 
+# Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
+# as llama_model_quantize does): the MoE routers, which the families here have.
+_F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"])
+
+
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """The GGML type llama.cpp writes a Llama tensor in (hf_shape: rows first, as in safetensors).
 
@@ -6127,6 +6447,8 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
         return out.vector_type
+    if gguf_name.split(".")[-2:] in _F32_MATRICES:
+        return GGML_F32
     if hf_shape[-1] % GGML_TYPES[out.matrix_type].block:
         return out.partial_rows_type
     return out.matrix_type
@@ -6153,27 +6475,42 @@ _BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
 
 class PlannedTensor(NamedTuple):
     """One GGUF tensor: its name, source, GGML type, dims (GGML order) and the exact operations on its
-    values (a family's Modified): the row permutation, the +1."""
+    values (a family's Modified): the row permutation, the +1.
+
+    A stacked tensor (a layer's experts) has parts: the sources whose converted bytes, in order, are
+    its bytes; its source then only describes the whole (stacked_source): read nothing from it."""
     name: str
     source: SourceTensor
     ggml_type: int
     dims: tuple[int, ...]
     permute_heads: int      # 0, or the head count of llama.cpp's rotate-half -> GGML row permutation
     add_one: bool = False   # value + 1 in the source's float width (plus_one) before the conversion
+    parts: tuple[SourceTensor, ...] = ()    # a stacked tensor's sources, in order; () for one source
 
     @property
     def nbytes(self) -> int:
         return ggml_nbytes(self.ggml_type, self.source.n_elements)
 
+    @property
+    def sources(self) -> tuple[SourceTensor, ...]:
+        """The tensors its bytes are read from, in order."""
+        return self.parts or (self.source,)
+
+
+# An expert's number in a block tensor's name; a family's block_tensors spell it {x}.
+_EXPERT_NUMBER = re.compile(r"(?<=experts\.)(0|[1-9][0-9]{0,5})(?=\.)")
+
 
 def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | None:
-    """The GGUF name llama.cpp gives an HF tensor of the family, or None if it has none."""
+    """The GGUF name llama.cpp gives an HF tensor of the family, or None if it has none.  Every expert
+    of a layer has its stacked tensor's name ("mlp.experts.{x}.up_proj.weight" in block_tensors)."""
     if hf_name in family.top_tensors:
         return family.top_tensors[hf_name]
     m = _BLOCK_NAME.fullmatch(hf_name)
-    if m and int(m.group(1)) < block_count and m.group(2) in family.block_tensors:
-        return f"blk.{m.group(1)}.{family.block_tensors[m.group(2)]}"
-    return None
+    if not m or int(m.group(1)) >= block_count:
+        return None
+    name = family.block_tensors.get(m.group(2)) or family.block_tensors.get(_EXPERT_NUMBER.sub("{x}", m.group(2), 1))
+    return f"blk.{m.group(1)}.{name}" if name else None
 
 
 def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType,
@@ -6183,6 +6520,7 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
     files' tensors), typed by the same rules as the rest.  Each source goes through the family's
     filter_tensors, its name map and its modify_tensors, as in llama.cpp's prepare_tensors."""
     plan: list[PlannedTensor] = []
+    groups: dict[str, dict[tuple[int, int], Modified]] = {}
     for src in sources:
         hf_name = family.filter_tensors(src.name)
         if hf_name is None:
@@ -6194,17 +6532,70 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                           f"{' or '.join(family.architectures)} weights only")
         for m in family.modify_tensors(name, src, p):
             want = family.shape(m.name, p)
+            if m.stacked is not None:
+                if m.source.shape != want[1:]:
+                    raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
+                                  f"implies {list(want[1:])} for one of {m.name}'s {want[0]}")
+                plan += [PlannedTensor(name, stacked, tensor_type(name, stacked.shape, out),
+                                       tuple(reversed(stacked.shape)), 0, parts=parts)
+                         for name, stacked, parts in stacked_when_complete(groups, m)]
+                continue
             if m.source.shape != want:
                 raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
                               f"implies {list(want)}")
             plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
                                       tuple(reversed(m.source.shape)), m.permute_heads, m.add_one))
+    for waiting in groups.values():
+        # llama.cpp's prepare_tensors raises "Unprocessed experts" (llama.py:356-360, qwen.py:147-156).
+        got = sorted(m.source.name for m in waiting.values())
+        raise Refusal(f"{len(got)} expert tensors ({got[0]}, ...) never make a whole layer of experts; "
+                      f"llama.cpp stops on them: the checkpoint is incomplete")
     if complete:        # False: an adapter's few tensors
         _refuse_incomplete(plan, family, p.block_count)
     generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
                  for g in family.generated_tensors(p)]
     return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
             for g in generated] + plan
+
+
+def stacked_when_complete(groups: dict[str, dict[tuple[int, int], Modified]],
+                          m: Modified) -> list[tuple[str, SourceTensor, tuple[SourceTensor, ...]]]:
+    """Gather m (one source of a stacked tensor) into its group; once the group is complete, its stacked
+    tensors as (GGUF name, stacked_source, parts) in the group's order, else nothing yet."""
+    s = m.stacked
+    if not 0 <= s.index < s.count:
+        raise Refusal(f"tensor {m.source.name!r} is expert {s.index}, but config.json says {s.count} experts")
+    group = groups.setdefault(s.group, {})
+    if (s.rank, s.index) in group:
+        raise Refusal(f"two tensors of the checkpoint are expert {s.index} of {m.name}: "
+                      f"{group[(s.rank, s.index)].source.name!r} and {m.source.name!r}")
+    group[(s.rank, s.index)] = m
+    if len(group) < s.ranks * s.count:
+        return []
+    del groups[s.group]
+    stacked = []
+    for rank in range(s.ranks):
+        members = [group[(rank, i)] for i in range(s.count)]
+        parts = tuple(g.source for g in members)
+        dtypes = sorted({p.dtype for p in parts})
+        if len(dtypes) > 1:
+            raise Refusal(f"the experts of {members[0].name} are of dtypes {', '.join(dtypes)}; llama.cpp's "
+                          f"stacking of mixed dtypes is not reproduced: save them in one dtype")
+        stacked.append((members[0].name, stacked_source(parts), parts))
+    return stacked
+
+
+def stacked_source(parts: tuple[SourceTensor, ...]) -> SourceTensor:
+    """What a stacked tensor is, as one source: its parts' dtype, their shape with the number of parts
+    in front; named for its parts ("...experts.{0..7}.w1.weight"), in the file of its last part.
+    Its bytes are not in one place: read the parts."""
+    names = [p.name for p in parts]
+    head = os.path.commonprefix(names)
+    tail = os.path.commonprefix([n[len(head):][::-1] for n in names])[::-1]
+    name = names[0] if len(set(names)) == 1 else \
+        f"{head}{{{names[0][len(head):len(names[0]) - len(tail)]}..{names[-1][len(head):len(names[-1]) - len(tail)]}}}{tail}"
+    return SourceTensor(name, parts[0].dtype, (len(parts),) + parts[0].shape, parts[-1].path, 0,
+                        sum(p.nbytes for p in parts))
 
 
 def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: int) -> None:
@@ -6232,8 +6623,33 @@ def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: i
 
 
 def parameter_count(plan: list[PlannedTensor]) -> int:
-    """The parameter count gguf-py derives from the tensors written (no experts, no LoRA)."""
+    """The parameter count gguf-py derives from the tensors written (no LoRA)."""
     return sum(t.source.n_elements for t in plan)
+
+
+class ParameterCounts(NamedTuple):
+    """GGUFWriter.get_total_parameter_count(): what general.size_label is made of."""
+    total: int
+    shared: int         # every tensor but the stacked experts'
+    expert: int         # one expert's share of each *_exps tensor, summed
+    expert_count: int   # the experts per *_exps tensor, averaged; 0 without experts
+
+
+def parameter_counts(plan: list[PlannedTensor]) -> ParameterCounts:
+    """gguf_writer.py:113-162: a 3-D tensor with "_exps." in its name counts as its experts (the
+    first of its HF axes), every other tensor as shared."""
+    shared = expert = expert_sum = n_expert_tensors = 0
+    for t in plan:
+        n = t.source.n_elements
+        if "_exps." in t.name and len(t.dims) >= 3:
+            count = t.dims[1 if ".bias" in t.name else 2]
+            expert += n // count
+            expert_sum += count
+            n_expert_tensors += 1
+        else:
+            shared += n
+    return ParameterCounts(parameter_count(plan), shared, expert,
+                           expert_sum // n_expert_tensors if n_expert_tensors else 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -7260,20 +7676,26 @@ def permuted_rows(rows: int, n_head: int) -> list[int]:
 
 
 class Job(NamedTuple):
-    """A run of whole rows of one tensor: converted on its own, written at a known offset."""
+    """A run of whole rows of one tensor's source (of one part of a stacked tensor): converted on its
+    own, written at a known offset."""
     tensor: PlannedTensor
-    first_row: int
+    first_row: int      # in the source read
     rows: int
     out_pos: int        # absolute offset of the converted rows in the GGUF
     pad_after: int      # zero bytes after them (the tensor's alignment padding, on its last job)
+    part: int = 0       # which of tensor.sources the rows are read from
+
+    @property
+    def source(self) -> SourceTensor:
+        return self.tensor.parts[self.part] if self.tensor.parts else self.tensor.source
 
     @property
     def src_pos(self) -> int:
-        return self.tensor.source.start + self.first_row * _row_bytes(self.tensor.source)
+        return self.source.start + self.first_row * _row_bytes(self.source)
 
     @property
     def src_len(self) -> int:
-        return self.rows * _row_bytes(self.tensor.source)
+        return self.rows * _row_bytes(self.source)
 
     @property
     def out_len(self) -> int:
@@ -7282,7 +7704,12 @@ class Job(NamedTuple):
 
 
 def _row_count(t: SourceTensor) -> int:
-    return t.shape[0] if len(t.shape) > 1 else 1
+    # numpy's rows, along whose last axis Q8_0's blocks run: every axis but the last (a 3-D
+    # tensor's matrices row after row)
+    n = 1
+    for d in t.shape[:-1]:
+        n *= d
+    return n
 
 
 def _row_bytes(t: SourceTensor) -> int:
@@ -7294,28 +7721,31 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
     """The tensor data cut into jobs of about CHUNK_BYTES of input, in file order.
 
     Jobs hold whole rows, and a permuted tensor's jobs whole heads, because llama.cpp's Q/K
-    permutation moves rows only within a head.
+    permutation moves rows only within a head; a stacked tensor's parts follow one another, each
+    cut on its own.
     """
     jobs = []
     out_pos = data_start
     for t in tensors:
-        rows, row_bytes = _row_count(t.source), _row_bytes(t.source)
-        unit = rows // t.permute_heads if t.permute_heads else 1
-        per_job = max(unit, CHUNK_BYTES // max(row_bytes, 1) // unit * unit)
-        starts = list(range(0, rows, per_job)) or [0]
-        for first in starts:
-            n = min(per_job, rows - first)
-            job = Job(t, first, n, out_pos, padding(t.nbytes) if first == starts[-1] else 0)
-            jobs.append(job)
-            out_pos += job.out_len + job.pad_after
+        for part, source in enumerate(t.sources):
+            rows, row_bytes = _row_count(source), _row_bytes(source)
+            unit = rows // t.permute_heads if t.permute_heads else 1
+            per_job = max(unit, CHUNK_BYTES // max(row_bytes, 1) // unit * unit)
+            starts = list(range(0, rows, per_job)) or [0]
+            last = part == len(t.sources) - 1
+            for first in starts:
+                n = min(per_job, rows - first)
+                job = Job(t, first, n, out_pos, padding(t.nbytes) if last and first == starts[-1] else 0, part)
+                jobs.append(job)
+                out_pos += job.out_len + job.pad_after
     return jobs
 
 
 def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
     """The converted bytes of one job, in pieces, its source read from f through buffer."""
-    t = job.tensor
-    if t.source.data is not None:      # generated while planning: the bytes are in the plan
-        data = memoryview(t.source.data)[job.src_pos:job.src_pos + job.src_len]
+    t, source = job.tensor, job.source
+    if source.data is not None:      # generated while planning: the bytes are in the plan
+        data = memoryview(source.data)[job.src_pos:job.src_pos + job.src_len]
     else:
         data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
     if t.permute_heads:
@@ -7325,7 +7755,7 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for first_row_of_head in range(0, job.rows, rows_per_head)
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
-    dtype = t.source.dtype
+    dtype = source.dtype
     if t.add_one:
         data, dtype = plus_one(data, dtype)
     yield from converted_pieces(data, dtype, t.ggml_type)
@@ -8076,7 +8506,7 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
     try:
         for job in jobs:
             written = 0
-            for piece in job_pieces(job, source_file(files, job.tensor.source), buffer):
+            for piece in job_pieces(job, source_file(files, job.source), buffer):
                 w.write(piece)
                 written += len(piece)
             if written != job.out_len:
@@ -8363,7 +8793,7 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
         kept_bytes = 0
         while (i := _next_job(todo)) is not None:
             job = unplaced[i]
-            pieces = list(job_pieces(job, source_file(files, job.tensor.source), buffer))
+            pieces = list(job_pieces(job, source_file(files, job.source), buffer))
             if sum(map(len, pieces)) != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                        f"planned {job.out_len}")
@@ -9419,7 +9849,7 @@ def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str, progress=None
         total, done = sum(j.src_len for j in jobs), 0
         try:
             for job in jobs:
-                yield from job_pieces(job, source_file(files, job.tensor.source), buffer)
+                yield from job_pieces(job, source_file(files, job.source), buffer)
                 done += job.src_len
                 if progress:
                     progress(done, total, job.tensor.name)
@@ -10372,7 +10802,7 @@ def dtype_counts(declared: list[DeclaredTensor]) -> dict[str, int]:
 def _by_source(plan: Optional[Plan]) -> dict[tuple[str, str], PlannedTensor]:
     if plan is None:
         return {}
-    return {(t.source.path.name, t.source.name): t for t in plan.tensors}
+    return {(src.path.name, src.name): t for t in plan.tensors for src in t.sources}
 
 
 def inspect_dir_lines(path, options: Options) -> list[str]:
@@ -10471,6 +10901,9 @@ def _source_note(t: PlannedTensor) -> str:
     src = t.source
     if src.data is not None:
         return f"  <- generated from {src.path.name}"
+    if t.parts:
+        files = ", ".join(dict.fromkeys(p.path.name for p in t.parts))
+        return f"  <- {len(t.parts)} stacked: {src.name} {src.dtype} {_shape_text(t.parts[0].shape)} each ({files})"
     return (f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
             f"{' Q/K rows permuted' if t.permute_heads else ''}")
 
@@ -10478,7 +10911,8 @@ def _source_note(t: PlannedTensor) -> str:
 def _source_json(t: PlannedTensor) -> dict:
     return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
             "file": t.source.path.name, "permuted": bool(t.permute_heads),
-            **({"generated": True} if t.source.data is not None else {})}
+            **({"generated": True} if t.source.data is not None else {}),
+            **({"stacked": [{"name": p.name, "file": p.path.name} for p in t.parts]} if t.parts else {})}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:
@@ -11242,11 +11676,10 @@ def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
     FOLDER/{naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
     names it.  The keys come from the same tensor plan and model card the conversion uses."""
     tp = plan_tensor_data(model_dir, options)
-    n_params = parameter_count(tp.tensors)
     name_or_path = tp.config.get("_name_or_path")
     general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
-                                                    model_dir.name, options.model_name, n_params, n_params,
-                                                    0, 0, tp.card)}
+                                                    model_dir.name, options.model_name,
+                                                    *parameter_counts(tp.tensors), tp.card)}
     name = llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
                                   general.get("general.finetune"), general.get("general.version"),
                                   general.get("general.size_label"), tp.outtype.label)

@@ -227,6 +227,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "mistral-nemo-head-dim",                                        # MistralForCausalLM, head_dim of its own
     "llama-3.2-1b-instruct",                                        # Llama 3: rope_freqs.weight
     "qwen2.5-0.5b-bf16", "qwen3-0.6b-bf16",                         # Qwen2 biases, Qwen3 q/k norms
+    "mixtral-bf16",                                                 # stacked experts, F32 routers
 })
 
 
@@ -3612,13 +3613,18 @@ class QwenRefusals(Workspace):
             "config.json: rope_scaling asks for rope scaling ('yarn', factor, original_max_position_embeddings); "
             "llama.cpp writes rope factors for it that bankml_convert does not reproduce")
 
-    def test_qwen_mixture_of_experts_and_vision_language_architectures_are_refused(self):
-        for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen2_5_VLForConditionalGeneration"):
+    def test_qwen_vision_language_architectures_are_refused(self):
+        arch = "Qwen2_5_VLForConditionalGeneration"
+        self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
+                         re.compile(rf"architecture {re.escape(repr(arch))} is not LlamaForCausalLM or .+; "
+                                    r"bankml_convert reproduces llama.cpp only for .*Qwen3.* models: use "
+                                    r"llama.cpp's convert_hf_to_gguf.py for the rest"))
+
+    def test_a_dense_qwen_config_under_a_mixture_of_experts_architecture_is_refused(self):
+        for arch, model_type in (("Qwen2MoeForCausalLM", "qwen2_moe"), ("Qwen3MoeForCausalLM", "qwen3_moe")):
             with self.subTest(arch):
                 self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
-                                 re.compile(rf"architecture {re.escape(repr(arch))} is not LlamaForCausalLM or .+; "
-                                            r"bankml_convert reproduces llama.cpp only for .*Qwen3.* models: use "
-                                            r"llama.cpp's convert_hf_to_gguf.py for the rest"))
+                                 f"model_type 'qwen2' is not '{model_type}'")
 
     def test_null_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
         self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=None),
@@ -3812,6 +3818,186 @@ class GemmaRefusals(Workspace):
             f.write(struct.pack("<f", math.nan))
         self.assertRefuses(d, "a norm weight holds a NaN; the bits llama.cpp's +1 (torch) makes of it are not "
                               "reproduced: repair the checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixtures of experts (issue 27): Qwen3-MoE, Mixtral and Qwen2-MoE through the family seam's stack
+# operation.  Their bytes are pinned by the golden runs qwen3-moe-*, mixtral-*, qwen2-moe-* (experts
+# spanning shards, BF16 and F16, every output type).
+# ---------------------------------------------------------------------------------------------
+
+def _moe_plan(d: Path, outtype: str = "f16") -> bc.TensorPlan:
+    return bc.plan_tensor_data(d, bc.Options(outtype=outtype))
+
+
+class MoeStacking(Workspace):
+    def test_a_layers_stacked_tensors_move_to_the_shard_of_its_last_expert(self):
+        tp = _moe_plan(self.case("qwen3-moe-bf16"))
+        names = [t.name for t in tp.tensors]
+        for block in (0, 1):
+            experts = [t for t in tp.tensors if t.parts and t.name.startswith(f"blk.{block}.")]
+            files = {p.path.name for t in experts for p in t.parts}
+            self.assertEqual(len(files), 2, "the case's experts of a layer span two shards")
+            last_file = experts[0].parts[-1].path.name
+            self.assertEqual(last_file, max(files))
+            before = [t for t in tp.tensors if not t.parts and t.source.path.name < last_file]
+            self.assertGreater(names.index(experts[0].name), max(names.index(t.name) for t in before))
+
+    def test_mixtral_stacks_gate_down_up_and_qwen_down_gate_up(self):
+        def stacked(case):
+            return [t.name.split(".")[2] for t in _moe_plan(self.case(case)).tensors
+                    if t.name.startswith("blk.0.") and t.parts]
+        self.assertEqual(stacked("mixtral-bf16"), ["ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"])
+        self.assertEqual(stacked("qwen3-moe-bf16"), ["ffn_down_exps", "ffn_gate_exps", "ffn_up_exps"])
+
+    def test_a_stacked_tensors_parts_are_its_experts_in_order(self):
+        t = next(t for t in _moe_plan(self.case("mixtral-bf16")).tensors if t.name == "blk.1.ffn_down_exps.weight")
+        self.assertEqual([p.name for p in t.parts],
+                         [f"model.layers.1.block_sparse_moe.experts.{x}.w2.weight" for x in range(4)])
+        self.assertEqual((t.source.shape, t.dims), ((4, 32, 64), (64, 32, 4)))
+
+    def test_the_split_gate_up_takes_gate_from_each_experts_first_half(self):
+        tp = _moe_plan(self.case("qwen3-moe-fused"))
+        gate, up = (next(t for t in tp.tensors if t.name == f"blk.0.{k}.weight") for k in ("ffn_gate_exps", "ffn_up_exps"))
+        fused = next(s for s in bc.index_tensors(self.case("qwen3-moe-fused"))[0]
+                     if s.name == "model.layers.0.mlp.experts.gate_up_proj")
+        matrix = fused.nbytes // 4
+        self.assertEqual([p.start for p in gate.parts], [fused.start + e * matrix for e in range(4)])
+        self.assertEqual([p.start for p in up.parts], [fused.start + e * matrix + matrix // 2 for e in range(4)])
+
+    def test_stacked_bytes_are_the_experts_converted_one_after_another(self):
+        rng = random.Random(27)
+        parts = tuple(bc.SourceTensor(f"e{i}", "BF16", (2, 64), Path("x"), 0, 256,
+                                      bytes(rng.getrandbits(8) & 0x3F if j % 2 else rng.getrandbits(8)
+                                            for j in range(256))) for i in range(3))
+        whole = bc.stacked_source(parts)
+        for ggml_type in (bc.GGML_F16, bc.GGML_Q8_0, bc.GGML_F32):
+            t = bc.PlannedTensor("blk.0.ffn_up_exps.weight", whole, ggml_type, (64, 2, 3), 0, parts=parts)
+            jobs = bc.data_jobs([t], 0)
+            got = b"".join(b"".join(bc.job_pieces(j, None, bytearray(j.src_len))) for j in jobs)
+            self.assertEqual(got, bc.converted_bytes(b"".join(p.data for p in parts), "BF16", ggml_type))
+            self.assertEqual(sum(j.out_len for j in jobs), t.nbytes)
+
+    def test_no_job_of_a_stacked_tensor_reads_past_one_expert(self):
+        tp = _moe_plan(self.case("qwen2-moe-bf16"), "q8_0")
+        for job in bc.data_jobs(tp.tensors, 0):
+            if job.tensor.parts:
+                self.assertLessEqual(job.src_pos + job.src_len, job.source.start + job.source.nbytes)
+                self.assertGreaterEqual(job.src_pos, job.source.start)
+
+    def test_the_routers_stay_f32_in_every_output_type(self):
+        for outtype in ("f16", "bf16", "q8_0"):
+            types = {t.name.split(".")[2]: t.ggml_type for t in _moe_plan(self.case("qwen2-moe-bf16"), outtype).tensors
+                     if t.name.startswith("blk.0.")}
+            self.assertEqual((types["ffn_gate_inp"], types["ffn_gate_inp_shexp"]), (bc.GGML_F32, bc.GGML_F32))
+            self.assertEqual(types["ffn_down_exps"], bc.OUT_TYPES[outtype].matrix_type)
+
+    def test_parameter_counts_take_one_expert_of_each_stacked_tensor(self):
+        shared = bc.PlannedTensor("output_norm.weight", bc.SourceTensor("n", "F32", (10,), Path("x"), 0, 40),
+                                  bc.GGML_F32, (10,), 0)
+        exps = [bc.PlannedTensor(f"blk.0.{k}.weight", bc.SourceTensor("e", "BF16", (4, 8, 32), Path("x"), 0, 2048),
+                                 bc.GGML_F16, (32, 8, 4), 0) for k in ("ffn_up_exps", "ffn_down_exps")]
+        self.assertEqual(bc.parameter_counts([shared] + exps), bc.ParameterCounts(2 * 1024 + 10, 10, 2 * 256, 4))
+
+    def test_the_size_label_is_experts_times_shared_plus_one_expert(self):
+        plan = bc.plan_conversion(self.case("mixtral-unsized"), bc.Options())
+        counts = bc.parameter_counts(plan.tensors)
+        kvs = {k.key: k.value for k in plan.kvs}
+        self.assertEqual(kvs["general.size_label"], f"4x{bc.rounded_count(counts.shared + counts.expert)}")
+        self.assertNotEqual(counts.shared + counts.expert, counts.total)
+
+    def test_dry_run_lists_each_stacked_tensors_experts(self):
+        d = self.case("qwen3-moe-bf16")
+        lines = "\n".join(bc.dry_run_lines(bc.dry_run(d, self.out_dir() / "x.gguf", bc.Options())))
+        self.assertIn("<- 4 stacked: model.layers.0.mlp.experts.{0..3}.down_proj.weight BF16", lines)
+
+    def test_inspect_maps_every_expert_to_its_stacked_tensor(self):
+        doc = bc.inspect_dir_json(self.case("mixtral-bf16"), bc.Options())
+        rows = [t for t in doc["tensors"] if ".experts." in t["name"]]
+        self.assertEqual(len(rows), 2 * 4 * 3)
+        self.assertTrue(all(r["gguf_name"] and r["gguf_name"].endswith("_exps.weight") for r in rows))
+        self.assertEqual({tuple(r["gguf_shape"]) for r in rows if r["gguf_name"].endswith("down_exps.weight")},
+                         {(64, 32, 4)})
+
+
+class MoeRefusals(Workspace):
+    def plan_without(self, case: str, change) -> None:
+        d = self.case(case)
+        config = bc.read_json_object(d / "config.json")
+        family = bc.family_of(config)
+        p = family.params(config)
+        sources, _ = bc.index_tensors(d)
+        bc.plan_tensors(change(sources), family, p, bc.OUT_TYPES["f16"])
+
+    def test_a_missing_expert_is_refused(self):
+        with self.assertRaises(bc.Refusal) as cm:
+            self.plan_without("qwen3-moe-bf16", lambda s: [t for t in s if t.name != "model.layers.1.mlp.experts.2.up_proj.weight"])
+        self.assertIn("never make a whole layer of experts; llama.cpp stops on them", cm.exception.reason)
+
+    def test_an_expert_past_the_count_is_refused(self):
+        def renumber(sources):
+            return [t._replace(name=t.name.replace("experts.3.", "experts.7.")) for t in sources]
+        with self.assertRaises(bc.Refusal) as cm:
+            self.plan_without("mixtral-bf16", renumber)
+        self.assertIn("is expert 7, but config.json says 4 experts", cm.exception.reason)
+
+    def test_experts_of_mixed_dtypes_are_refused(self):
+        def one_f16(sources):
+            return [t._replace(dtype="F16") if t.name.endswith("experts.1.down_proj.weight") else t for t in sources]
+        with self.assertRaises(bc.Refusal) as cm:
+            self.plan_without("qwen2-moe-bf16", one_f16)
+        self.assertIn("are of dtypes BF16, F16", cm.exception.reason)
+
+    def test_a_gate_up_proj_of_odd_rows_is_refused(self):
+        def odd(sources):
+            return [t._replace(shape=(4, 63, 32)) if t.name.endswith("gate_up_proj") else t for t in sources]
+        with self.assertRaises(bc.Refusal) as cm:
+            self.plan_without("qwen3-moe-fused", odd)
+        self.assertIn("has shape [4, 63, 32], but config.json implies [4, 64, 32]", cm.exception.reason)
+
+    def test_mixtral_experts_already_stacked_are_refused(self):
+        def fused(sources):
+            return [t._replace(name=t.name.replace("block_sparse_moe.experts.0.w1.weight", "block_sparse_moe.experts.w1"))
+                    for t in sources]
+        with self.assertRaises(bc.Refusal) as cm:
+            self.plan_without("mixtral-bf16", fused)
+        self.assertIn("is not one llama.cpp maps for a Mixtral model", cm.exception.reason)
+
+    def test_dense_layers_among_the_experts_are_refused(self):
+        d = self.case("qwen3-moe-bf16")
+        edit_json(d / "config.json", lambda c: c.update(mlp_only_layers=[1]))
+        self.assertRefuses(d, "config.json: mlp_only_layers [1] (dense layers among the experts); llama.cpp cannot "
+                              "map their tensors for this architecture and stops: not converted")
+
+    def test_a_sparse_step_other_than_one_is_refused(self):
+        d = self.case("qwen2-moe-bf16")
+        edit_json(d / "config.json", lambda c: c.update(decoder_sparse_step=2))
+        self.assertRefuses(d, "config.json: decoder_sparse_step 2 (experts only every few layers); llama.cpp cannot "
+                              "map the dense layers' tensors and stops: not converted")
+
+    def test_yarn_on_qwen3_moe_is_refused(self):
+        d = self.case("qwen3-moe-bf16")
+        edit_json(d / "config.json", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                      "original_max_position_embeddings": 32768}))
+        self.assertRefuses(d, "config.json: YaRN rope scaling on a Qwen3-MoE model; llama.cpp writes keys for it that "
+                              "its runtime applies wrongly to this architecture (llama.cpp issue 13322): remove "
+                              "rope_scaling and set the context length when running the model instead")
+
+    def test_a_config_without_the_expert_count_is_refused(self):
+        d = self.case("mixtral-bf16")
+        edit_json(d / "config.json", lambda c: c.pop("num_local_experts"))
+        self.assertRefuses(d, "config.json has no num_local_experts; MixtralConfig's default for it is not "
+                              "reproduced: write the model's value")
+
+    def test_qwen2_moe_without_qkv_bias_is_refused(self):
+        d = self.case("qwen2-moe-bf16")
+        edit_json(d / "config.json", lambda c: c.update(qkv_bias=False))
+        self.assertRefuses(d, "config.json sets qkv_bias: false; not reproduced for Qwen2-MoE")
+
+    def test_the_sllm_export_refuses_experts(self):
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.plan_sllm(self.case("mixtral-bf16"), "f32")
+        self.assertIn("is not LlamaForCausalLM", cm.exception.reason)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,6 +127,12 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#17", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#17", "q8_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#17", "f16", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB), Goal("#17", "q8_0", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB),
         Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
+    # Issue 27: a Qwen3-MoE-shaped directory (3 layers of Qwen3-30B-A3B, 2 shards): every expert stacked
+    # while streaming, in the memory of the dense cases.
+    BenchCase("full-qwen3-moe-3-layers", ("f16", "q8_0"), (
+        Goal("#27", "f16", VS_FLOOR, 1.2), Goal("#27", "q8_0", VS_FLOOR, 2.0),
+        Goal("#27", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#27", "q8_0", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#27", "f16", VS_LLAMA_CPP, None), Goal("#27", "q8_0", VS_LLAMA_CPP, None))),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (

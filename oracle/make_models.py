@@ -347,7 +347,56 @@ _GEMMA3_TEXT_COMMON = {
 _GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_sample": True,
                       "eos_token_id": [1, 106], "pad_token_id": 0, "top_k": 64, "top_p": 0.95,
                       "transformers_version": "4.50.0.dev0"}
+# - Mixture-of-experts configs (issue 27): Qwen3-30B-A3B, Mixtral-8x7B-v0.1 and Qwen1.5-MoE-A2.7B as
+#   public copies of the Hub files quote them (the Qwen1.5-MoE keys as quoted in a GPTQ repack's card,
+#   Mixtral's as in copies of MixtralConfig dumps); each case shrinks the sizes and the experts.
+QWEN3_30B_A3B = "Qwen3-30B-A3B"
+MIXTRAL_8X7B = "Mixtral-8x7B-v0.1"
+QWEN1_5_MOE_A2_7B = "Qwen1.5-MoE-A2.7B"
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    QWEN3_30B_A3B: {
+        "config.json": {
+            "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+            "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+            "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+            "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+            "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+            "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+            "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+            "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
+        "generation_config.json": {
+            "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"},
+    },
+    MIXTRAL_8X7B: {
+        "config.json": {
+            "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+            "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+            "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+            "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+            "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000},
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": 2,
+                                   "transformers_version": "4.36.0.dev0"},
+    },
+    QWEN1_5_MOE_A2_7B: {
+        "config.json": {
+            "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+            "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+            "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+            "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+            "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+            "num_hidden_layers": 24, "num_key_value_heads": 16, "output_router_logits": False,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+            "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True,
+            "use_sliding_window": False, "vocab_size": 151936},
+        "generation_config.json": {"bos_token_id": 151643, "do_sample": False, "eos_token_id": 151643,
+                                   "max_new_tokens": 2048, "transformers_version": "4.37.0"},
+    },
     GEMMA_2_2B_IT: {
         "config.json": {
             "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -462,6 +511,7 @@ class Case:
     # module order with a tied lm_head.weight saved beside the embedding it shares storage with.
     weights: str = "safetensors"
     card: Optional[str] = None                 # key of MODEL_CARDS: README.md with YAML front matter
+    fused_experts: bool = False                # MoE: each layer's experts stacked, as transformers 5 saves them
 
     @property
     def directory_name(self) -> str:
@@ -605,6 +655,40 @@ GEMMA2_CASES: tuple[Case, ...] = (
          description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (text_config, linear rope x8), "
                      "vision tower and projector tensors present, BF16"),
 )
+# Mixtures of experts (issue 27): Qwen3-MoE, Mixtral and Qwen2-MoE at tiny widths (rows of 32 values,
+# Q8_0's block), 4 experts, 2 layers, in 3 shards cut so that a layer's experts span two shards (the
+# stacked tensors then land in the shard of the layer's last expert name); BF16 and F16 sources.
+_MOE_EXPERTS = (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 32))
+QWEN3_MOE_TINY = replace(QWEN3_TINY, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+MIXTRAL_TINY = replace(SPM_DIMS, num_hidden_layers=2, max_position_embeddings=32768)
+MOE_CASES: tuple[Case, ...] = (
+    Case("qwen3-moe-bf16", tokenizer="qwen3", config_from=QWEN3_30B_A3B, dims=QWEN3_MOE_TINY, head_dim=16,
+         tied=False, shards=3, config_updates=_MOE_EXPERTS, dirname="qwen3-30b-a3b-shape",
+         description="Qwen3-30B-A3B config, 4 experts, BF16 in 3 shards, Qwen3 tokenizer"),
+    Case("qwen3-moe-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN3_30B_A3B, dims=QWEN3_MOE_TINY,
+         head_dim=16, tied=False, shards=3, config_updates=_MOE_EXPERTS, dirname="qwen3-30b-a3b-shape-f16",
+         description="Qwen3-30B-A3B config, 4 experts, F16 in 3 shards"),
+    Case("qwen3-moe-fused", tokenizer="qwen3", config_from=QWEN3_30B_A3B, dims=QWEN3_MOE_TINY, head_dim=16,
+         tied=False, shards=2, config_updates=_MOE_EXPERTS, fused_experts=True, dirname="qwen3-30b-a3b-fused",
+         description="Qwen3-30B-A3B config as transformers 5 saves it: experts stacked (gate_up_proj, down_proj)"),
+    Case("mixtral-bf16", tokenizer="mistral-v0.1", config_from=MIXTRAL_8X7B, dims=MIXTRAL_TINY, tied=False,
+         shards=3, config_updates=(("num_local_experts", 4),), dirname="mixtral-8x7b-shape",
+         description="Mixtral-8x7B-v0.1 config, 4 experts, BF16 in 3 shards, Mistral's SentencePiece tokenizer"),
+    Case("mixtral-f16", dtype="F16", tokenizer="mistral-v0.1", config_from=MIXTRAL_8X7B, dims=MIXTRAL_TINY,
+         tied=False, shards=3, config_updates=(("num_local_experts", 4),), dirname="mixtral-8x7b-shape-f16",
+         description="Mixtral-8x7B-v0.1 config, 4 experts, F16 in 3 shards"),
+    Case("qwen2-moe-bf16", tokenizer="qwen3", config_from=QWEN1_5_MOE_A2_7B, dims=QWEN3_MOE_TINY, tied=False,
+         shards=3, config_updates=_MOE_EXPERTS + (("shared_expert_intermediate_size", 64),),
+         dirname="qwen1.5-moe-a2.7b-shape",
+         description="Qwen1.5-MoE-A2.7B config, 4 experts and a shared one, BF16 in 3 shards, Qwen3 tokenizer"),
+    Case("qwen2-moe-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN1_5_MOE_A2_7B, dims=QWEN3_MOE_TINY,
+         tied=False, shards=3, config_updates=_MOE_EXPERTS + (("shared_expert_intermediate_size", 64),),
+         dirname="qwen1.5-moe-a2.7b-shape-f16", description="Qwen1.5-MoE-A2.7B config, F16 in 3 shards"),
+    # No size in the directory's name: general.size_label is then counted from the tensors ("4x...").
+    Case("mixtral-unsized", tokenizer="mistral-v0.1", config_from=MIXTRAL_8X7B, dims=MIXTRAL_TINY, tied=False,
+         config_updates=(("num_local_experts", 4),), dirname="tiny-moe",
+         description="the Mixtral case in one file, in a directory whose name has no size"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -732,6 +816,7 @@ CASES: tuple[Case, ...] = (
          description="two transformers 4 .bin shards, F16, tied lm_head.weight in the last"),
     *GEMMA3_CASES,
     *GEMMA2_CASES,
+    *MOE_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -777,6 +862,11 @@ BENCH_CASES: tuple[Case, ...] = (
          config_updates=(("head_dim", 128), ("hidden_size", 3072), ("num_attention_heads", 24),
                          ("num_hidden_layers", 28)),
          description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
+    # Issue 27's bench: Qwen3-30B-A3B's config (128 experts of width 768 over hidden 2048) cut to 3 of its
+    # 48 layers, random BF16 weights in 2 shards cut mid-layer (~5.0 GB): 3,456 expert matrices stacked.
+    Case("full-qwen3-moe-3-layers", full_size=True, dirname="qwen3-30b-a3b-3-layers", seed="full",
+         tokenizer="qwen3", config_from=QWEN3_30B_A3B, layers=3, shard_max_bytes=2_500_000_000,
+         description="Qwen3-30B-A3B config with 3 layers, Qwen3 tokenizer, random BF16 weights in 2 shards (~5.0 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
@@ -1415,11 +1505,65 @@ def write_bin_case(case: Case, out: Path, entries: Sequence[Entry]) -> None:
 # Directories: one case in, one model directory out.
 # ---------------------------------------------------------------------------------------------
 
+def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
+    """Qwen3MoeForCausalLM's, Qwen2MoeForCausalLM's or MixtralForCausalLM's state_dict in module order:
+    attention, router, experts (each gate, up, down; Mixtral's w1, w2, w3), Qwen2-MoE's shared expert
+    and its gate, the norms.  fused: transformers 5's experts module (gate_up_proj, down_proj stacked)."""
+    model_type = config["model_type"]
+    h, heads, kv = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads
+    hd = config.get("head_dim") or h // heads
+    mixtral = model_type == "mixtral"
+    e = config["num_local_experts" if mixtral else "num_experts"]
+    ff = dims.intermediate_size if mixtral else config["moe_intermediate_size"]
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        bias = model_type == "qwen2_moe"
+        specs += [
+            TensorSpec(p + "self_attn.q_proj.weight", (heads * hd, h)),
+            *([TensorSpec(p + "self_attn.q_proj.bias", (heads * hd,))] if bias else []),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv * hd, h)),
+            *([TensorSpec(p + "self_attn.k_proj.bias", (kv * hd,))] if bias else []),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv * hd, h)),
+            *([TensorSpec(p + "self_attn.v_proj.bias", (kv * hd,))] if bias else []),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd)),
+            *([TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
+              if model_type == "qwen3_moe" else []),
+        ]
+        moe = p + ("block_sparse_moe." if mixtral else "mlp.")
+        specs.append(TensorSpec(moe + "gate.weight", (e, h)))
+        if fused:
+            specs += [TensorSpec(moe + "experts.gate_up_proj", (e, 2 * ff, h)),
+                      TensorSpec(moe + "experts.down_proj", (e, h, ff))]
+        else:
+            names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+            for x in range(e):
+                specs += [TensorSpec(f"{moe}experts.{x}.{names[0]}.weight", (ff, h)),
+                          TensorSpec(f"{moe}experts.{x}.{names[1]}.weight", (ff, h)),
+                          TensorSpec(f"{moe}experts.{x}.{names[2]}.weight", (h, ff))]
+        if model_type == "qwen2_moe":
+            sff = config["shared_expert_intermediate_size"]
+            specs += [TensorSpec(moe + "shared_expert.gate_proj.weight", (sff, h)),
+                      TensorSpec(moe + "shared_expert.up_proj.weight", (sff, h)),
+                      TensorSpec(moe + "shared_expert.down_proj.weight", (h, sff)),
+                      TensorSpec(moe + "shared_expert_gate.weight", (1, h))]
+        specs += [TensorSpec(p + "input_layernorm.weight", (h,)),
+                  TensorSpec(p + "post_attention_layernorm.weight", (h,))]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
+    if not config.get("tie_word_embeddings", True):
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
     tied = config.get("tie_word_embeddings", True)
-    if config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
+    if config.get("model_type") in ("qwen3_moe", "qwen2_moe", "mixtral"):
+        specs = moe_tensor_specs(dims, config, case.fused_experts)
+    elif config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
                                    config["model_type"], config.get("vision_config"))
     else:

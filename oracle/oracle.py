@@ -83,6 +83,9 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
        for t in OTHER_OUTTYPES]
+    # Mixtures of experts (issue 27): every output type from BF16 and F16 experts spanning shards, for
+    # Qwen3-MoE (and its transformers 5 stacked layout), Mixtral and Qwen2-MoE.
+    + [Run(f"{c.name}-{t}", c.name, ("--outtype", t)) for c in make_models.MOE_CASES for t in OTHER_OUTTYPES]
     # LoRA adapters (issue 28): convert_lora_to_gguf.py --base, in each output type it offers but auto
     # (which crashes there); f32 is its default.
     + [Run(f"lora-{a.name}-{t}", a.base, ("--outtype", t), adapter=a.name)
