@@ -81,6 +81,10 @@ RUNS: tuple[Run, ...] = tuple(
     # 1B shape, the 4B wrapper and Gemma 2; the 270m shape and Gemma 2's BF16 source in f16 only.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
+       for t in OTHER_OUTTYPES]
+    # Phi-3 (issue 26): every output type from BF16 and F32 weights, for Phi-3.5-mini (LongRoPE) and Phi-3-mini-4k.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("phi-3.5-mini-shape", "phi-3.5-mini-f32", "phi-3-mini-4k-shape", "phi-3-mini-4k-f32")
        for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
