@@ -879,8 +879,8 @@ class RefusesWhatItWouldNotReproduce(Workspace):
 
     def test_other_architectures_are_refused(self):
         # The message lists the registered architectures and families; which ones is FAMILIES' business.
-        self.config_edit(lambda c: c.update(architectures=["Phi3ForCausalLM"]),
-                         re.compile(r"architecture 'Phi3ForCausalLM' is not LlamaForCausalLM or .+; bankml_convert "
+        self.config_edit(lambda c: c.update(architectures=["GPTNeoXForCausalLM"]),
+                         re.compile(r"architecture 'GPTNeoXForCausalLM' is not LlamaForCausalLM or .+; bankml_convert "
                                     r"reproduces llama.cpp only for .*Llama.* models: use llama.cpp's "
                                     r"convert_hf_to_gguf.py for the rest"))
 
