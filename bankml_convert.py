@@ -8,8 +8,10 @@
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
-(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3 and Gemma 2 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
-anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
+(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3, and
+the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
+convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
+refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
 The file reads top to bottom the way the data flows; each section opens with two lines saying what
 it owns, and the rest of the file reaches it only through its functions.  The map (core: what the
@@ -3036,6 +3038,231 @@ QWEN3MOE = QWEN2MOE._replace(
 )
 
 
+# Phi-3 / Phi-3.5-mini (llama.cpp's Phi3MiniModel, conversion/phi.py:39-211): fused qkv_proj and gate_up_proj
+# written as they are (no split, no permutation), its own keys, LongRoPE's factor tensors, and its own
+# SentencePiece vocabulary (phi3_vocab, under "Tokenizers").
+
+class Phi3Params(NamedTuple):
+    """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them."""
+    block_count: int
+    context_length: int
+    original_context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rms_norm_eps: float
+    rope_dimension_count: int
+    rope_freq_base: float
+    sliding_window: int
+    vocab_size: int
+    head_dim: int
+    long_factors: tuple[float, ...] = ()    # LongRoPE: rope_factors_long.weight (none: no scaling)
+    short_factors: tuple[float, ...] = ()
+    attn_factor: Optional[float] = None     # LongRoPE: rope.scaling.attn_factor
+
+
+# The keys Phi3Config (transformers 5.18, @strict) types exactly: another type makes AutoConfig raise, and
+# llama.cpp then reads config.json raw, without the class's defaults and its rope renaming.
+_PHI3_STRICT_TYPES = {
+    "vocab_size": (int,), "hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
+    "num_attention_heads": (int,), "num_key_value_heads": (int, type(None)), "max_position_embeddings": (int,),
+    "original_max_position_embeddings": (int,), "rms_norm_eps": (float, int), "sliding_window": (int, type(None)),
+    "partial_rotary_factor": (float, int),
+}
+_PHI3_ROPE_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor", "long_factor",
+                             "short_factor", "original_max_position_embeddings"})
+_PHI3_WAY_OUT = "write the rope_scaling the model card's config.json has"
+
+
+def _phi3_rope(config: dict) -> dict:
+    """Phi3Config's rope_parameters: rope_scaling when set (it wins over rope_parameters), rope_type from
+    "type", and "su" renamed "longrope" as transformers 5.18 does; a Refusal for what it rejects."""
+    given = [(k, config[k]) for k in ("rope_scaling", "rope_parameters") if config.get(k)]
+    if len(given) > 1 and given[0][1] != given[1][1]:
+        raise Refusal("config.json sets both rope_scaling and rope_parameters; keep one of them")
+    key, rope = given[0] if given else ("rope_scaling", {})
+    if not isinstance(rope, dict):
+        raise Refusal(f"config.json: {key} must be an object or null")
+    extra = sorted(set(rope) - _PHI3_ROPE_KEYS)
+    if extra:
+        raise Refusal(f"config.json: {key} has {', '.join(extra)}: keys beyond Phi-3's LongRoPE are not "
+                      f"measured against llama.cpp; {_PHI3_WAY_OUT}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "yarn":
+        # Phi3Config renames yarn to longrope too, so llama.cpp writes LongRoPE's attention factor for it.
+        raise Refusal(f"config.json: {key} type 'yarn' under Phi-3: transformers 5.18 renames it 'longrope' and "
+                      f"llama.cpp then writes LongRoPE's attention factor, not YaRN's, so the GGUF would run "
+                      f"otherwise than the model was trained; {_PHI3_WAY_OUT}")
+    kind = "longrope" if kind == "su" else kind
+    if kind not in ("default", "longrope"):
+        raise Refusal(f"config.json: {key} type {kind!r}: transformers' Phi3Config accepts only 'longrope' (or "
+                      f"'su'), and llama.cpp then reads config.json raw; {_PHI3_WAY_OUT}")
+    return dict(rope, rope_type=kind)
+
+
+def _phi3_factors(rope: dict, name: str, length: int) -> tuple[float, ...]:
+    values = rope.get(name)
+    if not (isinstance(values, list) and len(values) == length
+            and all(type(v) in (int, float) and abs(v) < 3.4e38 for v in values)):
+        raise Refusal(f"config.json: rope_scaling {name} must be a list of {length} numbers (half the rotary "
+                      f"dimensions): transformers' Phi3Config rejects it otherwise and llama.cpp's converter "
+                      f"stops on it; {_PHI3_WAY_OUT}")
+    return tuple(float(v) for v in values)
+
+
+def phi3_params(config: dict) -> Phi3Params:
+    """The Phi-3 hyperparameters of config.json, with Phi3Config's defaults, or a Refusal for what
+    transformers or llama.cpp's Phi3MiniModel would treat otherwise (phi.py:148-211)."""
+    for key, types in _PHI3_STRICT_TYPES.items():
+        if key in config and type(config[key]) not in types:
+            raise Refusal(f"config.json: {key} is {config[key]!r}; transformers' Phi3Config rejects it, and "
+                          f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
+                          f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
+    rope = _phi3_rope(config)
+    hidden = config_integer(config, "hidden_size", 3072)
+    heads = config_integer(config, "num_attention_heads", 32)
+    if hidden % heads:
+        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                      f"not reproduced")
+    kv_heads = config_integer(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if rope.get("rope_theta", 0) is None or "rope_theta" in config and config["rope_theta"] is None:
+        raise Refusal("config.json: rope_theta is null; llama.cpp's Phi-3 converter stops on it: write the "
+                      "model's rope_theta")
+    theta = config_number(rope, "rope_theta", config_number(config, "rope_theta", 10000.0))
+    rotary = config_number(rope, "partial_rotary_factor", config_number(config, "partial_rotary_factor", 1.0))
+    context = config_integer(config, "max_position_embeddings", 4096)
+    original = config_integer(config, "original_max_position_embeddings", 4096)
+    if rope.get("original_max_position_embeddings", original) != original:
+        raise Refusal("config.json: rope_scaling's original_max_position_embeddings differs from the top-level "
+                      "one; which one transformers keeps is not measured against llama.cpp: keep one")
+    # llama.cpp's rotary width (phi.py:156) and transformers' (Phi3Config.validate_rope) round differently.
+    rope_dims = int(rotary * hidden) // heads
+    if not 0 < rotary <= 1 or rope_dims != int(hidden // heads * rotary) or rope_dims % 2:
+        raise Refusal(f"config.json: partial_rotary_factor {rotary} gives no even rotary width that "
+                      f"transformers and llama.cpp agree on; not reproduced")
+    long_factors = short_factors = ()
+    attn_factor = None
+    if rope["rope_type"] == "longrope" or rope.get("long_factor") or rope.get("short_factor"):
+        if rope["rope_type"] != "longrope":
+            raise Refusal(f"config.json: rope factors without rope type 'longrope': llama.cpp's converter stops "
+                          f"on them (NotImplementedError); {_PHI3_WAY_OUT}")
+        long_factors = _phi3_factors(rope, "long_factor", rope_dims // 2)
+        short_factors = _phi3_factors(rope, "short_factor", rope_dims // 2)
+        scale = context / original
+        if scale > 1.0 and original == 1:
+            raise Refusal("config.json: original_max_position_embeddings 1 with LongRoPE: llama.cpp's converter "
+                          "divides by log(1) and stops; write the model's original context length")
+        # phi.py:196, in double; gguf-py stores it as float32.
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    sliding_window = config.get("sliding_window")
+    return Phi3Params(
+        block_count=config_integer(config, "num_hidden_layers", 32),
+        context_length=context,
+        original_context_length=original,
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", 8192),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
+        rope_dimension_count=rope_dims,
+        rope_freq_base=theta,
+        # phi.py:169-173: a null window is written 0 (what tells Phi-4 from the other Phi-3 models).
+        sliding_window=0 if sliding_window is None else config_integer(config, "sliding_window", minimum=0),
+        vocab_size=config_integer(config, "vocab_size", 32064),
+        head_dim=hidden // heads,
+        long_factors=long_factors,
+        short_factors=short_factors,
+        attn_factor=attn_factor,
+    )
+
+
+def phi3_hparam_kvs(p: Phi3Params, file_type: int) -> list[KV]:
+    """Phi3MiniModel.set_gguf_parameters (no TextModel keys), in its order."""
+    a = "phi3"
+    return [
+        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.rope.scaling.original_context_length", GGUF_UINT32, p.original_context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.rope_dimension_count),
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV("general.file_type", GGUF_UINT32, file_type),
+        KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
+    ]
+
+
+def phi3_early_kvs(p: Phi3Params) -> list[KV]:
+    """The attention factor generate_extra_tensors writes (phi.py:202), so before general.type."""
+    if p.attn_factor is None:
+        return []
+    return [KV("phi3.rope.scaling.attn_factor", GGUF_FLOAT32, p.attn_factor)]
+
+
+def phi3_generated_tensors(p: Phi3Params) -> list[GeneratedTensor]:
+    """LongRoPE's factors as float32 tensors, long then short (phi.py:210-211), else nothing."""
+    if p.attn_factor is None:
+        return []
+    return [GeneratedTensor(name, struct.pack(f"<{len(f)}f", *f), (len(f),))
+            for name, f in (("rope_factors_long.weight", p.long_factors),
+                            ("rope_factors_short.weight", p.short_factors))]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.PHI3: the fused projections keep one name each.
+_PHI3_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def phi3_shape(gguf_name: str, p: Phi3Params) -> tuple[int, ...]:
+    """The HF shape (rows first) of a Phi-3 tensor: Q, K and V rows stacked in attn_qkv, gate and up
+    rows in ffn_up."""
+    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
+    return {
+        "token_embd": (p.vocab_size, p.embedding_length),
+        "output": (p.vocab_size, p.embedding_length),
+        "output_norm": (p.embedding_length,),
+        "attn_norm": (p.embedding_length,),
+        "ffn_norm": (p.embedding_length,),
+        "attn_qkv": (q_rows + 2 * kv_rows, p.embedding_length),
+        "attn_output": (p.embedding_length, q_rows),
+        "ffn_up": (2 * p.feed_forward_length, p.embedding_length),
+        "ffn_down": (p.embedding_length, p.feed_forward_length),
+    }[gguf_name.split(".")[-2]]
+
+
+PHI3 = Family(
+    name="Phi-3",
+    architectures=("Phi3ForCausalLM",),
+    model_types=("phi3",),
+    gguf_arch="phi3",
+    params=phi3_params,
+    hparam_kvs=phi3_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # the path's keys as they are: Phi3MiniModel.set_vocab writes no others
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_PHI3_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings (Phi-4-mini): no lm_head
+    shape=phi3_shape,
+    generated_tensors=phi3_generated_tensors,
+    early_kvs=phi3_early_kvs,
+    # Phi3MiniModel reads both itself (phi.py:154-155).
+    accepted_config_keys=frozenset({"original_max_position_embeddings", "partial_rotary_factor"}),
+    # phi.py:44-59: GPT2Tokenizer (Phi-4-mini) takes the gpt2 path, anything else its own SentencePiece one.
+    vocab_paths=("phi3_sentencepiece", "gpt2"),
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -3047,7 +3274,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE, PHI3):
     register(_family)
 
 
@@ -6146,33 +6373,51 @@ def _normalizer_adds_keys(node: object) -> bool:
     return False
 
 
-def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
-    """The vocabulary llama.cpp's SentencePiece path writes for ``model_dir`` (tokenizer.model present)."""
-    d = Path(model_dir)
+def spm_side_files(d: Path) -> tuple[dict, Optional[dict]]:
+    """tokenizer_config.json ({} when absent) and tokenizer.json (None when absent) beside a
+    tokenizer.model, or a Refusal when either is not a JSON object."""
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
-    # This path reads tokenizer.json's added tokens, normalizer and post-processor, never its model:
-    # read lean, its merges are never parsed, which keeps them out of the peak RSS.
+    # The SentencePiece paths read tokenizer.json's added tokens, normalizer and post-processor, never its
+    # model: read lean, its merges are never parsed, which keeps them out of the peak RSS.
     tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
-    if (d / "tekken.json").is_file() and tokenizer_json is None:
-        raise Refusal("tekken.json without tokenizer.json: llama.cpp takes its Mistral tokenizer path; not supported")
-    if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
-        raise Refusal("HybridDNATokenizer: llama.cpp writes tokenizer.ggml.model 'hybriddna'")
-    if "vocab_size_per_layer_input" in config:
-        raise Refusal("config.json vocab_size_per_layer_input: llama.cpp sizes the vocabulary by it; not reproduced")
+    return tokenizer_config, tokenizer_json
+
+
+def refuse_spm_side_files(tokenizer_json: Optional[dict], tokenizer_config: dict) -> None:
+    """Refuse the side files' parts a SentencePiece path and SpecialVocab would fail on or write keys for."""
     refuse_malformed(tokenizer_json or {}, tokenizer_config)
     if "added_tokens_decoder" in tokenizer_config and not isinstance(tokenizer_config["added_tokens_decoder"], dict):
         raise Refusal("tokenizer_config.json added_tokens_decoder is not an object; llama.cpp's converter fails on it")
     if tokenizer_json and tokenizer_json.get("normalizer") and _normalizer_adds_keys(tokenizer_json["normalizer"]):
         raise Refusal("tokenizer.json normalizer lowercases or strips accents: llama.cpp writes normalizer "
                       "keys for it; not reproduced")
-    add_prefix_space = tokenizer_config.get("add_prefix_space")
-    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
-        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+
+
+def legacy_added_tokens(d: Path) -> Optional[dict]:
+    """added_tokens.json (token -> id), None when absent, or a Refusal when it is not an object."""
     legacy_added = optional_json(d / "added_tokens.json")
     if legacy_added is not None and not isinstance(legacy_added, dict):
         raise Refusal("added_tokens.json is not a JSON object of token -> id; llama.cpp's converter fails on it")
+    return legacy_added
+
+
+def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary llama.cpp's SentencePiece path writes for ``model_dir`` (tokenizer.model present)."""
+    d = Path(model_dir)
+    tokenizer_config, tokenizer_json = spm_side_files(d)
+    if (d / "tekken.json").is_file() and tokenizer_json is None:
+        raise Refusal("tekken.json without tokenizer.json: llama.cpp takes its Mistral tokenizer path; not supported")
+    if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
+        raise Refusal("HybridDNATokenizer: llama.cpp writes tokenizer.ggml.model 'hybriddna'")
+    if "vocab_size_per_layer_input" in config:
+        raise Refusal("config.json vocab_size_per_layer_input: llama.cpp sizes the vocabulary by it; not reproduced")
+    refuse_spm_side_files(tokenizer_json, tokenizer_config)
+    add_prefix_space = tokenizer_config.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+    legacy_added = legacy_added_tokens(d)
 
     pieces = read_tokenizer_model(d / "tokenizer.model")
     tokens, scores, toktypes = spm_tokens(pieces, vocab_size, legacy_added, tokenizer_config)
@@ -6306,6 +6551,56 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
                              chat_template(d, tokenizer_config), add_prefix_space)
 
 
+# Phi-3's own SentencePiece path (Phi3MiniModel.set_vocab, conversion/phi.py:44-146): vocab_size slots
+# as on the SentencePiece path, but every piece of tokenizer.model copied (no cut at vocab_size), and the
+# added tokens of tokenizer_config.json's added_tokens_decoder, then of tokenizer.json's added_tokens,
+# laid over them: score -1000, CONTROL where marked special and USER_DEFINED otherwise -- no looks-special
+# test, no \u2581 rewrite, no range check.
+
+def _phi3_takes_sentencepiece(model_dir: Path) -> bool:
+    # phi.py:46-52: only a tokenizer_config.json naming GPT2Tokenizer (Phi-4-mini) sends it to gpt2.
+    tokenizer_config = optional_json(model_dir / "tokenizer_config.json")
+    return not (isinstance(tokenizer_config, dict) and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer")
+
+
+def phi3_overlay(tokens: SpmTokens, added: Iterable[tuple[int, str, bool]], where: str) -> None:
+    """Phi3MiniModel's added-token overlay (phi.py:110-137), in place: (id, content, special) each."""
+    for tid, content, special in added:
+        if not 0 <= tid < len(tokens.tokens):
+            raise Refusal(f"{where} gives {content!r} the id {tid}, outside vocab_size {len(tokens.tokens)}: "
+                          f"llama.cpp's Phi-3 converter stops on it (IndexError); set vocab_size to cover it "
+                          f"or drop the token")
+        tokens.tokens[tid], tokens.scores[tid] = content, -1000.0
+        tokens.toktypes[tid] = CONTROL if special else USER_DEFINED
+
+
+def phi3_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary Phi3MiniModel.set_vocab writes on its SentencePiece path, or a Refusal."""
+    d = Path(model_dir)
+    tokenizer_config, tokenizer_json = spm_side_files(d)
+    if (d / "tokenizer_config.json").is_file() and "tokenizer_class" not in tokenizer_config:
+        raise Refusal("tokenizer_config.json names no tokenizer_class: llama.cpp's Phi-3 converter stops on it "
+                      "(KeyError); add the base model's (\"tokenizer_class\": \"LlamaTokenizer\" for Phi-3)")
+    if not (d / "tokenizer.model").is_file():
+        raise Refusal(f"no tokenizer.model in {d}: llama.cpp's Phi-3 converter reads its vocabulary only from it "
+                      f"and stops (ValueError); copy it from the base model")
+    refuse_spm_side_files(tokenizer_json, tokenizer_config)
+    legacy_added = legacy_added_tokens(d)
+    pieces = read_tokenizer_model(d / "tokenizer.model")
+    if len(pieces) > vocab_size:
+        raise Refusal(f"tokenizer.model has {len(pieces)} pieces but vocab_size is {vocab_size}: llama.cpp's "
+                      f"Phi-3 converter copies every piece and stops (IndexError); set vocab_size to cover them")
+    tokens = spm_tokens(pieces, vocab_size, legacy_added, {})
+    decoder = tokenizer_config.get("added_tokens_decoder") or {}
+    phi3_overlay(tokens, ((int(k), t["content"], bool(t.get("special"))) for k, t in decoder.items()),
+                 "tokenizer_config.json added_tokens_decoder")
+    phi3_overlay(tokens, ((t["id"], t["content"], bool(t.get("special")))
+                          for t in (tokenizer_json or {}).get("added_tokens") or ()), "tokenizer.json added_tokens")
+    ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, vocab_size)
+    return llama_model_vocab(tokens.tokens, tokens.scores, tokens.toktypes, ids, flags,
+                             chat_template(d, tokenizer_config), None)
+
+
 # The tokenizer kinds: llama.cpp's vocabulary paths, as data.
 
 class TokenizerKind(NamedTuple):
@@ -6358,9 +6653,19 @@ BPE = TokenizerKind(
     kvs=bpe_kvs,
 )
 
+PHI3_SPM = TokenizerKind(
+    model="llama",
+    files=("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "added_tokens.json",
+           "special_tokens_map.json", "chat_template.jinja", "chat_template.json"),
+    taken=_phi3_takes_sentencepiece,
+    vocab=phi3_vocab,
+    kvs=spm_kvs,
+)
+
 # Each path under the name of llama.cpp's method (_set_vocab_<name>); a Family's vocab_paths lists the
 # ones its set_vocab tries, in its order.
-TOKENIZER_KINDS: dict[str, TokenizerKind] = {"sentencepiece": SPM, "llama_hf": LLAMA_HF, "gpt2": BPE}
+TOKENIZER_KINDS: dict[str, TokenizerKind] = {"sentencepiece": SPM, "llama_hf": LLAMA_HF, "gpt2": BPE,
+                                              "phi3_sentencepiece": PHI3_SPM}
 
 
 def tokenizer_kind(model_dir: Path, family: Family) -> TokenizerKind:

@@ -228,6 +228,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "llama-3.2-1b-instruct",                                        # Llama 3: rope_freqs.weight
     "qwen2.5-0.5b-bf16", "qwen3-0.6b-bf16",                         # Qwen2 biases, Qwen3 q/k norms
     "mixtral-bf16",                                                 # stacked experts, F32 routers
+    "phi-3.5-mini-shape",                                           # Phi-3: LongRoPE factors, own vocabulary
 })
 
 
@@ -899,8 +900,8 @@ class RefusesWhatItWouldNotReproduce(Workspace):
 
     def test_other_architectures_are_refused(self):
         # The message lists the registered architectures and families; which ones is FAMILIES' business.
-        self.config_edit(lambda c: c.update(architectures=["Phi3ForCausalLM"]),
-                         re.compile(r"architecture 'Phi3ForCausalLM' is not LlamaForCausalLM or .+; bankml_convert "
+        self.config_edit(lambda c: c.update(architectures=["GPTNeoXForCausalLM"]),
+                         re.compile(r"architecture 'GPTNeoXForCausalLM' is not LlamaForCausalLM or .+; bankml_convert "
                                     r"reproduces llama.cpp only for .*Llama.* models: use llama.cpp's "
                                     r"convert_hf_to_gguf.py for the rest"))
 
@@ -3998,6 +3999,179 @@ class MoeRefusals(Workspace):
         with self.assertRaises(bc.Refusal) as cm:
             bc.plan_sllm(self.case("mixtral-bf16"), "f32")
         self.assertIn("is not LlamaForCausalLM", cm.exception.reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phi-3 / Phi-3.5-mini (issue 26), through the Family seam.  Their bytes are pinned by the golden runs
+# phi-3.5-mini-* (LongRoPE) and phi-3-mini-4k-* (OutputIsLlamaCppsBytes).  Phi-3's tokenizer.model is
+# Llama 2's pieces and scores, so the cases take TinyLlama's Apache-2.0 file with Phi-3.5-mini's
+# tokenizer_config.json and added tokens (make_models.PHI_35_MINI_INSTRUCT).
+# ---------------------------------------------------------------------------------------------
+
+class Phi3KeysAndTensors(Workspace):
+    def plan(self, case: str, **options) -> bc.Plan:
+        return bc.plan_conversion(self.case(case), bc.Options(**options))
+
+    def test_phi3_keys_are_its_own_in_its_order(self):
+        keys = [k.key for k in self.plan("phi-3-mini-4k-shape").kvs if k.key.startswith("phi3.")]
+        self.assertEqual(keys, [f"phi3.{k}" for k in (
+            "context_length", "rope.scaling.original_context_length", "embedding_length", "feed_forward_length",
+            "block_count", "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+            "rope.dimension_count", "rope.freq_base", "attention.sliding_window")])
+
+    def test_longrope_attention_factor_comes_right_after_the_architecture(self):
+        kvs = self.plan("phi-3.5-mini-shape").kvs
+        self.assertEqual([k.key for k in kvs[:3]],
+                         ["general.architecture", "phi3.rope.scaling.attn_factor", "general.type"])
+        self.assertEqual(kvs[1].value, math.sqrt(1 + math.log(131072 / 4096) / math.log(4096)))
+
+    def test_longrope_factors_are_the_first_tensors_and_stay_float32(self):
+        tensors = self.plan("phi-3.5-mini-shape", outtype="q8_0").tensors
+        self.assertEqual([(t.name, t.ggml_type, t.source.shape) for t in tensors[:2]],
+                         [("rope_factors_long.weight", 0, (48,)), ("rope_factors_short.weight", 0, (48,))])
+        long_factors = struct.unpack("<48f", tensors[0].source.data)
+        self.assertEqual(long_factors[:2], (1.0800000429153442, 1.1100000143051147))
+
+    def test_without_rope_scaling_there_are_no_factors(self):
+        plan = self.plan("phi-3-mini-4k-shape")
+        self.assertNotIn("phi3.rope.scaling.attn_factor", [k.key for k in plan.kvs])
+        self.assertEqual([t.name for t in plan.tensors if t.name.startswith("rope")], [])
+
+    def test_fused_projections_are_written_whole_and_unpermuted(self):
+        tensors = {t.name: t for t in self.plan("phi-3-mini-4k-shape").tensors}
+        self.assertEqual(tensors["blk.0.attn_qkv.weight"].source.shape, (96, 32))
+        self.assertEqual(tensors["blk.0.ffn_up.weight"].source.shape, (128, 32))
+        self.assertNotIn("blk.0.ffn_gate.weight", tensors)
+        self.assertEqual({t.permute_heads for t in tensors.values()}, {0})
+
+    def test_a_null_sliding_window_is_written_zero(self):
+        d = self.case("phi-3-mini-4k-shape")
+        edit_json(d / "config.json", lambda c: c.update(sliding_window=None))
+        kvs = {k.key: k.value for k in bc.plan_conversion(d, bc.Options()).kvs}
+        self.assertEqual(kvs["phi3.attention.sliding_window"], 0)
+
+    def test_su_scaling_is_longrope(self):
+        d = self.case("phi-3.5-mini-shape")
+        edit_json(d / "config.json", lambda c: c["rope_scaling"].update(type="su"))
+        self.assertEqual(bc.plan_conversion(d, bc.Options()).kvs, self.plan("phi-3.5-mini-shape").kvs)
+
+
+class Phi3Vocabulary(Workspace):
+    def vocab(self, d: Path) -> bc.Vocab:
+        return bc.phi3_vocab(d, json.loads((d / "config.json").read_text()), 32064)
+
+    def test_added_tokens_are_typed_by_special_alone(self):
+        v = self.vocab(self.case("phi-3-mini-4k-shape"))
+        # </s> is special: false in Phi-3's files: USER_DEFINED; <|end|> CONTROL; past the added ones, padding.
+        self.assertEqual([(v.tokens[i], v.toktypes[i], v.scores[i]) for i in (2, 32007, 32011)],
+                         [("</s>", bc.USER_DEFINED, -1000.0), ("<|end|>", bc.CONTROL, -1000.0),
+                          ("[PAD32011]", bc.UNUSED, -10000.0)])
+
+    def test_an_added_token_keeps_its_spaces_and_no_looks_special_test_applies(self):
+        d = self.case("phi-3-mini-4k-shape")
+        for name in ("tokenizer_config.json", "tokenizer.json"):
+            edit_json(d / name, lambda doc: [t.update(content="\u2581x <|y|>", special=False) for t in (
+                doc["added_tokens_decoder"].values() if "added_tokens_decoder" in doc else doc["added_tokens"])
+                if t["content"] == "<|placeholder5|>"])
+        v = self.vocab(d)
+        self.assertEqual((v.tokens[32008], v.toktypes[32008]), ("\u2581x <|y|>", bc.USER_DEFINED))
+
+    def test_tokenizer_json_added_tokens_are_laid_over_the_config_ones(self):
+        d = self.case("phi-3-mini-4k-shape")
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 32011, "content": "<|tool|>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}))
+        v = self.vocab(d)
+        self.assertEqual((v.tokens[32011], v.toktypes[32011], v.scores[32011]), ("<|tool|>", bc.CONTROL, -1000.0))
+
+    def test_the_chat_template_and_special_ids_are_special_vocabs(self):
+        v = self.vocab(self.case("phi-3.5-mini-shape"))
+        self.assertEqual(v.chat_template, make_models.WRITTEN_FIXTURES[make_models.PHI_35_MINI_INSTRUCT][
+            "tokenizer_config.json"]["chat_template"])
+        self.assertEqual(dict(v.special_ids), {"bos": 1, "eos": 32000, "unk": 0, "pad": 32000})
+
+
+class Phi3Refusals(Workspace):
+    def test_no_tokenizer_class_is_refused(self):
+        d = self.case("phi-3-mini-4k-shape")
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("tokenizer_class"))
+        self.assertRefuses(d, "tokenizer_config.json names no tokenizer_class: llama.cpp's Phi-3 converter stops on "
+                              "it (KeyError); add the base model's (\"tokenizer_class\": \"LlamaTokenizer\" for Phi-3)")
+
+    def test_no_tokenizer_model_is_refused(self):
+        d = self.case("phi-3-mini-4k-shape")
+        (d / "tokenizer.model").unlink()
+        self.assertRefuses(d, f"no tokenizer.model in {d}: llama.cpp's Phi-3 converter reads its vocabulary only "
+                              f"from it and stops (ValueError); copy it from the base model")
+
+    def test_an_added_token_past_vocab_size_is_refused(self):
+        d = self.case("phi-3-mini-4k-shape")
+        edit_json(d / "tokenizer_config.json", lambda c: c["added_tokens_decoder"].update(
+            {"32064": {"content": "<|extra|>", "special": True}}))
+        self.assertRefuses(d, "tokenizer_config.json added_tokens_decoder gives '<|extra|>' the id 32064, outside "
+                              "vocab_size 32064: llama.cpp's Phi-3 converter stops on it (IndexError); set "
+                              "vocab_size to cover it or drop the token")
+
+    def test_more_pieces_than_vocab_size_is_refused(self):
+        d = self.case("phi-3-mini-4k-shape")
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.phi3_vocab(d, {}, 31999)
+        self.assertEqual(cm.exception.reason, "tokenizer.model has 32000 pieces but vocab_size is 31999: llama.cpp's "
+                                              "Phi-3 converter copies every piece and stops (IndexError); set "
+                                              "vocab_size to cover them")
+
+    def test_yarn_scaling_is_refused(self):
+        d = self.case("phi-3.5-mini-shape")
+        edit_json(d / "config.json", lambda c: c["rope_scaling"].update(type="yarn"))
+        self.assertRefuses(d, "config.json: rope_scaling type 'yarn' under Phi-3: transformers 5.18 renames it "
+                              "'longrope' and llama.cpp then writes LongRoPE's attention factor, not YaRN's, so the "
+                              "GGUF would run otherwise than the model was trained; write the rope_scaling the "
+                              "model card's config.json has")
+
+    def test_another_rope_type_is_refused(self):
+        d = self.case("phi-3.5-mini-shape")
+        edit_json(d / "config.json", lambda c: c["rope_scaling"].update(type="dynamic"))
+        self.assertRefuses(d, "config.json: rope_scaling type 'dynamic': transformers' Phi3Config accepts only "
+                              "'longrope' (or 'su'), and llama.cpp then reads config.json raw; write the rope_scaling "
+                              "the model card's config.json has")
+
+    def test_factors_of_the_wrong_length_are_refused(self):
+        d = self.case("phi-3.5-mini-shape")
+        edit_json(d / "config.json", lambda c: c["rope_scaling"]["short_factor"].pop())
+        self.assertRefuses(d, "config.json: rope_scaling short_factor must be a list of 48 numbers (half the rotary "
+                              "dimensions): transformers' Phi3Config rejects it otherwise and llama.cpp's converter "
+                              "stops on it; write the rope_scaling the model card's config.json has")
+
+    def test_factors_without_longrope_are_refused(self):
+        d = self.case("phi-3.5-mini-shape")
+        edit_json(d / "config.json", lambda c: c["rope_scaling"].update(type="default"))
+        self.assertRefuses(d, "config.json: rope factors without rope type 'longrope': llama.cpp's converter stops "
+                              "on them (NotImplementedError); write the rope_scaling the model card's config.json has")
+
+    def test_a_second_original_context_length_is_refused(self):
+        d = self.case("phi-3.5-mini-shape")
+        edit_json(d / "config.json", lambda c: c["rope_scaling"].update(original_max_position_embeddings=8192))
+        self.assertRefuses(d, "config.json: rope_scaling's original_max_position_embeddings differs from the "
+                              "top-level one; which one transformers keeps is not measured against llama.cpp: "
+                              "keep one")
+
+    def test_a_value_phi3config_rejects_is_refused(self):
+        d = self.case("phi-3-mini-4k-shape")
+        edit_json(d / "config.json", lambda c: c.update(sliding_window=2047.0))
+        self.assertRefuses(d, "config.json: sliding_window is 2047.0; transformers' Phi3Config rejects it, and "
+                              "llama.cpp then reads config.json without the config's defaults, which bankml_convert "
+                              "does not reproduce: write a int or NoneType")
+
+    def test_phi4_mini_gpt2_tokenizer_is_refused_until_its_build_is_confirmed(self):
+        # Phi-4-mini's tokenizer_class GPT2Tokenizer sends Phi3MiniModel to its gpt2 path (phi.py:51-52);
+        # SmolLM2's files stand in for its o200k tokenizer (not shippable).
+        d = self.case("phi-3-mini-4k-shape")
+        (d / "tokenizer.model").unlink()
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(ORACLE / "fixtures" / "SmolLM2-135M-Instruct" / name, d / name)
+        self.assertIs(bc.tokenizer_kind(d, bc.PHI3), bc.BPE)
+        self.assertRefuses(d, re.compile(r"tokenizer_class 'GPT2Tokenizer' with config\.json model_type 'phi3': "
+                                         r"how transformers builds this tokenizer .* was not confirmed; .*"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -131,6 +131,10 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
     (mm.Case("fuzz-no-generation-config", sampling="none", dims=TINY), 4),
     (mm.Case("fuzz-resaved", tokenizer="smollm2-135m-instruct-resaved-transformers-5", dims=TINY), 7),
     (mm.Case("fuzz-base", tokenizer="smollm2-135m", config_from="SmolLM2-135M", dims=TINY), 6),
+    # Phi-3's own SentencePiece path and keys (Phi-3-mini-4k's config, its 32,064-row vocabulary).
+    (mm.Case("fuzz-phi3", tokenizer="phi-3.5-mini-instruct", config_from=mm.PHI_3_MINI_4K_INSTRUCT, tied=False,
+             dims=mm.Dims(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, vocab_size=32064, max_position_embeddings=4096)), 5),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
 

@@ -57,6 +57,8 @@ class TokenizerFixture:
     added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
     resaved: bool = False   # then rewritten as transformers 5.18's save_pretrained writes it (resave_tokenizer)
     unmarked_special: Optional[str] = None     # an added token then marked special: false in both files
+    # a WRITTEN_FIXTURES folder: tokenizer.json's added_tokens then rewritten from its tokenizer_config.json
+    json_added_tokens_from: Optional[str] = None
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -64,6 +66,8 @@ TINYLLAMA = "TinyLlama-1.1B-Chat-v1.0"
 TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
 TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
+PHI_35_MINI_INSTRUCT = "Phi-3.5-mini-instruct"     # written below (WRITTEN_FIXTURES)
+PHI_3_MINI_4K_INSTRUCT = "Phi-3-mini-4k-instruct"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -178,6 +182,14 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (TINYLLAMA_RESAVED_5, "tokenizer_config.json"),
             (TINYLLAMA_RESAVED, "chat_template.jinja"),      # the same bytes as the 4.56 re-save's
         )),
+        # Phi-3 / Phi-3.5-mini: Llama 2's tokenizer.model (TinyLlama's: the same pieces and scores as
+        # llama.cpp's models/ggml-vocab-phi-3.gguf for ids 3..31,999), Phi-3.5-mini-instruct's
+        # tokenizer_config.json (written below), and TinyLlama's tokenizer.json with Phi-3's added tokens.
+        TokenizerFixture("phi-3.5-mini-instruct", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            (PHI_35_MINI_INSTRUCT, "tokenizer_config.json"),
+        ), json_added_tokens_from=PHI_35_MINI_INSTRUCT),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
         TokenizerFixture("mistral-v0.3", (
@@ -190,7 +202,12 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
 
 def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
     for folder, file_name in fixture.files:
-        shutil.copyfile(fixture_path(folder, file_name), out_dir / file_name)
+        if folder in WRITTEN_FIXTURES:
+            (out_dir / file_name).write_bytes(fixture_bytes(folder, file_name))
+        else:
+            shutil.copyfile(fixture_path(folder, file_name), out_dir / file_name)
+    if fixture.json_added_tokens_from is not None:
+        rewrite_json_added_tokens(out_dir, WRITTEN_FIXTURES[fixture.json_added_tokens_from]["tokenizer_config.json"])
     if fixture.added_special_token is not None:
         add_special_token(out_dir, fixture.added_special_token)
     if fixture.resaved:
@@ -224,6 +241,17 @@ def resave_tokenizer(d: Path) -> None:
         + "\n", encoding="utf-8")
     for name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
         (d / name).unlink(missing_ok=True)
+
+
+def rewrite_json_added_tokens(d: Path, tokenizer_config: dict) -> None:
+    """tokenizer.json's added_tokens made those of tokenizer_config's added_tokens_decoder, in id order and
+    with the fields tokenizers writes (rewritten as JSON, indent 2)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["added_tokens"] = [
+        {"id": int(i), "content": t["content"], "single_word": t["single_word"], "lstrip": t["lstrip"],
+         "rstrip": t["rstrip"], "normalized": t["normalized"], "special": t["special"]}
+        for i, t in sorted(tokenizer_config["added_tokens_decoder"].items(), key=lambda item: int(item[0]))]
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def unmark_special(d: Path, content: str) -> None:
@@ -347,6 +375,66 @@ _GEMMA3_TEXT_COMMON = {
 _GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_sample": True,
                       "eos_token_id": [1, 106], "pad_token_id": 0, "top_k": 64, "top_p": 0.95,
                       "transformers_version": "4.50.0.dev0"}
+# - Phi-3.5-mini-instruct config.json: every key and value as public copies of the Hub file quote it
+#   (LongRoPE's 48 long and 48 short factors, sliding_window 262144, transformers 4.46.3), without the
+#   _name_or_path and the repo prefix of auto_map that a from_pretrained re-save adds; tokenizer_config.json
+#   as quoted whole in public code, its chat template the sdist's models/templates/
+#   microsoft-Phi-3.5-mini-instruct.jinja; generation_config's ids as Phi-3's (eos 32007, 32001, 32000).
+# - Phi-3-mini-4k-instruct config.json: every key and value as quoted in public code (no rope scaling,
+#   sliding_window 2047, transformers 4.40.2); it takes the Phi-3.5 tokenizer files (the same tokenizer).
+_PHI3_LONG_FACTOR = [
+    1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601, 1.5899999141693115,
+    1.600000023841858, 1.6200000047683716, 2.620000123977661, 3.2300000190734863, 3.2300000190734863,
+    4.789999961853027, 7.400000095367432, 7.700000286102295, 9.09000015258789, 12.199999809265137,
+    17.670000076293945, 24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+    32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992, 50.340003967285156,
+    50.45000457763672, 57.55000305175781, 57.93000411987305, 58.21000289916992, 60.1400032043457,
+    62.61000442504883, 62.62000274658203, 62.71000289916992, 63.1400032043457, 63.1400032043457,
+    63.77000427246094, 63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+    64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938, 64.4800033569336,
+    64.51000213623047, 64.52999877929688, 64.83999633789062]
+_PHI3_SHORT_FACTOR = [
+    1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705, 1.0499999523162842, 1.0499999523162842,
+    1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0699999332427979, 1.0999999046325684,
+    1.1099998950958252, 1.1599998474121094, 1.1599998474121094, 1.1699998378753662, 1.2899998426437378,
+    1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083, 1.8499997854232788,
+    1.8799997568130493, 1.9099997282028198, 1.9399996995925903, 1.9899996519088745, 2.0199997425079346,
+    2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0799996852874756,
+    2.0899996757507324, 2.189999580383301, 2.2199995517730713, 2.5899994373321533, 2.729999542236328,
+    2.749999523162842, 2.8399994373321533]
+_PHI3_COMMON = {
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config", "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+    "initializer_range": 0.02, "intermediate_size": 8192, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32064,
+}
+
+
+def _phi3_added_token(content: str, rstrip: bool = True, special: bool = True) -> dict:
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": rstrip, "single_word": False,
+            "special": special}
+
+
+_PHI3_ADDED_TOKENS = {
+    "0": _phi3_added_token("<unk>", rstrip=False), "1": _phi3_added_token("<s>", rstrip=False),
+    "2": _phi3_added_token("</s>", special=False), "32000": _phi3_added_token("<|endoftext|>", rstrip=False),
+    "32001": _phi3_added_token("<|assistant|>"), "32002": _phi3_added_token("<|placeholder1|>"),
+    "32003": _phi3_added_token("<|placeholder2|>"), "32004": _phi3_added_token("<|placeholder3|>"),
+    "32005": _phi3_added_token("<|placeholder4|>"), "32006": _phi3_added_token("<|system|>"),
+    "32007": _phi3_added_token("<|end|>"), "32008": _phi3_added_token("<|placeholder5|>"),
+    "32009": _phi3_added_token("<|placeholder6|>"), "32010": _phi3_added_token("<|user|>"),
+}
+_PHI35_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}"
+    "{{ eos_token }}{% endif %}")
 # - Mixture-of-experts configs (issue 27): Qwen3-30B-A3B, Mixtral-8x7B-v0.1 and Qwen1.5-MoE-A2.7B as
 #   public copies of the Hub files quote them (the Qwen1.5-MoE keys as quoted in a GPTQ repack's card,
 #   Mixtral's as in copies of MixtralConfig dumps); each case shrinks the sizes and the experts.
@@ -396,6 +484,27 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "use_sliding_window": False, "vocab_size": 151936},
         "generation_config.json": {"bos_token_id": 151643, "do_sample": False, "eos_token_id": 151643,
                                    "max_new_tokens": 2048, "transformers_version": "4.37.0"},
+    },
+    PHI_35_MINI_INSTRUCT: {
+        "config.json": {
+            **_PHI3_COMMON, "max_position_embeddings": 131072,
+            "rope_scaling": {"long_factor": _PHI3_LONG_FACTOR, "short_factor": _PHI3_SHORT_FACTOR, "type": "longrope"},
+            "sliding_window": 262144, "transformers_version": "4.46.3"},
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [32007, 32001, 32000],
+                                   "pad_token_id": 32000, "transformers_version": "4.46.3"},
+        "tokenizer_config.json": {
+            "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": _PHI3_ADDED_TOKENS,
+            "bos_token": "<s>", "chat_template": _PHI35_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+            "eos_token": "<|endoftext|>", "legacy": False, "model_max_length": 131072, "pad_token": "<|endoftext|>",
+            "padding_side": "left", "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>",
+            "use_default_system_prompt": False},
+    },
+    PHI_3_MINI_4K_INSTRUCT: {
+        "config.json": {
+            **_PHI3_COMMON, "_name_or_path": "Phi-3-mini-4k-instruct", "max_position_embeddings": 4096,
+            "rope_scaling": None, "sliding_window": 2047, "transformers_version": "4.40.2"},
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [32000, 32001, 32007],
+                                   "pad_token_id": 32000, "transformers_version": "4.40.2"},
     },
     GEMMA_2_2B_IT: {
         "config.json": {
@@ -689,6 +798,26 @@ MOE_CASES: tuple[Case, ...] = (
          config_updates=(("num_local_experts", 4),), dirname="tiny-moe",
          description="the Mixtral case in one file, in a directory whose name has no size"),
 )
+# Phi-3 (issue 26): Phi-3.5-mini's config keeps its 48 real LongRoPE factors, so the head is the real
+# head_dim 96 (one head over hidden 96); Phi-3-mini-4k's has no rope scaling.  Untied, as both ship.
+PHI35_DIMS = Dims(hidden_size=96, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+                  num_key_value_heads=1, vocab_size=32064, max_position_embeddings=131072)
+PHI3_4K_DIMS = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, vocab_size=32064, max_position_embeddings=4096)
+PHI3_CASES: tuple[Case, ...] = (
+    Case("phi-3.5-mini-shape", tokenizer="phi-3.5-mini-instruct", config_from=PHI_35_MINI_INSTRUCT, tied=False,
+         dims=PHI35_DIMS, dirname="phi-3.5-mini-instruct",
+         description="Phi-3.5-mini-instruct's config (LongRoPE, 128k), BF16, Phi-3's tokenizer files"),
+    Case("phi-3.5-mini-f32", dtype="F32", tokenizer="phi-3.5-mini-instruct", config_from=PHI_35_MINI_INSTRUCT,
+         tied=False, dims=PHI35_DIMS, dirname="phi-3.5-mini-instruct-f32",
+         description="the Phi-3.5-mini case from F32 weights"),
+    Case("phi-3-mini-4k-shape", tokenizer="phi-3.5-mini-instruct", config_from=PHI_3_MINI_4K_INSTRUCT, tied=False,
+         dims=PHI3_4K_DIMS, dirname="Phi-3-mini-4k-instruct",
+         description="Phi-3-mini-4k-instruct's config (no rope scaling, sliding_window 2047), BF16"),
+    Case("phi-3-mini-4k-f32", dtype="F32", tokenizer="phi-3.5-mini-instruct", config_from=PHI_3_MINI_4K_INSTRUCT,
+         tied=False, dims=PHI3_4K_DIMS, dirname="Phi-3-mini-4k-instruct-f32",
+         description="the Phi-3-mini-4k case from F32 weights"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -817,6 +946,7 @@ CASES: tuple[Case, ...] = (
     *GEMMA3_CASES,
     *GEMMA2_CASES,
     *MOE_CASES,
+    *PHI3_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1056,6 +1186,28 @@ def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_ty
         ]
     specs.append(TensorSpec("model.norm.weight", (h,)))
     # Tied models save no lm_head.weight: transformers drops the duplicate of embed_tokens.
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+def phi3_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
+    """Phi3ForCausalLM's state_dict: Q, K and V in one qkv_proj, gate and up in one gate_up_proj."""
+    h, ff = dims.hidden_size, dims.intermediate_size
+    head_dim = h // dims.num_attention_heads
+    qkv = (dims.num_attention_heads + 2 * dims.num_key_value_heads) * head_dim
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "self_attn.o_proj.weight", (h, dims.num_attention_heads * head_dim)),
+            TensorSpec(p + "self_attn.qkv_proj.weight", (qkv, h)),
+            TensorSpec(p + "mlp.gate_up_proj.weight", (2 * ff, h)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, ff)),
+            TensorSpec(p + "input_layernorm.weight", (h,)),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
     if not tied:
         specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
     return specs
@@ -1563,6 +1715,8 @@ def case_entries(case: Case) -> list[Entry]:
     tied = config.get("tie_word_embeddings", True)
     if config.get("model_type") in ("qwen3_moe", "qwen2_moe", "mixtral"):
         specs = moe_tensor_specs(dims, config, case.fused_experts)
+    elif config.get("model_type") == "phi3":
+        specs = phi3_tensor_specs(dims, tied)
     elif config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
                                    config["model_type"], config.get("vision_config"))

@@ -83,6 +83,10 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
        for t in OTHER_OUTTYPES]
+    # Phi-3 (issue 26): every output type from BF16 and F32 weights, for Phi-3.5-mini (LongRoPE) and Phi-3-mini-4k.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("phi-3.5-mini-shape", "phi-3.5-mini-f32", "phi-3-mini-4k-shape", "phi-3-mini-4k-f32")
+       for t in OTHER_OUTTYPES]
     # Mixtures of experts (issue 27): every output type from BF16 and F16 experts spanning shards, for
     # Qwen3-MoE (and its transformers 5 stacked layout), Mixtral and Qwen2-MoE.
     + [Run(f"{c.name}-{t}", c.name, ("--outtype", t)) for c in make_models.MOE_CASES for t in OTHER_OUTTYPES]
