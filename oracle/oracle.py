@@ -81,7 +81,11 @@ RUNS: tuple[Run, ...] = tuple(
     # 1B shape, the 4B wrapper and Gemma 2; the 270m shape and Gemma 2's BF16 source in f16 only.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
-       for t in OTHER_OUTTYPES])
+       for t in OTHER_OUTTYPES]
+    # The real Gemma tokenizers (fetched: oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only path
+    # and the SentencePiece path with a built tokenizer.model, in q8_0 too.
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0"))
+       for case in ("gemma-3-1b-tokenizer-json", "gemma-3-4b-tokenizer-json", "gemma-3-1b-real-spm")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
