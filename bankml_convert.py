@@ -4810,9 +4810,11 @@ class MergesText(NamedTuple):
         return self.text.parsed("[", "]")
 
 
-def read_tokenizer_json(path: Path) -> object:
+def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
     """tokenizer.json as read_json parses it, except that a model.merges array of strings or of string
-    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's."""
+    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's.
+    Without ``vocab_used`` (a path that never reads the model: SentencePiece's) model.vocab is left
+    as its unparsed JsonRuns -- Gemma's 262,144 tokens are 30 MB as Python strings."""
     try:
         with open(path, "rb") as f:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -4840,7 +4842,7 @@ def read_tokenizer_json(path: Path) -> object:
         # values (not text inside a string, not an earlier key a later duplicate replaces).
         if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
             raise ValueError("not the model's vocab and merges")
-        vocab_value = _vocab_of_runs(vocab)
+        vocab_value = _vocab_of_runs(vocab) if vocab_used else vocab
     except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
         del data
         return read_json(path)
@@ -5778,11 +5780,12 @@ def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optio
     """_create_vocab_sentencepiece: vocab_size slots of [PADi] (score -10000, UNUSED), the pieces
     that fit, then added_tokens.json's tokens, then tokenizer_config.json's added_tokens_decoder;
     ids at or past vocab_size are skipped, as llama.cpp does with a warning."""
-    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
-    scores = [-10000.0] * vocab_size
-    types = [UNUSED] * vocab_size
-    for i, p in enumerate(pieces[:vocab_size]):
-        tokens[i], scores[i], types[i] = p.piece, p.score, spm_token_type(p.type)
+    # The pieces' own strings and floats, so that only three lists outlive the pieces (Gemma's 262,144).
+    fitting = pieces[:vocab_size]
+    tokens = [p.piece for p in fitting] + [f"[PAD{i}]" for i in range(len(fitting), vocab_size)]
+    scores = [p.score for p in fitting] + [-10000.0] * (vocab_size - len(fitting))
+    types = [spm_token_type(p.type) for p in fitting] + [UNUSED] * (vocab_size - len(fitting))
+    del fitting
     for content, tid in (legacy_added or {}).items():
         if type(tid) is not int or tid < 0:
             raise Refusal(f"added_tokens.json gives {content!r} the id {tid!r}, not a non-negative "
@@ -5924,8 +5927,9 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
     # This path reads tokenizer.json's added tokens, normalizer and post-processor, never its model:
-    # read lean, TinyLlama's 61,249 merges are never parsed (peak RSS, issue 13).
-    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    # read lean, TinyLlama's 61,249 merges and Gemma's 262,144 tokens are never parsed (peak RSS, issue 13).
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json", vocab_used=False) \
+        if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
     if (d / "tekken.json").is_file() and tokenizer_json is None:
@@ -5947,8 +5951,8 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     if legacy_added is not None and not isinstance(legacy_added, dict):
         raise Refusal("added_tokens.json is not a JSON object of token -> id; llama.cpp's converter fails on it")
 
-    pieces = read_tokenizer_model(d / "tokenizer.model")
-    tokens, scores, toktypes = spm_tokens(pieces, vocab_size, legacy_added, tokenizer_config)
+    tokens, scores, toktypes = spm_tokens(read_tokenizer_model(d / "tokenizer.model"), vocab_size, legacy_added,
+                                          tokenizer_config)
     ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(tokens))
     return llama_model_vocab(tokens, scores, toktypes, ids, flags, chat_template(d, tokenizer_config),
                              add_prefix_space)
