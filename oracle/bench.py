@@ -127,6 +127,8 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#17", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#17", "q8_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#17", "f16", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB), Goal("#17", "q8_0", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB),
         Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
+    BenchCase("full-gemma-3-1b-it", ("f16",), (
+        Goal("#25", "f16", VS_FLOOR, 1.2), Goal("#25", "f16", VS_LLAMA_CPP, 0.5), Goal("#25", "f16", RSS_MIB, TARGET_RSS_MIB))),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (

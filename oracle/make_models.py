@@ -832,6 +832,15 @@ BENCH_CASES: tuple[Case, ...] = (
          description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
 )
 
+# Issue 25's bench: gemma-3-1b-it's config (as on the Hub) with random BF16 weights (~2 GB), the real
+# Gemma 3 vocabulary (fetched: oracle/fetch_gemma_tokenizers.sh) on the SentencePiece path.
+BENCH_CASES += (
+    Case("full-gemma-3-1b-it", full_size=True, dirname="gemma-3-1b-it", seed="full",
+         tokenizer="gemma3-sentencepiece", config_from=GEMMA_3_1B_IT,
+         description="gemma-3-1b-it config, the real Gemma 3 vocabulary as a built tokenizer.model, random "
+                     "BF16 weights (~2 GB)"),
+)
+
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
