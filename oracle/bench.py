@@ -19,8 +19,8 @@ their sum; for llama.cpp its Python process; for the floor the larger of cp and 
 
 bankml's runs also record where their time goes (they run through oracle/stage_times.py, which
 installs bankml_convert.stage_clock): the parent's CPU before writing, per stage the wall time and
-the CPU of the parent's main thread and of its other threads, and each worker's CPU; the report prints their medians and what
-they say about more cores (is the worker cap or the parent's hashing the serial limit).
+the CPU of the parent's main thread and of its other threads, and each worker's CPU; the report
+prints their medians and what they say about more cores (is the worker cap or the parent's hashing the serial limit).
 
 --suite runs every case of SUITE (the issues' bench rows) and ends with one PASS/FAIL line per
 target, grouped by issue. --scale N also converts the 135M model with N times the layers with
