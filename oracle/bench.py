@@ -17,10 +17,10 @@ resident set of that process and of every descendant it has waited for, so for b
 largest of the converter and its forked workers (each counted whole, shared pages included), not
 their sum; for llama.cpp its Python process; for the floor the larger of cp and sha256sum.
 
-bankml's runs also record where their time goes (BANKML_STAGE_TIMES, see bankml_convert's Writing
-section): the parent's CPU before writing, per stage the wall time and the CPU of the parent's main
-thread and of its other threads, and each worker's CPU; the report prints their medians and what
-they say about more cores (is the worker cap or the parent's hashing the serial limit).
+bankml's runs also record where their time goes (they run through oracle/stage_times.py, which
+installs bankml_convert.stage_clock): the parent's CPU before writing, per stage the wall time and
+the CPU of the parent's main thread and of its other threads, and each worker's CPU; the report
+prints their medians and what they say about more cores (is the worker cap or the parent's hashing the serial limit).
 
 --suite runs every case of SUITE (the issues' bench rows) and ends with one PASS/FAIL line per
 target, grouped by issue. --scale N also converts the 135M model with N times the layers with
@@ -127,6 +127,14 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#17", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#17", "q8_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#17", "f16", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB), Goal("#17", "q8_0", RSS_OVER_135M, FLAT_RSS_GROWTH_MIB),
         Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
+    # Issue 27: a Qwen3-MoE-shaped directory (3 layers of Qwen3-30B-A3B, 2 shards): every expert stacked
+    # while streaming, in the memory of the dense cases.
+    BenchCase("full-qwen3-moe-3-layers", ("f16", "q8_0"), (
+        Goal("#27", "f16", VS_FLOOR, 1.2), Goal("#27", "q8_0", VS_FLOOR, 2.0),
+        Goal("#27", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#27", "q8_0", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#27", "f16", VS_LLAMA_CPP, None), Goal("#27", "q8_0", VS_LLAMA_CPP, None))),
+    BenchCase("full-gemma-3-1b-it", ("f16",), (
+        Goal("#25", "f16", VS_FLOOR, 1.2), Goal("#25", "f16", VS_LLAMA_CPP, 0.5), Goal("#25", "f16", RSS_MIB, TARGET_RSS_MIB))),
     # SmolLM3-3B full size (issue 26): a LlamaModel subclass at the 3B Llama's speed and memory.
     BenchCase("full-smollm3-3b", ("f16", "q8_0"), (
         Goal("#26", "f16", VS_FLOOR, 1.2), Goal("#26", "q8_0", VS_FLOOR, 2.0),
@@ -222,7 +230,7 @@ class Run:
     input_bytes: int
     output_bytes: int
     output_sha256: str  # "" for the floor (its copies are the input's bytes)
-    stages: Optional[dict] = None   # bankml's BANKML_STAGE_TIMES record of this run
+    stages: Optional[dict] = None   # bankml's oracle/stage_times.py record of this run
 
     @property
     def mb_per_s(self) -> float:
@@ -237,7 +245,7 @@ def tool_command(tool: str, outtype: str, model: Model, out: Path, fmt: str = "g
     # Both converters get the directory relative to its parent, as a user would type it;
     # general.name comes from the directory's name.
     if tool == BANKML:
-        return [sys.executable, str(ROOT / "bankml_convert.py"), model.dir.name,
+        return [sys.executable, str(HERE / "stage_times.py"), str(WORK / "last-stages.jsonl"), model.dir.name,
                 "-o", str(out), "--outtype", outtype] + (["--format", fmt] if fmt != "gguf" else [])
     if tool == LLAMA_CPP:
         return [str(oracle.reference_python()), str(REF_CONVERTER), model.dir.name,
@@ -268,8 +276,6 @@ def measure(tool: str, outtype: str, model: Model, round_no: int, fmt: str = "gg
     stage_file = WORK / "last-stages.jsonl"
     stage_file.unlink(missing_ok=True)
     env = dict(os.environ)
-    if tool == BANKML:
-        env[bankml_convert._STAGE_TIMES_ENV] = str(stage_file)
     with open(log, "wb") as log_file:
         subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCHER, str(result), *cmd],
                        cwd=model.dir.parent, stdin=subprocess.DEVNULL, stdout=log_file,

@@ -6,8 +6,8 @@
 In a throwaway directory (never the checkout, whose build/ and *.egg-info stay as they are) it
 copies the tracked and not-ignored files twice, as `git clone` would give them, and checks:
 
-  pip install .   into a new venv (default build isolation, so setuptools comes from the package
-                  registry as it does for a user); then `bankml-convert --version`, a conversion of
+  pip install .   into a new venv (default build isolation, so the build backend, hatchling, comes
+                  from the package registry as it does for a user); then `bankml-convert --version`, a conversion of
                   example/smollm2-tiny giving llama.cpp's sha256 (oracle/recorded/golden.json, run
                   `example`, the value README shows), and `python -m bankml_convert` doing the same;
   the wheel       `pip wheel . --no-deps` (built at the same time as the install, from the other
@@ -15,17 +15,19 @@ copies the tracked and not-ignored files twice, as `git clone` would give them, 
                   METADATA must say the module's version, Apache-2.0, requires-python, no
                   dependencies and README.md as the markdown description; installed with
                   --no-index into a second venv it leaves nothing but the module and its metadata;
+  Python 3.8       pip install . again with Python 3.8's own pip into a 3.8 venv, when one is found
+                  (requires-python's lower bound: the backend pip picks there must build it too),
+                  and the installed bankml-convert converting the example to the same sha256;
   vendoring       bankml_convert.py copied alone into an empty directory, run with
                   `python3 -S -I` (and with Python 3.8, the lowest requires-python allows, when one
                   is found): the same bytes;
   -m              `python3 -m bankml_convert` against `python3 bankml_convert.py` there: the same
                   stdout, stderr and exit code for a conversion, --help and a refusal.
 
-The venvs are made --without-pip and pip is the running Python's, pointed at them with --python
-(pip >= 22.3): ensurepip would spend 3-7 s per venv installing the same pip. Both builds keep
-pip's build isolation, the path a user takes and the one that reads [build-system] requires:
-building both with --no-build-isolation against one shared install of setuptools measured only
-~1.5 s of CPU less (2026-12-01). Quiet on success (one line); on a failure it prints what failed,
+The venvs are made --without-pip and pip is the running Python's (3.8's for the 3.8 venv), pointed
+at them with --python (pip >= 22.3): ensurepip would install the same pip into each venv again.
+Every build keeps pip's build isolation, the path a user takes and the one that reads
+[build-system] requires. Quiet on success (one line); on a failure it prints what failed,
 the command and its output, and exits 1.
 """
 
@@ -227,7 +229,7 @@ def same_as_script(ran: dict, what: str) -> None:
           f"-m:     exit {dash_m.returncode} {dash_m.stdout!r} {dash_m.stderr!r}")
 
 
-def vendored_and_dash_m(tmp: Path, src: Path, example: Path, expected: str) -> str:
+def vendored_and_dash_m(tmp: Path, src: Path, example: Path, expected: str, old: Path | None) -> str:
     vend = tmp / "vendored"
     vend.mkdir()
     shutil.copy2(src / f"{MODULE}.py", vend)
@@ -239,12 +241,11 @@ def vendored_and_dash_m(tmp: Path, src: Path, example: Path, expected: str) -> s
     left = sorted(p.name for p in vend.iterdir())
     check(left == sorted([f"{MODULE}.py", OUT]), f"vendored: the directory ends with {left}")
     note = ""
-    old = oldest_python()
     if old is not None:
         convert_in(vend, [old, "-S", "-I", f"{MODULE}.py", example, "-o", OUT], expected,
                    f"vendored with {old} (requires-python >=3.8)")
     else:
-        note = " (no Python 3.8 here: requires-python's lower bound not run)"
+        note = " (no Python 3.8 here: requires-python's lower bound neither installed nor run)"
     ran["-m"] = convert_in(vend, [*dash_m, example, "-o", OUT], expected, f"python3 -m {MODULE}")
     same_as_script(ran, "DIR -o OUT.gguf")
     # The usage (which names the program) and a refusal the same way too.
@@ -275,10 +276,24 @@ def main() -> int:
                                                          "-w", dist, b)],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     stdin=subprocess.DEVNULL, cwd=tmp)
+        old = oldest_python()
+        installing_old = None
+        if old is not None:
+            c = tmp / "clone-install-3.8"
+            copy_as_cloned(c)
+            venv_old = tmp / "venv-3.8"
+            run([old, "-m", "venv", "--without-pip", venv_old], "python3.8 -m venv")
+            # 3.8's own pip: a newer pip than 3.8 runs cannot be pointed at a 3.8 venv.
+            installing_old = subprocess.Popen(
+                [str(x) for x in (old, "-m", "pip", "--python", venv_old / "bin" / "python",
+                                  "--disable-pip-version-check", "--no-input", "install", "-q",
+                                  "--root-user-action=ignore", c)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, cwd=tmp)
+        started_builds = [p for p in (installing, building, installing_old) if p is not None]
         try:
-            note = vendored_and_dash_m(tmp, a, a / EXAMPLE, expected)
+            note = vendored_and_dash_m(tmp, a, a / EXAMPLE, expected, old)
         except BaseException:
-            for p in (installing, building):
+            for p in started_builds:
                 p.kill()
                 p.communicate()
             raise
@@ -316,6 +331,13 @@ def main() -> int:
         p = run([venv_wheel / "bankml-convert", "--version"], "the wheel's bankml-convert --version", cwd=work)
         check(p.stdout.startswith(f"{MODULE} {version} "), f"the wheel's bankml-convert --version: {p.stdout!r}")
         only_the_module(venv_wheel, version, "the wheel")
+
+        if installing_old is not None:
+            finish(installing_old, f"pip install . with {old} (requires-python >=3.8) failed")
+            convert_in(work, [tmp / "venv-3.8" / "bin" / "bankml-convert", a / EXAMPLE, "-o", OUT], expected,
+                       f"pip install . with {old}, then bankml-convert")
+            only_the_module(tmp / "venv-3.8" / "bin", version, f"pip install . with {old}")
+            note += ", pip install . under Python 3.8 too"
     except Exception as e:  # noqa: BLE001 - every failure ends in the two FAILED lines and exit 1
         if not isinstance(e, (Failed, subprocess.TimeoutExpired, OSError)):
             traceback.print_exc()

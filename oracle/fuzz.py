@@ -49,6 +49,14 @@ every K-th (--convert-every) instead converts a tiny pytorch_model.bin model.  T
 
     python3 oracle/fuzz.py --model-card --inputs N --seed S [--start I] [--convert-every K] [--report F]
 
+--lora fuzzes LoRA adapter conversion: copies of oracle/fixtures/lora's adapters with their
+adapter_config.json (structure and bytes), their safetensors header (names, dtypes, shapes, a tensor
+dropped) or their README.md mutated, or a file removed, each through convert_lora against its base's
+config.json in a random output type; the last line is ``fuzz --lora: N inputs, C crashes, P partial
+outputs, A converted, R refused``.
+
+    python3 oracle/fuzz.py --lora --inputs N --seed S [--start I] [--report F]
+
 --model-card fuzzes the README.md model-card path: mutants of the cards in oracle/fixtures/cards/ and
 make_models.MODEL_CARDS (lines duplicated, dropped, swapped, re-indented, tabbed; YAML indicators,
 YAML 1.1 specials, ': ' and quotes inserted; deep nesting, anchors, CRLF, other line breaks, NULs,
@@ -123,6 +131,10 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
     (mm.Case("fuzz-no-generation-config", sampling="none", dims=TINY), 4),
     (mm.Case("fuzz-resaved", tokenizer="smollm2-135m-instruct-resaved-transformers-5", dims=TINY), 7),
     (mm.Case("fuzz-base", tokenizer="smollm2-135m", config_from="SmolLM2-135M", dims=TINY), 6),
+    # Phi-3's own SentencePiece path and keys (Phi-3-mini-4k's config, its 32,064-row vocabulary).
+    (mm.Case("fuzz-phi3", tokenizer="phi-3.5-mini-instruct", config_from=mm.PHI_3_MINI_4K_INSTRUCT, tied=False,
+             dims=mm.Dims(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, vocab_size=32064, max_position_embeddings=4096)), 5),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
 
@@ -360,6 +372,10 @@ def path_text(path: tuple) -> str:
 
 # Keys each file's readers look at, so that insertions hit code instead of being ignored.
 INTERESTING_KEYS: dict[str, tuple[str, ...]] = {
+    "adapter_config.json": (
+        "lora_alpha", "r", "peft_type", "use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "bias",
+        "lora_bias", "modules_to_save", "trainable_token_indices", "invocation_string", "alora_invocation_tokens",
+        "target_modules", "base_model_name_or_path", "layers_to_transform"),
     "config.json": (
         "architectures", "model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
         "num_hidden_layers", "max_position_embeddings", "intermediate_size", "rope_theta",
@@ -3639,6 +3655,125 @@ def run_card_campaign(args) -> int:
     return run_file_campaign(args, FileCampaign("--model-card", "README.md", BASES[0][0], card_mutant, read_card,
                                                 _card_refusal_key), card_bases())
 
+# --lora: PEFT adapters (oracle/fixtures/lora) with adapter_config.json, the adapter's safetensors
+# header and its model card mutated, each converted with convert_lora against its base's config.json.
+# ---------------------------------------------------------------------------------------------
+
+LORA_ADAPTERS = ("smollm2-lora-r8", "qwen2.5-0.5b-lora-r8", "gemma-3-1b-lora-r8")
+
+
+def mutate_adapter(rng: random.Random, adapter: Path) -> str:
+    """One change to an adapter directory: its adapter_config.json (structure or bytes), a tensor
+    name, dtype or shape of its safetensors header, or its README.md."""
+    target = weighted(rng, (("config", 60), ("header", 25), ("card", 10), ("gone", 5)))
+    path = adapter / "adapter_config.json"
+    if target in ("config", "header", "gone") and not (path.is_file() and (adapter / "adapter_model.safetensors").is_file()):
+        return "nothing: a file was removed before"
+    if target == "config":
+        if chance(rng, 0.2):
+            data, what = byte_damage(rng, path.read_bytes())
+            path.write_bytes(data)
+            return f"adapter_config.json: {what}"
+        try:
+            new, what = mutate_json_doc(rng, json.loads(path.read_bytes()), "adapter_config.json")
+            path.write_bytes(dumps(new, rng, indent=rng.choice([None, 2])))
+        except (ValueError, RecursionError, TypeError, KeyError, IndexError):
+            data, what = byte_damage(rng, path.read_bytes())
+            path.write_bytes(data)
+        return f"adapter_config.json: {what}"
+    if target == "header":
+        st = read_st(adapter / "adapter_model.safetensors")
+        if st is None:
+            return "adapter_model.safetensors: unreadable, left"
+        pieces = st_pieces(st)
+        i = rng.randrange(len(pieces))
+        name, info, data = pieces[i]
+        op = rng.choice(["rename", "dtype", "shape", "drop"])
+        if op == "rename":
+            new = rng.choice(NAME_POOL + (name.replace("lora_A", "lora_B"), name.replace(".weight", ".bias"),
+                                          name.replace("lora_A.weight", "lora_magnitude_vector"),
+                                          "base_model.model.lm_head.lora_A.weight", "base_model.model.model.norm.weight",
+                                          name.replace("layers.0", "layers.7"), name.replace("q_proj", "embed_tokens")))
+            pieces[i] = (new, info, data)
+            what = f"{name} renamed {new!r}"
+        elif op == "dtype":
+            info = dict(info, dtype=rng.choice(DTYPE_POOL))
+            pieces[i] = (name, info, data)
+            what = f"{name} dtype {info['dtype']}"
+        elif op == "shape":
+            shape = list(info["shape"])
+            shape[rng.randrange(len(shape))] = rng.choice([0, 1, 3, 4, 16, 32, 2**31])
+            pieces[i] = (name, dict(info, shape=shape), data)
+            what = f"{name} shape {shape}"
+        else:
+            del pieces[i]
+            what = f"{name} dropped"
+        write_st(adapter / "adapter_model.safetensors", relayout(st, pieces), rng)
+        return f"adapter_model.safetensors: {what}"
+    if target == "card":
+        if not _CARD_BASES:
+            _CARD_BASES.update(card_bases())
+        data, what = mutate_card(rng, _CARD_BASES[rng.choice(sorted(_CARD_BASES))])
+        (adapter / "README.md").write_bytes(data)
+        return f"README.md: {what}"
+    name = rng.choice(["adapter_config.json", "adapter_model.safetensors"])
+    (adapter / name).unlink()
+    return f"{name} removed"
+
+
+def run_lora_campaign(args) -> int:
+    limit_memory(args.memory_mb)
+    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-lora-", dir=args.workdir)).resolve()
+    counts: Counter = Counter()
+    refusals: Counter = Counter()
+    crashes: list[dict] = []
+    partials: list[dict] = []
+    start = time.perf_counter()
+    try:
+        bases = {}
+        for name in LORA_ADAPTERS:
+            case = mm.CASES_BY_NAME[mm.ADAPTERS_BY_NAME[name].base]
+            bases[name] = mm.make_base_config_dir(case, work / "bases" / case.name)
+        out_dir = work / "out"
+        out_dir.mkdir()
+        for index in range(args.start, args.start + args.inputs):
+            rng = random.Random(f"{args.seed}/lora/{index}")
+            name = rng.choice(LORA_ADAPTERS)
+            adapter = work / "adapters" / name
+            shutil.rmtree(adapter, ignore_errors=True)
+            shutil.copytree(mm.LORA_FIXTURES / name, adapter)
+            mutations = [mutate_adapter(random.Random(f"{args.seed}/lora/{index}/{k}"), adapter)
+                         for k in range(rng.choice((1, 1, 2, 3)))]
+            outtype = rng.choice(("f32", "f16", "bf16", "q8_0", "auto"))
+            kind, detail = spm_outcome(lambda: bc.convert_lora(adapter, out_dir / "out.gguf", bases[name],
+                                                               bc.Options(outtype=outtype, hash_inputs=False)),
+                                       args.timeout)
+            counts[kind] += 1
+            if kind == "refusal":
+                refusals[re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", detail))[:70]] += 1
+            elif kind == "crash":
+                crashes.append({"index": index, "base": name, "mutations": mutations, "error": detail})
+            left = sorted(p.name for p in out_dir.iterdir())
+            if left != (["out.gguf"] if kind == "ok" else []):
+                partials.append({"index": index, "mutations": mutations, "leftovers": left})
+            for p in out_dir.iterdir():
+                p.unlink()
+            if (index + 1) % args.every == 0 and args.progress:
+                with open(args.progress, "a", encoding="utf-8") as f:
+                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - start
+    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
+              "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
+              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
+              "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
+    report_findings(args, report, crashes, refusals, partials)
+    print(f"fuzz --lora: {args.inputs} inputs, {len(crashes)} crashes, {len(partials)} partial outputs, "
+          f"{counts['ok']} converted, {counts['refusal']} refused, {seconds:.0f} s")
+    return 1 if crashes or partials else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
     p.add_argument("--inputs", type=int, default=2000, help="how many inputs (default 2000)")
@@ -3671,6 +3806,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead")
     p.add_argument("--checkpoint", action="store_true",
                    help="fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead")
+    p.add_argument("--lora", action="store_true",
+                   help="fuzz LoRA adapter conversion (adapter_config.json, the adapter's header, its card) instead")
     p.add_argument("--convert-every", type=int, default=25,
                    help="with --tokenizer-model: also convert every Nth mutant in a tiny model directory (0: never)")
     args = p.parse_args(argv)
@@ -3685,6 +3822,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         stream.reconfigure(errors="backslashreplace")
     if args.checkpoint:
         return run_checkpoint_campaign(args)
+    if args.lora:
+        return run_lora_campaign(args)
     if args.tokenizer_model:
         return run_spm_campaign(args)
     if args.model_card:

@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     bc = copies[-1][1]
     data = sources(bc, args.chunks)
     for type_name in args.types:
-        ggml_type = next(t for t, name in bc.GGML_TYPE_NAMES.items() if name.lower() == type_name.lower())
+        ggml_type = next(code for code, t in bc.GGML_TYPES.items() if t.name.lower() == type_name.lower())
         for src_dtype, source in data.items():
             runs = []
             for label, module in copies:

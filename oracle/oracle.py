@@ -49,6 +49,7 @@ class Run:
     case: str
     args: tuple[str, ...] = ()
     refused: bool = False       # bankml_convert must refuse (llama.cpp converts it another way)
+    adapter: str = ""           # a LoRA run: make_models.ADAPTERS' name; case is its base (config.json only)
 
     @property
     def outtype(self) -> str:
@@ -84,6 +85,21 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("gemma-3-1b-shape", "gemma-3-1b-shape-f16", "gemma-3-1b-f32", "gemma-3-4b-shape", "gemma-2-2b-f32")
        for t in OTHER_OUTTYPES]
+    # Phi-3 (issue 26): every output type from BF16 and F32 weights, for Phi-3.5-mini (LongRoPE) and Phi-3-mini-4k.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("phi-3.5-mini-shape", "phi-3.5-mini-f32", "phi-3-mini-4k-shape", "phi-3-mini-4k-f32")
+       for t in OTHER_OUTTYPES]
+    # Mixtures of experts (issue 27): every output type from BF16 and F16 experts spanning shards, for
+    # Qwen3-MoE (and its transformers 5 stacked layout), Mixtral and Qwen2-MoE.
+    + [Run(f"{c.name}-{t}", c.name, ("--outtype", t)) for c in make_models.MOE_CASES for t in OTHER_OUTTYPES]
+    # LoRA adapters (issue 28): convert_lora_to_gguf.py --base, in each output type it offers but auto
+    # (which crashes there); f32 is its default.
+    + [Run(f"lora-{a.name}-{t}", a.base, ("--outtype", t), adapter=a.name)
+       for a in make_models.ADAPTERS for t in ("f32", "f16", "bf16", "q8_0")]
+    # The real Gemma tokenizers (fetched: oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only path
+    # and the SentencePiece path with a built tokenizer.model, in q8_0 too.
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0"))
+       for case in ("gemma-3-1b-tokenizer-json", "gemma-3-4b-tokenizer-json", "gemma-3-1b-real-spm")]
     # SmolLM3, Granite 3.x and OLMo 2 (issue 26): every output type from BF16 and from F32 weights; a
     # SmolLM3 config whose NoPE layers llama.cpp's runtime would not apply, refused.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
@@ -113,14 +129,23 @@ def reference_python() -> Path:
 
 def case_dir(run: Run) -> Path:
     case = make_models.CASES_BY_NAME[run.case]
+    if run.adapter:
+        return make_models.make_base_config_dir(case, WORK / "lora-bases" / case.name)
     d = WORK / "cases" / case.name / case.directory_name
     if not (d / "config.json").is_file():
         make_models.make_case(case, d.parent)
     return d
 
 
+def adapter_dir(run: Run) -> Path:
+    return make_models.LORA_FIXTURES / run.adapter
+
+
 def reference_command(run: Run, model_dir: Path, out: Path) -> list[str]:
     ref = reference_dir()
+    if run.adapter:
+        return [str(reference_python()), str(ref / "convert_lora_to_gguf.py"), "--base", str(model_dir),
+                str(adapter_dir(run)), "--outfile", str(out), *run.args]
     return [str(reference_python()), str(ref / "convert_hf_to_gguf.py"), str(model_dir),
             "--outfile", str(out), *run.args]
 
@@ -147,6 +172,9 @@ def run_bankml(run: Run) -> tuple[subprocess.CompletedProcess, Path]:
     if out.exists():
         out.unlink()
     cmd = [sys.executable, str(ROOT / "bankml_convert.py"), model_dir.name, "-o", str(out.resolve()), *run.args]
+    if run.adapter:
+        cmd = [sys.executable, str(ROOT / "bankml_convert.py"), "lora", str(adapter_dir(run)),
+               "--base", str(model_dir.resolve()), "-o", str(out.resolve()), *run.args]
     return subprocess.run(cmd, cwd=model_dir.parent, capture_output=True, text=True), out
 
 
@@ -157,6 +185,12 @@ def inputs_digest(model_dir: Path) -> str:
         if f.is_file():
             h.update(f"{f.name}\0{sha256_of(f)}\n".encode())
     return h.hexdigest()
+
+
+def run_inputs_digest(run: Run) -> str:
+    """inputs_digest of the run's case; for a LoRA run, of its base directory and then its adapter's."""
+    digest = inputs_digest(case_dir(run))
+    return hashlib.sha256(f"{digest}\0{inputs_digest(adapter_dir(run))}".encode()).hexdigest() if run.adapter else digest
 
 
 def load_golden() -> dict:
@@ -170,10 +204,14 @@ def record(runs: list[Run]) -> int:
     for run in runs:
         out, seconds = run_reference(run)
         entry = {"case": run.case, "dir": case_dir(run).name, "args": list(run.args),
-                 "inputs_sha256": inputs_digest(case_dir(run)),
+                 "inputs_sha256": run_inputs_digest(run),
                  "sha256": sha256_of(out), "bytes": out.stat().st_size,
                  "command": "convert_hf_to_gguf.py " + shlex.join([case_dir(run).name, "--outfile", "OUT", *run.args]),
                  "refused_by_bankml": run.refused}
+        if run.adapter:
+            entry["adapter"] = run.adapter
+            entry["command"] = "convert_lora_to_gguf.py " + shlex.join(
+                ["--base", case_dir(run).name, run.adapter, "--outfile", "OUT", *run.args])
         golden["runs"][run.name] = entry
         print(f"{run.name:<26} {entry['sha256']}  {entry['bytes']:>12,} B  {seconds:5.1f} s")
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
@@ -186,13 +224,14 @@ def recorded_case_dir(run: Run, recorded_inputs: str, digests: dict[str, str]) -
     build/ by an older generator is made again; None if even a fresh one differs."""
     d = case_dir(run)
     for attempt in (1, 2):
-        if run.case not in digests:
-            digests[run.case] = inputs_digest(d)
-        if digests[run.case] == recorded_inputs:
+        key = f"{run.case}+{run.adapter}"
+        if key not in digests:
+            digests[key] = run_inputs_digest(run)
+        if digests[key] == recorded_inputs:
             return d
         if attempt == 1:
             shutil.rmtree(d.parent)
-            del digests[run.case]
+            del digests[key]
             d = case_dir(run)
     return None
 

