@@ -826,7 +826,7 @@ class Seams(Workspace):
         self.assertEqual(list(out.parent.iterdir()), [])
 
     def test_a_failed_conversion_leaves_no_hashing_thread_behind(self):
-        def slow_hash(path, cancelled=None):
+        def slow_hash(path, cancelled=None, snapshot=None):
             (cancelled or threading.Event()).wait(10)   # hashing a large input, until cancelled
             return bc.InputFile(path.name, 0, "")
 
