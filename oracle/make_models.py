@@ -74,6 +74,7 @@ class TokenizerFixture:
     unmarked_special: Optional[str] = None     # an added token then marked special: false in both files
     # a WRITTEN_FIXTURES folder: tokenizer.json's added_tokens then rewritten from its tokenizer_config.json
     json_added_tokens_from: Optional[str] = None
+    smollm3: bool = False   # then made SmolLM3's from Llama 3's (smollm3_tokenizer)
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -83,6 +84,9 @@ TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
 PHI_35_MINI_INSTRUCT = "Phi-3.5-mini-instruct"     # written below (WRITTEN_FIXTURES)
 PHI_3_MINI_4K_INSTRUCT = "Phi-3-mini-4k-instruct"
+SMOLLM3_3B = "SmolLM3-3B"
+GRANITE_33_2B_INSTRUCT = "granite-3.3-2b-instruct"
+OLMO_2_0425_1B = "OLMo-2-0425-1B"
 
 TOKENIZERS: dict[str, TokenizerFixture] = {
     t.name: t
@@ -144,6 +148,13 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
             (LLAMA_32_1B_INSTRUCT, "tokenizer_config.json"),
         ), resaved=True),
+        # SmolLM3-3B's tokenizer is Llama 3's vocabulary without the BOS its template adds; derived here
+        # from the Llama 3.2 files (Meta's licence: read from ../shared/fixtures, never copied).
+        TokenizerFixture("smollm3-3b", (
+            (LLAMA_32_1B_INSTRUCT, "tokenizer.json"),
+            (LLAMA_32_1B_INSTRUCT, "tokenizer_config.json"),
+            (SMOLLM3_3B, "chat_template.jinja"),
+        ), smollm3=True),
         # SentencePiece (tokenizer.model): llama.cpp's _set_vocab_sentencepiece path.
         TokenizerFixture("tinyllama-1.1b-chat", (
             (TINYLLAMA, "tokenizer.json"),
@@ -247,6 +258,34 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         resave_tokenizer(out_dir)
     if fixture.unmarked_special is not None:
         unmark_special(out_dir, fixture.unmarked_special)
+    if fixture.smollm3:
+        smollm3_tokenizer(out_dir)
+
+
+# SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
+_SMOLLM3_RENAMED = {128011: "<|im_start|>", 128012: "<|im_end|>"}
+
+
+def smollm3_tokenizer(d: Path) -> None:
+    """Llama 3's tokenizer files made SmolLM3-3B's in what reaches llama.cpp: the post-processor's
+    template adds no <|begin_of_text|> (so llama.cpp's chkhsh is smaug-bpe's), ids 128011/128012 are
+    <|im_start|>/<|im_end|>, bos_token null and eos/pad <|im_end|> in tokenizer_config.json, whose
+    chat template moves to chat_template.jinja (SmolLM3's own, from the llama.cpp sdist)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    for processor in tokenizer["post_processor"]["processors"]:
+        if processor["type"] == "TemplateProcessing":
+            processor.update(single=[{"Sequence": {"id": "A", "type_id": 0}}],
+                             pair=[{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                             special_tokens={})
+    for t in tokenizer["added_tokens"]:
+        t["content"] = _SMOLLM3_RENAMED.get(t["id"], t["content"])
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for i, t in config["added_tokens_decoder"].items():
+        t["content"] = _SMOLLM3_RENAMED.get(int(i), t["content"])
+    config.pop("chat_template")
+    config.update(bos_token=None, eos_token="<|im_end|>", pad_token="<|im_end|>")
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # What transformers 5.18's save_pretrained wrote for the Llama 3.2 tokenizer (measured with
@@ -354,6 +393,17 @@ QWEN3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=40960)
 QWEN_7B_TINY = Dims(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
                     num_key_value_heads=2, vocab_size=152064, max_position_embeddings=32768)
+
+
+# SmolLM3-3B shrunk: four layers (the fourth its NoPE layer), 2 heads over hidden 32, the real vocabulary.
+SMOLLM3_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                    num_key_value_heads=1, vocab_size=128256, max_position_embeddings=65536)
+SMOLLM3_TINY_LAYERS = (("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 1, 0]))
+# Granite 3.3 2B and OLMo 2 1B shrunk, with their real vocabulary sizes (past the tokenizer's 49,152).
+GRANITE_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=1, vocab_size=49159, max_position_embeddings=131072)
+OLMO2_TINY = Dims(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, vocab_size=100352, max_position_embeddings=4096)
 
 
 # Configs that are not copied fixtures: written here as the Hub ships them (transformers' to_json_string:
@@ -474,7 +524,56 @@ _PHI35_CHAT_TEMPLATE = (
 QWEN3_30B_A3B = "Qwen3-30B-A3B"
 MIXTRAL_8X7B = "Mixtral-8x7B-v0.1"
 QWEN1_5_MOE_A2_7B = "Qwen1.5-MoE-A2.7B"
+# - SmolLM3-3B config.json: every key and value as a public copy of the Hub file quotes it (tied by
+#   SmolLM3Config's default; NoPE every 4th layer in no_rope_layers); its generation_config.json holds
+#   the config's token ids and transformers_version only (the card's temperature 0.6 / top_p 0.95 are
+#   advice, not in a file seen).
+# - granite-3.3-2b-instruct config.json: the sizes, multipliers, ids, rope_theta 1e7, vocab 49,159 and
+#   tie as public copies quote the 2b file; the keys the Granite 3.3 files share (dropout, eps,
+#   transformers 4.49.0) as granite-3.3-8b-instruct's file, quoted whole.
+# - OLMo-2-0425-1B config.json: the sizes, eps, rope_theta 500000, untied and vocab 100,352 as public
+#   copies quote the Hub file; ids (eos 100257, pad 100277) as the dolma2 tokenizer numbers them.
+# The Granite and OLMo 2 tokenizers are not available offline: their cases take SmolLM2's Apache-2.0
+# GPT2Tokenizer (49,152 tokens; the larger vocab_size pads with [PAD] tokens as llama.cpp does).
+SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    SMOLLM3_3B: {
+        "config.json": {
+            "architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+            "initializer_range": 0.02, "intermediate_size": 11008, "layer_types": ["full_attention"] * 36,
+            "max_position_embeddings": 65536, "max_window_layers": 28, "mlp_bias": False, "model_type": "smollm3",
+            "no_rope_layer_interval": 4, "no_rope_layers": SMOLLM3_NO_ROPE_EVERY_4TH, "num_attention_heads": 16,
+            "num_hidden_layers": 36, "num_key_value_heads": 4, "pad_token_id": 128004, "pretraining_tp": 2,
+            "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 5000000.0, "sliding_window": None,
+            "torch_dtype": "bfloat16", "transformers_version": "4.54.0.dev0", "use_cache": False,
+            "use_sliding_window": False, "vocab_size": 128256},
+        "generation_config.json": {"bos_token_id": 128000, "eos_token_id": 128012, "pad_token_id": 128004,
+                                   "transformers_version": "4.54.0.dev0"},
+    },
+    GRANITE_33_2B_INSTRUCT: {
+        "config.json": {
+            "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+            "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+            "logits_scaling": 8.0, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "granite",
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0,
+            "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000000.0,
+            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.49.0",
+            "use_cache": True, "vocab_size": 49159},
+        "generation_config.json": {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+                                   "transformers_version": "4.49.0"},
+    },
+    OLMO_2_0425_1B: {
+        "config.json": {
+            "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+            "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "olmo2",
+            "num_attention_heads": 16, "num_hidden_layers": 16, "num_key_value_heads": 16, "pad_token_id": 100277,
+            "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False,
+            "torch_dtype": "float32", "transformers_version": "4.48.3", "use_cache": True, "vocab_size": 100352},
+        "generation_config.json": {"eos_token_id": 100257, "pad_token_id": 100277, "transformers_version": "4.48.3"},
+    },
     QWEN3_30B_A3B: {
         "config.json": {
             "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -870,6 +969,37 @@ GEMMA_REAL_TOKENIZER_CASES: tuple[Case, ...] = (
          dims=replace(GEMMA_DIMS, vocab_size=256000), head_dim=16, dirname="gemma-2-2b-it-real-tokenizer",
          description="gemma-2-2b-it's config, the real Gemma 2 vocabulary as a built tokenizer.model, F32"),
 )
+# Issue 26: SmolLM3 (the Llama class under arch smollm3), Granite 3.x dense and OLMo 2, each from BF16
+# and F32 weights, with their real config.json keys.
+FAMILY_CASES: tuple[Case, ...] = (
+    Case("smollm3-3b-shape", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
+         config_updates=SMOLLM3_TINY_LAYERS, dirname="smollm3-3b",
+         description="SmolLM3-3B's config (NoPE every 4th layer, tied), BF16, its tokenizer derived from "
+                     "Llama 3.2's (../shared/fixtures)"),
+    Case("smollm3-3b-f32", dtype="F32", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
+         config_updates=SMOLLM3_TINY_LAYERS, dirname="smollm3-3b-f32",
+         description="the SmolLM3-3B shape from F32 weights"),
+    # A fine-tune whose NoPE layers are not every 4th: llama.cpp writes no pattern and its runtime
+    # assumes every 4th, so the GGUF would run wrong (bankml refuses it).
+    Case("smollm3-nope-every-3rd", tokenizer="smollm3-3b", config_from=SMOLLM3_3B, dims=SMOLLM3_TINY,
+         config_updates=(("layer_types", ["full_attention"] * 4), ("no_rope_layers", [1, 1, 0, 1]),
+                         ("no_rope_layer_interval", 3)), dirname="smollm3-nope-every-3rd",
+         description="SmolLM3-3B's config with NoPE on every 3rd layer (refused)"),
+    Case("granite-3.3-2b-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_33_2B_INSTRUCT,
+         dims=GRANITE_TINY, dirname="granite-3.3-2b-instruct",
+         description="granite-3.3-2b-instruct's config (four multipliers, tied), BF16; SmolLM2's tokenizer "
+                     "stands in for Granite's (not available offline)"),
+    Case("granite-3.3-2b-f32", dtype="F32", tokenizer="smollm2-135m-instruct",
+         config_from=GRANITE_33_2B_INSTRUCT, dims=GRANITE_TINY, dirname="granite-3.3-2b-instruct-f32",
+         description="the Granite 3.3 2B shape from F32 weights"),
+    Case("olmo-2-1b-shape", tokenizer="smollm2-135m-instruct", config_from=OLMO_2_0425_1B, dims=OLMO2_TINY,
+         tied=False, dirname="olmo-2-0425-1b",
+         description="OLMo-2-0425-1B's config (q/k norms, post norms, untied), BF16; SmolLM2's tokenizer "
+                     "stands in for dolma2's (not available offline)"),
+    Case("olmo-2-1b-f32", dtype="F32", tokenizer="smollm2-135m-instruct", config_from=OLMO_2_0425_1B,
+         dims=OLMO2_TINY, tied=False, dirname="olmo-2-0425-1b-f32",
+         description="the OLMo 2 1B shape from F32 weights, as on the Hub"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1000,6 +1130,7 @@ CASES: tuple[Case, ...] = (
     *MOE_CASES,
     *PHI3_CASES,
     *GEMMA_REAL_TOKENIZER_CASES,
+    *FAMILY_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1059,6 +1190,12 @@ BENCH_CASES += (
          tokenizer="gemma3-sentencepiece", config_from=GEMMA_3_1B_IT,
          description="gemma-3-1b-it config, the real Gemma 3 vocabulary as a built tokenizer.model, random "
                      "BF16 weights (~2 GB)"),
+    # Issue 26's bench: SmolLM3-3B's config (written above as the Hub ships it), its tokenizer derived from
+    # Llama 3.2's (../shared/fixtures), random BF16 weights, tied, in two shards as save_pretrained's 5 GB
+    # limit splits it (~6.2 GB).
+    Case("full-smollm3-3b", full_size=True, dirname="smollm3-3b", seed="full", tokenizer="smollm3-3b",
+         config_from=SMOLLM3_3B, shard_max_bytes=5_000_000_000,
+         description="SmolLM3-3B config, its tokenizer, random BF16 weights in 2 shards (~6.2 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
@@ -1128,7 +1265,8 @@ def hf_json_bytes(obj: dict) -> bytes:
 
 
 def fixture_bytes(folder: str, file_name: str) -> bytes:
-    if folder in WRITTEN_FIXTURES:
+    # A written folder may hold real files beside its written JSON (SmolLM3-3B's chat template).
+    if file_name in WRITTEN_FIXTURES.get(folder, {}):
         return hf_json_bytes(WRITTEN_FIXTURES[folder][file_name])
     return fixture_path(folder, file_name).read_bytes()
 
@@ -1268,6 +1406,33 @@ def phi3_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
             TensorSpec(p + "mlp.down_proj.weight", (h, ff)),
             TensorSpec(p + "input_layernorm.weight", (h,)),
             TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", (h,)))
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
+def olmo2_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
+    """Olmo2ForCausalLM's state_dict: no input norm, q/k norms over all heads (not per head), the
+    attention and feed-forward outputs each normed after."""
+    hd = dims.hidden_size // dims.num_attention_heads
+    h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
+            TensorSpec(p + "self_attn.q_norm.weight", (q_out,)),
+            TensorSpec(p + "self_attn.k_norm.weight", (kv_out,)),
+            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
+            TensorSpec(p + "post_feedforward_layernorm.weight", (h,)),
         ]
     specs.append(TensorSpec("model.norm.weight", (h,)))
     if not tied:
@@ -1782,6 +1947,8 @@ def case_entries(case: Case) -> list[Entry]:
     elif config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
                                    config["model_type"], config.get("vision_config"))
+    elif config.get("model_type") == "olmo2":
+        specs = olmo2_tensor_specs(dims, tied)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

@@ -57,8 +57,10 @@ class Run:
 
 
 OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
+# Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
+REFUSED_CASES = frozenset({"smollm3-nope-every-3rd"})
 RUNS: tuple[Run, ...] = tuple(
-    [Run(c.name, c.name, ("--outtype", "f16")) for c in make_models.CASES]
+    [Run(c.name, c.name, ("--outtype", "f16"), refused=c.name in REFUSED_CASES) for c in make_models.CASES]
     + [Run("model-name", "bf16", ("--outtype", "f16", "--model-name", "mindx-gen39 merged"))]
     # Every other output type on each source dtype (with special values), on a shape whose rows
     # are not whole Q8_0 blocks (llama.cpp's F16 fallback), on the full-size model, and on every
@@ -97,7 +99,13 @@ RUNS: tuple[Run, ...] = tuple(
     # The real Gemma tokenizers (fetched: oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only path
     # and the SentencePiece path with a built tokenizer.model, in q8_0 too.
     + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0"))
-       for case in ("gemma-3-1b-tokenizer-json", "gemma-3-4b-tokenizer-json", "gemma-3-1b-real-spm")])
+       for case in ("gemma-3-1b-tokenizer-json", "gemma-3-4b-tokenizer-json", "gemma-3-1b-real-spm")]
+    # SmolLM3, Granite 3.x and OLMo 2 (issue 26): every output type from BF16 and from F32 weights; a
+    # SmolLM3 config whose NoPE layers llama.cpp's runtime would not apply, refused.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("smollm3-3b-shape", "smollm3-3b-f32", "granite-3.3-2b-shape", "granite-3.3-2b-f32",
+                    "olmo-2-1b-shape", "olmo-2-1b-f32")
+       for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 

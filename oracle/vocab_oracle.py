@@ -154,6 +154,15 @@ EDITS: dict[str, Callable[[Path], None]] = {
     # chat_template.jinja), derived by make_models (the files are Meta-licensed, so none is shipped).
     "resaved_transformers_5": lambda d: _make_models().resave_tokenizer(d),
     "gemma_shape": gemma_shape,
+    # SmolLM2's tokenizer under Granite's and OLMo 2's configs (their own tokenizers are not available
+    # offline): AutoTokenizer may pick a class by model_type.
+    "granite_config": lambda d: edit_json(d / "config.json", lambda c: c.update(
+        architectures=["GraniteForCausalLM"], model_type="granite")),
+    "olmo2_config": lambda d: edit_json(d / "config.json", lambda c: c.update(
+        architectures=["Olmo2ForCausalLM"], model_type="olmo2")),
+    # SmolLM3-3B's tokenizer, derived by make_models from Llama 3's (no BOS in its template), under its config.
+    "smollm3": lambda d: (_make_models().smollm3_tokenizer(d), write_config(
+        d, {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"})),
 }
 
 
@@ -206,9 +215,12 @@ CHKHSH_CASES: dict[str, Case] = {
     I + "+drop_first_merge": Case(_INSTRUCT, "drop_first_merge"),
     I + "+add_prefix_space_null": Case(_INSTRUCT, "add_prefix_space_null"),
     I + "+merge_outside_vocab": Case(_INSTRUCT, "merge_outside_vocab"),
+    I + "+granite_config": Case(_INSTRUCT, "granite_config"),
+    I + "+olmo2_config": Case(_INSTRUCT, "olmo2_config"),
     L3: Case(_LLAMA3),
     L3 + "+llama3_under_qwen2_config": Case(_LLAMA3, "llama3_under_qwen2_config"),
     L3 + "+resaved_transformers_5": Case(_LLAMA3, "resaved_transformers_5"),
+    L3 + "+smollm3": Case(_LLAMA3, "smollm3"),
     Q3 + "+qwen2_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen2_config"),
     Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
     "TinyLlama-1.1B-Chat-v1.0+gemma_shape": Case(tuple(("TinyLlama-1.1B-Chat-v1.0", f) for f in (
