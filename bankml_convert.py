@@ -102,7 +102,7 @@ from functools import lru_cache
 from itertools import repeat
 from operator import mul
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Protocol, Sequence
 
 __version__ = "0.1.0"
 
@@ -1463,7 +1463,7 @@ class TensorPlan(NamedTuple):
     to start converting tensor data while the vocabulary is still being read."""
     config: dict
     family: Family
-    params: TextParams      # the family's hyperparameters, as its config class fills them
+    params: ModelParams     # the family's hyperparameters, as its config class fills them
     tensors: list[PlannedTensor]
     inputs: list[Path]
     outtype: OutType
@@ -1482,7 +1482,7 @@ class Plan(NamedTuple):
     outtype: OutType    # --outtype, with auto decided
 
 
-def plan_tensor_data(model_dir: Path, options: Options) -> TensorPlan:
+def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
     problem = model_dir_problem(model_dir)
     if problem:
@@ -1511,7 +1511,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
 
     The keys below are in the order llama.cpp's converter adds them: ModelBase's general.* keys,
     the family's set_gguf_parameters, the quantization version, then its set_vocab."""
-    config, family, params, tensors, inputs, out, tokenizer, card = tensor_plan or plan_tensor_data(model_dir, options)
+    config, family, params, tensors, inputs, out, tokenizer, card = tensor_plan or tensor_plan_of(model_dir, options)
     vocab = tokenizer.vocab(model_dir, config, params.vocab_size)
     counts = parameter_counts(tensors)
     n_params = counts.total
@@ -1882,13 +1882,21 @@ def dropped_buffers(hf_name: str) -> Optional[str]:
     return None if hf_name.endswith(_OLD_BUFFERS) else hf_name
 
 
+class ModelParams(Protocol):
+    """What the code outside a family reads of the hyperparameters its params function returns; each
+    family's record (TextParams, GemmaParams, ...) has these, with more of its own that only its
+    functions read.  test_bankml_convert.py checks every registered family's return type."""
+    block_count: int        # the blocks blk.N the plan expects
+    vocab_size: int         # the rows of token_embd, and the vocabulary's length
+
+
 class Family(NamedTuple):
     """How llama.cpp converts one model family, as data and the family's own functions."""
     name: str                           # for messages: "Llama"
     architectures: tuple[str, ...]      # config.json architectures[0] values llama.cpp maps to it
     model_types: tuple[str, ...]        # the config.json model_type values it accepts (transformers' config classes)
     gguf_arch: str                      # general.architecture, and its keys' prefix
-    params: Callable[[dict], Any]       # config.json -> hyperparameters (with the config class's defaults), or a Refusal
+    params: Callable[[dict], ModelParams]   # config.json -> hyperparameters (with the config class's defaults), or a Refusal
     hparam_kvs: Callable[[Any, int], list[KV]]      # (params, general.file_type) -> set_gguf_parameters' keys, in order
     vocab_kvs: Callable[[Any, Any, list[KV]], list[KV]]     # (params, Vocab, tokenizer keys) -> set_vocab's keys, in order
     top_tensors: dict[str, str]         # HF name -> GGUF name, outside the blocks
@@ -9784,7 +9792,7 @@ def convert(model_dir, out, options: Options | None = None, pin=None, source: st
     options = options or Options()
     model_dir = Path(model_dir)
     snapshot = InputSnapshot(model_dir)
-    tensor_plan = plan_tensor_data(model_dir, options)
+    tensor_plan = tensor_plan_of(model_dir, options)
     return write_planned(model_dir, out, options, pin, source or str(model_dir.resolve()), snapshot,
                          tensor_plan.outtype, tensor_plan.tensors, tensor_plan.inputs,
                          lambda: plan_conversion(model_dir, options, tensor_plan))
@@ -10497,7 +10505,7 @@ def plan_sllm(model_dir: Path, outtype: str, options: Options = Options()) -> Sl
     if outtype not in SLLM_DTYPES:
         raise Refusal(f"--outtype {outtype!r} is not one the engine's format has; use {', '.join(SLLM_DTYPES)}")
     # The GGUF plan decides family, hyperparameters and tensors; a model card changes only GGUF metadata.
-    tp = plan_tensor_data(model_dir, options._replace(outtype="f32", ignore_model_card=True))
+    tp = tensor_plan_of(model_dir, options._replace(outtype="f32", ignore_model_card=True))
     if tp.family is not LLAMA or tp.config.get("architectures") != ["LlamaForCausalLM"]:
         raise Refusal(f"architecture {tp.config.get('architectures')!r} is not LlamaForCausalLM; the engine "
                       f"computes plain Llama blocks only (no biases, q/k norms or sliding window)")
@@ -12350,7 +12358,7 @@ def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
     """Where llama.cpp writes when --outfile is a directory (or absent: the model directory):
     FOLDER/{naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
     names it.  The keys come from the same tensor plan and model card the conversion uses."""
-    tp = plan_tensor_data(model_dir, options)
+    tp = tensor_plan_of(model_dir, options)
     name_or_path = tp.config.get("_name_or_path")
     general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
                                                     model_dir.name, options.model_name,

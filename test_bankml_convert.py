@@ -341,7 +341,7 @@ class ParallelAndSequentialWriting(Workspace):
         # The plan is finished only once both workers are seen waiting for the header or out of
         # jobs (marks they leave through the patched helpers), so each run takes the path it names.
         d = self.case("sharded-3")
-        tensor_plan = bc.plan_tensor_data(d, bc.Options())
+        tensor_plan = bc.tensor_plan_of(d, bc.Options())
         self.assertLessEqual(len(bc.data_jobs(tensor_plan.tensors, 0)), bc._JobQueue.MAX_AHEAD)
         marks = Path(tempfile.mkdtemp(dir=self.tmp))
         next_job, data_start = bc._next_job, bc._data_start
@@ -415,7 +415,7 @@ class ParallelAndSequentialWriting(Workspace):
     def test_the_collector_stays_off_while_workers_run_and_a_caller_s_frozen_objects_stay_frozen(self):
         # On every Python, 3.12 too (it starts with objects frozen, which once kept this off there).
         d = self.case("sharded-3")
-        tensor_plan = bc.plan_tensor_data(d, bc.Options())
+        tensor_plan = bc.tensor_plan_of(d, bc.Options())
         collecting = []
 
         def finish_plan():
@@ -574,7 +574,7 @@ class ParallelAndSequentialWriting(Workspace):
     def test_an_unexpected_exception_on_the_command_line_is_one_line_naming_where_then_fails_as_a_bug(self):
         d = self.case("bf16")
         out = self.tmp / "cli-bug.gguf"
-        with mock.patch.object(bc, "plan_tensor_data", side_effect=ZeroDivisionError("a bug")), \
+        with mock.patch.object(bc, "tensor_plan_of", side_effect=ZeroDivisionError("a bug")), \
                 contextlib.redirect_stdout(io.StringIO()) as stdout, \
                 contextlib.redirect_stderr(io.StringIO()) as stderr:
             code = bc.main([str(d), "-o", str(out)])
@@ -775,6 +775,15 @@ class Seams(Workspace):
         mapped = re.findall(r"^  (\S.*?\S)\s{2,}(?:core|speed|memory|trust|tool)\s", bc.__doc__, re.MULTILINE)
         self.assertGreater(len(sections), 10)
         self.assertEqual(mapped, sections)
+
+    def test_every_family_params_record_has_what_shared_code_reads(self):
+        import typing
+        wanted = typing.get_type_hints(bc.ModelParams)
+        self.assertEqual(set(wanted), {"block_count", "vocab_size"})
+        for family in bc.FAMILIES.values():
+            record = typing.get_type_hints(family.params, vars(bc))["return"]
+            for field in wanted:
+                self.assertTrue(hasattr(record, field), f"{family.name}: {record.__name__} has no {field}")
 
     def test_a_family_registered_under_another_architecture_converts_through_its_entry_alone(self):
         d = self.case("bf16")
@@ -3503,7 +3512,7 @@ class QwenKeysAndTensors(Workspace):
         return {kv.key: kv.value for kv in family.hparam_kvs(params, 1)}
 
     def plan(self, case: str, outtype: str = "f16") -> bc.TensorPlan:
-        return bc.plan_tensor_data(self.case(case), bc.Options(outtype=outtype))
+        return bc.tensor_plan_of(self.case(case), bc.Options(outtype=outtype))
 
     def test_qwen2_writes_text_model_keys_in_order_and_no_others(self):
         self.assertEqual(list(self.keys_of(QWEN2_5)), [
@@ -3913,7 +3922,7 @@ class GemmaRefusals(Workspace):
 # ---------------------------------------------------------------------------------------------
 
 def _moe_plan(d: Path, outtype: str = "f16") -> bc.TensorPlan:
-    return bc.plan_tensor_data(d, bc.Options(outtype=outtype))
+    return bc.tensor_plan_of(d, bc.Options(outtype=outtype))
 
 
 class MoeStacking(Workspace):
@@ -5749,7 +5758,7 @@ class MistralOwnLayout(Workspace):
 
     def test_the_hub_layout_reads_only_the_hugging_face_files(self):
         d = self.case("mistral-v0.3-hub-layout")
-        read = {p.name for p in bc.plan_tensor_data(d, bc.Options()).inputs}
+        read = {p.name for p in bc.tensor_plan_of(d, bc.Options()).inputs}
         self.assertEqual(read & {"params.json", "consolidated.safetensors", "tokenizer.model.v3"}, set())
 
 
@@ -6646,7 +6655,7 @@ class SllmRefusals(Workspace):
         self.assertSllmRefuses(self.case("head-dim"), "is not hidden_size / num_attention_heads")
 
     def test_head_dim_above_256(self):
-        tp = bc.plan_tensor_data(self.case("example"), bc.Options(outtype="f32"))
+        tp = bc.tensor_plan_of(self.case("example"), bc.Options(outtype="f32"))
         p = tp.params._replace(embedding_length=288, head_count=1, head_count_kv=1, head_dim=288)
         with self.assertRaisesRegex(bc.Refusal, "head_dim 288 is above 256"):
             bc.sllm_config(tp._replace(params=p), 49152, 1, 2, "f32")
