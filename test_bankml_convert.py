@@ -807,12 +807,13 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                               "layers; bankml_convert converts plain LlamaForCausalLM or MistralForCausalLM weights only")
 
     def test_output_types_not_reproduced_are_refused(self):
+        types = ", ".join(bc.OUT_TYPES)     # the registry's, so a new output type edits no test here
         self.assertRefuses(self.case("bf16"), "--outtype tq1_0 (a ternary type) is not reproduced byte for byte; "
-                                              "use f32, f16, bf16, q8_0, auto, or llama.cpp's converter",
+                                              f"use {types}, auto, or llama.cpp's converter",
                            "--outtype", "tq1_0")
 
     def test_unknown_output_types_are_refused(self):
-        self.assertRefuses(self.case("bf16"), "--outtype 'fp8' is unknown; use f32, f16, bf16, q8_0 or auto",
+        self.assertRefuses(self.case("bf16"), f"--outtype 'fp8' is unknown; use {', '.join(bc.OUT_TYPES)} or auto",
                            "--outtype", "fp8")
 
     def test_a_file_instead_of_a_directory_is_refused_naming_its_directory(self):
