@@ -4662,6 +4662,7 @@ def load_model_card(model_dir: Path) -> dict:
 # gguf-py's TokenType values; a BPE vocabulary uses only these four.
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
+# --- The keys: what set_vocab writes from a Vocab -------------------------------------------------
 # SpecialVocab's special_token_types, in the order it looks them up and stores them.
 SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
@@ -4727,6 +4728,7 @@ def bpe_kvs(v: Vocab) -> list[KV]:
     return kv.items()
 
 
+# --- Measured tokenizers --------------------------------------------------------------------------
 # Measured tokenizers: llama.cpp hashes token ids (chkhsh, computed below); these rows hash the files
 # of the tokenizers the oracle measured, and the computed chkhsh must agree with a matching row.
 
@@ -4841,6 +4843,7 @@ def known_tokenizer(vm_sha256: str, shape: TokenizerShape) -> Optional[KnownToke
     return next((k for k in KNOWN_TOKENIZERS if k.vocab_merges_sha256 == vm_sha256 and k.shape == shape), None)
 
 
+# --- The chkhsh replay: naming the pre-tokenizer as llama.cpp does --------------------------------
 # Naming the pre-tokenizer as llama.cpp does: get_vocab_base_pre hashes the ids transformers 5.18's
 # tokenizer gives one fixed text (the "chkhsh") and looks the hash up in a table.  We replay that
 # tokenizer in the standard library for the shapes the oracle confirmed (CHECK_BUILDS) and refuse the
@@ -5490,6 +5493,7 @@ def pre_tokenizer_name(tokenizer_json: dict, tokenizer_config: dict, config: Opt
     return pre
 
 
+# --- Reading tokenizer.json and tokenizer_config.json ---------------------------------------------
 # Reading the tokenizer files the way llama.cpp and transformers do.
 
 class AddedToken(NamedTuple):
@@ -5586,6 +5590,7 @@ def _merges_written(merges: list) -> list[str]:
     return [" ".join(part.replace(" ", "\u0120") for part in pair) for pair in merges]
 
 
+# --- Reading a large tokenizer.json lean (memory) -------------------------------------------------
 # Reading a large tokenizer.json lean.  Llama 3's holds 280,147 merges, which json.loads makes into as
 # many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
 # whole conversion may use (README's memory target).  So the model's vocab object and
@@ -5850,6 +5855,7 @@ class GGUFStrings:
             yield chunk
 
 
+# --- Which path: what the gpt2 path refuses -------------------------------------------------------
 # Which path llama.cpp takes: the gpt2 one is ported through transformers' GPT2Tokenizer only; the
 # SentencePiece and llama_hf paths have kinds of their own (below), and each family's vocab_paths
 # says which it tries before this one (a tokenizer.model wins in every family that reads one).
@@ -5932,6 +5938,7 @@ def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: di
                       "normalizer flags from it; not supported")
 
 
+# --- Added and special tokens ---------------------------------------------------------------------
 # Added and special tokens: what transformers' added vocabulary holds, and llama.cpp's token types.
 
 STANDARD_TOKEN_KEYS = tuple(f"{t}_token" for t in SPECIAL_TYPES)
@@ -6073,6 +6080,7 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int,
     return tokens, types
 
 
+# --- SpecialVocab: special ids, add flags, chat template ------------------------------------------
 # SpecialVocab: special token ids, add_*_token flags and the chat template.
 
 def post_processor_add_flags(tokenizer_json: dict, tokenizer_config: Optional[dict] = None) -> list[tuple[str, bool]]:
@@ -6220,6 +6228,7 @@ def chat_template(d: Path, tokenizer_config: dict) -> Optional[str]:
     return template if isinstance(template, str) else None
 
 
+# --- The gpt2 path's vocabulary of a directory ----------------------------------------------------
 # The whole vocabulary of a directory.
 
 def optional_json(path: Path) -> Optional[object]:
@@ -6327,6 +6336,7 @@ def _is_template_piece(item: object) -> bool:
     return kind == "SpecialToken" and isinstance(body, dict) and isinstance(body.get("id"), str)
 
 
+# --- SentencePiece: the protobuf reader and _set_vocab_sentencepiece ------------------------------
 # SentencePiece (tokenizer.model): llama.cpp's _set_vocab_sentencepiece.  llama.cpp loads the file
 # with SentencePieceProcessor and copies every piece, score and type; here a small protobuf
 # wire-format reader does the same, and refuses every file it is not sure sentencepiece would load
@@ -6827,6 +6837,7 @@ def spm_kvs(v: Vocab) -> list[KV]:
     return kv.items()
 
 
+# --- llama_hf: byte-fallback BPE read as LlamaHfVocab ---------------------------------------------
 # llama.cpp's llama_hf path (_set_vocab_llama_hf, gguf-py's LlamaHfVocab): a byte-fallback BPE
 # tokenizer.json with a Sequence decoder and no tokenizer.model -- what transformers 5 leaves after
 # re-saving a TinyLlama / Llama 2 tokenizer.  llama.cpp reads the vocabulary through transformers'
@@ -6929,6 +6940,7 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
                              chat_template(d, tokenizer_config), add_prefix_space)
 
 
+# --- Phi-3's SentencePiece variant ----------------------------------------------------------------
 # Phi-3's own SentencePiece path (Phi3MiniModel.set_vocab, conversion/phi.py:44-146): vocab_size slots
 # as on the SentencePiece path, but every piece of tokenizer.model copied (no cut at vocab_size), and the
 # added tokens of tokenizer_config.json's added_tokens_decoder, then of tokenizer.json's added_tokens,
@@ -6979,6 +6991,7 @@ def phi3_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
                              chat_template(d, tokenizer_config), None)
 
 
+# --- The tokenizer kinds --------------------------------------------------------------------------
 # The tokenizer kinds: llama.cpp's vocabulary paths, as data.
 
 class TokenizerKind(NamedTuple):
