@@ -5372,6 +5372,19 @@ class JsonRuns(NamedTuple):
             yield json.loads(opener + text.decode("utf-8") + closer)
 
 
+def _mapped_find(data: mmap.mmap, needle: bytes) -> int:
+    """data.find(needle), a window at a time, each window's pages given back once searched: a search
+    of the whole file at once made all of it this process's memory (Gemma's 33 MB tokenizer.json)."""
+    window = 1 << 20
+    for start in range(0, len(data), window):
+        end = min(len(data), start + window + len(needle) - 1)
+        at = data.find(needle, start, end)
+        _drop_pages(data, start, end)
+        if at >= 0:
+            return at
+    return -1
+
+
 def _drop_pages(mapped: mmap.mmap, start: int, end: int) -> None:
     """Give back the mapped file's pages inside start..end, read already: the kernel reads them again
     from its page cache if they are touched again, and meanwhile they are not this process's memory."""
@@ -5409,7 +5422,7 @@ def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
         del data
         return read_json(path)
     nonce = "bankml-cut"
-    while data.find(nonce.encode()) >= 0:
+    while _mapped_find(data, nonce.encode()) >= 0:
         nonce += "~"
     _drop_pages(data, 0, len(data))
     placeholder = b'"' + nonce.encode() + b'"'
