@@ -4688,6 +4688,11 @@ def string_array(strings: Sequence[str]) -> Sequence[str]:
     return strings if isinstance(strings, GGUFStrings) else list(strings)
 
 
+def number_array(values: Sequence) -> Sequence:
+    """A KV array value of numbers: packed ones (array, bytearray) stay as they are, others a list."""
+    return values if isinstance(values, (array, bytearray)) else list(values)
+
+
 class Vocab(NamedTuple):
     tokens: list[str]                     # id order, [PAD{i}] for ids the vocabulary lacks (GGUFStrings
                                           # on the gpt2 path)
@@ -5632,6 +5637,19 @@ class JsonRuns(NamedTuple):
             yield json.loads(opener + text.decode("utf-8") + closer)
 
 
+def _mapped_find(data: mmap.mmap, needle: bytes) -> int:
+    """data.find(needle), a window at a time, each window's pages given back once searched: a search
+    of the whole file at once made all of it this process's memory (Gemma's 33 MB tokenizer.json)."""
+    window = 1 << 20
+    for start in range(0, len(data), window):
+        end = min(len(data), start + window + len(needle) - 1)
+        at = data.find(needle, start, end)
+        _drop_pages(data, start, end)
+        if at >= 0:
+            return at
+    return -1
+
+
 def _drop_pages(mapped: mmap.mmap, start: int, end: int) -> None:
     """Give back the mapped file's pages inside start..end, read already: the kernel reads them again
     from its page cache if they are touched again, and meanwhile they are not this process's memory."""
@@ -5669,7 +5687,7 @@ def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
         del data
         return read_json(path)
     nonce = "bankml-cut"
-    while data.find(nonce.encode()) >= 0:
+    while _mapped_find(data, nonce.encode()) >= 0:
         nonce += "~"
     _drop_pages(data, 0, len(data))
     placeholder = b'"' + nonce.encode() + b'"'
@@ -5800,6 +5818,13 @@ class GGUFStrings:
             if lines is not None:
                 add_lines(lines, strings)
         self._data, self._source, self.count, self.nbytes = data, None, count, len(data)
+
+    @classmethod
+    def of_encoded(cls, data: bytes, count: int) -> "GGUFStrings":
+        """The ``count`` strings whose GGUF array elements ``data`` is (already checked UTF-8)."""
+        strings = cls.__new__(cls)
+        strings._data, strings._source, strings.count, strings.nbytes = data, None, count, len(data)
+        return strings
 
     @classmethod
     def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int) -> "GGUFStrings":
@@ -6419,11 +6444,11 @@ def _expect(f: ProtoField, wire: int, what: str) -> None:
         raise _bad_model(f"{what} has wire type {f.wire}, not {wire}")
 
 
-def sentencepiece_piece(data: bytes, index: int) -> SentencePiece:
-    """One ModelProto.SentencePiece: piece (1), score (2, float32), type (3); a repeated field's
-    last value wins, as protobuf merges them.  Read inline rather than through proto_fields: a
+def sentencepiece_piece(data: bytes, index: int) -> tuple[bytes, bytes, int]:
+    """One ModelProto.SentencePiece as its piece's UTF-8 (1), its score's four little-endian float32
+    bytes (2) and its type (3); a repeated field's last value wins, as protobuf merges them.  Read inline rather than through proto_fields: a
     vocabulary has tens of thousands of pieces, and this loop is most of the reading time."""
-    piece, score, kind = b"", 0.0, 1
+    piece, score, kind = b"", bytes(4), 1
     pos, end = 0, len(data)
     while pos < end:
         tag = data[pos]
@@ -6443,7 +6468,7 @@ def sentencepiece_piece(data: bytes, index: int) -> SentencePiece:
         elif tag == 0x15:                       # field 2, fixed32: the score
             if end - pos < 4:
                 raise _bad_model(f"piece {index}'s score is truncated")
-            score, pos = _F32.unpack_from(data, pos)[0], pos + 4
+            score, pos = data[pos:pos + 4], pos + 4
         elif tag == 0x18:                       # field 3, varint: the type
             if pos < end and data[pos] < 0x80:
                 kind, pos = data[pos], pos + 1
@@ -6467,11 +6492,12 @@ def sentencepiece_piece(data: bytes, index: int) -> SentencePiece:
     if not 1 <= kind <= 6:
         # protobuf keeps an unknown enum value aside and reads the type as NORMAL.
         raise _bad_model(f"piece {index} ({text!r}) has type {kind}, which is no SentencePiece type")
-    if not math.isfinite(score):
+    value = _F32.unpack(score)[0]
+    if not math.isfinite(value):
         # sentencepiece refuses a unigram model with one ("score is NaN or Inf"), and NaN payloads
         # change on the way through its float and gguf-py's struct.pack.
-        raise _bad_model(f"piece {index} ({text!r}) has the score {score}, not a finite number")
-    return SentencePiece(text, score, kind)
+        raise _bad_model(f"piece {index} ({text!r}) has the score {value}, not a finite number")
+    return piece, score, kind
 
 
 def _skip_field(data: bytes, pos: int, number: int, wire: int) -> int:
@@ -6543,15 +6569,56 @@ def _model_fields(data: bytes) -> Iterator[ProtoField]:
         pos += size
 
 
-def sentencepiece_pieces(data: bytes) -> list[SentencePiece]:
+class SentencePieces:
+    """ModelProto.pieces kept packed: the texts as the elements of a GGUF string array (u64 length,
+    UTF-8), the float32 scores as the file's bits, the types one byte each -- Gemma's 262,144 pieces as
+    NamedTuples of str and float were most of a conversion's memory.  Reads as a sequence of
+    SentencePiece (len, iteration, indexing and slices)."""
+
+    __slots__ = ("encoded", "scores", "types")
+
+    def __init__(self, encoded: bytes, scores: array, types: bytearray) -> None:
+        self.encoded, self.scores, self.types = encoded, scores, types
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+    def __iter__(self) -> Iterator[SentencePiece]:
+        texts = GGUFStrings.of_encoded(self.encoded, len(self.types))
+        return map(SentencePiece, texts, self.scores, self.types)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(itertools.islice(self, *index.indices(len(self))))
+        if not -len(self) <= index < len(self):
+            raise IndexError("SentencePieces index out of range")
+        return next(itertools.islice(self, index % len(self), None))
+
+    def offsets(self, ids: Iterable[int]) -> list[int]:
+        """Where each of ``ids`` (ascending; len(self) for the end) starts in ``encoded``."""
+        found, at, index, unpack = [], 0, 0, _U64_LE.unpack_from
+        for tid in ids:
+            while index < tid:
+                at += 8 + unpack(self.encoded, at)[0]
+                index += 1
+            found.append(at)
+        return found
+
+
+def sentencepiece_pieces(data: bytes) -> SentencePieces:
     """ModelProto.pieces of a tokenizer.model, or a Refusal for what SentencePieceProcessor would not
     load (or load differently): duplicate, empty or non-UTF-8 pieces, not exactly one UNKNOWN piece,
     BYTE pieces not spelled <0xHH> or without byte_fallback, broken protobuf."""
-    pieces: list[SentencePiece] = []
+    texts: list[bytes] = []
+    scores = bytearray()
+    kinds = bytearray()
     spec_parts: list[bytes] = []
     for f in _model_fields(data):
         if f.number == 1:
-            pieces.append(sentencepiece_piece(f.value, len(pieces)))
+            text, score, kind = sentencepiece_piece(f.value, len(texts))
+            texts.append(text)
+            scores += score
+            kinds.append(kind)
         elif f.number == 2:
             spec_parts.append(f.value)     # a message given twice is merged: its fields, last wins
         elif f.number in (3, 5):
@@ -6563,29 +6630,40 @@ def sentencepiece_pieces(data: bytes) -> list[SentencePiece]:
     spec = trainer_spec(b"".join(spec_parts))
     if spec.model_type not in (1, 2):
         raise _bad_model(f"trainer_spec.model_type {spec.model_type} is not UNIGRAM (1) or BPE (2)")
-    seen: set[str] = set()
-    unknown = []
+    seen: set[bytes] = set()
+    for text in texts:
+        if text in seen:
+            raise _bad_model(f"piece {text.decode('utf-8')!r} is defined twice (sentencepiece refuses it)")
+        seen.add(text)
+    del seen
     byte_pieces = set()
-    for i, p in enumerate(pieces):
-        if p.piece in seen:
-            raise _bad_model(f"piece {p.piece!r} is defined twice (sentencepiece refuses it)")
-        seen.add(p.piece)
-        if p.type == UNKNOWN:
-            unknown.append(i)
-        elif p.type == BYTE:
-            if not spec.byte_fallback or not _BYTE_PIECE.fullmatch(p.piece):
-                raise _bad_model(f"byte piece {p.piece!r} is not <0xHH> or byte_fallback is off")
-            byte_pieces.add(p.piece)
-    if len(unknown) != 1:
-        raise _bad_model(f"{len(unknown)} UNKNOWN pieces; sentencepiece needs exactly one")
+    for i in (i for i, kind in enumerate(kinds) if kind == BYTE):
+        piece = texts[i].decode("utf-8")
+        if not spec.byte_fallback or not _BYTE_PIECE.fullmatch(piece):
+            raise _bad_model(f"byte piece {piece!r} is not <0xHH> or byte_fallback is off")
+        byte_pieces.add(piece)
+    if kinds.count(UNKNOWN) != 1:
+        raise _bad_model(f"{kinds.count(UNKNOWN)} UNKNOWN pieces; sentencepiece needs exactly one")
     if spec.byte_fallback and len(byte_pieces) != 256:
         raise _bad_model(f"byte_fallback is on but {len(byte_pieces)} of the 256 byte pieces exist")
-    if not any(p.type in (NORMAL, USER_DEFINED) for p in pieces):
+    if NORMAL not in kinds and USER_DEFINED not in kinds:
         raise _bad_model("no normal piece")
-    return pieces
+    encoded = bytearray(8 * len(texts) + sum(map(len, texts)))
+    at = 0
+    for i in range(0, len(texts), _MERGES_PER_CHUNK):
+        piece = encoded_bytes(texts[i:i + _MERGES_PER_CHUNK])
+        encoded[at:at + len(piece)] = piece
+        at += len(piece)
+    del texts
+    # The file's little-endian bits, kept as they are: an array('f') holds float32 exactly.
+    floats = array("f")
+    floats.frombytes(scores)
+    if sys.byteorder == "big":
+        floats.byteswap()
+    return SentencePieces(encoded, floats, kinds)
 
 
-def read_tokenizer_model(path: Path) -> list[SentencePiece]:
+def read_tokenizer_model(path: Path) -> SentencePieces:
     """The pieces of the tokenizer.model at path (its size bounded before it is read)."""
     try:
         with open(path, "rb") as f:
@@ -6607,40 +6685,62 @@ def spm_token_type(kind: int) -> int:
     return kind if kind in (UNKNOWN, CONTROL, UNUSED, BYTE) else NORMAL
 
 
+_SPM_TOKEN_TYPES = bytes(spm_token_type(kind) for kind in range(256))
+
+
 class SpmTokens(NamedTuple):
-    tokens: list[str]
-    scores: list[float]
-    toktypes: list[int]
+    """The SentencePiece paths' vocabulary as it is built: the pieces that fit, packed, with the
+    tokens laid over them (and over the [PADi] slots) kept aside until the texts are written."""
+    pieces: SentencePieces
+    laid: dict                  # id -> the token text written in place of the piece or [PADi]
+    scores: array               # float32, one per id
+    toktypes: bytearray         # the GGUF token type of each id
+
+    def put(self, tid: int, content: str, score: float, toktype: int) -> None:
+        self.laid[tid] = content
+        self.scores[tid], self.toktypes[tid] = score, toktype
+
+    def tokens(self) -> GGUFStrings:
+        """The token texts in id order, as the GGUF array's elements."""
+        n, fitting = len(self.scores), min(len(self.pieces), len(self.scores))
+        over = sorted(tid for tid in self.laid if tid < fitting)
+        starts = self.pieces.offsets(over + [fitting])
+        encoded, out, copied = self.pieces.encoded, bytearray(), 0
+        for tid, at in zip(over, starts):
+            out += encoded[copied:at]
+            out += encoded_strings([self.laid[tid]])
+            copied = at + 8 + _U64_LE.unpack_from(encoded, at)[0]
+        out += encoded[copied:starts[-1]]
+        out += encoded_strings([self.laid.get(tid, f"[PAD{tid}]") for tid in range(fitting, n)])
+        return GGUFStrings.of_encoded(out, n)
 
 
-def spm_tokens(pieces: list[SentencePiece], vocab_size: int, legacy_added: Optional[dict],
+def spm_tokens(pieces: SentencePieces, vocab_size: int, legacy_added: Optional[dict],
                tokenizer_config: dict) -> SpmTokens:
     """_create_vocab_sentencepiece: vocab_size slots of [PADi] (score -10000, UNUSED), the pieces
     that fit, then added_tokens.json's tokens, then tokenizer_config.json's added_tokens_decoder;
     ids at or past vocab_size are skipped, as llama.cpp does with a warning."""
-    # The pieces' own strings and floats, so that only three lists outlive the pieces (Gemma's 262,144).
-    fitting = pieces[:vocab_size]
-    tokens = [p.piece for p in fitting] + [f"[PAD{i}]" for i in range(len(fitting), vocab_size)]
-    scores = [p.score for p in fitting] + [-10000.0] * (vocab_size - len(fitting))
-    types = [spm_token_type(p.type) for p in fitting] + [UNUSED] * (vocab_size - len(fitting))
-    del fitting
+    fitting = min(len(pieces), vocab_size)
+    scores = pieces.scores[:fitting]
+    scores.extend(repeat(-10000.0, vocab_size - fitting))
+    types = pieces.types[:fitting].translate(_SPM_TOKEN_TYPES) + bytes([UNUSED]) * (vocab_size - fitting)
+    tokens = SpmTokens(pieces, {}, scores, types)
     for content, tid in (legacy_added or {}).items():
         if type(tid) is not int or tid < 0:
             raise Refusal(f"added_tokens.json gives {content!r} the id {tid!r}, not a non-negative "
                           f"integer; llama.cpp's converter fails or writes it elsewhere")
         if tid < vocab_size:
-            tokens[tid], scores[tid], types[tid] = content, -1000.0, USER_DEFINED
+            tokens.put(tid, content, -1000.0, USER_DEFINED)
     for key, t in (tokenizer_config.get("added_tokens_decoder") or {}).items():
         tid, content = int(key), t["content"]
         if tid >= vocab_size:
             continue
         if t.get("special") or looks_special(content):
-            types[tid] = CONTROL
+            tokens.put(tid, content, -1000.0, CONTROL)
         else:
             # llama.cpp pre-normalizes spaces of user-defined tokens.
-            content, types[tid] = content.replace("\u2581", " "), USER_DEFINED
-        tokens[tid], scores[tid] = content, -1000.0
-    return SpmTokens(tokens, scores, types)
+            tokens.put(tid, content.replace("\u2581", " "), -1000.0, USER_DEFINED)
+    return tokens
 
 
 def spm_special_vocab(tokenizer_json: Optional[dict], tokenizer_config: dict, config: dict,
@@ -6807,14 +6907,13 @@ def spm_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
         raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
     legacy_added = legacy_added_tokens(d)
 
-    tokens, scores, toktypes = spm_tokens(read_tokenizer_model(d / "tokenizer.model"), vocab_size, legacy_added,
-                                          tokenizer_config)
-    ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(tokens))
-    return llama_model_vocab(tokens, scores, toktypes, ids, flags, chat_template(d, tokenizer_config),
-                             add_prefix_space)
+    tokens = spm_tokens(read_tokenizer_model(d / "tokenizer.model"), vocab_size, legacy_added, tokenizer_config)
+    ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, vocab_size)
+    return llama_model_vocab(tokens.tokens(), tokens.scores, tokens.toktypes, ids, flags,
+                             chat_template(d, tokenizer_config), add_prefix_space)
 
 
-def llama_model_vocab(tokens: list[str], scores: list[float], toktypes: list[int],
+def llama_model_vocab(tokens: Sequence[str], scores: Sequence[float], toktypes: Sequence[int],
                       special_ids: list[tuple[str, int]], add_flags: list[tuple[str, bool]],
                       template: Optional[str], add_space_prefix: Optional[bool]) -> Vocab:
     """A vocabulary of tokenizer.ggml.model 'llama', as both SentencePiece-style paths write it:
@@ -6830,9 +6929,9 @@ def spm_kvs(v: Vocab) -> list[KV]:
     kv = KvList()
     kv.string("tokenizer.ggml.model", v.model)
     kv.string("tokenizer.ggml.pre", v.pre)
-    kv.array("tokenizer.ggml.tokens", GGUF_STRING, list(v.tokens))
-    kv.array("tokenizer.ggml.scores", GGUF_FLOAT32, list(v.scores or ()))
-    kv.array("tokenizer.ggml.token_type", GGUF_INT32, list(v.toktypes))
+    kv.array("tokenizer.ggml.tokens", GGUF_STRING, string_array(v.tokens))
+    kv.array("tokenizer.ggml.scores", GGUF_FLOAT32, number_array(v.scores or ()))
+    kv.array("tokenizer.ggml.token_type", GGUF_INT32, number_array(v.toktypes))
     add_special_vocab(kv, v)
     return kv.items()
 
@@ -6956,12 +7055,11 @@ def _phi3_takes_sentencepiece(model_dir: Path) -> bool:
 def phi3_overlay(tokens: SpmTokens, added: Iterable[tuple[int, str, bool]], where: str) -> None:
     """Phi3MiniModel's added-token overlay (phi.py:110-137), in place: (id, content, special) each."""
     for tid, content, special in added:
-        if not 0 <= tid < len(tokens.tokens):
-            raise Refusal(f"{where} gives {content!r} the id {tid}, outside vocab_size {len(tokens.tokens)}: "
+        if not 0 <= tid < len(tokens.scores):
+            raise Refusal(f"{where} gives {content!r} the id {tid}, outside vocab_size {len(tokens.scores)}: "
                           f"llama.cpp's Phi-3 converter stops on it (IndexError); set vocab_size to cover it "
                           f"or drop the token")
-        tokens.tokens[tid], tokens.scores[tid] = content, -1000.0
-        tokens.toktypes[tid] = CONTROL if special else USER_DEFINED
+        tokens.put(tid, content, -1000.0, CONTROL if special else USER_DEFINED)
 
 
 def phi3_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
@@ -6987,7 +7085,7 @@ def phi3_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     phi3_overlay(tokens, ((t["id"], t["content"], bool(t.get("special")))
                           for t in (tokenizer_json or {}).get("added_tokens") or ()), "tokenizer.json added_tokens")
     ids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, vocab_size)
-    return llama_model_vocab(tokens.tokens, tokens.scores, tokens.toktypes, ids, flags,
+    return llama_model_vocab(tokens.tokens(), tokens.scores, tokens.toktypes, ids, flags,
                              chat_template(d, tokenizer_config), None)
 
 
@@ -8571,9 +8669,13 @@ def encoded_value_pieces(kv: KV) -> Iterator[bytes]:
 
 def encoded_strings(strings: list[str]) -> bytes:
     """Strings as the elements of a GGUF string array: u64 length, UTF-8, back to back."""
+    return encoded_bytes(list(map(str.encode, strings)))
+
+
+def encoded_bytes(encoded: list[bytes]) -> bytes:
+    """UTF-8 strings as the elements of a GGUF string array."""
     # Lengths and strings interleaved by slice assignment, all at C level: the vocabulary's
     # ~100,000 strings dominate the header.
-    encoded = list(map(str.encode, strings))
     pieces = [b""] * (2 * len(encoded))
     pieces[0::2] = map(_U64_LE.pack, map(len, encoded))
     pieces[1::2] = encoded

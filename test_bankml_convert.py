@@ -2797,7 +2797,7 @@ def vocab_type_tag(kv) -> str:
 
 
 def value_sha256(value: object) -> str:
-    if isinstance(value, bc.GGUFStrings):   # a long string array kept encoded: hashed as its list
+    if isinstance(value, (bc.GGUFStrings, array, bytearray)):   # a long array kept packed: hashed as its list
         value = list(value)
     return hashlib.sha256(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
 
