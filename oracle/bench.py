@@ -17,10 +17,11 @@ resident set of that process and of every descendant it has waited for, so for b
 largest of the converter and its forked workers (each counted whole, shared pages included), not
 their sum; for llama.cpp its Python process; for the floor the larger of cp and sha256sum.
 
-bankml's runs also record where their time goes (they run through oracle/stage_times.py, which
-installs bankml_convert.stage_clock): the parent's CPU before writing, per stage the wall time and
-the CPU of the parent's main thread and of its other threads, and each worker's CPU; the report
-prints their medians and what they say about more cores (is the worker cap or the parent's hashing the serial limit).
+bankml runs as a user runs it, `python3 bankml_convert.py`.  With --stages its runs go through
+oracle/stage_times.py instead (which installs bankml_convert.stage_clock) and record where their time
+goes: the parent's CPU before writing, per stage the wall time and the CPU of the parent's main
+thread and of its other threads, and each worker's CPU; the report prints their medians and what
+they say about more cores (is the worker cap or the parent's hashing the serial limit).
 
 --suite runs every case of SUITE (the issues' bench rows) and ends with one PASS/FAIL line per
 target, grouped by issue. --scale N also converts the 135M model with N times the layers with
@@ -241,11 +242,19 @@ class Run:
         return self.wall_s / (self.input_bytes / 1e9)
 
 
+STAGES = [False]    # --stages: bankml through oracle/stage_times.py
+
+
 def tool_command(tool: str, outtype: str, model: Model, out: Path, fmt: str = "gguf") -> list[str]:
     # Both converters get the directory relative to its parent, as a user would type it;
     # general.name comes from the directory's name.
     if tool == BANKML:
-        return [sys.executable, str(HERE / "stage_times.py"), str(WORK / "last-stages.jsonl"), model.dir.name,
+        # As a user runs it: `python3 bankml_convert.py`, whose parse tree CPython keeps for the whole run
+        # (part of the peak RSS a user meets).  With --stages, through oracle/stage_times.py instead, which
+        # records where the time goes but, compiling the module itself, does not hold that tree.
+        launch = ([str(HERE / "stage_times.py"), str(WORK / "last-stages.jsonl")] if STAGES[0]
+                  else [str(ROOT / "bankml_convert.py")])
+        return [sys.executable, *launch, model.dir.name,
                 "-o", str(out), "--outtype", outtype] + (["--format", fmt] if fmt != "gguf" else [])
     if tool == LLAMA_CPP:
         return [str(oracle.reference_python()), str(REF_CONVERTER), model.dir.name,
@@ -612,7 +621,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
                    help="output types to convert to (default: the suite's for a suite case, else every one "
                         "bankml supports)")
+    p.add_argument("--stages", action="store_true",
+                   help="run bankml through oracle/stage_times.py and print where its time goes (its peak RSS "
+                        "then lacks the parse tree a script run holds: a diagnosis, not the memory figure)")
     args = p.parse_args(argv)
+    STAGES[0] = args.stages
     sys.stdout.reconfigure(line_buffering=True)  # the table and stderr's progress stay in order
     if args.rounds < 1 or (args.scale is not None and args.scale < 2):
         p.error("--rounds must be >= 1 and --scale >= 2")

@@ -3,7 +3,10 @@
 
     python3 oracle/stage_times.py FILE ARGS...      (oracle/bench.py runs bankml this way)
 
-runs `bankml_convert.py ARGS...` and appends one JSON line to FILE per conversion -- per stage its
+runs `bankml_convert.py ARGS...` compiled from its source (as a script run compiles it; but a script
+run also keeps its parse tree for the whole run, which this does not, so its peak RSS is lower than a
+user's: `make bench` measures memory from plain script runs) and appends one JSON line to FILE per
+conversion -- per stage its
 wall time and the CPU time of the main thread and of the other threads (the inputs' hasher, the
 flusher), and each worker's CPU time and peak RSS -- so `make bench` can show whether the workers
 or the serial hashing set the pace.  The product only offers the hook (bankml_convert.stage_clock).
@@ -14,11 +17,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import bankml_convert  # noqa: E402
+SCRIPT = Path(__file__).resolve().parent.parent / "bankml_convert.py"
 
 
 class StageClock:
@@ -52,9 +54,17 @@ class StageClock:
 
 def main() -> int:
     path, args = sys.argv[1], sys.argv[2:]
-    bankml_convert.stage_clock = lambda: StageClock(path)
-    sys.argv[0] = str(Path(bankml_convert.__file__))
-    return bankml_convert.main(args)
+    # The module is made from its source under its own name (so its __main__ block does not run), the
+    # clock installed, then its main called as that block calls it.
+    code = compile(SCRIPT.read_bytes(), str(SCRIPT), "exec")
+    module = types.ModuleType("bankml_convert")
+    module.__file__ = str(SCRIPT)
+    sys.modules["bankml_convert"] = module
+    exec(code, module.__dict__)
+    del code
+    module.stage_clock = lambda: StageClock(path)
+    sys.argv = [str(SCRIPT), *args]
+    return module._exit(module.main(args))
 
 
 if __name__ == "__main__":
