@@ -200,7 +200,9 @@ def load_golden() -> dict:
 def record(runs: list[Run]) -> int:
     golden = load_golden()
     golden["reference"] = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36 sdist)"
-    golden["recorded_with"] = "python3 oracle/oracle.py record " + " ".join(r.name for r in runs)
+    # One line for every run (each run's own command is in its "command"): naming this call's runs made
+    # every branch that recorded some conflict on it.
+    golden["recorded_with"] = 'python3 oracle/oracle.py record RUN... (each run\'s own command is in its "command")'
     for run in runs:
         out, seconds = run_reference(run)
         entry = {"case": run.case, "dir": case_dir(run).name, "args": list(run.args),
