@@ -78,6 +78,7 @@ if __name__ == "__main__":
         _signal.signal(_signal.SIGINT, _interrupted_while_starting)
 
 import argparse
+import bisect
 import datetime
 import fnmatch
 import gc
@@ -4727,7 +4728,7 @@ def bpe_kvs(v: Vocab) -> list[KV]:
     kv.string("tokenizer.ggml.model", v.model)
     kv.string("tokenizer.ggml.pre", v.pre)
     kv.array("tokenizer.ggml.tokens", GGUF_STRING, string_array(v.tokens))
-    kv.array("tokenizer.ggml.token_type", GGUF_INT32, list(v.toktypes))
+    kv.array("tokenizer.ggml.token_type", GGUF_INT32, number_array(v.toktypes))
     kv.array("tokenizer.ggml.merges", GGUF_STRING, string_array(v.merges))
     add_special_vocab(kv, v)
     return kv.items()
@@ -4808,7 +4809,13 @@ def vocab_merges_sha256(tokens: list[str], merges: list[str]) -> str:
 def vocab_merges_hasher(tokens: list[str]):
     """vocab_merges_sha256's sha256 up to the merges: the tokens' lines and the blank line."""
     h = hashlib.sha256()
-    add_lines(h, tokens)
+    try:
+        for chunk in (tokens.chunks() if isinstance(tokens, PackedStrings) else [tokens]):
+            add_lines(h, chunk)
+    except UnicodeEncodeError:
+        # JSON's \ud800 escapes spell one; serde_json, which tokenizers reads the file with, refuses them.
+        raise Refusal("a tokenizer.json token holds a lone surrogate: tokenizers cannot load the file, so "
+                      "llama.cpp's converter fails on it too; fix the tokenizer") from None
     h.update(b"\n")
     return h
 
@@ -5322,7 +5329,7 @@ def byte_tokens(c: str) -> tuple[str, ...]:
     return tuple(f"<0x{b:02X}>" for b in c.encode("utf-8"))
 
 
-def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool = False,
+def merge_ranks(merges: object, vocab: "dict | PackedSet | frozenset", measured: bool = False,
                 symbols: Optional[str] = None) -> dict[str, int]:
     """tokenizer.json's merges as "a b" -> rank; a later duplicate wins, as in tokenizers' map.
     Refused where tokenizers fails to load them: both parts and their join must be vocabulary tokens,
@@ -5334,9 +5341,9 @@ def merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: 
     llama.cpp's check text are kept: BPE only ever looks up a pair whose join is a piece of it
     (a substring of ``symbols``, the check text as the build's BPE sees it: check_text_symbols by default).
 
-    A TokenIds vocabulary is checked against a set of its tokens made for this call, not kept."""
-    if isinstance(vocab, TokenIds) and not measured:
-        vocab = frozenset(vocab)
+    A TokenIds vocabulary is checked against its PackedSet."""
+    if isinstance(vocab, TokenIds):
+        vocab = vocab.members
     if isinstance(merges, MergesText):
         ranks: dict[str, int] = {}
         symbols = check_text_symbols() if symbols is None else symbols
@@ -5379,13 +5386,18 @@ def check_text_vocab(vocab: "dict | TokenIds", symbols: Optional[str] = None) ->
     vocabulary."""
     if isinstance(vocab, dict):
         return vocab
-    symbols, tokens = check_text_symbols() if symbols is None else symbols, vocab.tokens
+    symbols = check_text_symbols() if symbols is None else symbols
     starts = {symbols[i:i + n] for n in range(4) for i in range(len(symbols) - n + 1)}
-    maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_THREE, tokens)))
-    return {tokens[i]: i for i in maybe if tokens[i] in symbols}
+    found: dict[str, int] = {}
+    first = 0
+    for tokens in vocab.tokens.chunks():
+        maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_THREE, tokens)))
+        found.update((tokens[i], first + i) for i in maybe if tokens[i] in symbols)
+        first += len(tokens)
+    return found
 
 
-def _merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured: bool, first: int) -> dict[str, int]:
+def _merge_ranks(merges: object, vocab: "dict | PackedSet | frozenset", measured: bool, first: int) -> dict[str, int]:
     # merge_ranks for a list of merges whose first has rank ``first``.
     if not isinstance(merges, list):
         raise Refusal("tokenizer.json merges are not a list; transformers cannot load them")
@@ -5406,7 +5418,8 @@ def _merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured:
             _refuse_merges_outside(vocab, " ".join(merges).split(" "),
                                    map(str.replace, merges, repeat(" "), repeat("")))
         return dict(zip(merges, range(first, first + len(merges))))
-    if not all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges):
+    if not (all(map(isinstance, merges, repeat(list))) and set(map(len, merges)) <= {2}
+            and all(map(isinstance, itertools.chain.from_iterable(merges), repeat(str)))):
         raise Refusal("tokenizer.json merges are neither all strings nor all pairs of strings")
     # vocab_merges_sha256 writes a space inside a part as U+0120, so a measured row cannot vouch for one.
     if not measured or " " in "".join(itertools.chain.from_iterable(merges)):
@@ -5415,8 +5428,9 @@ def _merge_ranks(merges: object, vocab: "dict | TokenIds | frozenset", measured:
     return dict(zip(map(" ".join, merges), range(first, first + len(merges))))
 
 
-def _refuse_merges_outside(vocab: "dict | TokenIds | frozenset", parts: Iterable[str], joined: Iterable[str]) -> None:
-    if not (all(map(vocab.__contains__, parts)) and all(map(vocab.__contains__, joined))):
+def _refuse_merges_outside(vocab: "dict | PackedSet | frozenset", parts: Iterable[str], joined: Iterable[str]) -> None:
+    holds_all = vocab.holds_all if isinstance(vocab, PackedSet) else lambda texts: all(map(vocab.__contains__, texts))
+    if not (holds_all(parts) and holds_all(joined)):
         raise Refusal("a tokenizer.json merge names a token, or makes one, that is not in the vocabulary: "
                       "tokenizers fails to load it (MergeTokenOutOfVocabulary), so llama.cpp fails too")
 
@@ -5532,11 +5546,11 @@ def config_added_tokens(tokenizer_config: dict) -> Optional[list[AddedToken]]:
     return [as_added_token(int(i), d) for i, d in decoder.items()]
 
 
-def base_vocab(tokenizer_json: dict) -> list[str]:
-    """tokenizer.json's model vocabulary in id order."""
+def base_vocab(tokenizer_json: dict) -> "list[str] | PackedStrings":
+    """tokenizer.json's model vocabulary in id order (a TokenIds' own PackedStrings)."""
     vocab = tokenizer_json["model"].get("vocab")
     if isinstance(vocab, TokenIds):
-        return list(vocab.tokens)
+        return vocab.tokens
     if not isinstance(vocab, dict):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
     if set(map(type, vocab.values())) <= {int} and list(vocab.values()) == list(range(len(vocab))):
@@ -5592,6 +5606,9 @@ def _merges_written(merges: list) -> list[str]:
     # A MergesText chunk: all strings or all pairs of strings (its reader checked which).
     if not merges or type(merges[0]) is str:
         return merges
+    written = list(map(" ".join, merges))
+    if sum(map(str.count, written, repeat(" "))) == len(written):     # no part holds a space
+        return written
     return [" ".join(part.replace(" ", "\u0120") for part in pair) for pair in merges]
 
 
@@ -5637,11 +5654,11 @@ class JsonRuns(NamedTuple):
             yield json.loads(opener + text.decode("utf-8") + closer)
 
 
-def _mapped_find(data: mmap.mmap, needle: bytes) -> int:
-    """data.find(needle), a window at a time, each window's pages given back once searched: a search
-    of the whole file at once made all of it this process's memory (Gemma's 33 MB tokenizer.json)."""
+def _mapped_find(data: mmap.mmap, needle: bytes, first: int = 0) -> int:
+    """data.find(needle, first), a window at a time, each window's pages given back once searched: a
+    search of the whole file at once made all of it this process's memory (Gemma's 33 MB tokenizer.json)."""
     window = 1 << 20
-    for start in range(0, len(data), window):
+    for start in range(first, len(data), window):
         end = min(len(data), start + window + len(needle) - 1)
         at = data.find(needle, start, end)
         _drop_pages(data, start, end)
@@ -5713,14 +5730,15 @@ def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
 def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
     """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
     (as in every file transformers writes), else the dict json.loads makes of the object."""
-    tokens: list[str] = []
+    tokens = PackedStrings()
     for run in runs.parsed("{", "}"):
         if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
             break
-        tokens += run
+        tokens.append_chunk(list(run))
     else:
-        if len(set(tokens)) == len(tokens):
-            return TokenIds(tokens)
+        members, repeated = PackedSet.of(tokens)
+        if repeated is None:
+            return TokenIds(tokens, members)
     del tokens
     # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
     # and takes its last value.
@@ -5731,16 +5749,16 @@ def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
 
 
 class TokenIds:
-    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, standing
-    for json's token -> id dict (len, iteration over the tokens, values, items, `in` and [] answer as
-    the dict would) without its hash table and an int per id -- 6 MiB of Llama 3's 128,000 tokens,
-    which no step on the way of a measured tokenizer needs (check_text_vocab is what the check text
-    looks up).  A set for `in`, a dict for [], is built the first time one is asked for."""
+    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
+    standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
+    answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
+    tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
+    text's tokens are looked up in check_text_vocab's table)."""
 
-    __slots__ = ("tokens", "_set", "_ids")
+    __slots__ = ("tokens", "members")
 
-    def __init__(self, tokens: list[str]) -> None:
-        self.tokens, self._set, self._ids = tokens, None, None
+    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset") -> None:
+        self.tokens, self.members = tokens, members
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -5755,24 +5773,30 @@ class TokenIds:
         return zip(self.tokens, itertools.count())
 
     def __contains__(self, token: object) -> bool:
-        if self._set is None:
-            self._set = frozenset(self.tokens)
-        return token in self._set
+        return isinstance(token, str) and token in self.members
 
     def __getitem__(self, token: str) -> int:
-        if self._ids is None:
-            self._ids = dict(zip(self.tokens, itertools.count()))
-        return self._ids[token]
+        if token in self:
+            for tid, t in enumerate(self.tokens):
+                if t == token:
+                    return tid
+        raise KeyError(token)
 
 
 def _json_runs(data: mmap.mmap, key: bytes, opener: bytes, closer: bytes,
                pattern_for: Callable[[bytes], re.Pattern]) -> Optional[JsonRuns]:
     """The first ``key`` followed by a non-empty array or object (``opener``) whose elements the
     pattern (chosen by the first element's first byte) matches, every run valid UTF-8; or None."""
-    head = re.compile(re.escape(key) + _JSON_WS + rb":" + _JSON_WS + re.escape(opener) + _JSON_WS).search(data)
-    _drop_pages(data, 0, head.end() if head else len(data))
-    if head is None:
+    key_then_opener = re.compile(re.escape(key) + _JSON_WS + rb":" + _JSON_WS + re.escape(opener) + _JSON_WS)
+    at = _mapped_find(data, key)
+    while at >= 0:
+        head = key_then_opener.match(data, at)
+        if head:
+            break
+        at = _mapped_find(data, key, at + 1)
+    else:
         return None
+    _drop_pages(data, at, head.end())
     opened, at = head.start() + head.group().rindex(opener), head.end()
     pattern = pattern_for(data[at:at + 1])
     runs = []
@@ -5793,6 +5817,132 @@ def _json_runs(data: mmap.mmap, key: bytes, opener: bytes, closer: bytes,
             return None
         at += 1
     return JsonRuns(data, tuple(runs), opened, at + 1)
+
+
+# A byte no UTF-8 holds (nor "surrogatepass" UTF-8, which keeps the lone surrogates JSON can spell):
+# it separates the strings packed in a chunk.
+_PACK_SEP = b"\xff"
+
+
+def _packed_bytes(strings: Iterable[str]) -> list[bytes]:
+    return list(map(str.encode, strings, repeat("utf-8"), repeat("surrogatepass")))
+
+
+def _unpacked(chunk: bytes) -> list[str]:
+    return list(map(bytes.decode, chunk.split(_PACK_SEP), repeat("utf-8"), repeat("surrogatepass")))
+
+
+class PackedStrings:
+    """Strings in order, kept as UTF-8 chunks of up to _MERGES_PER_CHUNK joined by _PACK_SEP: about a
+    sixth of the memory of as many Python strings (Gemma's 262,144 tokens: 2.5 MB, not 19).  Reads as
+    a sequence of str: len, iteration, chunks() as lists, and [i] (the chunk of i split once and kept,
+    for the runs of neighbouring ids that added tokens are)."""
+
+    __slots__ = ("_chunks", "_ends", "_split")
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._ends: list[int] = []
+        self._split: tuple[int, list[bytes]] = (-1, [])
+
+    @classmethod
+    def of(cls, strings: Sequence[str]) -> "PackedStrings":
+        packed = cls()
+        for i in range(0, len(strings), _MERGES_PER_CHUNK):
+            packed.append_chunk(strings[i:i + _MERGES_PER_CHUNK])
+        return packed
+
+    def append_chunk(self, strings: Sequence[str]) -> None:
+        if strings:
+            self._chunks.append(_PACK_SEP.join(_packed_bytes(strings)))
+            self._ends.append(len(self) + len(strings))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def chunks(self) -> Iterator[list[str]]:
+        return map(_unpacked, self._chunks)
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain.from_iterable(self.chunks())
+
+    def __getitem__(self, index: int) -> str:
+        if not 0 <= index < len(self):
+            raise IndexError("PackedStrings index out of range")
+        c = bisect.bisect_right(self._ends, index)
+        if self._split[0] != c:
+            self._split = (c, self._chunks[c].split(_PACK_SEP))
+        return self._split[1][index - (self._ends[c - 1] if c else 0)].decode("utf-8", "surrogatepass")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (list, PackedStrings)) and len(other) == len(self) and all(map(
+            str.__eq__, self, other))
+
+    def holds(self, char: str) -> bool:
+        """Whether one of the strings holds ``char``."""
+        needle = char.encode("utf-8", "surrogatepass")
+        return any(chunk.find(needle) >= 0 for chunk in self._chunks)
+
+
+# Characters a vocabulary rarely holds, tried in turn as PackedSet's separator.
+_SET_SEPARATORS = tuple(map(chr, range(32))) + ("\uffff", "\ufffe", "\U0010ffff")
+
+
+class PackedSet:
+    """An exact set of many strings without an object per member: the members grouped by hash into
+    buckets of about 32, each one string in which a member stands between two separators -- a
+    character no member holds -- so that `x in set` is one bucket's substring test for sep + x + sep,
+    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary."""
+
+    __slots__ = ("_buckets", "_mask", "_sep")
+
+    def __init__(self, expected: int, sep: str) -> None:
+        size = 1 << max(4, (expected // 32).bit_length())
+        self._buckets, self._mask, self._sep = [sep] * size, size - 1, sep
+
+    @classmethod
+    def of(cls, strings: PackedStrings) -> "tuple[PackedSet | frozenset, Optional[str]]":
+        """The set of ``strings`` and the first that repeats an earlier one (None if none does); a
+        frozenset where the strings hold every separator tried."""
+        sep = next((c for c in _SET_SEPARATORS if not strings.holds(c)), None)
+        if sep is None:
+            members = frozenset(strings)
+            repeated = None if len(members) == len(strings) else next(
+                t for i, t in enumerate(strings) if t in itertools.islice(strings, i))
+            return members, repeated
+        members = cls(len(strings), sep)
+        for chunk in strings.chunks():
+            repeated = members.add_new(chunk)
+            if repeated is not None:
+                return members, repeated
+        return members, None
+
+    def add_new(self, texts: Iterable[str]) -> Optional[str]:
+        """Add members (none may hold the separator); at the first that is there already (added before
+        it or earlier), that one."""
+        buckets, mask, sep = self._buckets, self._mask, self._sep
+        for text in texts:
+            key = hash(text) & mask
+            bucket = buckets[key]
+            if sep + text + sep in bucket:
+                return text
+            buckets[key] = bucket + text + sep
+        return None
+
+    def __contains__(self, text: object) -> bool:
+        return isinstance(text, str) and self.holds_all([text])
+
+    def holds_all(self, texts: Iterable[str]) -> bool:
+        """Whether every one of ``texts`` is a member: the test of __contains__ chained at C speed (a
+        merges check asks it of a million texts, about half of them repeats).  A text holding the
+        separator is none of them."""
+        texts = set(texts)
+        sep = self._sep
+        if sep in "".join(texts):
+            return False
+        buckets = map(self._buckets.__getitem__, map(self._mask.__and__, map(hash, texts)))
+        wrapped = map(str.__add__, map(sep.__add__, texts), repeat(sep))
+        return all(map(operator.contains, buckets, wrapped))
 
 
 class GGUFStrings:
@@ -5818,13 +5968,6 @@ class GGUFStrings:
             if lines is not None:
                 add_lines(lines, strings)
         self._data, self._source, self.count, self.nbytes = data, None, count, len(data)
-
-    @classmethod
-    def of_encoded(cls, data: bytes, count: int) -> "GGUFStrings":
-        """The ``count`` strings whose GGUF array elements ``data`` is (already checked UTF-8)."""
-        strings = cls.__new__(cls)
-        strings._data, strings._source, strings.count, strings.nbytes = data, None, count, len(data)
-        return strings
 
     @classmethod
     def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int) -> "GGUFStrings":
@@ -6033,7 +6176,7 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
                          "not the next ones in order: transformers would number them otherwise; not reproduced")
     model_vocab = tokenizer_json["model"]["vocab"]
     appended_contents = {t.content for t in appended}
-    if not appended_contents.isdisjoint(model_vocab) or len(appended_contents) < len(appended):
+    if any(c in model_vocab for c in appended_contents) or len(appended_contents) < len(appended):
         raise Refusal("an added token past the vocabulary repeats a token: transformers would give it the "
                          "existing id; not reproduced")
     for t in from_json:
@@ -6079,11 +6222,12 @@ def added_token_type(t: AddedToken) -> int:
     return CONTROL if t.special or looks_special(t.content) else USER_DEFINED
 
 
-def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int,
-               space_marks: bool = False) -> tuple[list[str], list[int]]:
+def token_list(vocab: "Sequence[str] | PackedStrings", added: list[AddedToken], vocab_size: int,
+               space_marks: bool = False) -> tuple[GGUFStrings, bytearray]:
     """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
     next ids), ids past both become [PAD{i}]; added tokens are CONTROL or USER_DEFINED (added_token_type),
-    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it.
+    a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it.  The texts come
+    as a GGUF array's elements, made from the vocabulary's chunks each time they are written.
 
     ``space_marks``: a non-normalized added token is first written as transformers decodes it, which
     for a _SPACE_MARK_CLASSES tokenizer turns U+2581 into spaces (added_vocab refused byte tokens)."""
@@ -6092,17 +6236,49 @@ def token_list(vocab: list[str], added: list[AddedToken], vocab_size: int,
     if n > vocab_size:
         raise Refusal(f"the tokenizer has {n} tokens but vocab_size is {vocab_size}: "
                          "llama.cpp's assertion fails")
-    tokens = list(vocab) + [t.content for t in appended] + [f"[PAD{i}]" for i in range(n, vocab_size)]
-    types = [NORMAL] * len(vocab) + [CONTROL] * len(appended) + [UNUSED] * (vocab_size - n)
+    laid: dict[int, str] = {}       # id -> the text written in place of the vocabulary's or the appended one
+    types = bytearray([NORMAL]) * len(vocab) + bytearray([CONTROL]) * len(appended) \
+        + bytearray([UNUSED]) * (vocab_size - n)
     for t in added:
         if 0 <= t.id < n:
             if space_marks and not t.normalized:
                 t = t._replace(content=t.content.replace("\u2581", " "))
-                tokens[t.id] = t.content
+                laid[t.id] = t.content
             types[t.id] = added_token_type(t)
             if types[t.id] == USER_DEFINED:
-                tokens[t.id] = t.content.replace("\u2581", " ")
-    return tokens, types
+                laid[t.id] = t.content.replace("\u2581", " ")
+    tail = [t.content for t in appended] + [f"[PAD{i}]" for i in range(n, vocab_size)]
+    return laid_strings(vocab, laid, tail), types
+
+
+def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str], tail: list[str],
+                 head: Optional[int] = None) -> GGUFStrings:
+    """The first ``head`` of ``strings`` (all by default), then ``tail``, with the texts of ``laid``
+    (id -> text) in their places: as GGUFStrings made a chunk at a time, counted and checked now."""
+    order = sorted(laid)
+    head = len(strings) if head is None else head
+
+    def overlaid(chunk: list[str], first: int) -> list[str]:
+        for tid in order[bisect.bisect_left(order, first):bisect.bisect_left(order, first + len(chunk))]:
+            chunk[tid - first] = laid[tid]
+        return chunk
+
+    def chunks() -> Iterator[list[str]]:
+        first = 0
+        parts = strings.chunks() if isinstance(strings, PackedStrings) else \
+            (strings[i:i + _MERGES_PER_CHUNK] for i in range(0, len(strings), _MERGES_PER_CHUNK))
+        for chunk in parts:
+            if first >= head:
+                break
+            chunk = list(chunk)[:head - first]
+            yield overlaid(chunk, first)
+            first += len(chunk)
+        yield overlaid(list(tail), first)
+    count = nbytes = 0
+    for chunk in chunks():
+        count += len(chunk)
+        nbytes += 8 * len(chunk) + sum(map(len, map(str.encode, chunk)))
+    return GGUFStrings.parsed_when_used(chunks, count, nbytes)
 
 
 # --- SpecialVocab: special ids, add flags, chat template ------------------------------------------
@@ -6307,8 +6483,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
 
     tokens, toktypes = token_list(vocab, added, vocab_size, space_marks)
     return Vocab(
-        # As GGUF bytes, so that the token strings go with the parsed file when this returns.
-        tokens=GGUFStrings(tokens[i:i + _MERGES_PER_CHUNK] for i in range(0, len(tokens), _MERGES_PER_CHUNK)),
+        tokens=tokens,
         toktypes=toktypes,
         merges=merges,
         pre=pre,
@@ -6444,8 +6619,8 @@ def _expect(f: ProtoField, wire: int, what: str) -> None:
         raise _bad_model(f"{what} has wire type {f.wire}, not {wire}")
 
 
-def sentencepiece_piece(data: bytes, index: int) -> tuple[bytes, bytes, int]:
-    """One ModelProto.SentencePiece as its piece's UTF-8 (1), its score's four little-endian float32
+def sentencepiece_piece(data: bytes, index: int) -> tuple[str, bytes, int]:
+    """One ModelProto.SentencePiece as its piece's text (1), its score's four little-endian float32
     bytes (2) and its type (3); a repeated field's last value wins, as protobuf merges them.  Read inline rather than through proto_fields: a
     vocabulary has tens of thousands of pieces, and this loop is most of the reading time."""
     piece, score, kind = b"", bytes(4), 1
@@ -6497,7 +6672,7 @@ def sentencepiece_piece(data: bytes, index: int) -> tuple[bytes, bytes, int]:
         # sentencepiece refuses a unigram model with one ("score is NaN or Inf"), and NaN payloads
         # change on the way through its float and gguf-py's struct.pack.
         raise _bad_model(f"piece {index} ({text!r}) has the score {value}, not a finite number")
-    return piece, score, kind
+    return text, score, kind
 
 
 def _skip_field(data: bytes, pos: int, number: int, wire: int) -> int:
@@ -6570,53 +6745,51 @@ def _model_fields(data: bytes) -> Iterator[ProtoField]:
 
 
 class SentencePieces:
-    """ModelProto.pieces kept packed: the texts as the elements of a GGUF string array (u64 length,
-    UTF-8), the float32 scores as the file's bits, the types one byte each -- Gemma's 262,144 pieces as
-    NamedTuples of str and float were most of a conversion's memory.  Reads as a sequence of
-    SentencePiece (len, iteration, indexing and slices)."""
+    """ModelProto.pieces kept packed: the texts as PackedStrings, the float32 scores as the file's bits,
+    the types one byte each -- Gemma's 262,144 pieces as NamedTuples of str and float were most of a
+    conversion's memory.  Reads as a sequence of SentencePiece."""
 
-    __slots__ = ("encoded", "scores", "types")
+    __slots__ = ("texts", "scores", "types")
 
-    def __init__(self, encoded: bytes, scores: array, types: bytearray) -> None:
-        self.encoded, self.scores, self.types = encoded, scores, types
+    def __init__(self, texts: PackedStrings, scores: array, types: bytearray) -> None:
+        self.texts, self.scores, self.types = texts, scores, types
 
     def __len__(self) -> int:
         return len(self.types)
 
     def __iter__(self) -> Iterator[SentencePiece]:
-        texts = GGUFStrings.of_encoded(self.encoded, len(self.types))
-        return map(SentencePiece, texts, self.scores, self.types)
+        return map(SentencePiece, self.texts, self.scores, self.types)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return list(itertools.islice(self, *index.indices(len(self))))
         if not -len(self) <= index < len(self):
             raise IndexError("SentencePieces index out of range")
-        return next(itertools.islice(self, index % len(self), None))
-
-    def offsets(self, ids: Iterable[int]) -> list[int]:
-        """Where each of ``ids`` (ascending; len(self) for the end) starts in ``encoded``."""
-        found, at, index, unpack = [], 0, 0, _U64_LE.unpack_from
-        for tid in ids:
-            while index < tid:
-                at += 8 + unpack(self.encoded, at)[0]
-                index += 1
-            found.append(at)
-        return found
+        index %= len(self)
+        return SentencePiece(self.texts[index], self.scores[index], self.types[index])
 
 
 def sentencepiece_pieces(data: bytes) -> SentencePieces:
     """ModelProto.pieces of a tokenizer.model, or a Refusal for what SentencePieceProcessor would not
     load (or load differently): duplicate, empty or non-UTF-8 pieces, not exactly one UNKNOWN piece,
     BYTE pieces not spelled <0xHH> or without byte_fallback, broken protobuf."""
-    texts: list[bytes] = []
+    return checked_pieces(*parsed_pieces(data))
+
+
+def parsed_pieces(data: bytes) -> tuple[SentencePieces, TrainerSpec]:
+    """The pieces and trainer spec of a ModelProto, each piece checked on its own (sentencepiece_piece)."""
+    texts = PackedStrings()
+    chunk: list[str] = []
     scores = bytearray()
     kinds = bytearray()
     spec_parts: list[bytes] = []
     for f in _model_fields(data):
         if f.number == 1:
-            text, score, kind = sentencepiece_piece(f.value, len(texts))
-            texts.append(text)
+            text, score, kind = sentencepiece_piece(f.value, len(kinds))
+            chunk.append(text)
+            if len(chunk) == _MERGES_PER_CHUNK:
+                texts.append_chunk(chunk)
+                chunk = []
             scores += score
             kinds.append(kind)
         elif f.number == 2:
@@ -6627,18 +6800,27 @@ def sentencepiece_pieces(data: bytes) -> SentencePieces:
             # sentencepiece encodes each self-test sample on load and fails on a mismatch.
             if any(s.number == 1 for s in proto_fields(f.value)):
                 raise _bad_model("self_test_data has samples, which sentencepiece checks by encoding them")
-    spec = trainer_spec(b"".join(spec_parts))
+    texts.append_chunk(chunk)
+    del chunk
+    # The file's little-endian bits, kept as they are: an array('f') holds float32 exactly.
+    floats = array("f")
+    floats.frombytes(scores)
+    if sys.byteorder == "big":
+        floats.byteswap()
+    return SentencePieces(texts, floats, kinds), trainer_spec(b"".join(spec_parts))
+
+
+def checked_pieces(pieces: SentencePieces, spec: TrainerSpec) -> SentencePieces:
+    """``pieces``, or the Refusal for what sentencepiece refuses of them together."""
+    texts, kinds = pieces.texts, pieces.types
     if spec.model_type not in (1, 2):
         raise _bad_model(f"trainer_spec.model_type {spec.model_type} is not UNIGRAM (1) or BPE (2)")
-    seen: set[bytes] = set()
-    for text in texts:
-        if text in seen:
-            raise _bad_model(f"piece {text.decode('utf-8')!r} is defined twice (sentencepiece refuses it)")
-        seen.add(text)
-    del seen
+    repeated = PackedSet.of(texts)[1]
+    if repeated is not None:
+        raise _bad_model(f"piece {repeated!r} is defined twice (sentencepiece refuses it)")
     byte_pieces = set()
     for i in (i for i, kind in enumerate(kinds) if kind == BYTE):
-        piece = texts[i].decode("utf-8")
+        piece = texts[i]
         if not spec.byte_fallback or not _BYTE_PIECE.fullmatch(piece):
             raise _bad_model(f"byte piece {piece!r} is not <0xHH> or byte_fallback is off")
         byte_pieces.add(piece)
@@ -6648,19 +6830,7 @@ def sentencepiece_pieces(data: bytes) -> SentencePieces:
         raise _bad_model(f"byte_fallback is on but {len(byte_pieces)} of the 256 byte pieces exist")
     if NORMAL not in kinds and USER_DEFINED not in kinds:
         raise _bad_model("no normal piece")
-    encoded = bytearray(8 * len(texts) + sum(map(len, texts)))
-    at = 0
-    for i in range(0, len(texts), _MERGES_PER_CHUNK):
-        piece = encoded_bytes(texts[i:i + _MERGES_PER_CHUNK])
-        encoded[at:at + len(piece)] = piece
-        at += len(piece)
-    del texts
-    # The file's little-endian bits, kept as they are: an array('f') holds float32 exactly.
-    floats = array("f")
-    floats.frombytes(scores)
-    if sys.byteorder == "big":
-        floats.byteswap()
-    return SentencePieces(encoded, floats, kinds)
+    return pieces
 
 
 def read_tokenizer_model(path: Path) -> SentencePieces:
@@ -6676,7 +6846,9 @@ def read_tokenizer_model(path: Path) -> SentencePieces:
         raise Refusal(f"cannot read tokenizer.model: {e.strerror or e}") from None
     if len(data) > MAX_TOKENIZER_MODEL:
         raise Refusal("tokenizer.model grew while it was read; not reproduced")
-    return sentencepiece_pieces(data)
+    parsed = parsed_pieces(data)
+    del data        # the file's bytes are not kept beside the set that checks the pieces
+    return checked_pieces(*parsed)
 
 
 def spm_token_type(kind: int) -> int:
@@ -6703,16 +6875,7 @@ class SpmTokens(NamedTuple):
     def tokens(self) -> GGUFStrings:
         """The token texts in id order, as the GGUF array's elements."""
         n, fitting = len(self.scores), min(len(self.pieces), len(self.scores))
-        over = sorted(tid for tid in self.laid if tid < fitting)
-        starts = self.pieces.offsets(over + [fitting])
-        encoded, out, copied = self.pieces.encoded, bytearray(), 0
-        for tid, at in zip(over, starts):
-            out += encoded[copied:at]
-            out += encoded_strings([self.laid[tid]])
-            copied = at + 8 + _U64_LE.unpack_from(encoded, at)[0]
-        out += encoded[copied:starts[-1]]
-        out += encoded_strings([self.laid.get(tid, f"[PAD{tid}]") for tid in range(fitting, n)])
-        return GGUFStrings.of_encoded(out, n)
+        return laid_strings(self.pieces.texts, self.laid, [f"[PAD{tid}]" for tid in range(fitting, n)], fitting)
 
 
 def spm_tokens(pieces: SentencePieces, vocab_size: int, legacy_added: Optional[dict],

@@ -1512,7 +1512,8 @@ class QwenVocabulary(Workspace):
 
     def test_a_user_defined_token_writes_u2581_as_a_space(self):
         t = bc.AddedToken(2, "\u2581hi", special=False, normalized=True, lstrip=False, rstrip=False, single_word=False)
-        self.assertEqual(bc.token_list(["a", "b"], [t], 3), (["a", "b", " hi"], [bc.NORMAL, bc.NORMAL, bc.USER_DEFINED]))
+        tokens, types = bc.token_list(["a", "b"], [t], 3)
+        self.assertEqual((list(tokens), list(types)), (["a", "b", " hi"], [bc.NORMAL, bc.NORMAL, bc.USER_DEFINED]))
 
     def test_looks_special_is_llama_cpps_list(self):
         for text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]", "<|x|>", "<\uff5cx\uff5c>", "<unused7>"):
@@ -1720,7 +1721,7 @@ class GemmaTokenizerRules(Workspace):
         added = [bc.AddedToken(1, "\u2581\u2581", False, False, False, False, False),
                  bc.AddedToken(2, "<start>", True, False, False, False, False)]
         tokens, types = bc.token_list(["a", "\u2581\u2581", "<start>"], added, 4, space_marks=True)
-        self.assertEqual((tokens, types), (["a", "  ", "<start>", "[PAD3]"],
+        self.assertEqual((list(tokens), list(types)), (["a", "  ", "<start>", "[PAD3]"],
                                            [bc.NORMAL, bc.USER_DEFINED, bc.CONTROL, bc.UNUSED]))
 
     def test_an_added_token_spelling_a_byte_token_is_refused(self):
@@ -3696,7 +3697,7 @@ class Llama32Vocabulary(Workspace):
         v = self.vocab()
         self.assertEqual((len(v.tokens), v.tokens[128000], v.tokens[128009]),
                          (128256, "<|begin_of_text|>", "<|eot_id|>"))
-        self.assertEqual(v.toktypes, [bc.NORMAL] * 128000 + [bc.CONTROL] * 256)
+        self.assertEqual(list(v.toktypes), [bc.NORMAL] * 128000 + [bc.CONTROL] * 256)
 
     def test_pre_tokenizer_is_llama_bpe(self):
         self.assertEqual(self.vocab().pre, "llama-bpe")
@@ -3858,6 +3859,64 @@ class LeanTokenizerJson(unittest.TestCase):
                 build = bc.check_build(whole, config, {"model_type": model_type})
                 added = bc.json_added_tokens(whole)
                 self.assertEqual(bc.check_ids(build, lean, added), bc.check_ids(build, whole, added))
+
+
+class PackedVocabularies(unittest.TestCase):
+    """A large vocabulary is held packed (PackedStrings) and checked against a PackedSet, both exact."""
+
+    # Empty, non-ASCII, astral, a lone surrogate (JSON's \ud800 spells one), the separators' kinds.
+    ODD = ["", "a", "\u00e9t\u00e9", "\U0001f600", "\ud800", "x\x00y", "\uffff", "\u0120a"]
+
+    def strings(self, n: int) -> list[str]:
+        return [self.ODD[i % len(self.ODD)] + str(i) for i in range(n)]
+
+    def test_packed_strings_read_as_the_list_they_pack(self):
+        for strings in ([], self.ODD, self.strings(2 * bc._MERGES_PER_CHUNK + 3)):
+            with self.subTest(len(strings)):
+                packed = bc.PackedStrings.of(strings)
+                self.assertEqual((len(packed), list(packed), packed), (len(strings), strings, strings))
+                self.assertEqual([packed[i] for i in range(len(strings))], strings)
+                self.assertEqual([s for chunk in packed.chunks() for s in chunk], strings)
+        with self.assertRaises(IndexError):
+            bc.PackedStrings.of(["a"])[1]
+
+    def test_a_packed_set_holds_exactly_its_members(self):
+        members = self.strings(5000) + self.ODD
+        packed, repeated = bc.PackedSet.of(bc.PackedStrings.of(members))
+        self.assertIsNone(repeated)
+        self.assertTrue(packed.holds_all(members))
+        self.assertTrue(all(m in packed for m in members))
+        # Pieces and joins of members, and texts holding the separator, are not members.
+        for other in ("a0a", "00", "\u00e9t\u00e90\u00e9", "1\x002", "\x00", "a0\x00a8", "\U0001f6003x"):
+            with self.subTest(other=other):
+                self.assertNotIn(other, packed)
+                self.assertFalse(packed.holds_all(members[:3] + [other]))
+
+    def test_a_packed_set_names_the_first_repeated_string(self):
+        strings = self.strings(3 * bc._MERGES_PER_CHUNK)
+        strings[-1] = strings[7]
+        self.assertEqual(bc.PackedSet.of(bc.PackedStrings.of(strings))[1], strings[7])
+
+    def test_strings_holding_every_separator_are_checked_with_a_frozenset(self):
+        strings = list(bc._SET_SEPARATORS) + ["a", "b"]
+        members, repeated = bc.PackedSet.of(bc.PackedStrings.of(strings))
+        self.assertEqual((members, repeated), (frozenset(strings), None))
+        self.assertEqual(bc.PackedSet.of(bc.PackedStrings.of(strings + ["a"]))[1], "a")
+
+    def test_laid_strings_put_each_text_in_its_place_after_the_head(self):
+        strings = bc.PackedStrings.of([f"t{i}" for i in range(bc._MERGES_PER_CHUNK + 10)])
+        laid = {0: "first", bc._MERGES_PER_CHUNK: "second", bc._MERGES_PER_CHUNK + 11: "tail"}
+        got = bc.laid_strings(strings, laid, ["[PAD12]", "[PAD13]"], head=bc._MERGES_PER_CHUNK + 2)
+        expected = list(strings)[:bc._MERGES_PER_CHUNK + 2] + ["[PAD12]", "[PAD13]"]
+        for tid, text in laid.items():
+            if tid < len(expected):
+                expected[tid] = text
+        self.assertEqual(list(got), expected)
+        self.assertEqual(len(got), len(expected))
+
+    def test_a_token_with_a_lone_surrogate_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "lone surrogate"):
+            bc.vocab_merges_hasher(bc.PackedStrings.of(["a", "\ud800"]))
 
 
 # =============================================================================================
