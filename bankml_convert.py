@@ -8558,7 +8558,7 @@ CONVERSIONS = {(c.src_dtype, c.ggml_type): c for c in (
     Conversion("F16", GGML_F32, _f16_to_f32_chunk, (f16_to_f32_table,)),
     Conversion("F32", GGML_F32, _copy_chunk),
     # F16: numpy's astype(float16) of that float32, one round-to-nearest-even
-    Conversion("BF16", GGML_F16, _bf16_to_f16_chunk, (_bf16_to_f16_list,)),
+    Conversion("BF16", GGML_F16, _bf16_to_f16_chunk),     # its 65,536-int list, like Q8_0's tables below
     Conversion("F16", GGML_F16, _copy_chunk),
     Conversion("F32", GGML_F16, _f32_to_f16_chunk),
     # BF16: gguf-py's BF16.quantize, NaNs made quiet, round to nearest even
