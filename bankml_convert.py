@@ -25,8 +25,10 @@ touch; tool: around the conversion):
   Model families               core   Family (llama.cpp's model class hooks) and one entry per family
   Naming                       core   general.name/basename/finetune/size label as gguf-py derives them
   Model cards                  core   README.md's YAML front matter as PyYAML and gguf-py read it
-  Vocabulary                   core   tokenizer.* keys: the chkhsh replay, tokenizer.json (read lean,
-                                      memory), added tokens, SentencePiece protobuf, llama_hf, the kinds
+  Holding large vocabularies   memory tokenizer.json read lean, tokens packed, exact sets without an
+                                      object per member, string arrays written a chunk at a time
+  Vocabulary                   core   tokenizer.* keys: the chkhsh replay, tokenizer.json, added tokens,
+                                      SentencePiece protobuf, llama_hf, the kinds
   Tensor plan                  core   which tensors, under which names, in which types and order
   Kernels                      core   exact element and block rules, as torch and numpy round
   Fast kernels                 speed  the same bytes at C speed (big-integer lanes, translate tables)
@@ -4654,6 +4656,458 @@ def load_model_card(model_dir: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# Holding large vocabularies: tokenizer.json read lean, token texts packed, exact sets without an
+# object per member, and GGUF string arrays made a chunk at a time -- what keeps a 262,144-token vocabulary
+# inside the memory target.  The rest of memory's machinery is where it acts: the header made in pieces
+# as it is written (Header, "Writing"), workers forked with the garbage collector off and their early
+# output bounded (_EARLY_BYTES, "Writing the output"), and the exit without teardown ("Command line").
+# ---------------------------------------------------------------------------------------------
+
+# --- Packed strings and exact sets ---------------------------------------------------------------
+# Long lists are made, kept and written this many strings at a time.
+_MERGES_PER_CHUNK = 4096
+
+# A byte no UTF-8 holds (nor "surrogatepass" UTF-8, which keeps the lone surrogates JSON can spell):
+# it separates the strings packed in a chunk.
+_PACK_SEP = b"\xff"
+
+
+def _packed_bytes(strings: Iterable[str]) -> list[bytes]:
+    return list(map(str.encode, strings, repeat("utf-8"), repeat("surrogatepass")))
+
+
+def _unpacked(chunk: bytes) -> list[str]:
+    return list(map(bytes.decode, chunk.split(_PACK_SEP), repeat("utf-8"), repeat("surrogatepass")))
+
+
+class PackedStrings:
+    """Strings in order, kept as UTF-8 chunks of up to _MERGES_PER_CHUNK joined by _PACK_SEP: about a
+    sixth of the memory of as many Python strings (Gemma's 262,144 tokens: 2.5 MB, not 19).  Reads as
+    a sequence of str: len, iteration, chunks() as lists, and [i] (the chunk of i split once and kept,
+    for the runs of neighbouring ids that added tokens are)."""
+
+    __slots__ = ("_chunks", "_ends", "_split")
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._ends: list[int] = []
+        self._split: tuple[int, list[bytes]] = (-1, [])
+
+    @classmethod
+    def of(cls, strings: Sequence[str]) -> "PackedStrings":
+        packed = cls()
+        for i in range(0, len(strings), _MERGES_PER_CHUNK):
+            packed.append_chunk(strings[i:i + _MERGES_PER_CHUNK])
+        return packed
+
+    def append_chunk(self, strings: Sequence[str]) -> None:
+        if strings:
+            self._chunks.append(_PACK_SEP.join(_packed_bytes(strings)))
+            self._ends.append(len(self) + len(strings))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def chunks(self) -> Iterator[list[str]]:
+        return map(_unpacked, self._chunks)
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain.from_iterable(self.chunks())
+
+    def __getitem__(self, index: int) -> str:
+        if not 0 <= index < len(self):
+            raise IndexError("PackedStrings index out of range")
+        c = bisect.bisect_right(self._ends, index)
+        if self._split[0] != c:
+            self._split = (c, self._chunks[c].split(_PACK_SEP))
+        return self._split[1][index - (self._ends[c - 1] if c else 0)].decode("utf-8", "surrogatepass")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (list, PackedStrings)) and len(other) == len(self) and all(map(
+            str.__eq__, self, other))
+
+    def holds(self, char: str) -> bool:
+        """Whether one of the strings holds ``char``."""
+        needle = char.encode("utf-8", "surrogatepass")
+        return any(chunk.find(needle) >= 0 for chunk in self._chunks)
+
+
+# Characters a vocabulary rarely holds, tried in turn as PackedSet's separator.
+_SET_SEPARATORS = tuple(map(chr, range(32))) + ("\uffff", "\ufffe", "\U0010ffff")
+
+
+class PackedSet:
+    """An exact set of many strings without an object per member: the members grouped by hash into
+    buckets of about 32, each one string in which a member stands between two separators -- a
+    character no member holds -- so that `x in set` is one bucket's substring test for sep + x + sep,
+    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary."""
+
+    __slots__ = ("_buckets", "_mask", "_sep")
+
+    def __init__(self, expected: int, sep: str) -> None:
+        size = 1 << max(4, (expected // 32).bit_length())
+        self._buckets, self._mask, self._sep = [sep] * size, size - 1, sep
+
+    @classmethod
+    def of(cls, strings: PackedStrings) -> "tuple[PackedSet | frozenset, Optional[str]]":
+        """The set of ``strings`` and the first that repeats an earlier one (None if none does); a
+        frozenset where the strings hold every separator tried."""
+        sep = next((c for c in _SET_SEPARATORS if not strings.holds(c)), None)
+        if sep is None:
+            members = frozenset(strings)
+            repeated = None if len(members) == len(strings) else next(
+                t for i, t in enumerate(strings) if t in itertools.islice(strings, i))
+            return members, repeated
+        members = cls(len(strings), sep)
+        for chunk in strings.chunks():
+            repeated = members.add_new(chunk)
+            if repeated is not None:
+                return members, repeated
+        return members, None
+
+    def add_new(self, texts: Iterable[str]) -> Optional[str]:
+        """Add members (none may hold the separator); at the first that is there already (added before
+        it or earlier), that one."""
+        buckets, mask, sep = self._buckets, self._mask, self._sep
+        for text in texts:
+            key = hash(text) & mask
+            bucket = buckets[key]
+            if sep + text + sep in bucket:
+                return text
+            buckets[key] = bucket + text + sep
+        return None
+
+    def __contains__(self, text: object) -> bool:
+        return isinstance(text, str) and self.holds_all([text])
+
+    def holds_all(self, texts: Iterable[str]) -> bool:
+        """Whether every one of ``texts`` is a member: the test of __contains__ chained at C speed (a
+        merges check asks it of a million texts, about half of them repeats).  A text holding the
+        separator is none of them."""
+        texts = set(texts)
+        sep = self._sep
+        if sep in "".join(texts):
+            return False
+        buckets = map(self._buckets.__getitem__, map(self._mask.__and__, map(hash, texts)))
+        wrapped = map(str.__add__, map(sep.__add__, texts), repeat(sep))
+        return all(map(operator.contains, buckets, wrapped))
+
+
+class GGUFStrings:
+    """A long array of strings kept compact until the header is written: as the bytes of a GGUF string
+    array (each a u64 length, then UTF-8), about a quarter of the memory of as many Python strings; or,
+    for merges read lean, as the file's text they are parsed from again, a chunk at a time, when
+    written -- so their bytes need not sit beside the vocabulary while it is read.  Reads as a
+    sequence of str (len, iteration, indexing and slices)."""
+
+    __slots__ = ("_data", "_source", "count", "nbytes")
+
+    def __init__(self, chunks: Iterable[list[str]], lines=None) -> None:
+        # Counted first and written into place: a bytearray grown by the chunks left the C heap
+        # holes about as large as itself.
+        chunks = list(chunks)
+        data = bytearray(sum(8 * len(strings) + sum(map(len, map(str.encode, strings))) for strings in chunks))
+        at = count = 0
+        for strings in chunks:
+            piece = encoded_strings(strings)
+            data[at:at + len(piece)] = piece
+            at += len(piece)
+            count += len(strings)
+            if lines is not None:
+                add_lines(lines, strings)
+        self._data, self._source, self.count, self.nbytes = data, None, count, len(data)
+
+    @classmethod
+    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int) -> "GGUFStrings":
+        """The ``count`` strings that each call of ``source`` gives, a chunk at a time, ``nbytes`` as
+        the elements of a GGUF array."""
+        strings = cls.__new__(cls)
+        strings._data, strings._source, strings.count, strings.nbytes = None, source, count, nbytes
+        return strings
+
+    def encoded(self) -> Iterable[bytes]:
+        """The GGUF array's elements, as pieces of bytes to be joined (made as they are taken)."""
+        return [self._data] if self._source is None else map(encoded_strings, self._source())
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            yield from chunk
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(itertools.islice(self, *index.indices(self.count)))
+        if not -self.count <= index < self.count:
+            raise IndexError("GGUFStrings index out of range")
+        return next(itertools.islice(self, index % self.count, None))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (list, GGUFStrings)) and len(other) == self.count and all(map(
+            str.__eq__, self, other))
+
+    def index(self, value: str) -> int:
+        for i, s in enumerate(self):
+            if s == value:
+                return i
+        raise ValueError(f"{value!r} is not in the strings")
+
+    def chunks(self, size: int = _MERGES_PER_CHUNK) -> Iterator[list[str]]:
+        """The strings in order, a list of up to ``size`` at a time (the source's own, if parsed when used)."""
+        if self._source is not None:
+            yield from self._source()
+            return
+        data, at, chunk = self._data, 0, []
+        unpack = _U64_LE.unpack_from
+        while at < len(data):
+            (n,) = unpack(data, at)
+            chunk.append(data[at + 8:at + 8 + n].decode("utf-8"))
+            at += 8 + n
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+
+def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str], tail: list[str],
+                 head: Optional[int] = None) -> GGUFStrings:
+    """The first ``head`` of ``strings`` (all by default), then ``tail``, with the texts of ``laid``
+    (id -> text) in their places: as GGUFStrings made a chunk at a time, counted and checked now."""
+    order = sorted(laid)
+    head = len(strings) if head is None else head
+
+    def overlaid(chunk: list[str], first: int) -> list[str]:
+        for tid in order[bisect.bisect_left(order, first):bisect.bisect_left(order, first + len(chunk))]:
+            chunk[tid - first] = laid[tid]
+        return chunk
+
+    def chunks() -> Iterator[list[str]]:
+        first = 0
+        parts = strings.chunks() if isinstance(strings, PackedStrings) else \
+            (strings[i:i + _MERGES_PER_CHUNK] for i in range(0, len(strings), _MERGES_PER_CHUNK))
+        for chunk in parts:
+            if first >= head:
+                break
+            chunk = list(chunk)[:head - first]
+            yield overlaid(chunk, first)
+            first += len(chunk)
+        yield overlaid(list(tail), first)
+    count = nbytes = 0
+    for chunk in chunks():
+        count += len(chunk)
+        nbytes += 8 * len(chunk) + sum(map(len, map(str.encode, chunk)))
+    return GGUFStrings.parsed_when_used(chunks, count, nbytes)
+
+
+# --- Reading a large tokenizer.json lean --------------------------------------------------------
+# Llama 3's holds 280,147 merges, which json.loads makes into as
+# many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
+# whole conversion may use (README's memory target).  So the model's vocab object and
+# merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
+# parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
+# written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
+# list is ever whole.  Whatever does not fit this reading exactly makes it give up, and the file is
+# parsed whole by read_json: the values, and the refusals, are the same either way.
+
+_JSON_WS = rb"[ \t\n\r]*"
+# A JSON string as json.loads accepts it (strict: no raw control characters, only JSON's escapes).
+_JSON_STRING = rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
+
+
+def _repeated(element: bytes) -> re.Pattern:
+    # Up to _MERGES_PER_CHUNK array or object elements and the commas between them.
+    one = _JSON_WS + element + _JSON_WS
+    return re.compile(rb"(?:%s,){0,%d}%s" % (one, _MERGES_PER_CHUNK - 1, one))
+
+
+_MERGE_STRINGS = _repeated(_JSON_STRING)
+_MERGE_PAIRS = _repeated(rb"\[" + _JSON_WS + _JSON_STRING + _JSON_WS + rb"," + _JSON_WS + _JSON_STRING
+                         + _JSON_WS + rb"\]")
+_VOCAB_ENTRIES = _repeated(_JSON_STRING + _JSON_WS + rb":" + _JSON_WS + rb"-?(?:0|[1-9][0-9]*)")
+
+
+class JsonRuns(NamedTuple):
+    """An array or object of a file, unparsed: where its runs of elements lie."""
+    data: mmap.mmap                     # the whole file, mapped
+    runs: tuple[tuple[int, int], ...]   # (start, end) of each run, without the commas between runs
+    opened: int                         # where its "[" or "{" is
+    end: int                            # just past its "]" or "}"
+
+    def parsed(self, opener: str, closer: str) -> Iterator:
+        for start, end in self.runs:
+            text = self.data[start:end]
+            _drop_pages(self.data, start, end)
+            yield json.loads(opener + text.decode("utf-8") + closer)
+
+
+def _mapped_find(data: mmap.mmap, needle: bytes, first: int = 0) -> int:
+    """data.find(needle, first), a window at a time, each window's pages given back once searched: a
+    search of the whole file at once made all of it this process's memory (Gemma's 33 MB tokenizer.json)."""
+    window = 1 << 20
+    for start in range(first, len(data), window):
+        end = min(len(data), start + window + len(needle) - 1)
+        at = data.find(needle, start, end)
+        _drop_pages(data, start, end)
+        if at >= 0:
+            return at
+    return -1
+
+
+def _drop_pages(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Give back the mapped file's pages inside start..end, read already: the kernel reads them again
+    from its page cache if they are touched again, and meanwhile they are not this process's memory."""
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page
+    if last > first and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+class MergesText(NamedTuple):
+    """tokenizer.json's model.merges, unparsed."""
+    text: JsonRuns
+    pairs: bool                         # ["a", "b"] elements, else "a b" strings
+
+    def chunks(self) -> Iterator[list]:
+        """The merges in order, as json.loads gives them, a list of up to _MERGES_PER_CHUNK at a time."""
+        return self.text.parsed("[", "]")
+
+
+def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
+    """tokenizer.json as read_json parses it, except that a model.merges array of strings or of string
+    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's.
+    Without ``vocab_used`` (a path that never reads the model: SentencePiece's) model.vocab is left
+    as its unparsed JsonRuns -- Gemma's 262,144 tokens are 30 MB as Python strings."""
+    try:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError:      # an empty file cannot be mapped
+        return read_json(path)
+    except OSError as e:
+        raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
+    vocab = _json_runs(data, b'"vocab"', b"{", b"}", lambda first: _VOCAB_ENTRIES)
+    merges = _json_runs(data, b'"merges"', b"[", b"]", lambda first: _MERGE_PAIRS if first == b"[" else _MERGE_STRINGS)
+    if vocab is None or merges is None or not vocab.end <= merges.opened:
+        del data
+        return read_json(path)
+    nonce = "bankml-cut"
+    while _mapped_find(data, nonce.encode()) >= 0:
+        nonce += "~"
+    _drop_pages(data, 0, len(data))
+    placeholder = b'"' + nonce.encode() + b'"'
+    try:
+        rest = b"".join((data[:vocab.opened], placeholder, data[vocab.end:merges.opened], placeholder,
+                         data[merges.end:])).decode("utf-8")
+        parsed = json.loads(rest)
+        del rest
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        # The placeholders are where model.vocab and model.merges are only if the cuts were those
+        # values (not text inside a string, not an earlier key a later duplicate replaces).
+        if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
+            raise ValueError("not the model's vocab and merges")
+        vocab_value = _vocab_of_runs(vocab) if vocab_used else vocab
+    except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
+        del data
+        return read_json(path)
+    model["vocab"] = vocab_value
+    model["merges"] = MergesText(merges, data[merges.runs[0][0]:merges.runs[0][0] + 1] == b"[")
+    return parsed
+
+
+def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
+    """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
+    (as in every file transformers writes), else the dict json.loads makes of the object."""
+    tokens = PackedStrings()
+    for run in runs.parsed("{", "}"):
+        if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
+            break
+        tokens.append_chunk(list(run))
+    else:
+        members, repeated = PackedSet.of(tokens)
+        if repeated is None:
+            return TokenIds(tokens, members)
+    del tokens
+    # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
+    # and takes its last value.
+    vocab: dict = {}
+    for run in runs.parsed("{", "}"):
+        vocab.update(run)
+    return vocab
+
+
+class TokenIds:
+    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
+    standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
+    answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
+    tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
+    text's tokens are looked up in check_text_vocab's table)."""
+
+    __slots__ = ("tokens", "members")
+
+    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset") -> None:
+        self.tokens, self.members = tokens, members
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tokens)
+
+    def values(self) -> range:
+        return range(len(self.tokens))
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return zip(self.tokens, itertools.count())
+
+    def __contains__(self, token: object) -> bool:
+        return isinstance(token, str) and token in self.members
+
+    def __getitem__(self, token: str) -> int:
+        if token in self:
+            for tid, t in enumerate(self.tokens):
+                if t == token:
+                    return tid
+        raise KeyError(token)
+
+
+def _json_runs(data: mmap.mmap, key: bytes, opener: bytes, closer: bytes,
+               pattern_for: Callable[[bytes], re.Pattern]) -> Optional[JsonRuns]:
+    """The first ``key`` followed by a non-empty array or object (``opener``) whose elements the
+    pattern (chosen by the first element's first byte) matches, every run valid UTF-8; or None."""
+    key_then_opener = re.compile(re.escape(key) + _JSON_WS + rb":" + _JSON_WS + re.escape(opener) + _JSON_WS)
+    at = _mapped_find(data, key)
+    while at >= 0:
+        head = key_then_opener.match(data, at)
+        if head:
+            break
+        at = _mapped_find(data, key, at + 1)
+    else:
+        return None
+    _drop_pages(data, at, head.end())
+    opened, at = head.start() + head.group().rindex(opener), head.end()
+    pattern = pattern_for(data[at:at + 1])
+    runs = []
+    while True:
+        run = pattern.match(data, at)
+        if run is None:
+            return None
+        try:
+            data[at:run.end()].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        _drop_pages(data, at, run.end())
+        runs.append((at, run.end()))
+        at = run.end()
+        if data[at:at + 1] == closer:
+            break
+        if data[at:at + 1] != b",":
+            return None
+        at += 1
+    return JsonRuns(data, tuple(runs), opened, at + 1)
+
+
+# ---------------------------------------------------------------------------------------------
 # Vocabulary: the tokenizer.* keys llama.cpp writes, one TokenizerKind per vocabulary path it takes
 # (today its gpt2 path through transformers 5.18, for the byte-level BPE shapes the oracle measured).
 # ---------------------------------------------------------------------------------------------
@@ -5612,417 +6066,6 @@ def _merges_written(merges: list) -> list[str]:
     return [" ".join(part.replace(" ", "\u0120") for part in pair) for pair in merges]
 
 
-# --- Reading a large tokenizer.json lean (memory) -------------------------------------------------
-# Reading a large tokenizer.json lean.  Llama 3's holds 280,147 merges, which json.loads makes into as
-# many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
-# whole conversion may use (README's memory target).  So the model's vocab object and
-# merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
-# parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
-# written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
-# list is ever whole.  Whatever does not fit this reading exactly makes it give up, and the file is
-# parsed whole by read_json: the values, and the refusals, are the same either way.
-
-_JSON_WS = rb"[ \t\n\r]*"
-# A JSON string as json.loads accepts it (strict: no raw control characters, only JSON's escapes).
-_JSON_STRING = rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
-_MERGES_PER_CHUNK = 4096
-
-
-def _repeated(element: bytes) -> re.Pattern:
-    # Up to _MERGES_PER_CHUNK array or object elements and the commas between them.
-    one = _JSON_WS + element + _JSON_WS
-    return re.compile(rb"(?:%s,){0,%d}%s" % (one, _MERGES_PER_CHUNK - 1, one))
-
-
-_MERGE_STRINGS = _repeated(_JSON_STRING)
-_MERGE_PAIRS = _repeated(rb"\[" + _JSON_WS + _JSON_STRING + _JSON_WS + rb"," + _JSON_WS + _JSON_STRING
-                         + _JSON_WS + rb"\]")
-_VOCAB_ENTRIES = _repeated(_JSON_STRING + _JSON_WS + rb":" + _JSON_WS + rb"-?(?:0|[1-9][0-9]*)")
-
-
-class JsonRuns(NamedTuple):
-    """An array or object of a file, unparsed: where its runs of elements lie."""
-    data: mmap.mmap                     # the whole file, mapped
-    runs: tuple[tuple[int, int], ...]   # (start, end) of each run, without the commas between runs
-    opened: int                         # where its "[" or "{" is
-    end: int                            # just past its "]" or "}"
-
-    def parsed(self, opener: str, closer: str) -> Iterator:
-        for start, end in self.runs:
-            text = self.data[start:end]
-            _drop_pages(self.data, start, end)
-            yield json.loads(opener + text.decode("utf-8") + closer)
-
-
-def _mapped_find(data: mmap.mmap, needle: bytes, first: int = 0) -> int:
-    """data.find(needle, first), a window at a time, each window's pages given back once searched: a
-    search of the whole file at once made all of it this process's memory (Gemma's 33 MB tokenizer.json)."""
-    window = 1 << 20
-    for start in range(first, len(data), window):
-        end = min(len(data), start + window + len(needle) - 1)
-        at = data.find(needle, start, end)
-        _drop_pages(data, start, end)
-        if at >= 0:
-            return at
-    return -1
-
-
-def _drop_pages(mapped: mmap.mmap, start: int, end: int) -> None:
-    """Give back the mapped file's pages inside start..end, read already: the kernel reads them again
-    from its page cache if they are touched again, and meanwhile they are not this process's memory."""
-    page = mmap.PAGESIZE
-    first, last = -(-start // page) * page, end // page * page
-    if last > first and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
-
-
-class MergesText(NamedTuple):
-    """tokenizer.json's model.merges, unparsed."""
-    text: JsonRuns
-    pairs: bool                         # ["a", "b"] elements, else "a b" strings
-
-    def chunks(self) -> Iterator[list]:
-        """The merges in order, as json.loads gives them, a list of up to _MERGES_PER_CHUNK at a time."""
-        return self.text.parsed("[", "]")
-
-
-def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
-    """tokenizer.json as read_json parses it, except that a model.merges array of strings or of string
-    pairs is a MergesText (the same merges, parsed when used); anything else is read_json's.
-    Without ``vocab_used`` (a path that never reads the model: SentencePiece's) model.vocab is left
-    as its unparsed JsonRuns -- Gemma's 262,144 tokens are 30 MB as Python strings."""
-    try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except ValueError:      # an empty file cannot be mapped
-        return read_json(path)
-    except OSError as e:
-        raise Refusal(f"cannot read {path.name}: {e.strerror or e}") from None
-    vocab = _json_runs(data, b'"vocab"', b"{", b"}", lambda first: _VOCAB_ENTRIES)
-    merges = _json_runs(data, b'"merges"', b"[", b"]", lambda first: _MERGE_PAIRS if first == b"[" else _MERGE_STRINGS)
-    if vocab is None or merges is None or not vocab.end <= merges.opened:
-        del data
-        return read_json(path)
-    nonce = "bankml-cut"
-    while _mapped_find(data, nonce.encode()) >= 0:
-        nonce += "~"
-    _drop_pages(data, 0, len(data))
-    placeholder = b'"' + nonce.encode() + b'"'
-    try:
-        rest = b"".join((data[:vocab.opened], placeholder, data[vocab.end:merges.opened], placeholder,
-                         data[merges.end:])).decode("utf-8")
-        parsed = json.loads(rest)
-        del rest
-        model = parsed.get("model") if isinstance(parsed, dict) else None
-        # The placeholders are where model.vocab and model.merges are only if the cuts were those
-        # values (not text inside a string, not an earlier key a later duplicate replaces).
-        if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
-            raise ValueError("not the model's vocab and merges")
-        vocab_value = _vocab_of_runs(vocab) if vocab_used else vocab
-    except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
-        del data
-        return read_json(path)
-    model["vocab"] = vocab_value
-    model["merges"] = MergesText(merges, data[merges.runs[0][0]:merges.runs[0][0] + 1] == b"[")
-    return parsed
-
-
-def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
-    """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
-    (as in every file transformers writes), else the dict json.loads makes of the object."""
-    tokens = PackedStrings()
-    for run in runs.parsed("{", "}"):
-        if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
-            break
-        tokens.append_chunk(list(run))
-    else:
-        members, repeated = PackedSet.of(tokens)
-        if repeated is None:
-            return TokenIds(tokens, members)
-    del tokens
-    # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
-    # and takes its last value.
-    vocab: dict = {}
-    for run in runs.parsed("{", "}"):
-        vocab.update(run)
-    return vocab
-
-
-class TokenIds:
-    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
-    standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
-    answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
-    tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
-    text's tokens are looked up in check_text_vocab's table)."""
-
-    __slots__ = ("tokens", "members")
-
-    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset") -> None:
-        self.tokens, self.members = tokens, members
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tokens)
-
-    def values(self) -> range:
-        return range(len(self.tokens))
-
-    def items(self) -> Iterator[tuple[str, int]]:
-        return zip(self.tokens, itertools.count())
-
-    def __contains__(self, token: object) -> bool:
-        return isinstance(token, str) and token in self.members
-
-    def __getitem__(self, token: str) -> int:
-        if token in self:
-            for tid, t in enumerate(self.tokens):
-                if t == token:
-                    return tid
-        raise KeyError(token)
-
-
-def _json_runs(data: mmap.mmap, key: bytes, opener: bytes, closer: bytes,
-               pattern_for: Callable[[bytes], re.Pattern]) -> Optional[JsonRuns]:
-    """The first ``key`` followed by a non-empty array or object (``opener``) whose elements the
-    pattern (chosen by the first element's first byte) matches, every run valid UTF-8; or None."""
-    key_then_opener = re.compile(re.escape(key) + _JSON_WS + rb":" + _JSON_WS + re.escape(opener) + _JSON_WS)
-    at = _mapped_find(data, key)
-    while at >= 0:
-        head = key_then_opener.match(data, at)
-        if head:
-            break
-        at = _mapped_find(data, key, at + 1)
-    else:
-        return None
-    _drop_pages(data, at, head.end())
-    opened, at = head.start() + head.group().rindex(opener), head.end()
-    pattern = pattern_for(data[at:at + 1])
-    runs = []
-    while True:
-        run = pattern.match(data, at)
-        if run is None:
-            return None
-        try:
-            data[at:run.end()].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        _drop_pages(data, at, run.end())
-        runs.append((at, run.end()))
-        at = run.end()
-        if data[at:at + 1] == closer:
-            break
-        if data[at:at + 1] != b",":
-            return None
-        at += 1
-    return JsonRuns(data, tuple(runs), opened, at + 1)
-
-
-# A byte no UTF-8 holds (nor "surrogatepass" UTF-8, which keeps the lone surrogates JSON can spell):
-# it separates the strings packed in a chunk.
-_PACK_SEP = b"\xff"
-
-
-def _packed_bytes(strings: Iterable[str]) -> list[bytes]:
-    return list(map(str.encode, strings, repeat("utf-8"), repeat("surrogatepass")))
-
-
-def _unpacked(chunk: bytes) -> list[str]:
-    return list(map(bytes.decode, chunk.split(_PACK_SEP), repeat("utf-8"), repeat("surrogatepass")))
-
-
-class PackedStrings:
-    """Strings in order, kept as UTF-8 chunks of up to _MERGES_PER_CHUNK joined by _PACK_SEP: about a
-    sixth of the memory of as many Python strings (Gemma's 262,144 tokens: 2.5 MB, not 19).  Reads as
-    a sequence of str: len, iteration, chunks() as lists, and [i] (the chunk of i split once and kept,
-    for the runs of neighbouring ids that added tokens are)."""
-
-    __slots__ = ("_chunks", "_ends", "_split")
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self._ends: list[int] = []
-        self._split: tuple[int, list[bytes]] = (-1, [])
-
-    @classmethod
-    def of(cls, strings: Sequence[str]) -> "PackedStrings":
-        packed = cls()
-        for i in range(0, len(strings), _MERGES_PER_CHUNK):
-            packed.append_chunk(strings[i:i + _MERGES_PER_CHUNK])
-        return packed
-
-    def append_chunk(self, strings: Sequence[str]) -> None:
-        if strings:
-            self._chunks.append(_PACK_SEP.join(_packed_bytes(strings)))
-            self._ends.append(len(self) + len(strings))
-
-    def __len__(self) -> int:
-        return self._ends[-1] if self._ends else 0
-
-    def chunks(self) -> Iterator[list[str]]:
-        return map(_unpacked, self._chunks)
-
-    def __iter__(self) -> Iterator[str]:
-        return itertools.chain.from_iterable(self.chunks())
-
-    def __getitem__(self, index: int) -> str:
-        if not 0 <= index < len(self):
-            raise IndexError("PackedStrings index out of range")
-        c = bisect.bisect_right(self._ends, index)
-        if self._split[0] != c:
-            self._split = (c, self._chunks[c].split(_PACK_SEP))
-        return self._split[1][index - (self._ends[c - 1] if c else 0)].decode("utf-8", "surrogatepass")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, (list, PackedStrings)) and len(other) == len(self) and all(map(
-            str.__eq__, self, other))
-
-    def holds(self, char: str) -> bool:
-        """Whether one of the strings holds ``char``."""
-        needle = char.encode("utf-8", "surrogatepass")
-        return any(chunk.find(needle) >= 0 for chunk in self._chunks)
-
-
-# Characters a vocabulary rarely holds, tried in turn as PackedSet's separator.
-_SET_SEPARATORS = tuple(map(chr, range(32))) + ("\uffff", "\ufffe", "\U0010ffff")
-
-
-class PackedSet:
-    """An exact set of many strings without an object per member: the members grouped by hash into
-    buckets of about 32, each one string in which a member stands between two separators -- a
-    character no member holds -- so that `x in set` is one bucket's substring test for sep + x + sep,
-    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary."""
-
-    __slots__ = ("_buckets", "_mask", "_sep")
-
-    def __init__(self, expected: int, sep: str) -> None:
-        size = 1 << max(4, (expected // 32).bit_length())
-        self._buckets, self._mask, self._sep = [sep] * size, size - 1, sep
-
-    @classmethod
-    def of(cls, strings: PackedStrings) -> "tuple[PackedSet | frozenset, Optional[str]]":
-        """The set of ``strings`` and the first that repeats an earlier one (None if none does); a
-        frozenset where the strings hold every separator tried."""
-        sep = next((c for c in _SET_SEPARATORS if not strings.holds(c)), None)
-        if sep is None:
-            members = frozenset(strings)
-            repeated = None if len(members) == len(strings) else next(
-                t for i, t in enumerate(strings) if t in itertools.islice(strings, i))
-            return members, repeated
-        members = cls(len(strings), sep)
-        for chunk in strings.chunks():
-            repeated = members.add_new(chunk)
-            if repeated is not None:
-                return members, repeated
-        return members, None
-
-    def add_new(self, texts: Iterable[str]) -> Optional[str]:
-        """Add members (none may hold the separator); at the first that is there already (added before
-        it or earlier), that one."""
-        buckets, mask, sep = self._buckets, self._mask, self._sep
-        for text in texts:
-            key = hash(text) & mask
-            bucket = buckets[key]
-            if sep + text + sep in bucket:
-                return text
-            buckets[key] = bucket + text + sep
-        return None
-
-    def __contains__(self, text: object) -> bool:
-        return isinstance(text, str) and self.holds_all([text])
-
-    def holds_all(self, texts: Iterable[str]) -> bool:
-        """Whether every one of ``texts`` is a member: the test of __contains__ chained at C speed (a
-        merges check asks it of a million texts, about half of them repeats).  A text holding the
-        separator is none of them."""
-        texts = set(texts)
-        sep = self._sep
-        if sep in "".join(texts):
-            return False
-        buckets = map(self._buckets.__getitem__, map(self._mask.__and__, map(hash, texts)))
-        wrapped = map(str.__add__, map(sep.__add__, texts), repeat(sep))
-        return all(map(operator.contains, buckets, wrapped))
-
-
-class GGUFStrings:
-    """A long array of strings kept compact until the header is written: as the bytes of a GGUF string
-    array (each a u64 length, then UTF-8), about a quarter of the memory of as many Python strings; or,
-    for merges read lean, as the file's text they are parsed from again, a chunk at a time, when
-    written -- so their bytes need not sit beside the vocabulary while it is read.  Reads as a
-    sequence of str (len, iteration, indexing and slices)."""
-
-    __slots__ = ("_data", "_source", "count", "nbytes")
-
-    def __init__(self, chunks: Iterable[list[str]], lines=None) -> None:
-        # Counted first and written into place: a bytearray grown by the chunks left the C heap
-        # holes about as large as itself.
-        chunks = list(chunks)
-        data = bytearray(sum(8 * len(strings) + sum(map(len, map(str.encode, strings))) for strings in chunks))
-        at = count = 0
-        for strings in chunks:
-            piece = encoded_strings(strings)
-            data[at:at + len(piece)] = piece
-            at += len(piece)
-            count += len(strings)
-            if lines is not None:
-                add_lines(lines, strings)
-        self._data, self._source, self.count, self.nbytes = data, None, count, len(data)
-
-    @classmethod
-    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int) -> "GGUFStrings":
-        """The ``count`` strings that each call of ``source`` gives, a chunk at a time, ``nbytes`` as
-        the elements of a GGUF array."""
-        strings = cls.__new__(cls)
-        strings._data, strings._source, strings.count, strings.nbytes = None, source, count, nbytes
-        return strings
-
-    def encoded(self) -> Iterable[bytes]:
-        """The GGUF array's elements, as pieces of bytes to be joined (made as they are taken)."""
-        return [self._data] if self._source is None else map(encoded_strings, self._source())
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[str]:
-        for chunk in self.chunks():
-            yield from chunk
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return list(itertools.islice(self, *index.indices(self.count)))
-        if not -self.count <= index < self.count:
-            raise IndexError("GGUFStrings index out of range")
-        return next(itertools.islice(self, index % self.count, None))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, (list, GGUFStrings)) and len(other) == self.count and all(map(
-            str.__eq__, self, other))
-
-    def index(self, value: str) -> int:
-        for i, s in enumerate(self):
-            if s == value:
-                return i
-        raise ValueError(f"{value!r} is not in the strings")
-
-    def chunks(self, size: int = _MERGES_PER_CHUNK) -> Iterator[list[str]]:
-        """The strings in order, a list of up to ``size`` at a time (the source's own, if parsed when used)."""
-        if self._source is not None:
-            yield from self._source()
-            return
-        data, at, chunk = self._data, 0, []
-        unpack = _U64_LE.unpack_from
-        while at < len(data):
-            (n,) = unpack(data, at)
-            chunk.append(data[at + 8:at + 8 + n].decode("utf-8"))
-            at += 8 + n
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-
-
 # --- Which path: what the gpt2 path refuses -------------------------------------------------------
 # Which path llama.cpp takes: the gpt2 one is ported through transformers' GPT2Tokenizer only; the
 # SentencePiece and llama_hf paths have kinds of their own (below), and each family's vocab_paths
@@ -6249,36 +6292,6 @@ def token_list(vocab: "Sequence[str] | PackedStrings", added: list[AddedToken], 
                 laid[t.id] = t.content.replace("\u2581", " ")
     tail = [t.content for t in appended] + [f"[PAD{i}]" for i in range(n, vocab_size)]
     return laid_strings(vocab, laid, tail), types
-
-
-def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str], tail: list[str],
-                 head: Optional[int] = None) -> GGUFStrings:
-    """The first ``head`` of ``strings`` (all by default), then ``tail``, with the texts of ``laid``
-    (id -> text) in their places: as GGUFStrings made a chunk at a time, counted and checked now."""
-    order = sorted(laid)
-    head = len(strings) if head is None else head
-
-    def overlaid(chunk: list[str], first: int) -> list[str]:
-        for tid in order[bisect.bisect_left(order, first):bisect.bisect_left(order, first + len(chunk))]:
-            chunk[tid - first] = laid[tid]
-        return chunk
-
-    def chunks() -> Iterator[list[str]]:
-        first = 0
-        parts = strings.chunks() if isinstance(strings, PackedStrings) else \
-            (strings[i:i + _MERGES_PER_CHUNK] for i in range(0, len(strings), _MERGES_PER_CHUNK))
-        for chunk in parts:
-            if first >= head:
-                break
-            chunk = list(chunk)[:head - first]
-            yield overlaid(chunk, first)
-            first += len(chunk)
-        yield overlaid(list(tail), first)
-    count = nbytes = 0
-    for chunk in chunks():
-        count += len(chunk)
-        nbytes += 8 * len(chunk) + sum(map(len, map(str.encode, chunk)))
-    return GGUFStrings.parsed_when_used(chunks, count, nbytes)
 
 
 # --- SpecialVocab: special ids, add flags, chat template ------------------------------------------
