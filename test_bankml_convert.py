@@ -16,9 +16,8 @@ import hashlib
 import io
 import json
 import math
-import random
-import re
 import os
+import random
 import re
 import select
 import shutil
@@ -183,10 +182,6 @@ class Workspace(unittest.TestCase):
 # Reading the directory: safetensors headers and the JSON files, checked against the files.
 # =============================================================================================
 
-# =============================================================================================
-# Reading the directory: safetensors headers and the JSON files, checked against the files.
-# =============================================================================================
-
 class SafetensorsHeaders(unittest.TestCase):
     def write(self, header: bytes, data: bytes = b"") -> Path:
         d = Path(tempfile.mkdtemp())
@@ -241,10 +236,6 @@ class SafetensorsHeaders(unittest.TestCase):
         (t,) = bc.read_safetensors_header(self.write(header))
         self.assertEqual(t.nbytes, 0)
 
-
-# =============================================================================================
-# Reading PyTorch checkpoints: torch.save files as torch reads them, hand-built and hostile ones, .bin directories.
-# =============================================================================================
 
 # =============================================================================================
 # Reading PyTorch checkpoints: torch.save files as torch reads them, hand-built and hostile ones, .bin directories.
@@ -671,10 +662,6 @@ class TorchBinModelDirectories(unittest.TestCase):
 # Deciding: what llama.cpp would refuse or write otherwise, each refusal naming its reason.
 # =============================================================================================
 
-# =============================================================================================
-# Deciding: what llama.cpp would refuse or write otherwise, each refusal naming its reason.
-# =============================================================================================
-
 # --- Refusals: each names its reason, exits 2 and leaves nothing behind.
 
 def edit_json(path: Path, change) -> None:
@@ -1026,10 +1013,6 @@ class Rules(unittest.TestCase):
         with self.assertRaises(bc.Refusal):
             bc.sampling_kvs({"top_k": "fifty"})
 
-
-# =============================================================================================
-# Model families: the Family seam proved with a family unlike Llama, then each family's keys, tensors and refusals.
-# =============================================================================================
 
 # =============================================================================================
 # Model families: the Family seam proved with a family unlike Llama, then each family's keys, tensors and refusals.
@@ -2375,10 +2358,6 @@ class Olmo2Refusals(Workspace):
 # Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
 # =============================================================================================
 
-# =============================================================================================
-# Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
-# =============================================================================================
-
 # --- Naming: gguf-py's heuristics, against its answers recorded by oracle/names_oracle.py --record.
 
 NAMES_RECORD = json.loads((ORACLE / "recorded" / "names.json").read_text(encoding="utf-8"))
@@ -2588,10 +2567,6 @@ class SizeLabel(unittest.TestCase):
 # Model cards: README.md front matter as PyYAML and gguf-py read it, hostile cards, cards in conversions.
 # =============================================================================================
 
-# =============================================================================================
-# Model cards: README.md front matter as PyYAML and gguf-py read it, hostile cards, cards in conversions.
-# =============================================================================================
-
 # Model cards (issue 15).  Every expected value is PyYAML's or gguf-py's, recorded by
 # `python3 oracle/oracle.py cards --record` in oracle/recorded/cards.json; the documents, the typing
 # inputs and the corpus come from oracle/cards_oracle.py and oracle/fixtures/cards/.
@@ -2771,10 +2746,6 @@ class ModelCardConversion(Workspace):
         r.out.unlink()
         self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
 
-
-# =============================================================================================
-# Vocabulary: tokenizer.* keys against llama.cpp's, the chkhsh replay, SentencePiece, Llama 3's, lean reading.
-# =============================================================================================
 
 # =============================================================================================
 # Vocabulary: tokenizer.* keys against llama.cpp's, the chkhsh replay, SentencePiece, Llama 3's, lean reading.
@@ -3864,10 +3835,6 @@ class LeanTokenizerJson(unittest.TestCase):
 # Tensor plan: output types and their rules.
 # =============================================================================================
 
-# =============================================================================================
-# Tensor plan: output types and their rules.
-# =============================================================================================
-
 # --- The output types: the table against the reference's rules.
 
 class OutputTypeRules(unittest.TestCase):
@@ -3930,10 +3897,6 @@ class OutputTypeRules(unittest.TestCase):
         with self.assertRaises(ValueError):
             bc.ggml_nbytes(bc.GGML_Q8_0, 33)
 
-
-# =============================================================================================
-# Kernels: every conversion's exact and fast forms against torch, numpy and gguf-py's recorded bytes; Q8_0.
-# =============================================================================================
 
 # =============================================================================================
 # Kernels: every conversion's exact and fast forms against torch, numpy and gguf-py's recorded bytes; Q8_0.
@@ -4610,10 +4573,6 @@ class Q8_0Products(unittest.TestCase):
 # Committing: hostile inputs, full disks, interrupts and the fault suite: nothing but OUT and its pin touched.
 # =============================================================================================
 
-# =============================================================================================
-# Committing: hostile inputs, full disks, interrupts and the fault suite: nothing but OUT and its pin touched.
-# =============================================================================================
-
 # --- Hostile and broken inputs, full disks and interrupts: a clear refusal, nothing lost, nothing
 # --- half-written (project issue 5).
 
@@ -4802,10 +4761,6 @@ import faults  # noqa: E402
 
 FaultSuite = full_tier(faults.test_case())
 
-
-# =============================================================================================
-# Writing the output: workers and the sequential path, the platforms without Linux calls, the strings array.
-# =============================================================================================
 
 # =============================================================================================
 # Writing the output: workers and the sequential path, the platforms without Linux calls, the strings array.
@@ -5270,10 +5225,6 @@ class GGUFStringsArray(unittest.TestCase):
 # The conversion: every recorded oracle run converted to llama.cpp's exact file; the example.
 # =============================================================================================
 
-# =============================================================================================
-# The conversion: every recorded oracle run converted to llama.cpp's exact file; the example.
-# =============================================================================================
-
 # --- Golden files: the sha256 llama.cpp wrote for each generated case, from oracle/recorded/golden.json.
 
 class OutputIsLlamaCppsBytes(Workspace):
@@ -5388,10 +5339,6 @@ class MakeTestChecksEveryCase(unittest.TestCase):
                             if r["case"] == case and "--model-name" not in r["args"]}
                 self.assertEqual(outtypes, {*bc.OUT_TYPES, "auto"})
 
-
-# =============================================================================================
-# LoRA adapters: PEFT adapters as convert_lora_to_gguf.py --base writes them, the refusals, a base holding one.
-# =============================================================================================
 
 # =============================================================================================
 # LoRA adapters: PEFT adapters as convert_lora_to_gguf.py --base writes them, the refusals, a base holding one.
@@ -5681,10 +5628,6 @@ class LoraRefusals(LoraWorkspace):
 # Exporting for kasahare: the .sllm and tokenizer files as the engine's own writers make them.
 # =============================================================================================
 
-# =============================================================================================
-# Exporting for kasahare: the .sllm and tokenizer files as the engine's own writers make them.
-# =============================================================================================
-
 # Exporting for kasahare (--format sllm): bytes recorded from the engine's own writers by
 # oracle/sllm_oracle.py (oracle/recorded/sllm.json), its rules, its refusals and its pin.
 
@@ -5909,10 +5852,6 @@ class SllmCommandLine(Workspace):
         self.assertEqual(r.code, 2)
         self.assertIn("not offered with --format sllm", r.err)
 
-
-# =============================================================================================
-# Reading GGUF: the untrusted-input reader, its listing and its diff, on files built here.
-# =============================================================================================
 
 # =============================================================================================
 # Reading GGUF: the untrusted-input reader, its listing and its diff, on files built here.
@@ -6432,10 +6371,6 @@ class CompareRangesTest(unittest.TestCase):
 # Around the file: inspect, verify, diff, --dry-run, driven through main() in-process.
 # =============================================================================================
 
-# =============================================================================================
-# Around the file: inspect, verify, diff, --dry-run, driven through main() in-process.
-# =============================================================================================
-
 # --- Around the file: inspect, verify, diff, --dry-run and --json, driven through main() in-process.
 
 EXAMPLE = ROOT / "example" / "smollm2-tiny"
@@ -6778,10 +6713,6 @@ class AroundCommandLine(AroundWorkspace):
 # ggml's MNIST files: the legacy GGML and mnist-fc GGUF files against ggml's converters' recorded output.
 # =============================================================================================
 
-# =============================================================================================
-# ggml's MNIST files: the legacy GGML and mnist-fc GGUF files against ggml's converters' recorded output.
-# =============================================================================================
-
 GGML_RECORD = json.loads((ORACLE / "recorded" / "ggml.json").read_text(encoding="utf-8"))
 
 
@@ -6852,10 +6783,6 @@ class GGMLMnistFiles(unittest.TestCase):
         self.assertEqual([t["dims"] for t in doc["tensors"]], [[784, 500], [500], [500, 10], [10]])
         self.assertIsNone(doc["stopped"])
 
-
-# =============================================================================================
-# Command line: messages, --json and its schema, the progress bar, llama.cpp's habits.
-# =============================================================================================
 
 # =============================================================================================
 # Command line: messages, --json and its schema, the progress bar, llama.cpp's habits.
@@ -7322,10 +7249,6 @@ class LlamaCppHabits(Workspace):
             self.assertIn(arch, text)
         self.assertIn("3 failed", text)
 
-
-# =============================================================================================
-# Running the tests: the tiers (--matrix, --fast, -k) and the count line.
-# =============================================================================================
 
 # =============================================================================================
 # Running the tests: the tiers (--matrix, --fast, -k) and the count line.
