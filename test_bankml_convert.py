@@ -4157,6 +4157,33 @@ def special(conversion: str, name: str) -> tuple[bytes, bytes]:
     raise KeyError(f"{conversion}: no recorded case {name!r}")
 
 
+# The rules the named cases stand for: (rule, conversion, the recorded cases that show it).
+KERNEL_RULES = (
+    ("f32 at 65520 overflows to infinity", "f32_to_f16", ("65520, a tie, rounds to infinity", "-65520")),
+    ("f32 just below 65520 rounds to 65504", "f32_to_f16", ("65519.996, rounds down to 65504",)),
+    ("bf16 at 65536 overflows to infinity", "bf16_to_f16", ("65536, overflows to infinity",)),
+    ("f32 NaN keeps its top payload bits", "f32_to_f16",
+     ("quiet NaN, all payload bits", "signalling NaN, kept payload 0x1ff")),
+    ("f32 signalling NaN is not quieted", "f32_to_f16", ("signalling NaN, payload in the kept bits",)),
+    ("f32 NaN with only dropped payload bits stays NaN", "f32_to_f16",
+     ("signalling NaN, payload only below the kept bits", "-signalling NaN, payload only below the kept bits")),
+    ("bf16 signalling NaN is not quieted", "bf16_to_f16", ("signalling NaN, lowest payload bit",)),
+    ("bf16 signalling NaN is not quieted", "bf16_to_f32", ("signalling NaN, lowest payload bit",)),
+    ("f16 signalling NaN is not quieted when widened", "f16_to_f32", ("signalling NaN, lowest payload bit",)),
+    ("f16 subnormal results round half to even", "f32_to_f16",
+     ("2**-25, a tie, rounds to zero", "1.5 * 2**-24, a tie, rounds up to 2 * 2**-24",
+      "2.5 * 2**-24, a tie, rounds down to 2 * 2**-24", "2**-25 + 2**-48, rounds up to the smallest subnormal",
+      "2**-14 - 2**-25, a tie between the largest subnormal and the smallest normal")),
+    ("normal ties round half to even", "f32_to_f16",
+     ("1 + 2**-11, a tie, rounds down to even", "1 + 3 * 2**-11, a tie, rounds up to even")),
+    ("f16 subnormals widen exactly", "f16_to_f32", ("2**-24, the smallest subnormal", "the largest subnormal")),
+    *(("zeros keep their sign", conversion, ("+0", "-0"))
+      for conversion in ("f32_to_f16", "bf16_to_f16", "bf16_to_f32", "f16_to_f32")),
+    ("f32 subnormals flush to signed zero", "f32_to_f16",
+     ("the largest f32 subnormal", "-the smallest f32 subnormal")),
+)
+
+
 class NamedCases(unittest.TestCase):
     def assert_case(self, conversion: str, name: str):
         given, expected = special(conversion, name)
@@ -4165,10 +4192,14 @@ class NamedCases(unittest.TestCase):
             self.assertEqual(got.hex(), expected.hex(), f"{form}: {name}")
 
     def test_every_recorded_case(self):
-        for conversion, entries in kernels_record()["specials"].items():
-            for entry in entries:
-                with self.subTest(conversion=conversion, case=entry["name"]):
-                    self.assert_case(conversion, entry["name"])
+        """Each special input's recorded output, named by the rule it shows (KERNEL_RULES) where it shows one."""
+        rule_of = {(conversion, case): rule for rule, conversion, cases in KERNEL_RULES for case in cases}
+        recorded = [(conversion, entry["name"]) for conversion, entries in kernels_record()["specials"].items()
+                    for entry in entries]
+        self.assertEqual(set(rule_of) - set(recorded), set(), "a rule's case is not in the record")
+        for conversion, case in recorded:
+            with self.subTest(rule=rule_of.get((conversion, case), "recorded case"), conversion=conversion, case=case):
+                self.assert_case(conversion, case)
 
     def test_every_recorded_case_inside_a_chunk_of_ordinary_values(self):
         for conversion, entries in kernels_record()["specials"].items():
@@ -4179,60 +4210,6 @@ class NamedCases(unittest.TestCase):
                     out = fast(conversion_key(conversion), ordinary * 100 + given + ordinary * 100)
                     middle = 100 * len(expected)
                     self.assertEqual(out[middle:middle + len(expected)].hex(), expected.hex())
-
-    def test_f32_at_65520_overflows_to_infinity(self):
-        self.assert_case("f32_to_f16", "65520, a tie, rounds to infinity")
-        self.assert_case("f32_to_f16", "-65520")
-
-    def test_f32_just_below_65520_rounds_to_65504(self):
-        self.assert_case("f32_to_f16", "65519.996, rounds down to 65504")
-
-    def test_bf16_at_65536_overflows_to_infinity(self):
-        self.assert_case("bf16_to_f16", "65536, overflows to infinity")
-
-    def test_f32_nan_keeps_its_top_payload_bits(self):
-        self.assert_case("f32_to_f16", "quiet NaN, all payload bits")
-        self.assert_case("f32_to_f16", "signalling NaN, kept payload 0x1ff")
-
-    def test_f32_signalling_nan_is_not_quieted(self):
-        self.assert_case("f32_to_f16", "signalling NaN, payload in the kept bits")
-
-    def test_f32_nan_with_only_dropped_payload_bits_stays_nan(self):
-        self.assert_case("f32_to_f16", "signalling NaN, payload only below the kept bits")
-        self.assert_case("f32_to_f16", "-signalling NaN, payload only below the kept bits")
-
-    def test_bf16_signalling_nan_is_not_quieted(self):
-        self.assert_case("bf16_to_f16", "signalling NaN, lowest payload bit")
-        self.assert_case("bf16_to_f32", "signalling NaN, lowest payload bit")
-
-    def test_f16_signalling_nan_is_not_quieted_when_widened(self):
-        self.assert_case("f16_to_f32", "signalling NaN, lowest payload bit")
-
-    def test_f16_subnormal_results_round_half_to_even(self):
-        for name in ("2**-25, a tie, rounds to zero", "1.5 * 2**-24, a tie, rounds up to 2 * 2**-24",
-                     "2.5 * 2**-24, a tie, rounds down to 2 * 2**-24",
-                     "2**-25 + 2**-48, rounds up to the smallest subnormal",
-                     "2**-14 - 2**-25, a tie between the largest subnormal and the smallest normal"):
-            with self.subTest(case=name):
-                self.assert_case("f32_to_f16", name)
-
-    def test_normal_ties_round_half_to_even(self):
-        self.assert_case("f32_to_f16", "1 + 2**-11, a tie, rounds down to even")
-        self.assert_case("f32_to_f16", "1 + 3 * 2**-11, a tie, rounds up to even")
-
-    def test_f16_subnormals_widen_exactly(self):
-        self.assert_case("f16_to_f32", "2**-24, the smallest subnormal")
-        self.assert_case("f16_to_f32", "the largest subnormal")
-
-    def test_zeros_keep_their_sign(self):
-        for conversion in ("f32_to_f16", "bf16_to_f16", "bf16_to_f32", "f16_to_f32"):
-            with self.subTest(conversion=conversion):
-                self.assert_case(conversion, "+0")
-                self.assert_case(conversion, "-0")
-
-    def test_f32_subnormals_flush_to_signed_zero(self):
-        self.assert_case("f32_to_f16", "the largest f32 subnormal")
-        self.assert_case("f32_to_f16", "-the smallest f32 subnormal")
 
     def test_named_float32_values_to_bf16(self):
         for row in QUANT_RECORD["specials"]["f32_to_bf16"]:
