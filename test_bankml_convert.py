@@ -723,15 +723,6 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                          "config.json sets is_causal: false (a bidirectional model); llama.cpp writes "
                          "llama.attention.causal for it, which bankml_convert does not reproduce")
 
-    def test_rope_scaling_is_refused(self):
-        self.config_edit(lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 8.0}),
-                         "config.json: rope_scaling asks for rope scaling ('linear', factor); llama.cpp writes "
-                         "rope factors for it that bankml_convert does not reproduce")
-
-    def test_attention_bias_is_refused(self):
-        self.config_edit(lambda c: c.update(attention_bias=True),
-                         "config.json sets attention_bias: true; biases are not reproduced")
-
     def test_mlp_bias_is_refused(self):
         self.config_edit(lambda c: c.update(mlp_bias=True), "config.json sets mlp_bias: true; biases are not reproduced")
 
@@ -1311,17 +1302,6 @@ class Llama3RopeFreqs(Workspace):
                                                 r"computed for head_dim up to 4096 \(Llama 3's are 64 and 128\)$"):
             bc.llama3_rope_freqs(500000.0, 100000, bc.Llama3Rope(32.0, 1.0, 4.0, 8192))
 
-    def test_other_rope_types_stay_refused(self):
-        for kind, extra in (("linear", {}), ("dynamic", {}), ("yarn", {}), ("longrope", {})):
-            with self.subTest(kind=kind):
-                d = self.case("bf16")
-                config = json.loads((d / "config.json").read_text())
-                config["rope_scaling"] = {"rope_type": kind, "factor": 2.0, **extra}
-                (d / "config.json").write_text(json.dumps(config))
-                self.assertRefuses(d, re.compile(rf"config\.json: rope_scaling asks for rope scaling \('{kind}', "
-                                                 r"factor\); llama\.cpp writes rope factors for it that "
-                                                 r"bankml_convert does not reproduce"))
-
     def test_llama3_scaling_without_one_of_its_numbers_is_refused(self):
         d = llama3_dir(self)
         config = json.loads((d / "config.json").read_text())
@@ -1510,12 +1490,6 @@ class QwenRefusals(Workspace):
         edit_json(d / "config.json", change)
         return self.assertRefuses(d, reason)
 
-    def test_yarn_rope_scaling_is_refused(self):
-        self.config_edit(QWEN2_5, lambda c: c.update(rope_scaling={
-            "factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}),
-            "config.json: rope_scaling asks for rope scaling ('yarn', factor, original_max_position_embeddings); "
-            "llama.cpp writes rope factors for it that bankml_convert does not reproduce")
-
     def test_qwen_vision_language_architectures_are_refused(self):
         arch = "Qwen2_5_VLForConditionalGeneration"
         self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
@@ -1541,20 +1515,10 @@ class QwenRefusals(Workspace):
                          "then reads config.json without the config's defaults, which bankml_convert does not "
                          "reproduce: write a float")
 
-    def test_null_rope_theta_is_refused(self):
-        self.config_edit(QWEN2_5, lambda c: c.update(rope_theta=None),
-                         "config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
-                         "bankml_convert does not reproduce: write the model's rope_theta")
-
     def test_classifier_pooling_is_refused(self):
         self.config_edit(QWEN2_5, lambda c: c.update(classifier_pooling="mean"),
                          "config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for "
                          "it, which bankml_convert does not reproduce")
-
-    def test_qwen3_attention_bias_is_refused(self):
-        self.config_edit(QWEN3, lambda c: c.update(attention_bias=True),
-                         "config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
-                         "model, which bankml_convert does not reproduce")
 
     def test_sentence_transformers_modules_json_is_refused(self):
         for case in (QWEN2_5, QWEN3):
@@ -2203,26 +2167,11 @@ class SmolLM3Refusals(Workspace):
         edit_json(d / "config.json", lambda c: c.update(no_rope_layers=[1, 1, 1, 0, 1]))
         self.assertRefuses(d, self.NOPE)
 
-    def test_a_smollm3_head_dim_is_refused(self):
-        d = self.case("smollm3-3b-shape")
-        edit_json(d / "config.json", lambda c: c.update(head_dim=16))
-        self.assertRefuses(d, "config.json: head_dim in a SmolLM3 config; SmolLM3Config has none, and what "
-                              "llama.cpp then writes is not measured: remove it if it is hidden_size / "
-                              "num_attention_heads")
-
     def test_a_smollm3_config_without_rope_theta_is_refused(self):
         d = self.case("smollm3-3b-shape")
         edit_json(d / "config.json", lambda c: c.pop("rope_theta"))
         self.assertRefuses(d, "config.json lacks rope_theta: SmolLM3Config's defaults are not measured against "
                               "llama.cpp; write the model's values")
-
-    def test_smollm3_rope_scaling_is_refused(self):
-        d = self.case("smollm3-3b-shape")
-        edit_json(d / "config.json", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 2.0,
-                                                                      "original_max_position_embeddings": 65536}))
-        self.assertRefuses(d, "config.json: rope_scaling asks for rope scaling ('yarn', factor, "
-                              "original_max_position_embeddings); llama.cpp writes rope factors for it that "
-                              "bankml_convert does not reproduce")
 
 
 # --- Granite 3.x dense (issue 26): LlamaModel under arch granite, head_dim dropped, four float32 scales.
@@ -2330,28 +2279,63 @@ class Olmo2Refusals(Workspace):
         self.assertRefuses(d, "config.json has sliding_window: llama.cpp then writes OLMo 3's sliding-window keys, "
                               "which bankml_convert does not reproduce")
 
-    def test_an_olmo2_head_dim_is_refused(self):
-        d = self.case("olmo-2-1b-shape")
-        edit_json(d / "config.json", lambda c: c.update(head_dim=16))
-        self.assertRefuses(d, "config.json: head_dim in an OLMo 2 config; Olmo2Config has none, and what llama.cpp "
-                              "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
 
-    def test_olmo2_attention_bias_is_refused(self):
-        d = self.case("olmo-2-1b-shape")
-        edit_json(d / "config.json", lambda c: c.update(attention_bias=True))
-        self.assertRefuses(d, "config.json sets attention_bias: true; biases are not reproduced")
+# --- Refusals several families share: one rule, one test, a row per family that applies it.
 
-    def test_an_olmo2_null_rope_theta_is_refused(self):
-        d = self.case("olmo-2-1b-shape")
-        edit_json(d / "config.json", lambda c: c.update(rope_theta=None))
-        self.assertRefuses(d, "config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
-                              "bankml_convert does not reproduce: write the model's rope_theta")
+ROPE_SCALING_REFUSED = ("config.json: rope_scaling asks for rope scaling ({}); llama.cpp writes rope factors for it "
+                        "that bankml_convert does not reproduce")
 
-    def test_olmo2_rope_scaling_is_refused(self):
-        d = self.case("olmo-2-1b-shape")
-        edit_json(d / "config.json", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}))
-        self.assertRefuses(d, "config.json: rope_scaling asks for rope scaling ('linear', factor); llama.cpp "
-                              "writes rope factors for it that bankml_convert does not reproduce")
+
+class RefusalsFamiliesShare(Workspace):
+    def assert_config_refused(self, rows):
+        """rows: (row name, case, change to config.json, reason)."""
+        for name, case, change, reason in rows:
+            with self.subTest(name):
+                d = self.case(case)
+                edit_json(d / "config.json", change)
+                self.assertRefuses(d, reason)
+
+    def test_rope_scaling_is_refused_where_the_family_reproduces_none(self):
+        # One rule (llama3_rope for Llama's path, _refuse_rope_scaling for the others): any kind but
+        # Llama 3's is refused, since llama.cpp writes factors or keys for it that are not reproduced.
+        yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536}
+        self.assert_config_refused([
+            *((f"llama {kind}", "bf16", lambda c, kind=kind: c.update(rope_scaling={"rope_type": kind, "factor": 2.0}),
+               ROPE_SCALING_REFUSED.format(f"'{kind}', factor"))
+              for kind in ("linear", "dynamic", "yarn", "longrope")),
+            ("qwen2 yarn", QWEN2_5, lambda c: c.update(rope_scaling=yarn),
+             ROPE_SCALING_REFUSED.format("'yarn', factor, original_max_position_embeddings")),
+            ("smollm3 yarn", "smollm3-3b-shape", lambda c: c.update(rope_scaling=yarn),
+             ROPE_SCALING_REFUSED.format("'yarn', factor, original_max_position_embeddings")),
+            ("granite linear", "granite-3.3-2b-shape",
+             lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+             ROPE_SCALING_REFUSED.format("'linear', factor")),
+            ("olmo2 linear", "olmo-2-1b-shape", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+             ROPE_SCALING_REFUSED.format("'linear', factor")),
+        ])
+
+    def test_a_null_rope_theta_is_refused_on_textmodels_path(self):
+        null_theta = ("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
+                      "bankml_convert does not reproduce: write the model's rope_theta")
+        self.assert_config_refused([
+            (family, case, lambda c: c.update(rope_theta=None), null_theta)
+            for family, case in (("qwen2", QWEN2_5), ("olmo2", "olmo-2-1b-shape"))])
+
+    def test_attention_bias_is_refused(self):
+        self.assert_config_refused([
+            (family, case, lambda c: c.update(attention_bias=True), reason) for family, case, reason in (
+                ("llama", "bf16", "config.json sets attention_bias: true; biases are not reproduced"),
+                ("qwen3", QWEN3, "config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for "
+                                 "a Qwen3 model, which bankml_convert does not reproduce"),
+                ("olmo2", "olmo-2-1b-shape", "config.json sets attention_bias: true; biases are not reproduced"))])
+
+    def test_a_head_dim_is_refused_where_the_config_class_has_none(self):
+        self.assert_config_refused([
+            (family, case, lambda c: c.update(head_dim=16),
+             f"config.json: head_dim in {config} config; {cls} has none, and what llama.cpp then writes is not "
+             f"measured: remove it if it is hidden_size / num_attention_heads")
+            for family, case, config, cls in (("smollm3", "smollm3-3b-shape", "a SmolLM3", "SmolLM3Config"),
+                                              ("olmo2", "olmo-2-1b-shape", "an OLMo 2", "Olmo2Config"))])
 
 
 # =============================================================================================
