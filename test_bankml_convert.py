@@ -749,23 +749,6 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                          "the model has no tensor blk.2.attn_norm.weight (and 19327352804 more); "
                          "the checkpoint is incomplete")
 
-    def test_model_card_is_left_out_with_ignore_flag(self):
-        # llama.cpp's file for the same directory without the card: the card adds nothing.
-        d = self.case("bf16")
-        (d / "README.md").write_text("---\nlicense: apache-2.0\n---\n# A model\n", encoding="utf-8")
-        out = self.out_dir() / "card.gguf"
-        r = cli(d, "-o", out, "--ignore-model-card", "--quiet")
-        self.assertEqual(r, Result(0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
-        self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
-
-    def test_readme_without_front_matter_changes_nothing(self):
-        # llama.cpp reads a model card only from YAML front matter; plain prose adds no key.
-        d = self.case("bf16")
-        (d / "README.md").write_text("# A model\nTrained on things.\n", encoding="utf-8")
-        r = bc.convert(d, self.tmp / "prose.gguf")
-        self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
-        r.out.unlink()
-
     def test_other_tensor_dtypes_are_refused(self):
         d = self.case("f32")
         patch_bytes(d / "model.safetensors", b'"dtype":"F32"', b'"dtype":"I32"')
@@ -2718,12 +2701,25 @@ class ModelCardConversion(Workspace):
                               "to write into the GGUF: quote it in README.md, or pass --ignore-model-card to "
                               "convert without the card (the result then differs from llama.cpp's)")
 
-    def test_ignore_model_card_skips_even_a_card_it_would_refuse(self):
+    def test_readme_without_front_matter_changes_nothing(self):
+        # llama.cpp reads a model card only from YAML front matter; plain prose adds no key.
         d = self.case("bf16")
-        (d / "README.md").write_text("---\nbase_model: &b org/name\n---\n", encoding="utf-8")
-        r = bc.convert(d, self.tmp / "ignored.gguf", bc.Options(ignore_model_card=True))
-        r.out.unlink()
+        (d / "README.md").write_text("# A model\nTrained on things.\n", encoding="utf-8")
+        r = bc.convert(d, self.tmp / "prose.gguf")
         self.assertEqual(r.sha256, GOLDEN["bf16"]["sha256"])
+        r.out.unlink()
+
+    def test_ignore_model_card_converts_as_without_the_card_even_one_it_would_refuse(self):
+        # llama.cpp's file for the same directory without the card.
+        for name, card in (("a card it reads", "---\nlicense: apache-2.0\n---\n# A model\n"),
+                           ("a card it refuses", "---\nbase_model: &b org/name\n---\n")):
+            with self.subTest(name):
+                d = self.case("bf16")
+                (d / "README.md").write_text(card, encoding="utf-8")
+                out = self.out_dir() / "card.gguf"
+                r = cli(d, "-o", out, "--ignore-model-card", "--quiet")
+                self.assertEqual(r, Result(0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
+                self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
 
 
 # =============================================================================================
