@@ -6594,31 +6594,6 @@ class DryRunCommand(AroundWorkspace):
 # --- convert --json, help and dispatch
 
 class AroundCommandLine(AroundWorkspace):
-    def test_json_on_success_is_one_object_with_the_sha256(self):
-        out = self.tmp / "json.gguf"
-        r = cli(EXAMPLE, "-o", out, "--json")
-        self.assertEqual(r.code, 0, r.err)
-        self.assertEqual(len(r.out.splitlines()), 1)
-        doc = json.loads(r.out)
-        self.assertEqual((doc["ok"], doc["exit"], doc["sha256"], doc["bytes"]),
-                         (True, 0, self.report.sha256, self.report.bytes))
-        self.assertEqual(doc["out"], str(out))
-        self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
-        self.assertGreaterEqual(doc["timings"]["seconds"], 0)
-        out.unlink()
-
-    def test_json_on_refusal_is_one_object_with_the_reason(self):
-        d = self.example()
-        (d / "config.json").unlink()
-        out = self.out_dir() / "refused.gguf"
-        r = cli(d, "-o", out, "--json")
-        reason = f"no config.json in {d}; is this a Hugging Face model directory?"
-        self.assertEqual((r.code, r.err), (2, f"bankml convert: refuse: {reason}\n"))
-        self.assertEqual(len(r.out.splitlines()), 1)
-        doc = json.loads(r.out)
-        self.assertEqual((doc["ok"], doc["exit"], doc["refusal"]), (False, 2, reason))
-        self.assertEqual(entries(out.parent), [])
-
     def test_help_lists_every_command_with_an_example(self):
         r = cli("--help")
         self.assertEqual(r.code, 0)
@@ -6939,12 +6914,21 @@ class JsonSchema(AroundWorkspace):
         self.assertEqual(doc["outputs"][1]["sha256"], sha256_file(out.with_suffix(".json")))
         self.assertEqual([i["name"] for i in doc["inputs"]], [i.name for i in self.report.inputs])
         self.assertEqual((doc["tensor_count"], doc["kv_count"]), (self.report.tensors, self.report.kv))
+        self.assertEqual((doc["out"], doc["sha256"], doc["bytes"]), (str(out), sha256_file(out), out.stat().st_size))
+        self.assertGreaterEqual(doc["timings"]["seconds"], 0)
 
     def test_a_dry_run_writes_no_output_and_lists_its_inputs_unhashed(self):
         doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--dry-run", "--json"), "convert", 0)
         self.assertEqual((doc["outputs"], doc["outtype"], doc["inputs"][0]["sha256"]), ([], "f16", None))
 
     def test_a_refusal_and_a_usage_error_are_refusals(self):
+        d = self.example()
+        (d / "config.json").unlink()
+        out = self.out_dir() / "refused.gguf"
+        r = cli(d, "-o", out, "--json")
+        reason = f"no config.json in {d}; is this a Hugging Face model directory?"
+        self.assertEqual(self.assertResult(r, "convert", 2)["refusal"], reason)
+        self.assertEqual((r.err, entries(out.parent)), (f"bankml convert: refuse: {reason}\n", []))
         doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--outtype", "q4_k", "--json"),
                                 "convert", 2)
         self.assertIn("q4_k", doc["refusal"])
