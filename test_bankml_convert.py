@@ -1192,14 +1192,6 @@ class Seams(Workspace):
         self.assertEqual(r.out.splitlines()[-1], "made by: bankml_convert.py example -o again.gguf "
                                                  "--outtype bf16 --model-name 'mindx gen39'")
 
-    def test_a_pin_whose_options_are_malformed_is_refused(self):
-        out, pin = self.tmp / "malformed.gguf", self.tmp / "malformed.FORK.json"
-        self.assertEqual(cli(ROOT / "example" / "smollm2-tiny", "-o", out, "--fork", pin).code, 0)
-        edit_json(pin, lambda doc: doc["options"].update(outtype="q4_k"))
-        r = cli("verify", out, pin)
-        self.assertEqual(r.code, 2)
-        self.assertIn('malformed.FORK.json: "options" must hold outtype', r.err)
-
     def test_the_pin_records_the_options_that_decide_the_bytes_with_auto_resolved(self):
         r = bc.convert(ROOT / "example" / "smollm2-tiny", self.tmp / "pinned-auto.gguf",
                        bc.Options(outtype="auto", model_name="mindx merged"))
@@ -6505,13 +6497,18 @@ class VerifyCommand(AroundWorkspace):
         self.assertIn("FAIL input model-extra.safetensors: in", r.out)
 
     def test_a_malformed_pin_is_one_line_and_exit_2(self):
-        bad = self.tmp / "bad.FORK.json"
-        pin = json.loads(self.pin.read_text(encoding="utf-8"))
-        pin["output"]["sha256"] = "not-a-sha"
-        bad.write_text(json.dumps(pin), encoding="utf-8")
-        self.assertOneLineError(cli("verify", self.gguf, bad), "verify",
-                                "bad.FORK.json: output (smollm2-tiny-F16.gguf) has no sha256 of 64 lower-case hex "
-                                "digits (got 'not-a-sha')")
+        for name, change, reason in (
+                ("an output sha256 that is not hex", lambda pin: pin["output"].update(sha256="not-a-sha"),
+                 "output (smollm2-tiny-F16.gguf) has no sha256 of 64 lower-case hex digits (got 'not-a-sha')"),
+                ("an outtype no output type has", lambda pin: pin["options"].update(outtype="q4_k"),
+                 f'"options" must hold outtype (one of {", ".join(bc.OUT_TYPES)}), model_name (a string or null) '
+                 f"and ignore_model_card (true or false)")):
+            with self.subTest(name):
+                bad = self.out_dir() / "bad.FORK.json"
+                pin = json.loads(self.pin.read_text(encoding="utf-8"))
+                change(pin)
+                bad.write_text(json.dumps(pin), encoding="utf-8")
+                self.assertOneLineError(cli("verify", self.gguf, bad), "verify", f"bad.FORK.json: {reason}")
 
     def test_a_pin_that_is_not_json_is_one_line_and_exit_2(self):
         self.assertOneLineError(cli("verify", self.gguf, EXAMPLE / "merges.txt"), "verify",
