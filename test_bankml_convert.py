@@ -698,25 +698,16 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                                     r"reproduces llama.cpp only for .*Llama.* models: use llama.cpp's "
                                     r"convert_hf_to_gguf.py for the rest"))
 
-    def test_text_config_is_refused(self):
-        self.config_edit(lambda c: c.update(text_config={"hidden_size": 64}),
-                         "config.json describes a multimodal wrapper config (text_config); llama.cpp converts "
-                         "it differently and bankml_convert does not reproduce that: use llama.cpp's converter")
-
-    def test_quantization_config_is_refused(self):
-        self.config_edit(lambda c: c.update(quantization_config={"quant_method": "gptq"}),
-                         "config.json describes a quantized checkpoint (quantization_config); llama.cpp converts "
-                         "it differently and bankml_convert does not reproduce that: use llama.cpp's converter")
-
-    def test_mixture_of_experts_is_refused(self):
-        self.config_edit(lambda c: c.update(num_local_experts=8),
-                         "config.json describes a mixture of experts (num_local_experts); llama.cpp converts "
-                         "it differently and bankml_convert does not reproduce that: use llama.cpp's converter")
-
-    def test_eagle3_draft_is_refused(self):
-        self.config_edit(lambda c: c.update(draft_vocab_size=32000),
-                         "config.json describes an EAGLE-3 draft model (draft_vocab_size); llama.cpp converts "
-                         "it differently and bankml_convert does not reproduce that: use llama.cpp's converter")
+    def test_configs_llama_cpp_converts_differently_are_refused(self):
+        for key, value, what in (("text_config", {"hidden_size": 64}, "a multimodal wrapper config (text_config)"),
+                                 ("quantization_config", {"quant_method": "gptq"},
+                                  "a quantized checkpoint (quantization_config)"),
+                                 ("num_local_experts", 8, "a mixture of experts (num_local_experts)"),
+                                 ("draft_vocab_size", 32000, "an EAGLE-3 draft model (draft_vocab_size)")):
+            with self.subTest(key):
+                self.config_edit(lambda c: c.update({key: value}),
+                                 f"config.json describes {what}; llama.cpp converts it differently and "
+                                 f"bankml_convert does not reproduce that: use llama.cpp's converter")
 
     def test_non_causal_is_refused(self):
         self.config_edit(lambda c: c.update(is_causal=False),
@@ -749,17 +740,15 @@ class RefusesWhatItWouldNotReproduce(Workspace):
                          "the model has no tensor blk.2.attn_norm.weight (and 19327352804 more); "
                          "the checkpoint is incomplete")
 
-    def test_other_tensor_dtypes_are_refused(self):
-        d = self.case("f32")
-        patch_bytes(d / "model.safetensors", b'"dtype":"F32"', b'"dtype":"I32"')
-        self.assertRefuses(d, "model.safetensors: tensor 'model.embed_tokens.weight' has dtype 'I32'; only BF16, "
-                              "F16 and F32 are converted (llama.cpp's F16 path is reproduced for those alone)")
-
-    def test_a_dtype_that_is_not_a_string_is_refused(self):
-        d = self.case("f32")
-        patch_bytes(d / "model.safetensors", b'"dtype":"F32"', b'"dtype":[32] ')
-        self.assertRefuses(d, "model.safetensors: tensor 'model.embed_tokens.weight' has dtype [32]; only BF16, "
-                              "F16 and F32 are converted (llama.cpp's F16 path is reproduced for those alone)")
+    def test_tensor_dtypes_other_than_bf16_f16_and_f32_are_refused(self):
+        for name, written, shown in (("another dtype", b'"dtype":"I32"', "'I32'"),
+                                     ("a dtype that is not a string", b'"dtype":[32] ', "[32]")):
+            with self.subTest(name):
+                d = self.case("f32")
+                patch_bytes(d / "model.safetensors", b'"dtype":"F32"', written)
+                self.assertRefuses(d, f"model.safetensors: tensor 'model.embed_tokens.weight' has dtype {shown}; "
+                                      f"only BF16, F16 and F32 are converted (llama.cpp's F16 path is reproduced "
+                                      f"for those alone)")
 
     def test_tensors_it_cannot_map_are_refused(self):
         d = self.case("bf16")
@@ -1478,17 +1467,13 @@ class QwenRefusals(Workspace):
                 self.config_edit(QWEN2_5, lambda c: c.update(architectures=[arch]),
                                  f"model_type 'qwen2' is not '{model_type}'")
 
-    def test_null_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
-        self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=None),
-                         "config.json: rms_norm_eps is None; transformers' Qwen config rejects it, and llama.cpp "
-                         "then reads config.json without the config's defaults, which bankml_convert does not "
-                         "reproduce: write a float")
-
-    def test_integer_rms_norm_eps_is_refused_as_qwen2config_rejects_it(self):
-        self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=0),
-                         "config.json: rms_norm_eps is 0; transformers' Qwen config rejects it, and llama.cpp "
-                         "then reads config.json without the config's defaults, which bankml_convert does not "
-                         "reproduce: write a float")
+    def test_an_rms_norm_eps_that_is_no_float_is_refused_as_qwen2config_rejects_it(self):
+        for value, shown in ((None, "None"), (0, "0")):
+            with self.subTest(rms_norm_eps=value):
+                self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=value),
+                                 f"config.json: rms_norm_eps is {shown}; transformers' Qwen config rejects it, and "
+                                 f"llama.cpp then reads config.json without the config's defaults, which "
+                                 f"bankml_convert does not reproduce: write a float")
 
     def test_classifier_pooling_is_refused(self):
         self.config_edit(QWEN2_5, lambda c: c.update(classifier_pooling="mean"),
@@ -2886,9 +2871,9 @@ class VocabRefusals(VocabCaseDirs):
     def test_other_tokenizer_class_is_refused(self):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="LlamaTokenizerFast"))
-        self.assertVocabRefuses(d, "tokenizer_class 'LlamaTokenizerFast': only GPT2Tokenizer, "
-                                   "PreTrainedTokenizerFast, TokenizersBackend, Qwen2Tokenizer, GemmaTokenizer "
-                                   "tokenizers are measured against llama.cpp")
+        self.assertVocabRefuses(d, f"tokenizer_class 'LlamaTokenizerFast': only "
+                                   f"{', '.join(bc._MEASURED_TOKENIZER_CLASSES)} tokenizers are measured against "
+                                   f"llama.cpp")
 
     def test_normalizer_is_refused(self):
         d = self.case_dir(INSTRUCT)
