@@ -795,13 +795,26 @@ class RefusesWhatItWouldNotReproduce(Workspace):
         self.assertRefuses(d, "model.safetensors.index.json names model-00002-of-00003.safetensors, which is "
                               "missing; the download is incomplete")
 
-    def test_truncated_safetensors_is_refused(self):
-        d = self.case("bf16")
-        path = d / "model.safetensors"
-        whole = data_bytes(path)        # model.norm.weight is the last tensor: it ends there
-        path.write_bytes(path.read_bytes()[:-100])
-        self.assertRefuses(d, f"model.safetensors: tensor 'model.norm.weight' ends at {whole}, past the data "
-                              f"({whole - 100} bytes); the file is truncated")
+    def test_a_tensor_past_the_data_is_refused_as_truncated(self):
+        def cut_short(path: Path) -> tuple[int, int]:
+            whole = data_bytes(path)        # model.norm.weight is the last tensor: it ends there
+            path.write_bytes(path.read_bytes()[:-100])
+            return whole, whole - 100
+
+        def offsets_past_the_end(path: Path) -> tuple[int, int]:
+            def stretch(h):
+                h["model.norm.weight"]["data_offsets"][1] += 1 << 40
+                return h
+            rewrite_safetensors_header(path, stretch)
+            whole = data_bytes(path)        # model.norm.weight ended there
+            return whole + (1 << 40), whole
+
+        for damage in (cut_short, offsets_past_the_end):
+            with self.subTest(damage.__name__):
+                d = self.case("bf16")
+                end, data = damage(d / "model.safetensors")
+                self.assertRefuses(d, f"model.safetensors: tensor 'model.norm.weight' ends at {end}, past the data "
+                                      f"({data} bytes); the file is truncated")
 
     def test_a_reason_quoting_a_line_break_stays_one_line(self):
         d = self.case("sharded-3")
@@ -4535,17 +4548,6 @@ class HostileInputs(Workspace):
         path.write_bytes(struct.pack("<Q", len(header)) + header)
         with self.assertRaisesRegex(bc.Refusal, r"\Alist\.safetensors: header must be a JSON object\Z"):
             bc.read_safetensors_header(path)
-
-    def test_offsets_past_the_end_are_refused(self):
-        d = self.case("bf16")
-
-        def stretch(h):
-            h["model.norm.weight"]["data_offsets"][1] += 1 << 40
-            return h
-        rewrite_safetensors_header(d / "model.safetensors", stretch)
-        whole = data_bytes(d / "model.safetensors")     # model.norm.weight ended there
-        self.assertRefuses(d, f"model.safetensors: tensor 'model.norm.weight' ends at {whole + (1 << 40)}, past "
-                              f"the data ({whole} bytes); the file is truncated")
 
     def test_an_index_naming_a_path_outside_the_directory_is_refused(self):
         for target in ("../elsewhere.safetensors", "/etc/passwd", "sub/model.safetensors"):
