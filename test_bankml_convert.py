@@ -2334,185 +2334,108 @@ def config_keys(model_id: str, dir_name: str) -> list:
     return keys(model_id, dir_name)
 
 
+# The rules the recorded answers stand for, each named by an answer that shows it: EveryRecordedAnswer
+# checks every answer and reports these under their rule.
+NAMING_RULES = {
+    "title": {
+        "mistral-7b-instruct-v0.2": "versions and numbers keep their case",
+        "SmolLM2-135M-Instruct": "mixed-case words are left alone",
+        "straße-7b": "the title uses Python's Unicode rules",
+        "ǅemal-chat": "titlecase letters are not lowercase",
+        "  padded-name-7b  ": "surrounding blanks are stripped",
+    },
+    "components": {
+        ("./merged", 134_515_008): "a dot-prefixed organization is a path",
+        ("mistralai/Mistral-7B-Instruct-v0.2", 134_515_008): "a trailing version leaves the basename",
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 134_515_008): "a MoE size label is kept as written",
+        ("bigscience/bloom-7b1", 0): "BLOOM's digit after the suffix is a decimal",
+        ("llama-2-7b", 0): "a lowercase size suffix is uppercased",
+        ("stabilityai/stablelm-2-1_6b", 0): "an underscore in a size is a decimal point",
+        ("someone/model-8k", 134_515_008): "a size far from the count is a context length",
+        ("someone/model-8k", 0): "a size is kept when the count is unknown",
+        ("someone/model-100T", -134_515_008): "a LoRA adapter accepts a larger size label",
+        ("someone/my-model-lora", -134_515_008): "the word lora is dropped for a LoRA adapter",
+        ("someone/my-model-lora", 134_515_008): "the word lora is a finetune for a model",
+        ("someone/qwen2.5-7b-instruct-q4_k_m", 0): "a quant type is uppercased and dropped",
+        ("someone/model-small-7b", 0): "a word size is dropped beside a numeric size",
+        ("someone/model-135M-135M", 0): "a repeated size label is written once",
+        ("someone/7b-model", 0): "a size as the first part is not a size label",
+        ("Human Readable Name", 134_515_008): "an id with a space is used whole",
+        ("model-in\u017ftruct", 0): "IGNORECASE matches Unicode case variants",
+        ("SmolLM-135\u212a", 134_515_008): "the Kelvin sign is a thousands suffix only when lowercased",
+        ("model-\u0667B", 0): "Unicode digits count as sizes",
+    },
+    "directory": {
+        "merged": "merged is named from the directory and sized from the count",
+        "smollm2-135m-instruct": "a lowercase directory gives a title name and raw components",
+        "mindx-gen39": "a lone basename is too ambiguous to write",
+        "./out/merged": "a path argument uses its last component",
+        ".": "an empty directory name writes no general.name",
+    },
+    "model_name": {
+        "smollm2-135m-instruct": "--model-name replaces only general.name",
+    },
+    "name_or_path": {
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct"): "name_or_path wins over the directory",
+        ("merged", "smollm2-135m-instruct"): "the directory fills what name_or_path lacks",
+        ("./out/merged", "merged"): "a name_or_path with two slashes is ignored",
+        ("/a", "merged"): "an empty organization is not written",
+        ("mistralai/Mistral-7B-Instruct-v0.2", "merged"): "the organization is titled",
+    },
+    "size_label": {
+        (134_515_008, 134_515_008, 0, 0): "SmolLM2-135M",
+        (1_000_000, 1_000_000, 0, 0): "exactly a million stays in thousands",
+        (999_500, 999_500, 0, 0): "rounding up adds no decimal",
+        (0, 0, 0, 0): "zero gets two decimals",
+        (46_702_792_704, 1_604_923_392, 5_637_144_576, 8): "experts give count times shared plus one expert",
+        (-134_515_008, 134_515_008, 0, 0): "a negative total uses its magnitude",
+    },
+}
+
+
 class EveryRecordedAnswer(unittest.TestCase):
+    """Every answer gguf-py gave (oracle/recorded/names.json), under the rule it shows where NAMING_RULES
+    names one."""
+
+    def each(self, kind: str, recorded: list) -> list:
+        """(answer key, rule) for every recorded answer of a kind; first, every rule's answer is recorded."""
+        rules = NAMING_RULES[kind]
+        self.assertEqual(set(rules) - set(recorded), set(), f"{kind}: a rule's answer is not recorded")
+        return [(key, rules.get(key, "recorded answer")) for key in recorded]
+
     def test_titles_match(self):
-        for e in NAMES_RECORD["ids"]:
-            with self.subTest(id=e["id"]):
-                self.assertEqual(bc.id_to_title(e["id"]), e["title"])
+        for model_id, rule in self.each("title", list(BY_ID)):
+            with self.subTest(rule=rule, id=model_id):
+                self.assertEqual(bc.id_to_title(model_id), BY_ID[model_id]["title"])
 
     def test_components_match_at_every_total(self):
-        for e in NAMES_RECORD["ids"]:
-            for total, want in e["components"].items():
-                with self.subTest(id=e["id"], total=total):
-                    self.assertEqual(components(e["id"], int(total)), want)
+        recorded = [(e["id"], int(total)) for e in NAMES_RECORD["ids"] for total in e["components"]]
+        for (model_id, total), rule in self.each("components", recorded):
+            with self.subTest(rule=rule, id=model_id, total=total):
+                self.assertEqual(components(model_id, total), BY_ID[model_id]["components"][str(total)])
 
     def test_directory_keys_match(self):
-        for e in NAMES_RECORD["ids"]:
-            with self.subTest(id=e["id"]):
-                self.assertEqual(keys(None, e["dir_name"]), e["keys_dir"])
+        for model_id, rule in self.each("directory", list(BY_ID)):
+            with self.subTest(rule=rule, id=model_id):
+                self.assertEqual(dir_keys(model_id), BY_ID[model_id]["keys_dir"])
 
     def test_directory_keys_with_model_name_match(self):
-        for e in NAMES_RECORD["ids"]:
-            with self.subTest(id=e["id"]):
+        for model_id, rule in self.each("model_name", list(BY_ID)):
+            with self.subTest(rule=rule, id=model_id):
+                e = BY_ID[model_id]
                 self.assertEqual(keys(None, e["dir_name"], MODEL_NAME), e["keys_dir_model_name"])
 
     def test_name_or_path_keys_match(self):
-        for e in NAMES_RECORD["ids"]:
-            for d, want in e["keys_config"].items():
-                with self.subTest(id=e["id"], dir=d):
-                    self.assertEqual(config_keys(e["id"], d), want)
+        recorded = [(e["id"], d) for e in NAMES_RECORD["ids"] for d in e["keys_config"]]
+        for (model_id, d), rule in self.each("name_or_path", recorded):
+            with self.subTest(rule=rule, id=model_id, dir=d):
+                self.assertEqual(config_keys(model_id, d), BY_ID[model_id]["keys_config"][d])
 
     def test_size_labels_match(self):
-        for *counts, want in NAMES_RECORD["size_labels"]:
-            with self.subTest(counts=counts):
-                self.assertEqual(bc.size_label(*counts), want)
-
-
-class DirectoryName(unittest.TestCase):
-    def test_merged_is_named_from_the_directory_and_sized_from_the_count(self):
-        self.assertEqual(dir_keys("merged"), BY_ID["merged"]["keys_dir"])
-
-    def test_lowercase_directory_gives_title_name_and_raw_components(self):
-        self.assertEqual(dir_keys("smollm2-135m-instruct"), BY_ID["smollm2-135m-instruct"]["keys_dir"])
-
-    def test_lone_basename_is_too_ambiguous_to_write(self):
-        self.assertEqual(dir_keys("mindx-gen39"), BY_ID["mindx-gen39"]["keys_dir"])
-
-    def test_path_argument_uses_its_last_component(self):
-        self.assertEqual(dir_keys("./out/merged"), BY_ID["./out/merged"]["keys_dir"])
-
-    def test_empty_directory_name_writes_no_general_name(self):
-        self.assertEqual(dir_keys("."), BY_ID["."]["keys_dir"])
-
-    def test_model_name_replaces_only_general_name(self):
-        e = BY_ID["smollm2-135m-instruct"]
-        self.assertEqual(keys(None, e["dir_name"], MODEL_NAME), e["keys_dir_model_name"])
-
-
-class NameOrPath(unittest.TestCase):
-    def test_name_or_path_wins_over_the_directory(self):
-        x = "HuggingFaceTB/SmolLM2-135M-Instruct"
-        self.assertEqual(config_keys(x, "smollm2-135m-instruct"), BY_ID[x]["keys_config"]["smollm2-135m-instruct"])
-
-    def test_directory_fills_what_name_or_path_lacks(self):
-        self.assertEqual(config_keys("merged", "smollm2-135m-instruct"),
-                         BY_ID["merged"]["keys_config"]["smollm2-135m-instruct"])
-
-    def test_name_or_path_with_two_slashes_is_ignored(self):
-        self.assertEqual(config_keys("./out/merged", "merged"), BY_ID["./out/merged"]["keys_config"]["merged"])
-
-    def test_empty_organization_is_not_written(self):
-        self.assertEqual(config_keys("/a", "merged"), BY_ID["/a"]["keys_config"]["merged"])
-
-    def test_organization_is_titled(self):
-        x = "mistralai/Mistral-7B-Instruct-v0.2"
-        self.assertEqual(config_keys(x, "merged"), BY_ID[x]["keys_config"]["merged"])
-
-
-class Components(unittest.TestCase):
-    def assertComponents(self, model_id: str, total: int):
-        self.assertEqual(components(model_id, total), BY_ID[model_id]["components"][str(total)])
-
-    def test_dot_prefixed_organization_is_a_path(self):
-        self.assertComponents("./merged", 134_515_008)
-
-    def test_trailing_version_leaves_the_basename(self):
-        self.assertComponents("mistralai/Mistral-7B-Instruct-v0.2", 134_515_008)
-
-    def test_moe_size_label_is_kept_as_written(self):
-        self.assertComponents("mistralai/Mixtral-8x7B-Instruct-v0.1", 134_515_008)
-
-    def test_bloom_digit_after_the_suffix_is_a_decimal(self):
-        self.assertComponents("bigscience/bloom-7b1", 0)
-
-    def test_lowercase_size_suffix_is_uppercased(self):
-        self.assertComponents("llama-2-7b", 0)
-
-    def test_underscore_in_a_size_is_a_decimal_point(self):
-        self.assertComponents("stabilityai/stablelm-2-1_6b", 0)
-
-    def test_size_far_from_the_count_is_a_context_length(self):
-        self.assertComponents("someone/model-8k", 134_515_008)
-
-    def test_size_is_kept_when_the_count_is_unknown(self):
-        self.assertComponents("someone/model-8k", 0)
-
-    def test_lora_adapter_accepts_a_larger_size_label(self):
-        self.assertComponents("someone/model-100T", -134_515_008)
-
-    def test_lora_word_is_dropped_for_a_lora_adapter(self):
-        self.assertComponents("someone/my-model-lora", -134_515_008)
-
-    def test_lora_word_is_a_finetune_for_a_model(self):
-        self.assertComponents("someone/my-model-lora", 134_515_008)
-
-    def test_quant_type_is_uppercased_and_dropped(self):
-        self.assertComponents("someone/qwen2.5-7b-instruct-q4_k_m", 0)
-
-    def test_word_size_is_dropped_beside_a_numeric_size(self):
-        self.assertComponents("someone/model-small-7b", 0)
-
-    def test_repeated_size_label_is_written_once(self):
-        self.assertComponents("someone/model-135M-135M", 0)
-
-    def test_size_as_first_part_is_not_a_size_label(self):
-        self.assertComponents("someone/7b-model", 0)
-
-    def test_id_with_a_space_is_used_whole(self):
-        self.assertComponents("Human Readable Name", 134_515_008)
-
-    def test_ignorecase_matches_unicode_case_variants(self):
-        self.assertComponents("model-in\u017ftruct", 0)
-
-    def test_kelvin_sign_is_a_thousands_suffix_only_when_lowercased(self):
-        self.assertComponents("SmolLM-135\u212a", 134_515_008)
-
-    def test_unicode_digits_count_as_sizes(self):
-        self.assertComponents("model-\u0667B", 0)
-
-
-class Titles(unittest.TestCase):
-    def assertTitle(self, model_id: str):
-        self.assertEqual(bc.id_to_title(model_id), BY_ID[model_id]["title"])
-
-    def test_versions_and_numbers_keep_their_case(self):
-        self.assertTitle("mistral-7b-instruct-v0.2")
-
-    def test_mixed_case_words_are_left_alone(self):
-        self.assertTitle("SmolLM2-135M-Instruct")
-
-    def test_title_uses_python_unicode_rules(self):
-        self.assertTitle("straße-7b")
-
-    def test_titlecase_letters_are_not_lowercase(self):
-        self.assertTitle("ǅemal-chat")
-
-    def test_surrounding_blanks_are_stripped(self):
-        self.assertTitle("  padded-name-7b  ")
-
-
-class SizeLabel(unittest.TestCase):
-    def assertSizeLabel(self, *counts):
-        want = {tuple(r[:4]): r[4] for r in NAMES_RECORD["size_labels"]}[counts]
-        self.assertEqual(bc.size_label(*counts), want)
-
-    def test_smollm2_135m(self):
-        self.assertSizeLabel(134_515_008, 134_515_008, 0, 0)
-
-    def test_exactly_a_million_stays_in_thousands(self):
-        self.assertSizeLabel(1_000_000, 1_000_000, 0, 0)
-
-    def test_rounding_up_adds_no_decimal(self):
-        self.assertSizeLabel(999_500, 999_500, 0, 0)
-
-    def test_zero_gets_two_decimals(self):
-        self.assertSizeLabel(0, 0, 0, 0)
-
-    def test_experts_give_count_times_shared_plus_one_expert(self):
-        self.assertSizeLabel(46_702_792_704, 1_604_923_392, 5_637_144_576, 8)
-
-    def test_negative_total_uses_its_magnitude(self):
-        self.assertSizeLabel(-134_515_008, 134_515_008, 0, 0)
+        want = {tuple(counts): label for *counts, label in NAMES_RECORD["size_labels"]}
+        for counts, rule in self.each("size_label", list(want)):
+            with self.subTest(rule=rule, counts=counts):
+                self.assertEqual(bc.size_label(*counts), want[counts])
 
 
 # =============================================================================================
@@ -7175,7 +7098,7 @@ class LlamaCppHabits(Workspace):
 # llama.cpp's sha256, the platform fallbacks, the command line and the readers -- in well under a
 # minute each, where the whole suite takes minutes under one Python.
 MATRIX = ("ExampleModel", "PlatformsWithoutLinuxCalls", "CommandLine", "Rules", "SafetensorsHeaders",
-          "DirectoryName", "SizeLabel", "InspectCommand", "VerifyCommand", "DiffCommand", "DryRunCommand",
+          "EveryRecordedAnswer", "InspectCommand", "VerifyCommand", "DiffCommand", "DryRunCommand",
           "OutputTypeRules", "SllmRules", "JsonSchema", "ProgressBarRules")
 
 # `--fast` (make test-fast): the edit loop's tier -- every test that converts no model directory (a
