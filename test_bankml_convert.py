@@ -2705,32 +2705,19 @@ class VocabCaseDirs(Workspace):
 
 
 class VocabKeysAsLlamaCpp(VocabCaseDirs):
-    def test_smollm2_135m_instruct(self):
-        self.assert_keys_as_llama_cpp("SmolLM2-135M-Instruct")
-
-    def test_smollm2_135m_base_without_template_or_pad(self):
-        self.assert_keys_as_llama_cpp("SmolLM2-135M")
-
-    def test_smollm2_360m_instruct(self):
-        self.assert_keys_as_llama_cpp("SmolLM2-360M-Instruct")
-
-    def test_smollm2_360m_base(self):
-        self.assert_keys_as_llama_cpp("SmolLM2-360M")
-
-    def test_smollm_v1_135m(self):
-        self.assert_keys_as_llama_cpp("SmolLM-135M")
-
-    def test_transformers_5_resaved_shape(self):
-        self.assert_keys_as_llama_cpp(RESAVED)
-
-    def test_add_token_flags_follow_ids_and_llama_overwrites_add_bos_in_place(self):
-        self.assert_keys_as_llama_cpp(INSTRUCT + "+add_bos_eos_token")
-
-    def test_padded_vocab_size_adds_pad_tokens_and_no_add_bos(self):
-        self.assert_keys_as_llama_cpp(INSTRUCT + "+vocab_size_49280")
-
-    def test_chat_template_json_is_read_without_jinja(self):
-        self.assert_keys_as_llama_cpp(RESAVED + "+chat_template_json")
+    def test_each_recorded_bpe_vocabulary_gets_llama_cpps_keys(self):
+        for name, case in (("SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
+                           ("SmolLM2-135M base, without template or pad", "SmolLM2-135M"),
+                           ("SmolLM2-360M-Instruct", "SmolLM2-360M-Instruct"),
+                           ("SmolLM2-360M base", "SmolLM2-360M"),
+                           ("SmolLM v1 135M", "SmolLM-135M"),
+                           ("the transformers 5 resaved shape", RESAVED),
+                           ("add-token flags follow the ids and Llama overwrites add_bos in place",
+                            INSTRUCT + "+add_bos_eos_token"),
+                           ("a padded vocab_size adds pad tokens and no add_bos", INSTRUCT + "+vocab_size_49280"),
+                           ("chat_template.json is read without jinja", RESAVED + "+chat_template_json")):
+            with self.subTest(name, case=case):
+                self.assert_keys_as_llama_cpp(case)
 
 
 class PreTokenizerIdentification(VocabCaseDirs):
@@ -3296,11 +3283,10 @@ class SentencePieceVocabulary(RecordedLlamaVocabDirs):
     def assert_spm_keys_as_llama_cpp(self, name: str) -> None:
         self.assert_keys_of_kind_as_llama_cpp(name, bc.SPM)
 
-    def test_tinyllama(self):
-        self.assert_spm_keys_as_llama_cpp("TinyLlama-1.1B-Chat-v1.0")
-
-    def test_tinyllama_resaved_by_transformers_4_56(self):
-        self.assert_spm_keys_as_llama_cpp("TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56")
+    def test_tinyllama_as_shipped_and_resaved_by_transformers_4_56(self):
+        for case in ("TinyLlama-1.1B-Chat-v1.0", "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-4.56"):
+            with self.subTest(case):
+                self.assert_spm_keys_as_llama_cpp(case)
 
     def spm_vocab(self, d: Path):
         config = self.config(d)
