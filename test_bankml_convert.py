@@ -2901,11 +2901,10 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
         self.assert_ids_as_llama_cpp("Llama-3.2-1B-Instruct+smollm3")
         self.assertNotEqual(json.loads(CHKHSH_RECORD["cases"]["Llama-3.2-1B-Instruct+smollm3"]["ids"])[0], 128000)
 
-    def test_qwen3_tokenizer_gives_the_qwen2_ids_under_a_qwen2_config(self):
-        self.assert_ids_as_llama_cpp("Qwen3-tokenizer+qwen2_config")
-
-    def test_qwen3_tokenizer_gives_the_qwen2_ids_under_a_qwen3_config(self):
-        self.assert_ids_as_llama_cpp("Qwen3-tokenizer+qwen3_config")
+    def test_qwen3_tokenizer_gives_the_qwen2_ids_under_a_qwen2_or_a_qwen3_config(self):
+        for config in ("qwen2_config", "qwen3_config"):
+            with self.subTest(config):
+                self.assert_ids_as_llama_cpp(f"Qwen3-tokenizer+{config}")
 
     def test_a_gemma_shaped_tokenizer_gives_gemma_tokenizers_ids(self):
         # GemmaTokenizer: spaces as U+2581, no split, byte fallback for "\n" (TinyLlama has no such
