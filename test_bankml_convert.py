@@ -1910,11 +1910,6 @@ class MoeRefusals(Workspace):
         edit_json(d / "config.json", lambda c: c.update(qkv_bias=False))
         self.assertRefuses(d, "config.json sets qkv_bias: false; not reproduced for Qwen2-MoE")
 
-    def test_the_sllm_export_refuses_experts(self):
-        with self.assertRaises(bc.Refusal) as cm:
-            bc.plan_sllm(self.case("mixtral-bf16"), "f32")
-        self.assertIn("is not LlamaForCausalLM", cm.exception.reason)
-
 
 # --- Phi-3 / Phi-3.5-mini (issue 26), through the Family seam.  Their bytes are pinned by the golden runs
 # --- phi-3.5-mini-* (LongRoPE) and phi-3-mini-4k-* (OutputIsLlamaCppsBytes).  Phi-3's tokenizer.model is
@@ -5603,13 +5598,16 @@ class SllmRefusals(Workspace):
         edit_json(d / "config.json", lambda c: c.update(hidden_act="gelu"))
         self.assertSllmRefuses(d, "SiLU only")
 
-    def test_non_llama_family(self):
-        self.assertSllmRefuses(self.case("qwen3-0.6b-bf16"), "is not LlamaForCausalLM")
-
-    def test_mistral(self):
-        d = self.case("example")
-        edit_json(d / "config.json", lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral"))
-        self.assertSllmRefuses(d, "is not LlamaForCausalLM")
+    def test_architectures_other_than_llama_for_causal_lm(self):
+        mistral = self.case("example")
+        edit_json(mistral / "config.json",
+                  lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral"))
+        for name, d, arch in (("another family", self.case("qwen3-0.6b-bf16"), "Qwen3ForCausalLM"),
+                              ("experts", self.case("mixtral-bf16"), "MixtralForCausalLM"),
+                              ("Mistral, Llama's family under its own architecture", mistral, "MistralForCausalLM")):
+            with self.subTest(name):
+                self.assertSllmRefuses(d, f"architecture [{arch!r}] is not LlamaForCausalLM; the engine computes "
+                                          f"plain Llama blocks only (no biases, q/k norms or sliding window)")
 
     def test_sentencepiece_tokenizer(self):
         self.assertSllmRefuses(self.case("sentencepiece-tinyllama"), "byte-level BPE only")
