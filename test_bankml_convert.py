@@ -5380,18 +5380,17 @@ class LoraRefusals(LoraWorkspace):
         self.assertLoraRefuses(self.edit_config(self.adapter(), use_dora=True), self.base(),
                                re.compile(r"sets use_dora: .*merge the adapter into its base"))
 
-    def test_a_dora_magnitude_tensor_is_refused(self):
-        adapter = self.rename_tensor(self.adapter(), _Q_PROJ_A, _Q_PROJ_A.replace("lora_A.weight", "lora_magnitude_vector"))
-        self.assertLoraRefuses(adapter, self.base(), re.compile(r"lora_magnitude_vector' of the adapter is not a "
-                                                                r"lora_A or lora_B factor"))
-
     def test_trained_biases_are_refused(self):
         self.assertLoraRefuses(self.edit_config(self.adapter(), bias="all"), self.base(),
                                re.compile(r"trains biases \(bias 'all'"))
 
-    def test_a_bias_tensor_is_refused(self):
-        adapter = self.rename_tensor(self.adapter(), _Q_PROJ_A, _Q_PROJ_A.replace("lora_A.weight", "base_layer.bias"))
-        self.assertLoraRefuses(adapter, self.base(), re.compile(r"base_layer\.bias' of the adapter is not a lora_A"))
+    def test_a_tensor_that_is_not_a_lora_factor_is_refused(self):
+        for name, suffix in (("a DoRA magnitude", "lora_magnitude_vector"), ("a bias", "base_layer.bias")):
+            with self.subTest(name):
+                adapter = self.rename_tensor(self.adapter(), _Q_PROJ_A, _Q_PROJ_A.replace("lora_A.weight", suffix))
+                self.assertLoraRefuses(adapter, self.base(), re.compile(
+                    rf"tensor '.*\.{re.escape(suffix)}' of the adapter is not a lora_A or lora_B factor; "
+                    r"llama\.cpp's converter stops on it .*"))
 
     def test_embeddings_in_modules_to_save_are_refused(self):
         self.assertLoraRefuses(self.edit_config(self.adapter(), modules_to_save=["embed_tokens", "lm_head"]),
