@@ -2316,12 +2316,19 @@ _QWEN_STRICT_TYPES = {
 }
 
 
+def json_kinds(types: tuple[type, ...]) -> str:
+    """The JSON values json.loads makes ``types`` of, in words: (int, NoneType) -> "an integer or null"."""
+    number = {(int,): "an integer", (float,): "a number written with a decimal point or an exponent",
+              (float, int): "a number", (int, float): "a number"}[tuple(t for t in types if t is not type(None))]
+    return number + (" or null" if type(None) in types else "")
+
+
 def _refuse_unstrict_qwen_config(config: dict) -> None:
     for key, types in _QWEN_STRICT_TYPES.items():
         if key in config and type(config[key]) not in types:
             raise Refusal(f"config.json: {key} is {config[key]!r}; transformers' Qwen config rejects it, and "
                           f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
-                          f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
+                          f"does not reproduce: write {json_kinds(types)}")
 
 
 def text_model_rope(config: dict) -> dict:
@@ -3153,7 +3160,7 @@ def phi3_params(config: dict) -> Phi3Params:
         if key in config and type(config[key]) not in types:
             raise Refusal(f"config.json: {key} is {config[key]!r}; transformers' Phi3Config rejects it, and "
                           f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
-                          f"does not reproduce: write a {' or '.join(t.__name__ for t in types)}")
+                          f"does not reproduce: write {json_kinds(types)}")
     rope = _phi3_rope(config)
     hidden = config_integer(config, "hidden_size", 3072)
     heads = config_integer(config, "num_attention_heads", 32)

@@ -1487,7 +1487,8 @@ class QwenRefusals(Workspace):
                 self.config_edit(QWEN2_5, lambda c: c.update(rms_norm_eps=value),
                                  f"config.json: rms_norm_eps is {shown}; transformers' Qwen config rejects it, and "
                                  f"llama.cpp then reads config.json without the config's defaults, which "
-                                 f"bankml_convert does not reproduce: write a float")
+                                 f"bankml_convert does not reproduce: write a number written with a decimal point or an "
+                                 f"exponent")
 
     def test_classifier_pooling_is_refused(self):
         self.config_edit(QWEN2_5, lambda c: c.update(classifier_pooling="mean"),
@@ -2069,7 +2070,7 @@ class Phi3Refusals(Workspace):
         edit_json(d / "config.json", lambda c: c.update(sliding_window=2047.0))
         self.assertRefuses(d, "config.json: sliding_window is 2047.0; transformers' Phi3Config rejects it, and "
                               "llama.cpp then reads config.json without the config's defaults, which bankml_convert "
-                              "does not reproduce: write a int or NoneType")
+                              "does not reproduce: write an integer or null")
 
     def test_phi4_mini_gpt2_tokenizer_is_refused_until_its_build_is_confirmed(self):
         # Phi-4-mini's tokenizer_class GPT2Tokenizer sends Phi3MiniModel to its gpt2 path (phi.py:51-52);
