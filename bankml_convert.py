@@ -4679,6 +4679,10 @@ _MERGES_PER_CHUNK = 4096
 _PACK_SEP = b"\xff"
 
 
+# What "surrogatepass" makes of U+D800..U+DFFF: in valid UTF-8, 0xED is never followed by 0xA0..0xBF.
+_SURROGATE_PASSED = re.compile(rb"\xed[\xa0-\xbf]")
+
+
 def _packed_bytes(strings: Iterable[str]) -> list[bytes]:
     return list(map(str.encode, strings, repeat("utf-8"), repeat("surrogatepass")))
 
@@ -4733,6 +4737,14 @@ class PackedStrings:
         return isinstance(other, (list, PackedStrings)) and len(other) == len(self) and all(map(
             str.__eq__, self, other))
 
+    def utf8_chunks(self) -> list[bytes]:
+        """The chunks as kept: each chunk's strings as UTF-8 ("surrogatepass"), joined by _PACK_SEP."""
+        return self._chunks
+
+    def holds_surrogates(self) -> bool:
+        """Whether a string holds a lone surrogate (which strict UTF-8 cannot encode)."""
+        return any(map(_SURROGATE_PASSED.search, self._chunks))
+
     def holds(self, char: str) -> bool:
         """Whether one of the strings holds ``char``."""
         needle = char.encode("utf-8", "surrogatepass")
@@ -4772,6 +4784,10 @@ class PackedSet:
                 return members, repeated
         return members, None
 
+    def can_hold(self, texts: list[str]) -> bool:
+        """Whether none of ``texts`` holds the separator."""
+        return self._sep not in "".join(texts)
+
     def add_new(self, texts: Iterable[str]) -> Optional[str]:
         """Add members (none may hold the separator); at the first that is there already (added before
         it or earlier), that one."""
@@ -4793,7 +4809,7 @@ class PackedSet:
         separator is none of them."""
         texts = set(texts)
         sep = self._sep
-        if sep in "".join(texts):
+        if not self.can_hold(texts):
             return False
         buckets = map(self._buckets.__getitem__, map(self._mask.__and__, map(hash, texts)))
         wrapped = map(str.__add__, map(sep.__add__, texts), repeat(sep))
@@ -4807,7 +4823,7 @@ class GGUFStrings:
     written -- so their bytes need not sit beside the vocabulary while it is read.  Reads as a
     sequence of str (len, iteration, indexing and slices)."""
 
-    __slots__ = ("_data", "_source", "count", "nbytes")
+    __slots__ = ("_data", "_source", "_encoded", "count", "nbytes")
 
     def __init__(self, chunks: Iterable[list[str]], lines=None) -> None:
         # Counted first and written into place: a bytearray grown by the chunks left the C heap
@@ -4822,18 +4838,22 @@ class GGUFStrings:
             count += len(strings)
             if lines is not None:
                 add_lines(lines, strings)
-        self._data, self._source, self.count, self.nbytes = data, None, count, len(data)
+        self._data, self._source, self._encoded, self.count, self.nbytes = data, None, None, count, len(data)
 
     @classmethod
-    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int) -> "GGUFStrings":
+    def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int,
+                         encoded: Optional[Callable[[], Iterable[bytes]]] = None) -> "GGUFStrings":
         """The ``count`` strings that each call of ``source`` gives, a chunk at a time, ``nbytes`` as
-        the elements of a GGUF array."""
+        the elements of a GGUF array (which ``encoded``, if given, makes without the strings)."""
         strings = cls.__new__(cls)
-        strings._data, strings._source, strings.count, strings.nbytes = None, source, count, nbytes
+        strings._data, strings._source, strings._encoded, strings.count, strings.nbytes = \
+            None, source, encoded, count, nbytes
         return strings
 
     def encoded(self) -> Iterable[bytes]:
         """The GGUF array's elements, as pieces of bytes to be joined (made as they are taken)."""
+        if self._encoded is not None:
+            return self._encoded()
         return [self._data] if self._source is None else map(encoded_strings, self._source())
 
     def __len__(self) -> int:
@@ -4901,11 +4921,25 @@ def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str],
             yield overlaid(chunk, first)
             first += len(chunk)
         yield overlaid(list(tail), first)
-    count = nbytes = 0
-    for chunk in chunks():
-        count += len(chunk)
-        nbytes += 8 * len(chunk) + sum(map(len, map(str.encode, chunk)))
-    return GGUFStrings.parsed_when_used(chunks, count, nbytes)
+    def encoded() -> Iterator[bytes]:
+        # The same elements made from the packed UTF-8 as it is: no string decoded and encoded again.
+        first = 0
+        for raw in strings.utf8_chunks():
+            if first >= head:
+                break
+            items = raw.split(_PACK_SEP)[:head - first]
+            for tid in order[bisect.bisect_left(order, first):bisect.bisect_left(order, first + len(items))]:
+                items[tid - first] = laid[tid].encode("utf-8")
+            yield encoded_bytes(items)
+            first += len(items)
+        yield encoded_strings(overlaid(list(tail), first))
+    if not isinstance(strings, PackedStrings) or strings.holds_surrogates():
+        encoded = None
+        made = map(encoded_strings, chunks())
+    else:
+        made = encoded()
+    count, nbytes = head + len(tail), sum(map(len, made))
+    return GGUFStrings.parsed_when_used(chunks, count, nbytes, encoded)
 
 
 # --- Reading a large tokenizer.json lean --------------------------------------------------------
@@ -5026,12 +5060,21 @@ def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
     """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
     (as in every file transformers writes), else the dict json.loads makes of the object."""
     tokens = PackedStrings()
+    # Filled as the runs are parsed, unless a token holds its separator (then made again at the end).
+    members: Optional[PackedSet] = PackedSet(len(runs.runs) * _MERGES_PER_CHUNK, _SET_SEPARATORS[0])
+    repeated = None
     for run in runs.parsed("{", "}"):
         if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
             break
-        tokens.append_chunk(list(run))
+        texts = list(run)
+        tokens.append_chunk(texts)
+        if members is not None and not members.can_hold(texts):
+            members = None
+        if members is not None and members.add_new(texts) is not None:
+            break
     else:
-        members, repeated = PackedSet.of(tokens)
+        if members is None:
+            members, repeated = PackedSet.of(tokens)
         if repeated is None:
             return TokenIds(tokens, members)
     del tokens
@@ -5271,8 +5314,12 @@ def vocab_merges_hasher(tokens: list[str]):
     """vocab_merges_sha256's sha256 up to the merges: the tokens' lines and the blank line."""
     h = hashlib.sha256()
     try:
-        for chunk in (tokens.chunks() if isinstance(tokens, PackedStrings) else [tokens]):
-            add_lines(h, chunk)
+        if isinstance(tokens, PackedStrings) and not tokens.holds_surrogates():
+            for chunk in tokens.utf8_chunks():
+                h.update(chunk.replace(_PACK_SEP, b"\n") + b"\n")
+        else:
+            for chunk in (tokens.chunks() if isinstance(tokens, PackedStrings) else [tokens]):
+                add_lines(h, chunk)
     except UnicodeEncodeError:
         # JSON's \ud800 escapes spell one; serde_json, which tokenizers reads the file with, refuses them.
         raise Refusal("a tokenizer.json token holds a lone surrogate: tokenizers cannot load the file, so "
@@ -5824,6 +5871,7 @@ def merge_ranks(merges: object, vocab: "dict | PackedSet | frozenset", measured:
 
 
 _FIRST_THREE = operator.itemgetter(slice(0, 3))
+_FIRST_SIX = operator.itemgetter(slice(0, 6))     # of UTF-8: two to six characters
 
 
 @lru_cache(maxsize=None)
@@ -5847,13 +5895,16 @@ def check_text_vocab(vocab: "dict | TokenIds", symbols: Optional[str] = None) ->
     vocabulary."""
     if isinstance(vocab, dict):
         return vocab
-    symbols = check_text_symbols() if symbols is None else symbols
-    starts = {symbols[i:i + n] for n in range(4) for i in range(len(symbols) - n + 1)}
+    # Compared as UTF-8, as the tokens are kept: a valid UTF-8 string is a substring of another exactly
+    # when its bytes are a substring of the other's bytes.
+    symbols = (check_text_symbols() if symbols is None else symbols).encode("utf-8")
+    starts = {symbols[i:i + n] for n in range(7) for i in range(len(symbols) - n + 1)}
     found: dict[str, int] = {}
     first = 0
-    for tokens in vocab.tokens.chunks():
-        maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_THREE, tokens)))
-        found.update((tokens[i], first + i) for i in maybe if tokens[i] in symbols)
+    for raw in vocab.tokens.utf8_chunks():
+        tokens = raw.split(_PACK_SEP)
+        maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_SIX, tokens)))
+        found.update((tokens[i].decode("utf-8"), first + i) for i in maybe if symbols.find(tokens[i]) >= 0)
         first += len(tokens)
     return found
 
@@ -5891,7 +5942,7 @@ def _merge_ranks(merges: object, vocab: "dict | PackedSet | frozenset", measured
 
 def _refuse_merges_outside(vocab: "dict | PackedSet | frozenset", parts: Iterable[str], joined: Iterable[str]) -> None:
     holds_all = vocab.holds_all if isinstance(vocab, PackedSet) else lambda texts: all(map(vocab.__contains__, texts))
-    if not (holds_all(parts) and holds_all(joined)):
+    if not holds_all(itertools.chain(parts, joined)):
         raise Refusal("a tokenizer.json merge names a token, or makes one, that is not in the vocabulary: "
                       "tokenizers fails to load it (MergeTokenOutOfVocabulary), so llama.cpp fails too")
 
