@@ -103,6 +103,7 @@ sys.path.insert(0, str(ORACLE))
 
 import bankml_convert as bc  # noqa: E402
 import make_models as mm  # noqa: E402
+from sentencepiece_proto import LENGTH_DELIMITED, field as pb_field, varint as pb_varint  # noqa: E402
 
 CONVERTER_FILE = Path(bc.__file__).name
 # The converter may be edited while a long campaign runs; the report names the version imported.
@@ -3027,15 +3028,6 @@ SPM_SOURCES = (("llama-2", mm.FIXTURES / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer
                ("mistral-v0.3", mm.FIXTURES / "Mistral-7B-Instruct-v0.3-shape" / "tokenizer.model", 5))
 
 
-def pb_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
 def pb_fields(data: bytes) -> list[tuple[int, int, bytes]]:
     """(field number, wire type, raw bytes of the whole field) of a message; what cannot be split
     into fields (an earlier mutation broke it) is kept whole as field -1."""
@@ -3074,7 +3066,7 @@ def pb_payload(raw: bytes) -> bytes:
 
 
 def pb_message(number: int, payload: bytes) -> bytes:
-    return pb_varint(number << 3 | 2) + pb_varint(len(payload)) + payload
+    return pb_field(number, LENGTH_DELIMITED, payload)
 
 
 def spm_cut(data: bytes, keep: int) -> bytes:
