@@ -1370,10 +1370,12 @@ def attention_specs(p: str, h: int, q_out: int, kv_out: int, biases: bool = Fals
 
 
 def qk_norm_specs(p: str, q_width: int, k_width: int) -> list[TensorSpec]:
-    return [TensorSpec(p + "self_attn.q_norm.weight", (q_width,)), TensorSpec(p + "self_attn.k_norm.weight", (k_width,))]
+    return [TensorSpec(p + "self_attn.q_norm.weight", (q_width,)),
+            TensorSpec(p + "self_attn.k_norm.weight", (k_width,))]
 
 
-def mlp_specs(p: str, h: int, ff: int, names: Sequence[str] = ("gate_proj", "up_proj", "down_proj")) -> list[TensorSpec]:
+def mlp_specs(p: str, h: int, ff: int,
+              names: Sequence[str] = ("gate_proj", "up_proj", "down_proj")) -> list[TensorSpec]:
     """A gated feed-forward under p: gate and up (ff, h), down (h, ff), in that order of names."""
     gate, up, down = names
     return [TensorSpec(f"{p}{gate}.weight", (ff, h)), TensorSpec(f"{p}{up}.weight", (ff, h)),
