@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -819,22 +820,15 @@ def mutate_file_kind(ctx: Ctx) -> Optional[str]:
         remove(path)
         os.symlink(target, path)
         return f"{name}: symlink to {target}"
-    if op == "symlink-dangling":
+    links = {"symlink-dangling": ("does-not-exist", "dangling symlink"),
+             "symlink-loop": (name, "symlink to itself (loop)"),
+             "symlink-dir": (".", "symlink to the directory itself"),
+             "symlink-devnull": ("/dev/null", "symlink to /dev/null")}
+    if op in links:
+        target, what = links[op]
         remove(path)
-        os.symlink("does-not-exist", path)
-        return f"{name}: dangling symlink"
-    if op == "symlink-loop":
-        remove(path)
-        os.symlink(name, path)
-        return f"{name}: symlink to itself (loop)"
-    if op == "symlink-dir":
-        remove(path)
-        os.symlink(".", path)
-        return f"{name}: symlink to the directory itself"
-    if op == "symlink-devnull":
-        remove(path)
-        os.symlink("/dev/null", path)
-        return f"{name}: symlink to /dev/null"
+        os.symlink(target, path)
+        return f"{name}: {what}"
     if op == "fifo":
         remove(path)
         os.mkfifo(path)
@@ -2219,24 +2213,32 @@ def m_splice(ctx: GCtx):
     return ctx.data[:at] + other[f.at:], f"bytes from {at} on replaced by {name}'s from byte {f.at}"
 
 
-def _model(ctx: GCtx) -> Optional[GModel]:
-    m = ctx.walk().model
-    return copy_model(m) if m is not None else None
+def model_mutator(needs: str = "") -> Callable:
+    """A mutation of the walked model: fn(ctx, m) on a copy m of it; not applicable (None) when the
+    file does not walk into a model, or when m's list `needs` (kvs, tensors) is empty."""
+    def wrap(fn: Callable[[GCtx, GModel], object]) -> Callable[[GCtx], object]:
+        @functools.wraps(fn)
+        def mutation(ctx: GCtx):
+            m = ctx.walk().model
+            if m is None or needs and not getattr(m, needs):
+                return None
+            return fn(ctx, copy_model(m))
+        return mutation
+    return wrap
 
 
-def _relaid(ctx: GCtx, m: GModel, p: float = 0.5) -> tuple[GModel, str]:
-    """m, laid out again (so that only the edit itself is wrong) with probability p."""
+def _encoded(ctx: GCtx, m: GModel, what: str, p: float) -> tuple[bytes, str]:
+    """m's bytes, laid out again first (so that only the edit itself is wrong) with probability p,
+    and what was done."""
     if chance(ctx.rng, p):
         r = gguf_relayout(m, ctx.rng)
         if r is not None:
-            return r, ", data laid out again"
-    return m, ""
+            return encode_model(r), what + ", data laid out again"
+    return encode_model(m), what
 
 
-def m_kv_insert(ctx: GCtx):
-    m = _model(ctx)
-    if m is None:
-        return None
+@model_mutator()
+def m_kv_insert(ctx: GCtx, m: GModel):
     rng = ctx.rng
     if m.kvs and chance(rng, 0.3):
         src = rng.choice(m.kvs)
@@ -2247,14 +2249,11 @@ def m_kv_insert(ctx: GCtx):
         vtype, payload, what = draw_gguf_value(rng)
     at = rng.randrange(len(m.kvs) + 1)
     m.kvs.insert(at, GKv(key, vtype, payload))
-    m, again = _relaid(ctx, m, 0.3)
-    return encode_model(m), f"kv {key[:40]!r} inserted at {at}: {what}{again}"
+    return _encoded(ctx, m, f"kv {key[:40]!r} inserted at {at}: {what}", 0.3)
 
 
-def m_kv_edit(ctx: GCtx):
-    m = _model(ctx)
-    if m is None or not m.kvs:
-        return None
+@model_mutator("kvs")
+def m_kv_edit(ctx: GCtx, m: GModel):
     rng = ctx.rng
     i = rng.randrange(len(m.kvs))
     kv = m.kvs[i]
@@ -2278,8 +2277,7 @@ def m_kv_edit(ctx: GCtx):
     else:
         kv.vtype, kv.payload, what = draw_gguf_value(rng)
         what = f"kv {kv.key[:40]!r} retyped: {what}"
-    m, again = _relaid(ctx, m, 0.5)
-    return encode_model(m), what + again
+    return _encoded(ctx, m, what, 0.5)
 
 
 def _changed_payload(rng: random.Random, kv: GKv) -> tuple[bytes, str]:
@@ -2312,10 +2310,8 @@ def _changed_payload(rng: random.Random, kv: GKv) -> tuple[bytes, str]:
     return p, "unchanged"
 
 
-def m_alignment(ctx: GCtx):
-    m = _model(ctx)
-    if m is None:
-        return None
+@model_mutator()
+def m_alignment(ctx: GCtx, m: GModel):
     rng = ctx.rng
     kvs = [kv for kv in m.kvs if kv.key != b"general.alignment"]
     r = rng.random()
@@ -2334,14 +2330,11 @@ def m_alignment(ctx: GCtx):
         kvs.insert(rng.randrange(len(kvs) + 1), GKv(b"general.alignment", T_UINT32, U32.pack(32)))
         what += " and again as UINT32 32"
     m.kvs = kvs
-    m, again = _relaid(ctx, m, 0.7)
-    return encode_model(m), f"general.alignment {what}{again}"
+    return _encoded(ctx, m, f"general.alignment {what}", 0.7)
 
 
-def m_tensor(ctx: GCtx):
-    m = _model(ctx)
-    if m is None or not m.tensors:
-        return None
+@model_mutator("tensors")
+def m_tensor(ctx: GCtx, m: GModel):
     rng = ctx.rng
     i = rng.randrange(len(m.tensors))
     t = m.tensors[i]
@@ -2385,15 +2378,12 @@ def m_tensor(ctx: GCtx):
             u.offset += gap
         m.data = rng.randbytes(gap) + m.data
         what, p = f"every data offset moved {gap} bytes on, the gap filled with random bytes", 0.0
-    m, again = _relaid(ctx, m, p)
-    return encode_model(m), what + again
+    return _encoded(ctx, m, what, p)
 
 
-def m_data(ctx: GCtx):
+@model_mutator()
+def m_data(ctx: GCtx, m: GModel):
     """Damage where the reader does not look but diff does: tensor bytes, padding, trailing bytes."""
-    m = _model(ctx)
-    if m is None:
-        return None
     rng = ctx.rng
     placed = [(t, tensor_nbytes(t)) for t in m.tensors]
     placed = [(t, n) for t, n in placed if n and t.offset + n <= len(m.data)]
@@ -2428,11 +2418,9 @@ def m_data(ctx: GCtx):
     return encode_model(m), what
 
 
-def m_counts(ctx: GCtx):
+@model_mutator()
+def m_counts(ctx: GCtx, m: GModel):
     """Header counts that disagree with what follows, by a little or a lot."""
-    m = _model(ctx)
-    if m is None:
-        return None
     which = ctx.rng.choice(("tensor", "kv"))
     real = len(m.tensors) if which == "tensor" else len(m.kvs)
     value = ctx.rng.choice((real + 1, real - 1 if real else 1, 0, 2**63, 2**64 - 1, 2**31))
@@ -2440,11 +2428,9 @@ def m_counts(ctx: GCtx):
             f"{which} count {real} -> {value}")
 
 
-def m_big(ctx: GCtx):
+@model_mutator()
+def m_big(ctx: GCtx, m: GModel):
     """Large but legal values: long strings and arrays, many kvs or tensors, for hangs and memory."""
-    m = _model(ctx)
-    if m is None:
-        return None
     rng = ctx.rng
     op = rng.choice(("array", "strings", "kvs", "tensors", "string"))
     if op == "array":
@@ -2467,8 +2453,7 @@ def m_big(ctx: GCtx):
         n = rng.choice((1 << 20, 4 << 20))
         m.kvs.append(GKv(b"big.string", T_STRING, str_payload(b"\xc3\xa9" * (n // 2))))
         what = f"a {n}-byte string"
-    m, again = _relaid(ctx, m, 0.8)
-    return encode_model(m), what + again
+    return _encoded(ctx, m, what, 0.8)
 
 
 GGUF_MUTATORS: tuple = (
@@ -3775,6 +3760,21 @@ def run_lora_campaign(args) -> int:
     return 1 if t.crashes or t.partials else 0
 
 
+# The on/off options of main(), in --help's order: the modes and their switches.
+SWITCHES = (
+    ("--directed", "run the hand-made hostile inputs (DIRECTED) instead of a random campaign"),
+    ("--quiet", "no line per new crash on stderr"),
+    ("--gguf", "fuzz the GGUF reader, listings, diff and verify with mutated GGUF files instead"),
+    ("--coverage", "with --gguf and one worker: report the reader/diff/verify lines never executed"),
+    ("--shrink", "with --gguf --replay: cut the mutant down to a smaller file with the same finding"),
+    ("--model-card", "fuzz the README.md model-card reader (and every --convert-every-th input through convert)"),
+    ("--tokenizer-model",
+     "fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead"),
+    ("--checkpoint", "fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead"),
+    ("--lora", "fuzz LoRA adapter conversion (adapter_config.json, the adapter's header, its card) instead"),
+)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Fuzz bankml_convert with mutated model directories.")
     p.add_argument("--inputs", type=int, default=2000, help="how many inputs (default 2000)")
@@ -3792,23 +3792,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--replay", type=int, metavar="INDEX", help="rebuild and run only input INDEX, with its traceback")
     p.add_argument("--only", type=int, metavar="K", help="with --replay: apply only mutation K of the input")
     p.add_argument("--keep", metavar="DIR", help="with --replay: build the input in DIR and leave it there")
-    p.add_argument("--directed", action="store_true",
-                   help="run the hand-made hostile inputs (DIRECTED) instead of a random campaign")
-    p.add_argument("--quiet", action="store_true", help="no line per new crash on stderr")
-    p.add_argument("--gguf", action="store_true",
-                   help="fuzz the GGUF reader, listings, diff and verify with mutated GGUF files instead")
-    p.add_argument("--coverage", action="store_true",
-                   help="with --gguf and one worker: report the reader/diff/verify lines never executed")
-    p.add_argument("--shrink", action="store_true",
-                   help="with --gguf --replay: cut the mutant down to a smaller file with the same finding")
-    p.add_argument("--model-card", action="store_true",
-                   help="fuzz the README.md model-card reader (and every --convert-every-th input through convert)")
-    p.add_argument("--tokenizer-model", action="store_true",
-                   help="fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead")
-    p.add_argument("--checkpoint", action="store_true",
-                   help="fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead")
-    p.add_argument("--lora", action="store_true",
-                   help="fuzz LoRA adapter conversion (adapter_config.json, the adapter's header, its card) instead")
+    for flag, help_text in SWITCHES:
+        p.add_argument(flag, action="store_true", help=help_text)
     p.add_argument("--convert-every", type=int, default=25,
                    help="with --tokenizer-model: also convert every Nth mutant in a tiny model directory (0: never)")
     args = p.parse_args(argv)
