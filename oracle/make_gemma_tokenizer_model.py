@@ -16,13 +16,12 @@ The ModelProto is written by hand (standard library only; the same bytes every r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
 from pathlib import Path
 
-from sentencepiece_proto import LENGTH_DELIMITED, VARINT, field, piece
+from sentencepiece_proto import LENGTH_DELIMITED, VARINT, field, piece, write_model
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
@@ -79,14 +78,9 @@ def build(tokenizer_json: dict) -> bytes:
 def main(argv: list) -> int:
     source, target = Path(argv[0]), Path(argv[1])
     data = build(json.loads(source.read_text(encoding="utf-8")))
-    target.write_bytes(data)
-    print(f"{target}  {len(data):,} B  sha256 {hashlib.sha256(data).hexdigest()}")
-    if "--check" in argv:
-        from sentencepiece import SentencePieceProcessor
-        sp = SentencePieceProcessor()
-        sp.LoadFromFile(str(target))
-        print(f"sentencepiece loads it: {sp.vocab_size()} pieces; unk {sp.unk_id()} bos {sp.bos_id()} "
-              f"eos {sp.eos_id()} pad {sp.pad_id()}; encode('Hello world') {sp.EncodeAsPieces('Hello world')}")
+    write_model(target, data, str(target), (lambda sp: (
+        f"{sp.vocab_size()} pieces; unk {sp.unk_id()} bos {sp.bos_id()} eos {sp.eos_id()} pad {sp.pad_id()}; "
+        f"encode('Hello world') {sp.EncodeAsPieces('Hello world')}")) if "--check" in argv else None)
     return 0
 
 

@@ -12,11 +12,10 @@ byte.  Standard library only; the same bytes every run.
     oracle/.ref/venv/bin/python oracle/make_mistral_v03_tokenizer.py --check   # and loads it with sentencepiece
 """
 
-import hashlib
 import sys
 from pathlib import Path
 
-from sentencepiece_proto import piece
+from sentencepiece_proto import piece, write_model
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fixtures" / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer.model"
@@ -75,14 +74,9 @@ def build() -> bytes:
 def main() -> int:
     data = build()
     TARGET.parent.mkdir(parents=True, exist_ok=True)
-    TARGET.write_bytes(data)
-    print(f"{TARGET.relative_to(HERE.parent)}  {len(data):,} B  sha256 {hashlib.sha256(data).hexdigest()}")
-    if "--check" in sys.argv:
-        from sentencepiece import SentencePieceProcessor
-        sp = SentencePieceProcessor()
-        sp.LoadFromFile(str(TARGET))
-        print(f"sentencepiece loads it: {sp.vocab_size()} pieces; id 3 {sp.IdToPiece(3)!r} control "
-              f"{sp.IsControl(3)}; id 771 {sp.IdToPiece(771)!r} byte {sp.IsByte(771)}")
+    write_model(TARGET, data, str(TARGET.relative_to(HERE.parent)), (lambda sp: (
+        f"{sp.vocab_size()} pieces; id 3 {sp.IdToPiece(3)!r} control {sp.IsControl(3)}; "
+        f"id 771 {sp.IdToPiece(771)!r} byte {sp.IsByte(771)}")) if "--check" in sys.argv else None)
     return 0
 
 

@@ -8,7 +8,10 @@ length-prefixed byte string (2) or four little-endian bytes (5, a piece's float3
 
 from __future__ import annotations
 
+import hashlib
 import struct
+from pathlib import Path
+from typing import Callable, Optional
 
 VARINT, LENGTH_DELIMITED, FIXED32 = 0, 2, 5
 
@@ -37,3 +40,15 @@ def piece(text: bytes, score: float, kind: int) -> bytes:
     """One ModelProto.pieces entry (field 1): SentencePiece {piece = 1, score = 2, type = 3}."""
     body = field(1, LENGTH_DELIMITED, text) + field(2, FIXED32, struct.pack("<f", score)) + field(3, VARINT, kind)
     return field(1, LENGTH_DELIMITED, body)
+
+
+def write_model(target: Path, data: bytes, shown: str, check: Optional[Callable[[object], str]] = None) -> None:
+    """data written to target, `shown  N B  sha256 H` printed; with check, the file loaded by
+    sentencepiece itself (the reference venv has it) and check(the processor) printed."""
+    target.write_bytes(data)
+    print(f"{shown}  {len(data):,} B  sha256 {hashlib.sha256(data).hexdigest()}")
+    if check is not None:
+        from sentencepiece import SentencePieceProcessor
+        sp = SentencePieceProcessor()
+        sp.LoadFromFile(str(target))
+        print(f"sentencepiece loads it: {check(sp)}")
