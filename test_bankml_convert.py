@@ -3088,23 +3088,7 @@ LLAMA_TOKENIZER_MODEL = ORACLE / "fixtures" / "TinyLlama-1.1B-Chat-v1.0" / "toke
 SPM_UNREADABLE = "tokenizer.model is not a SentencePiece model llama.cpp would load the same way: {}; replace it with the model's original tokenizer.model"
 
 
-def pb_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def pb_field(number: int, wire: int, value) -> bytes:
-    """One protobuf field: int for varints, bytes for the others (fixed ones given whole)."""
-    tag = pb_varint(number << 3 | wire)
-    if wire == 0:
-        return tag + pb_varint(value)
-    if wire == 2:
-        return tag + pb_varint(len(value)) + value
-    return tag + value
+from sentencepiece_proto import field as pb_field, varint as pb_varint  # noqa: E402  (tokenizer.model's encoder)
 
 
 def pb_piece(text, score: float = 0.0, kind: int = 1) -> bytes:

@@ -174,6 +174,13 @@ def scenario(cls: str, name: str, root: str = "", fast: bool = False):
     return register
 
 
+def scenario_variants(cls: str, check: Callable, variants: dict, fast: bool = False) -> None:
+    """One scenario a variant, in the order given: name -> check(ctx, variant), the same contract
+    under one changed condition."""
+    for name, variant in variants.items():
+        scenario(cls, name, fast=fast)(lambda ctx, variant=variant: check(ctx, variant))
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -606,24 +613,9 @@ def cwd_run(ctx: Ctx, way: str, python: Optional[str] = None) -> tuple[list[str]
     return problems, f"{len(SHADOWED)} names shadowed, none imported by the tool{note}"
 
 
-@scenario("cwd", "python3_file", fast=True)
-def cwd_file(ctx: Ctx) -> str:
-    return verdict(*cwd_run(ctx, "file"))
-
-
-@scenario("cwd", "python3_m", fast=True)
-def cwd_module(ctx: Ctx) -> str:
-    return verdict(*cwd_run(ctx, "module"))
-
-
-@scenario("cwd", "installed_command", fast=True)
-def cwd_command(ctx: Ctx) -> str:
-    return verdict(*cwd_run(ctx, "command"))
-
-
-@scenario("cwd", "vendored_S_I", fast=True)
-def cwd_vendored(ctx: Ctx) -> str:
-    return verdict(*cwd_run(ctx, "vendored"))
+scenario_variants("cwd", lambda ctx, how: verdict(*cwd_run(ctx, how)),
+                  {"python3_file": "file", "python3_m": "module", "installed_command": "command",
+                   "vendored_S_I": "vendored"}, fast=True)
 
 
 def installed_pythons() -> list[str]:
@@ -709,21 +701,28 @@ class FifoReader(threading.Thread):
         self.join()
 
 
+def run_with_fifo(ctx: Ctx, fifo: Path, args: list, codes) -> tuple[list[str], Ran, FifoReader]:
+    """A FIFO made at fifo (in ctx.tmp) with a reader draining it, then the tool run with args: the
+    judge's problems (first among them the FIFO no longer one), the run and the reader."""
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    reader.start()
+    before = snapshot(ctx.tmp)
+    ran = ctx.run(args, timeout=60)
+    reader.drain()
+    problems = ctx.judge(ran, before, codes=codes, ignore=[fifo])
+    if entry_state(str(fifo)) != before[fifo.name]:
+        problems.insert(0, f"the FIFO became {describe(entry_state(str(fifo)))}")
+    return problems, ran, reader
+
+
 @scenario("not_out", "fifo_out", fast=True)
 def fifo_out(ctx: Ctx) -> str:
     """-o a FIFO: written through as llama.cpp would (exit 0, a reader gets exactly the bytes a file
     would get) or refused (exit 2, nothing written into it); never replaced by a regular file."""
     model = ctx.model()
     fifo = ctx.tmp / "fifo.gguf"
-    os.mkfifo(fifo)
-    reader = FifoReader(fifo)
-    reader.start()
-    before = snapshot(ctx.tmp)
-    ran = ctx.run([model, "-o", fifo], timeout=60)
-    reader.drain()
-    problems = ctx.judge(ran, before, codes=(0, 2), ignore=[fifo])
-    if entry_state(str(fifo)) != before["fifo.gguf"]:
-        problems.insert(0, f"the FIFO became {describe(entry_state(str(fifo)))}")
+    problems, ran, reader = run_with_fifo(ctx, fifo, [model, "-o", fifo], codes=(0, 2))
     if ran.rc == 0 and (reader.head != b"GGUF" or reader.data.hexdigest() != ctx.reference(model)):
         problems.append(f"exit 0 but the reader got {reader.size} bytes that are not the GGUF")
     if ran.rc == 2 and reader.size:
@@ -737,15 +736,7 @@ def fifo_fork(ctx: Ctx) -> str:
     """--fork a FIFO: refused (a pin is a regular file), nothing written, the FIFO stays."""
     model = ctx.model()
     fifo, out = ctx.tmp / "pin.json", ctx.tmp / "out.gguf"
-    os.mkfifo(fifo)
-    reader = FifoReader(fifo)
-    reader.start()
-    before = snapshot(ctx.tmp)
-    ran = ctx.run([model, "-o", out, "--fork", fifo], timeout=60)
-    reader.drain()
-    problems = ctx.judge(ran, before, codes=2, ignore=[fifo])
-    if entry_state(str(fifo)) != before["pin.json"]:
-        problems.insert(0, f"the FIFO became {describe(entry_state(str(fifo)))}")
+    problems, ran, _ = run_with_fifo(ctx, fifo, [model, "-o", out, "--fork", fifo], codes=2)
     return verdict(problems, f"refused, the FIFO stayed; {run_summary(ran)}", ran)
 
 
@@ -772,14 +763,7 @@ def link_scenario(ctx: Ctx, which: str) -> str:
     return verdict(problems, f"the link stayed a link; {run_summary(ran)}", ran)
 
 
-@scenario("not_out", "symlink_out", fast=True)
-def symlink_out(ctx: Ctx) -> str:
-    return link_scenario(ctx, "out")
-
-
-@scenario("not_out", "symlink_fork", fast=True)
-def symlink_fork(ctx: Ctx) -> str:
-    return link_scenario(ctx, "fork")
+scenario_variants("not_out", link_scenario, {"symlink_out": "out", "symlink_fork": "fork"}, fast=True)
 
 
 def fork_clash(ctx: Ctx, pin_of: Callable[[Path, Path], Path], expect: Optional[str] = None) -> str:
@@ -792,24 +776,12 @@ def fork_clash(ctx: Ctx, pin_of: Callable[[Path, Path], Path], expect: Optional[
     return verdict(ctx.judge(ran, before, codes=2, expect=expect), f"refused, nothing touched; {run_summary(ran)}", ran)
 
 
-@scenario("not_out", "fork_is_config_json", fast=True)
-def fork_config(ctx: Ctx) -> str:
-    return fork_clash(ctx, lambda model, out: model / "config.json")
-
-
-@scenario("not_out", "fork_is_a_shard", fast=True)
-def fork_shard(ctx: Ctx) -> str:
-    return fork_clash(ctx, lambda model, out: model / "model.safetensors")
-
-
-@scenario("not_out", "fork_equals_out", fast=True)
-def fork_out(ctx: Ctx) -> str:
-    return fork_clash(ctx, lambda model, out: out)
-
-
-@scenario("not_out", "fork_is_out_by_another_path", fast=True)
-def fork_out_other(ctx: Ctx) -> str:
-    return fork_clash(ctx, lambda model, out: model / ".." / out.name)
+scenario_variants("not_out", fork_clash, {
+    "fork_is_config_json": lambda model, out: model / "config.json",
+    "fork_is_a_shard": lambda model, out: model / "model.safetensors",
+    "fork_equals_out": lambda model, out: out,
+    "fork_is_out_by_another_path": lambda model, out: model / ".." / out.name,
+}, fast=True)
 
 
 @scenario("not_out", "fork_is_a_directory", fast=True)
@@ -820,32 +792,32 @@ def fork_dir(ctx: Ctx) -> str:
     return fork_clash(ctx, pin)
 
 
+def run_past_planted_link(ctx: Ctx, part: Path, args: list, **judged) -> tuple[list[str], Ran]:
+    """A symlink planted at part pointing at a victim file in ctx.tmp, then the tool run with args:
+    the judge's problems (first among them the victim changed) and the run."""
+    victim = ctx.tmp / "victim.txt"
+    victim.write_bytes(b"the victim: nothing may write here\n")
+    os.symlink(victim, part)
+    before = snapshot(ctx.tmp)
+    ran = ctx.run(args)
+    problems = ctx.judge(ran, before, codes=(0, 2), planted=[part], **judged)
+    if entry_state(str(victim)) != before["victim.txt"]:
+        problems.insert(0, "the victim was changed")
+    return problems, ran
+
+
 def planted_part(ctx: Ctx, which: str) -> str:
     """A symlink planted at PIN.part / OUT.part pointing at a victim: the victim is never changed."""
     model = ctx.model()
     out, pin = ctx.tmp / "out.gguf", ctx.tmp / "pin.json"
     ctx.old_files(out, pin)
-    victim = ctx.tmp / "victim.txt"
-    victim.write_bytes(b"the victim: nothing may write here\n")
     part = (out if which == "out" else pin).with_name((out if which == "out" else pin).name + ".part")
-    os.symlink(victim, part)
-    before = snapshot(ctx.tmp)
-    ran = ctx.run([model, "-o", out, "--fork", pin])
-    problems = ctx.judge(ran, before, codes=(0, 2), out=out, pin=pin, planted=[part], model=model)
-    if entry_state(str(victim)) != before["victim.txt"]:
-        problems.insert(0, "the victim was changed")
+    problems, ran = run_past_planted_link(ctx, part, [model, "-o", out, "--fork", pin], out=out, pin=pin, model=model)
     left = "kept" if os.path.lexists(part) else "removed"
     return verdict(problems, f"the victim unchanged, the planted link {left}; {run_summary(ran)}", ran)
 
 
-@scenario("not_out", "symlink_at_pin_part", fast=True)
-def pin_part_link(ctx: Ctx) -> str:
-    return planted_part(ctx, "pin")
-
-
-@scenario("not_out", "symlink_at_out_part", fast=True)
-def out_part_link(ctx: Ctx) -> str:
-    return planted_part(ctx, "out")
+scenario_variants("not_out", planted_part, {"symlink_at_pin_part": "pin", "symlink_at_out_part": "out"}, fast=True)
 
 
 STATE_DICT = ORACLE / "fixtures" / "torch" / "mnist-f32.pt"
@@ -870,15 +842,8 @@ def ggml_pin_part(ctx: Ctx) -> str:
     ctx.old_files(out, pin)
     state = ctx.tmp / "mnist.pt"
     shutil.copyfile(STATE_DICT, state)
-    victim = ctx.tmp / "victim.txt"
-    victim.write_bytes(b"the victim: nothing may write here\n")
-    part = ctx.tmp / "pin.json.part"
-    os.symlink(victim, part)
-    before = snapshot(ctx.tmp)
-    ran = ctx.run(["ggml", state, "-o", out, "--fork", pin])
-    problems = ctx.judge(ran, before, codes=(0, 2), out=out, pin=pin, planted=[part])
-    if entry_state(str(victim)) != before["victim.txt"]:
-        problems.insert(0, "the victim was changed")
+    problems, ran = run_past_planted_link(ctx, ctx.tmp / "pin.json.part", ["ggml", state, "-o", out, "--fork", pin],
+                                          out=out, pin=pin)
     return verdict(problems, f"the victim unchanged; {run_summary(ran)}", ran)
 
 

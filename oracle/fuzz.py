@@ -75,6 +75,8 @@ A read, R refused``.  oracle/spm_oracle.py runs the same mutants through sentenc
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -103,6 +105,7 @@ sys.path.insert(0, str(ORACLE))
 
 import bankml_convert as bc  # noqa: E402
 import make_models as mm  # noqa: E402
+from sentencepiece_proto import LENGTH_DELIMITED, field as pb_field, varint as pb_varint  # noqa: E402
 
 CONVERTER_FILE = Path(bc.__file__).name
 # The converter may be edited while a long campaign runs; the report names the version imported.
@@ -817,22 +820,15 @@ def mutate_file_kind(ctx: Ctx) -> Optional[str]:
         remove(path)
         os.symlink(target, path)
         return f"{name}: symlink to {target}"
-    if op == "symlink-dangling":
+    links = {"symlink-dangling": ("does-not-exist", "dangling symlink"),
+             "symlink-loop": (name, "symlink to itself (loop)"),
+             "symlink-dir": (".", "symlink to the directory itself"),
+             "symlink-devnull": ("/dev/null", "symlink to /dev/null")}
+    if op in links:
+        target, what = links[op]
         remove(path)
-        os.symlink("does-not-exist", path)
-        return f"{name}: dangling symlink"
-    if op == "symlink-loop":
-        remove(path)
-        os.symlink(name, path)
-        return f"{name}: symlink to itself (loop)"
-    if op == "symlink-dir":
-        remove(path)
-        os.symlink(".", path)
-        return f"{name}: symlink to the directory itself"
-    if op == "symlink-devnull":
-        remove(path)
-        os.symlink("/dev/null", path)
-        return f"{name}: symlink to /dev/null"
+        os.symlink(target, path)
+        return f"{name}: {what}"
     if op == "fifo":
         remove(path)
         os.mkfifo(path)
@@ -1166,19 +1162,24 @@ def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, 
     return result
 
 
-def minimal_mutation(seed: str, index: int, bases, run: Path, timeout: float, outcome: Outcome) -> Optional[int]:
-    """The one mutation that alone reproduces the crash's signature, if there is one."""
-    ks = [int(m[1:m.index("]")]) for m in outcome.mutations]
+def sole_mutation(mutations: list[str], reproduces: Callable[[int], bool]) -> Optional[int]:
+    """The one mutation k ("[k] ...") that alone reproduces a finding, if there is one: the only
+    mutation of a single-mutation input, else the first k with reproduces(k)."""
+    ks = [int(m[1:m.index("]")]) for m in mutations]
     if len(ks) < 2:
         return ks[0] if ks else None
-    for k in ks:
+    return next((k for k in ks if reproduces(k)), None)
+
+
+def minimal_mutation(seed: str, index: int, bases, run: Path, timeout: float, outcome: Outcome) -> Optional[int]:
+    """The one mutation that alone reproduces the crash's signature, if there is one."""
+    def reproduces(k: int) -> bool:
         ctx, base, done = build_input(seed, index, bases, run, only=k)
         if not done:
-            continue
+            return False
         o = run_input(ctx, base, done, index, run, timeout)
-        if o.kind == "crash" and o.signature == outcome.signature:
-            return k
-    return None
+        return o.kind == "crash" and o.signature == outcome.signature
+    return sole_mutation(outcome.mutations, reproduces)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1208,11 +1209,18 @@ def limit_memory(megabytes: int) -> None:
 _WORKER: dict = {}
 
 
-def _worker_init(seed: str, bases: dict, work: str, timeout: float, memory_mb: int) -> None:
+def worker_directory(work: str, memory_mb: int) -> Path:
+    """A worker's own directory under work, made after its memory is limited and SIGALRM set to
+    raise Timeout."""
     limit_memory(memory_mb)
     run = Path(tempfile.mkdtemp(prefix="run-", dir=work))
-    os.chdir(run)
     signal.signal(signal.SIGALRM, _alarm)
+    return run
+
+
+def _worker_init(seed: str, bases: dict, work: str, timeout: float, memory_mb: int) -> None:
+    run = worker_directory(work, memory_mb)
+    os.chdir(run)
     _WORKER.update(seed=seed, bases={k: Path(v) for k, v in bases.items()}, run=run / "r", timeout=timeout)
 
 
@@ -1237,17 +1245,43 @@ def refusal_family(reason: str) -> str:
     return " ".join(words[:6]).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-class Campaign:
+class Tracker:
+    """What a random campaign (the converter's, --gguf's) keeps as it runs: counts, unique findings
+    by signature, the slowest inputs, its pace; `line` and `report` are the campaign's own."""
+    flag = ""  # the campaign's option before --seed in a replay command
+
     def __init__(self, seed: str, total: int):
         self.seed, self.total = seed, total
         self.counts = Counter()
         self.uniques: dict[str, Unique] = {}
+        self.done = 0
+        self.start = time.perf_counter()
+        self.slowest: list = []
+
+    def replay(self, index: int, only: Optional[int] = None) -> str:
+        extra = f" --only {only}" if only is not None else ""
+        return f"python3 oracle/fuzz.py {self.flag}--seed {self.seed} --replay {index}{extra}"
+
+    def rate(self) -> float:
+        return self.done / max(time.perf_counter() - self.start, 1e-9)
+
+    def line(self) -> str:
+        raise NotImplementedError
+
+    def report(self) -> dict:
+        raise NotImplementedError
+
+    def progress(self) -> str:
+        return (f"{time.strftime('%H:%M:%S')} {self.done}/{self.total} {self.rate():.1f} inputs/s | "
+                f"{self.line()}")
+
+
+class Campaign(Tracker):
+    def __init__(self, seed: str, total: int):
+        super().__init__(seed, total)
         self.partials: list[dict] = []
         self.refusals = Counter()
         self.successes_by_base = Counter()
-        self.done = 0
-        self.start = time.perf_counter()
-        self.slowest: list[tuple[float, int, str]] = []
         self.long_refusals: list[dict] = []
 
     def add(self, o: Outcome, minimal: Optional[int]) -> None:
@@ -1278,21 +1312,10 @@ class Campaign:
                                    "minimal_mutation": minimal, "message": o.message[:200],
                                    "replay": self.replay(o.index, minimal)})
 
-    def replay(self, index: int, only: Optional[int] = None) -> str:
-        extra = f" --only {only}" if only is not None else ""
-        return f"python3 oracle/fuzz.py --seed {self.seed} --replay {index}{extra}"
-
-    def rate(self) -> float:
-        return self.done / max(time.perf_counter() - self.start, 1e-9)
-
     def line(self) -> str:
         c = self.counts
         return (f"fuzz: {self.done} inputs, {c['crash']} crashes ({len(self.uniques)} unique), "
                 f"{c['partial']} partial outputs, {c['success']} successes, {c['refusal']} refusals")
-
-    def progress(self) -> str:
-        return (f"{time.strftime('%H:%M:%S')} {self.done}/{self.total} {self.rate():.1f} inputs/s | "
-                f"{self.line()}")
 
     def report(self) -> dict:
         return {
@@ -1316,27 +1339,60 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def campaign_outputs(args, work: Path, mode: str = "") -> tuple[Optional[Path], Optional[Path]]:
+    """The --progress and --report paths (None when not asked for), the progress file begun with
+    the campaign's settings."""
+    progress = Path(args.progress).resolve() if args.progress else None
+    report = Path(args.report).resolve() if args.report else None
+    if progress:
+        progress.write_text(f"{time.strftime('%H:%M:%S')} start: {mode}seed {args.seed}, {args.inputs} inputs, "
+                            f"{args.workers} worker(s), work dir {work}\n", encoding="utf-8")
+    return progress, report
+
+
+def campaign_results(args, init: Callable, init_args: tuple, run: Callable, chunksize: int,
+                     started: Callable[[], object] = lambda: None) -> tuple[Iterator, Optional[object]]:
+    """run over the campaign's input indices and the pool running it: with one worker in this process
+    (init first, then started()) and no pool, else unordered in --workers forked processes."""
+    indices = range(args.start, args.start + args.inputs)
+    if args.workers <= 1:
+        init(*init_args)
+        started()
+        return map(run, indices), None
+    import multiprocessing
+    pool = multiprocessing.get_context("fork").Pool(args.workers, init, init_args)
+    return pool.imap_unordered(run, indices, chunksize=chunksize), pool
+
+
+def write_progress(camp: Tracker, progress: Optional[Path], report: Optional[Path]) -> None:
+    """A progress line appended (--progress) and the report so far written (--report)."""
+    if progress:
+        with open(progress, "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(camp.progress() + "\n")
+    if report:
+        write_atomically(report, json.dumps(camp.report(), indent=2, ensure_ascii=True))
+
+
+def campaign_done(args, camp: Tracker, progress: Optional[Path], work: Path) -> None:
+    """The campaign's last progress line, its work directory removed (unless --keep-work), its
+    summary line printed."""
+    if progress:
+        with open(progress, "a", encoding="utf-8") as f:
+            f.write(camp.progress() + " (done)\n")
+    if not args.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    print(camp.line())
+
+
 def run_campaign(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-", dir=args.workdir)).resolve()
     bases = build_bases(work / "bases")
     fingerprint = tree_fingerprint(work / "bases", with_hash=True)
     camp = Campaign(args.seed, args.inputs)
-    progress = Path(args.progress).resolve() if args.progress else None
-    report = Path(args.report).resolve() if args.report else None
-    if progress:
-        progress.write_text(f"{time.strftime('%H:%M:%S')} start: seed {args.seed}, {args.inputs} inputs, "
-                            f"{args.workers} worker(s), work dir {work}\n", encoding="utf-8")
+    progress, report = campaign_outputs(args, work)
     bases_s = {k: str(v) for k, v in bases.items()}
     init = (args.seed, bases_s, str(work), args.timeout, args.memory_mb)
-    indices = range(args.start, args.start + args.inputs)
-    if args.workers <= 1:
-        _worker_init(*init)
-        results: Iterator = map(_worker_run, indices)
-        pool = None
-    else:
-        import multiprocessing
-        pool = multiprocessing.get_context("fork").Pool(args.workers, _worker_init, init)
-        results = pool.imap_unordered(_worker_run, indices, chunksize=8)
+    results, pool = campaign_results(args, _worker_init, init, _worker_run, chunksize=8)
     try:
         for outcome, minimal in results:
             camp.add(outcome, minimal)
@@ -1345,11 +1401,7 @@ def run_campaign(args) -> int:
                 print(f"new crash #{len(camp.uniques)} at input {outcome.index}: {outcome.signature}: "
                       f"{outcome.message[:120]!r}", file=sys.stderr, flush=True)
             if camp.done % args.every == 0 or new_crash:
-                if progress:
-                    with open(progress, "a", encoding="utf-8", errors="backslashreplace") as f:
-                        f.write(camp.progress() + "\n")
-                if report:
-                    write_atomically(report, json.dumps(camp.report(), indent=2, ensure_ascii=True))
+                write_progress(camp, progress, report)
     finally:
         if pool is not None:
             pool.terminate()
@@ -1367,12 +1419,7 @@ def run_campaign(args) -> int:
     for p in camp.partials[:10]:
         print(f"partial output at input {p['index']}: {p['leftovers'][:3]} {p.get('mutations', '')}")
     print(f"throughput: {camp.rate():.1f} inputs/s over {time.perf_counter() - camp.start:.0f} s")
-    if progress:
-        with open(progress, "a", encoding="utf-8") as f:
-            f.write(camp.progress() + " (done)\n")
-    if not args.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    print(camp.line())
+    campaign_done(args, camp, progress, work)
     return 1 if camp.counts["crash"] or camp.counts["partial"] else 0
 
 
@@ -2166,24 +2213,32 @@ def m_splice(ctx: GCtx):
     return ctx.data[:at] + other[f.at:], f"bytes from {at} on replaced by {name}'s from byte {f.at}"
 
 
-def _model(ctx: GCtx) -> Optional[GModel]:
-    m = ctx.walk().model
-    return copy_model(m) if m is not None else None
+def model_mutator(needs: str = "") -> Callable:
+    """A mutation of the walked model: fn(ctx, m) on a copy m of it; not applicable (None) when the
+    file does not walk into a model, or when m's list `needs` (kvs, tensors) is empty."""
+    def wrap(fn: Callable[[GCtx, GModel], object]) -> Callable[[GCtx], object]:
+        @functools.wraps(fn)
+        def mutation(ctx: GCtx):
+            m = ctx.walk().model
+            if m is None or needs and not getattr(m, needs):
+                return None
+            return fn(ctx, copy_model(m))
+        return mutation
+    return wrap
 
 
-def _relaid(ctx: GCtx, m: GModel, p: float = 0.5) -> tuple[GModel, str]:
-    """m, laid out again (so that only the edit itself is wrong) with probability p."""
+def _encoded(ctx: GCtx, m: GModel, what: str, p: float) -> tuple[bytes, str]:
+    """m's bytes, laid out again first (so that only the edit itself is wrong) with probability p,
+    and what was done."""
     if chance(ctx.rng, p):
         r = gguf_relayout(m, ctx.rng)
         if r is not None:
-            return r, ", data laid out again"
-    return m, ""
+            return encode_model(r), what + ", data laid out again"
+    return encode_model(m), what
 
 
-def m_kv_insert(ctx: GCtx):
-    m = _model(ctx)
-    if m is None:
-        return None
+@model_mutator()
+def m_kv_insert(ctx: GCtx, m: GModel):
     rng = ctx.rng
     if m.kvs and chance(rng, 0.3):
         src = rng.choice(m.kvs)
@@ -2194,14 +2249,11 @@ def m_kv_insert(ctx: GCtx):
         vtype, payload, what = draw_gguf_value(rng)
     at = rng.randrange(len(m.kvs) + 1)
     m.kvs.insert(at, GKv(key, vtype, payload))
-    m, again = _relaid(ctx, m, 0.3)
-    return encode_model(m), f"kv {key[:40]!r} inserted at {at}: {what}{again}"
+    return _encoded(ctx, m, f"kv {key[:40]!r} inserted at {at}: {what}", 0.3)
 
 
-def m_kv_edit(ctx: GCtx):
-    m = _model(ctx)
-    if m is None or not m.kvs:
-        return None
+@model_mutator("kvs")
+def m_kv_edit(ctx: GCtx, m: GModel):
     rng = ctx.rng
     i = rng.randrange(len(m.kvs))
     kv = m.kvs[i]
@@ -2225,8 +2277,7 @@ def m_kv_edit(ctx: GCtx):
     else:
         kv.vtype, kv.payload, what = draw_gguf_value(rng)
         what = f"kv {kv.key[:40]!r} retyped: {what}"
-    m, again = _relaid(ctx, m, 0.5)
-    return encode_model(m), what + again
+    return _encoded(ctx, m, what, 0.5)
 
 
 def _changed_payload(rng: random.Random, kv: GKv) -> tuple[bytes, str]:
@@ -2259,10 +2310,8 @@ def _changed_payload(rng: random.Random, kv: GKv) -> tuple[bytes, str]:
     return p, "unchanged"
 
 
-def m_alignment(ctx: GCtx):
-    m = _model(ctx)
-    if m is None:
-        return None
+@model_mutator()
+def m_alignment(ctx: GCtx, m: GModel):
     rng = ctx.rng
     kvs = [kv for kv in m.kvs if kv.key != b"general.alignment"]
     r = rng.random()
@@ -2281,14 +2330,11 @@ def m_alignment(ctx: GCtx):
         kvs.insert(rng.randrange(len(kvs) + 1), GKv(b"general.alignment", T_UINT32, U32.pack(32)))
         what += " and again as UINT32 32"
     m.kvs = kvs
-    m, again = _relaid(ctx, m, 0.7)
-    return encode_model(m), f"general.alignment {what}{again}"
+    return _encoded(ctx, m, f"general.alignment {what}", 0.7)
 
 
-def m_tensor(ctx: GCtx):
-    m = _model(ctx)
-    if m is None or not m.tensors:
-        return None
+@model_mutator("tensors")
+def m_tensor(ctx: GCtx, m: GModel):
     rng = ctx.rng
     i = rng.randrange(len(m.tensors))
     t = m.tensors[i]
@@ -2332,15 +2378,12 @@ def m_tensor(ctx: GCtx):
             u.offset += gap
         m.data = rng.randbytes(gap) + m.data
         what, p = f"every data offset moved {gap} bytes on, the gap filled with random bytes", 0.0
-    m, again = _relaid(ctx, m, p)
-    return encode_model(m), what + again
+    return _encoded(ctx, m, what, p)
 
 
-def m_data(ctx: GCtx):
+@model_mutator()
+def m_data(ctx: GCtx, m: GModel):
     """Damage where the reader does not look but diff does: tensor bytes, padding, trailing bytes."""
-    m = _model(ctx)
-    if m is None:
-        return None
     rng = ctx.rng
     placed = [(t, tensor_nbytes(t)) for t in m.tensors]
     placed = [(t, n) for t, n in placed if n and t.offset + n <= len(m.data)]
@@ -2375,11 +2418,9 @@ def m_data(ctx: GCtx):
     return encode_model(m), what
 
 
-def m_counts(ctx: GCtx):
+@model_mutator()
+def m_counts(ctx: GCtx, m: GModel):
     """Header counts that disagree with what follows, by a little or a lot."""
-    m = _model(ctx)
-    if m is None:
-        return None
     which = ctx.rng.choice(("tensor", "kv"))
     real = len(m.tensors) if which == "tensor" else len(m.kvs)
     value = ctx.rng.choice((real + 1, real - 1 if real else 1, 0, 2**63, 2**64 - 1, 2**31))
@@ -2387,11 +2428,9 @@ def m_counts(ctx: GCtx):
             f"{which} count {real} -> {value}")
 
 
-def m_big(ctx: GCtx):
+@model_mutator()
+def m_big(ctx: GCtx, m: GModel):
     """Large but legal values: long strings and arrays, many kvs or tensors, for hangs and memory."""
-    m = _model(ctx)
-    if m is None:
-        return None
     rng = ctx.rng
     op = rng.choice(("array", "strings", "kvs", "tensors", "string"))
     if op == "array":
@@ -2414,8 +2453,7 @@ def m_big(ctx: GCtx):
         n = rng.choice((1 << 20, 4 << 20))
         m.kvs.append(GKv(b"big.string", T_STRING, str_payload(b"\xc3\xa9" * (n // 2))))
         what = f"a {n}-byte string"
-    m, again = _relaid(ctx, m, 0.8)
-    return encode_model(m), what + again
+    return _encoded(ctx, m, what, 0.8)
 
 
 GGUF_MUTATORS: tuple = (
@@ -2672,9 +2710,7 @@ _GWORKER: dict = {}
 
 
 def _gguf_worker_init(seed: str, bases: dict, work: str, timeout: float, memory_mb: int) -> None:
-    limit_memory(memory_mb)
-    run = Path(tempfile.mkdtemp(prefix="run-", dir=work))
-    signal.signal(signal.SIGALRM, _alarm)
+    run = worker_directory(work, memory_mb)
     gb = {k: GBase(k, Path(p), Path(pin)) for k, (p, pin) in bases.items()}
     _GWORKER.update(seed=seed, bases=gb, data={k: b.path.read_bytes() for k, b in gb.items()},
                     mutant=run / "mutant.gguf", timeout=timeout)
@@ -2703,30 +2739,21 @@ def _gguf_worker_run(index: int) -> tuple[GOutcome, dict]:
 
 def _gguf_minimal(index: int, outcome: GOutcome, signature: str) -> Optional[int]:
     """The one mutation that alone reproduces a finding, if there is one."""
-    ks = [int(m[1:m.index("]")]) for m in outcome.mutations]
-    if len(ks) < 2:
-        return ks[0] if ks else None
-    for k in ks:
-        o = _gguf_one(index, only=k)
-        if any(f.signature == signature for f in o.findings):
-            return k
-    return None
+    return sole_mutation(outcome.mutations,
+                         lambda k: any(f.signature == signature for f in _gguf_one(index, only=k).findings))
 
 
-class GgufCampaign:
+class GgufCampaign(Tracker):
+    flag = "--gguf "
+
     def __init__(self, seed: str, total: int):
-        self.seed, self.total = seed, total
-        self.counts = Counter()
-        self.uniques: dict[str, Unique] = {}
+        super().__init__(seed, total)
         self.rejections = Counter()
         self.gguf_cpp = Counter()
         self.gguf_cpp_examples: dict[str, list[int]] = {}
         self.accepted_by_base = Counter()
         self.inputs_by_base = Counter()
-        self.done = 0
         self.bytes = 0
-        self.start = time.perf_counter()
-        self.slowest: list = []
 
     def add(self, o: GOutcome, minimal: dict) -> list[str]:
         """Count one input; the signatures it found for the first time."""
@@ -2765,13 +2792,6 @@ class GgufCampaign:
                                    "replay": self.replay(o.index, k)})
         return new
 
-    def replay(self, index: int, only: Optional[int] = None) -> str:
-        extra = f" --only {only}" if only is not None else ""
-        return f"python3 oracle/fuzz.py --gguf --seed {self.seed} --replay {index}{extra}"
-
-    def rate(self) -> float:
-        return self.done / max(time.perf_counter() - self.start, 1e-9)
-
     def unique(self, kind: str) -> int:
         return sum(1 for u in self.uniques.values() if (u.error_type == "violation") == (kind == "violation"))
 
@@ -2780,10 +2800,6 @@ class GgufCampaign:
         return (f"fuzz: {self.done} inputs, {c['crash']} crashes ({self.unique('crash')} unique), "
                 f"{c['violation']} contract violations ({self.unique('violation')} unique), "
                 f"{c['accepted']} accepted, {c['rejected']} rejected")
-
-    def progress(self) -> str:
-        return (f"{time.strftime('%H:%M:%S')} {self.done}/{self.total} {self.rate():.1f} inputs/s | "
-                f"{self.line()}")
 
     def report(self) -> dict:
         return {
@@ -2818,24 +2834,10 @@ def run_gguf_campaign(args) -> int:
     bases = build_gguf_bases(work / "bases")
     fingerprint = tree_fingerprint(work / "bases", with_hash=True)
     camp = GgufCampaign(args.seed, args.inputs)
-    progress = Path(args.progress).resolve() if args.progress else None
-    report = Path(args.report).resolve() if args.report else None
-    if progress:
-        progress.write_text(f"{time.strftime('%H:%M:%S')} start: --gguf, seed {args.seed}, {args.inputs} inputs, "
-                            f"{args.workers} worker(s), work dir {work}\n", encoding="utf-8")
-    init = _gguf_init_args(args, bases, work)
-    indices = range(args.start, args.start + args.inputs)
+    progress, report = campaign_outputs(args, work, "--gguf, ")
     tracer = LineCoverage() if args.coverage else None
-    if args.workers <= 1:
-        _gguf_worker_init(*init)
-        if tracer:
-            tracer.start()
-        results: Iterator = map(_gguf_worker_run, indices)
-        pool = None
-    else:
-        import multiprocessing
-        pool = multiprocessing.get_context("fork").Pool(args.workers, _gguf_worker_init, init)
-        results = pool.imap_unordered(_gguf_worker_run, indices, chunksize=16)
+    results, pool = campaign_results(args, _gguf_worker_init, _gguf_init_args(args, bases, work), _gguf_worker_run,
+                                     chunksize=16, started=tracer.start if tracer else lambda: None)
     try:
         for outcome, minimal in results:
             new = camp.add(outcome, minimal)
@@ -2846,11 +2848,7 @@ def run_gguf_campaign(args) -> int:
                           f"{u.message[:120]!r}",
                           file=sys.stderr, flush=True)
             if camp.done % args.every == 0 or new:
-                if progress:
-                    with open(progress, "a", encoding="utf-8", errors="backslashreplace") as f:
-                        f.write(camp.progress() + "\n")
-                if report:
-                    write_atomically(report, json.dumps(camp.report(), indent=2, ensure_ascii=True))
+                write_progress(camp, progress, report)
     finally:
         if tracer:
             tracer.stop()
@@ -2877,12 +2875,7 @@ def run_gguf_campaign(args) -> int:
         print("a base file changed: a call wrote through the files it reads")
     print(f"throughput: {camp.rate():.1f} inputs/s over {time.perf_counter() - camp.start:.0f} s "
           f"(mean input {doc['mean_input_bytes']} bytes)")
-    if progress:
-        with open(progress, "a", encoding="utf-8") as f:
-            f.write(camp.progress() + " (done)\n")
-    if not args.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    print(camp.line())
+    campaign_done(args, camp, progress, work)
     return 1 if camp.counts["crash"] or camp.counts["violation"] or changed else 0
 
 
@@ -3027,15 +3020,6 @@ SPM_SOURCES = (("llama-2", mm.FIXTURES / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer
                ("mistral-v0.3", mm.FIXTURES / "Mistral-7B-Instruct-v0.3-shape" / "tokenizer.model", 5))
 
 
-def pb_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
 def pb_fields(data: bytes) -> list[tuple[int, int, bytes]]:
     """(field number, wire type, raw bytes of the whole field) of a message; what cannot be split
     into fields (an earlier mutation broke it) is kept whole as field -1."""
@@ -3074,7 +3058,7 @@ def pb_payload(raw: bytes) -> bytes:
 
 
 def pb_message(number: int, payload: bytes) -> bytes:
-    return pb_varint(number << 3 | 2) + pb_varint(len(payload)) + payload
+    return pb_field(number, LENGTH_DELIMITED, payload)
 
 
 def spm_cut(data: bytes, keep: int) -> bytes:
@@ -3225,72 +3209,103 @@ class FileCampaign(NamedTuple):
     refusal_key: Callable[[str], str]                   # a refusal's histogram bucket
 
 
-def run_file_campaign(args, campaign: FileCampaign, bases: dict[str, bytes]) -> int:
-    limit_memory(args.memory_mb)
-    work = Path(tempfile.mkdtemp(prefix=f"bankml-fuzz-{campaign.flag.strip('-')}-", dir=args.workdir)).resolve()
-    model = mm.make_case(campaign.model_case, work / "base")
-    counts: Counter = Counter()
-    refusals: Counter = Counter()
-    crashes: list[dict] = []
-    partials: list[dict] = []
-    start = time.perf_counter()
-    try:
+class Tally:
+    """What a campaign of calls one input at a time (--tokenizer-model, --model-card, --checkpoint,
+    --lora) found: counts by outcome, a histogram of refusals, its crashes and partial outputs."""
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+        self.refusals: Counter = Counter()
+        self.crashes: list[dict] = []
+        self.partials: list[dict] = []
+        self.start = time.perf_counter()
+
+    def add(self, kind: str, detail: str, refusal_key: Callable[[str], str], crash: dict, counted: str = "") -> None:
+        """One call's (kind, detail) from spm_outcome, counted under `counted` (default: kind); a
+        crash recorded as `crash` with its error."""
+        self.counts[counted or kind] += 1
+        if kind == "refusal":
+            self.refusals[refusal_key(detail)] += 1
+        elif kind == "crash":
+            self.crashes.append(dict(crash, error=detail))
+
+    def inputs(self, args) -> Iterator[int]:
+        """The campaign's input indices, a progress line (--progress) after every --every-th input."""
         for index in range(args.start, args.start + args.inputs):
+            yield index
+            if (index + 1) % args.every == 0 and args.progress:
+                with open(args.progress, "a", encoding="utf-8") as f:
+                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(self.counts)}\n")
+
+    def report(self, args, found: dict, measured: Optional[dict] = None, flag: str = "") -> tuple[dict, float]:
+        """The JSON report, with the campaign's own findings (found) and figures (measured), and the
+        seconds since the tally began."""
+        seconds = time.perf_counter() - self.start
+        return {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(self.counts),
+                "crashes": self.crashes[:50], **found, "seconds": round(seconds, 1), **(measured or {}),
+                "refusals": self.refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
+                "command": "python3 oracle/fuzz.py " + flag + " ".join(sys.argv[1:])}, seconds
+
+    def findings(self, args, report: dict) -> None:
+        """A campaign's end, before its summary line: the report written (--report), then its first
+        crashes and partial outputs and its commonest refusals printed."""
+        if args.report:
+            write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
+        for c in self.crashes[:10]:
+            print(f"crash at input {c['index']}: {c['error'][:200]} ({c.get('mutations')})")
+        for p in self.partials[:10]:
+            print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
+        for reason, n in self.refusals.most_common(12):
+            print(f"  {n:>7}  {reason}")
+
+
+@contextlib.contextmanager
+def file_campaign_work(args, name: str) -> Iterator[Path]:
+    """A file campaign's work directory (bankml-fuzz-NAME-*), removed at the end, under the
+    --memory-mb limit."""
+    limit_memory(args.memory_mb)
+    work = Path(tempfile.mkdtemp(prefix=f"bankml-fuzz-{name}-", dir=args.workdir)).resolve()
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_file_campaign(args, campaign: FileCampaign, bases: dict[str, bytes]) -> int:
+    with file_campaign_work(args, campaign.flag.strip('-')) as work:
+        model = mm.make_case(campaign.model_case, work / "base")
+        t = Tally()
+        for index in t.inputs(args):
             base, data, mutations = campaign.mutant(args.seed, index, bases)
             (model / campaign.file_name).write_bytes(data)
             kind, detail = spm_outcome(lambda: campaign.read(model), args.timeout)
-            counts[kind] += 1
-            if kind == "refusal":
-                refusals[campaign.refusal_key(detail)] += 1
-            elif kind == "crash":
-                crashes.append({"index": index, "base": base, "mutations": mutations, "error": detail})
+            t.add(kind, detail, campaign.refusal_key, {"index": index, "base": base, "mutations": mutations})
             if args.convert_every and index % args.convert_every == 0:
                 before = sorted(p.name for p in work.iterdir())
                 out = work / "out.gguf"
                 ckind, cdetail = spm_outcome(lambda: bc.convert(model, out, bc.Options(hash_inputs=False)),
                                              args.timeout * 3)
-                counts["convert-" + ckind] += 1
+                t.counts["convert-" + ckind] += 1
                 if ckind == "crash":
-                    crashes.append({"index": index, "base": base, "mutations": mutations, "error": cdetail,
-                                    "in": "convert"})
+                    t.crashes.append({"index": index, "base": base, "mutations": mutations, "error": cdetail,
+                                      "in": "convert"})
                 if ckind == "ok" and kind != "ok" or ckind != kind and "crash" not in (kind, ckind):
-                    crashes.append({"index": index, "mutations": mutations,
-                                    "error": f"reader {kind} but convert {ckind}: {cdetail}"})
+                    t.crashes.append({"index": index, "mutations": mutations,
+                                      "error": f"reader {kind} but convert {ckind}: {cdetail}"})
                 out.unlink(missing_ok=True)
                 after = sorted(p.name for p in work.iterdir())
                 if after != before:
-                    partials.append({"index": index, "mutations": mutations, "leftovers": sorted(set(after) - set(before))})
+                    t.partials.append({"index": index, "mutations": mutations,
+                                       "leftovers": sorted(set(after) - set(before))})
                     for name in set(after) - set(before):
                         (work / name).unlink()
-            if (index + 1) % args.every == 0 and args.progress:
-                with open(args.progress, "a", encoding="utf-8") as f:
-                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    seconds = time.perf_counter() - start
-    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
-              "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
-              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
-              "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
-    report_findings(args, report, crashes, refusals, partials)
-    conversions = sum(v for k, v in counts.items() if k.startswith("convert-"))
-    print(f"fuzz {campaign.flag}: {args.inputs} inputs ({conversions} also converted), {len(crashes)} crashes, "
-          f"{len(partials)} partial outputs, {counts['ok']} read, {counts['refusal']} refused, "
+    report, seconds = t.report(args, {"partials": t.partials[:50]})
+    t.findings(args, report)
+    conversions = sum(v for k, v in t.counts.items() if k.startswith("convert-"))
+    print(f"fuzz {campaign.flag}: {args.inputs} inputs ({conversions} also converted), {len(t.crashes)} crashes, "
+          f"{len(t.partials)} partial outputs, {t.counts['ok']} read, {t.counts['refusal']} refused, "
           f"{seconds:.0f} s")
-    return 1 if crashes or partials else 0
-
-
-def report_findings(args, report: dict, crashes: list, refusals: Counter, partials: Sequence = ()) -> None:
-    """A campaign's end, before its summary line: the report written (--report), then its first
-    crashes and partial outputs and its commonest refusals printed."""
-    if args.report:
-        write_atomically(Path(args.report), json.dumps(report, indent=2, ensure_ascii=True))
-    for c in crashes[:10]:
-        print(f"crash at input {c['index']}: {c['error'][:200]} ({c.get('mutations')})")
-    for p in partials[:10]:
-        print(f"partial output at input {p['index']}: {p['leftovers']} ({p['mutations']})")
-    for reason, n in refusals.most_common(12):
-        print(f"  {n:>7}  {reason}")
+    return 1 if t.crashes or t.partials else 0
 
 
 def run_spm_campaign(args) -> int:
@@ -3463,23 +3478,23 @@ def ck_mutant(seed: str, index: int, bases: dict[str, bytes], marker: str) -> tu
     return base, data, done
 
 
+def _ck_refusal_key(detail: str) -> str:
+    reason = detail.split(": ", 1)[1] if ": " in detail else detail
+    return re.sub(r"\d+", "N", reason)[:70]
+
+
 def run_checkpoint_campaign(args) -> int:
-    limit_memory(args.memory_mb)
     bases = ck_bases()
-    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-ck-", dir=args.workdir)).resolve()
-    marker = work / CK_MARKER
-    model = mm.make_case(mm.replace(mm.CASES_BY_NAME["bin-module-tied"], name="fuzz-bin", dims=mm.Dims(
-        hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-        vocab_size=49152)), work / "model")
-    model_bin = (model / "pytorch_model.bin").read_bytes()
-    path = work / "state.pt"
-    counts: Counter = Counter()
-    refusals: Counter = Counter()
-    crashes: list[dict] = []
     executions: list[int] = []
-    start = time.perf_counter()
-    try:
-        for index in range(args.start, args.start + args.inputs):
+    with file_campaign_work(args, "ck") as work:
+        marker = work / CK_MARKER
+        model = mm.make_case(mm.replace(mm.CASES_BY_NAME["bin-module-tied"], name="fuzz-bin", dims=mm.Dims(
+            hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            vocab_size=49152)), work / "model")
+        model_bin = (model / "pytorch_model.bin").read_bytes()
+        path = work / "state.pt"
+        t = Tally()
+        for index in t.inputs(args):
             if args.convert_every and index % args.convert_every == 0:
                 base, data, mutations = ck_mutant(args.seed, index, {"model": model_bin}, str(marker))
                 (model / "pytorch_model.bin").write_bytes(data)
@@ -3495,37 +3510,23 @@ def run_checkpoint_campaign(args) -> int:
                          "mnist-fc": lambda: bc.convert_state_dict(path, out, "mnist-fc")}
             for name, call in calls.items():
                 kind, detail = spm_outcome(call, args.timeout)
-                counts[f"{name}-{kind}"] += 1
-                if kind == "refusal":
-                    reason = detail.split(": ", 1)[1] if ": " in detail else detail
-                    refusals[re.sub(r"\d+", "N", reason)[:70]] += 1
-                elif kind == "crash":
-                    crashes.append({"index": index, "base": base, "call": name, "mutations": mutations,
-                                    "error": detail})
+                t.add(kind, detail, _ck_refusal_key,
+                      {"index": index, "base": base, "call": name, "mutations": mutations}, counted=f"{name}-{kind}")
                 if out.with_name(out.name + ".part").exists():
-                    crashes.append({"index": index, "call": name, "error": "a .part was left"})
+                    t.crashes.append({"index": index, "call": name, "error": "a .part was left"})
                 out.unlink(missing_ok=True)
             if marker.exists():
                 executions.append(index)
                 marker.unlink()
-            if (index + 1) % args.every == 0 and args.progress:
-                with open(args.progress, "a", encoding="utf-8") as f:
-                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
-              "crashes": crashes[:50], "executions": executions[:50], "seconds": round(seconds, 1),
-              "peak_rss_mb": round(peak_mb, 1), "memory_limit_mb": args.memory_mb,
-              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
-              "command": "python3 oracle/fuzz.py --checkpoint " + " ".join(sys.argv[1:])}
-    report_findings(args, report, crashes, refusals)
-    accepted = sum(v for k, v in counts.items() if k.endswith("-ok"))
-    print(f"fuzz --checkpoint: {args.inputs} inputs, {len(crashes)} crashes, {len(executions)} executions, "
-          f"{accepted} calls returned, {sum(refusals.values())} refused, peak RSS {peak_mb:.0f} MB, "
+    report, seconds = t.report(args, {"executions": executions[:50]},
+                               {"peak_rss_mb": round(peak_mb, 1), "memory_limit_mb": args.memory_mb}, "--checkpoint ")
+    t.findings(args, report)
+    accepted = sum(v for k, v in t.counts.items() if k.endswith("-ok"))
+    print(f"fuzz --checkpoint: {args.inputs} inputs, {len(t.crashes)} crashes, {len(executions)} executions, "
+          f"{accepted} calls returned, {sum(t.refusals.values())} refused, peak RSS {peak_mb:.0f} MB, "
           f"{seconds:.0f} s ({args.inputs / max(seconds, 1e-9):.0f} inputs/s)")
-    return 1 if crashes or executions else 0
+    return 1 if t.crashes or executions else 0
 
 
 
@@ -3721,22 +3722,20 @@ def mutate_adapter(rng: random.Random, adapter: Path) -> str:
     return f"{name} removed"
 
 
+def _lora_refusal_key(detail: str) -> str:
+    return re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", detail))[:70]
+
+
 def run_lora_campaign(args) -> int:
-    limit_memory(args.memory_mb)
-    work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-lora-", dir=args.workdir)).resolve()
-    counts: Counter = Counter()
-    refusals: Counter = Counter()
-    crashes: list[dict] = []
-    partials: list[dict] = []
-    start = time.perf_counter()
-    try:
+    with file_campaign_work(args, "lora") as work:
+        t = Tally()
         bases = {}
         for name in LORA_ADAPTERS:
             case = mm.CASES_BY_NAME[mm.ADAPTERS_BY_NAME[name].base]
             bases[name] = mm.make_base_config_dir(case, work / "bases" / case.name)
         out_dir = work / "out"
         out_dir.mkdir()
-        for index in range(args.start, args.start + args.inputs):
+        for index in t.inputs(args):
             rng = random.Random(f"{args.seed}/lora/{index}")
             name = rng.choice(LORA_ADAPTERS)
             adapter = work / "adapters" / name
@@ -3748,30 +3747,32 @@ def run_lora_campaign(args) -> int:
             kind, detail = spm_outcome(lambda: bc.convert_lora(adapter, out_dir / "out.gguf", bases[name],
                                                                bc.Options(outtype=outtype, hash_inputs=False)),
                                        args.timeout)
-            counts[kind] += 1
-            if kind == "refusal":
-                refusals[re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", detail))[:70]] += 1
-            elif kind == "crash":
-                crashes.append({"index": index, "base": name, "mutations": mutations, "error": detail})
+            t.add(kind, detail, _lora_refusal_key, {"index": index, "base": name, "mutations": mutations})
             left = sorted(p.name for p in out_dir.iterdir())
             if left != (["out.gguf"] if kind == "ok" else []):
-                partials.append({"index": index, "mutations": mutations, "leftovers": left})
+                t.partials.append({"index": index, "mutations": mutations, "leftovers": left})
             for p in out_dir.iterdir():
                 p.unlink()
-            if (index + 1) % args.every == 0 and args.progress:
-                with open(args.progress, "a", encoding="utf-8") as f:
-                    f.write(f"{time.strftime('%H:%M:%S')} {index + 1 - args.start} inputs: {dict(counts)}\n")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    seconds = time.perf_counter() - start
-    report = {"seed": args.seed, "inputs": args.inputs, "start": args.start, "counts": dict(counts),
-              "crashes": crashes[:50], "partials": partials[:50], "seconds": round(seconds, 1),
-              "refusals": refusals.most_common(), "converter_sha256": CONVERTER_SHA256,
-              "command": "python3 oracle/fuzz.py " + " ".join(sys.argv[1:])}
-    report_findings(args, report, crashes, refusals, partials)
-    print(f"fuzz --lora: {args.inputs} inputs, {len(crashes)} crashes, {len(partials)} partial outputs, "
-          f"{counts['ok']} converted, {counts['refusal']} refused, {seconds:.0f} s")
-    return 1 if crashes or partials else 0
+    report, seconds = t.report(args, {"partials": t.partials[:50]})
+    t.findings(args, report)
+    print(f"fuzz --lora: {args.inputs} inputs, {len(t.crashes)} crashes, {len(t.partials)} partial outputs, "
+          f"{t.counts['ok']} converted, {t.counts['refusal']} refused, {seconds:.0f} s")
+    return 1 if t.crashes or t.partials else 0
+
+
+# The on/off options of main(), in --help's order: the modes and their switches.
+SWITCHES = (
+    ("--directed", "run the hand-made hostile inputs (DIRECTED) instead of a random campaign"),
+    ("--quiet", "no line per new crash on stderr"),
+    ("--gguf", "fuzz the GGUF reader, listings, diff and verify with mutated GGUF files instead"),
+    ("--coverage", "with --gguf and one worker: report the reader/diff/verify lines never executed"),
+    ("--shrink", "with --gguf --replay: cut the mutant down to a smaller file with the same finding"),
+    ("--model-card", "fuzz the README.md model-card reader (and every --convert-every-th input through convert)"),
+    ("--tokenizer-model",
+     "fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead"),
+    ("--checkpoint", "fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead"),
+    ("--lora", "fuzz LoRA adapter conversion (adapter_config.json, the adapter's header, its card) instead"),
+)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -3791,23 +3792,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--replay", type=int, metavar="INDEX", help="rebuild and run only input INDEX, with its traceback")
     p.add_argument("--only", type=int, metavar="K", help="with --replay: apply only mutation K of the input")
     p.add_argument("--keep", metavar="DIR", help="with --replay: build the input in DIR and leave it there")
-    p.add_argument("--directed", action="store_true",
-                   help="run the hand-made hostile inputs (DIRECTED) instead of a random campaign")
-    p.add_argument("--quiet", action="store_true", help="no line per new crash on stderr")
-    p.add_argument("--gguf", action="store_true",
-                   help="fuzz the GGUF reader, listings, diff and verify with mutated GGUF files instead")
-    p.add_argument("--coverage", action="store_true",
-                   help="with --gguf and one worker: report the reader/diff/verify lines never executed")
-    p.add_argument("--shrink", action="store_true",
-                   help="with --gguf --replay: cut the mutant down to a smaller file with the same finding")
-    p.add_argument("--model-card", action="store_true",
-                   help="fuzz the README.md model-card reader (and every --convert-every-th input through convert)")
-    p.add_argument("--tokenizer-model", action="store_true",
-                   help="fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead")
-    p.add_argument("--checkpoint", action="store_true",
-                   help="fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead")
-    p.add_argument("--lora", action="store_true",
-                   help="fuzz LoRA adapter conversion (adapter_config.json, the adapter's header, its card) instead")
+    for flag, help_text in SWITCHES:
+        p.add_argument(flag, action="store_true", help=help_text)
     p.add_argument("--convert-every", type=int, default=25,
                    help="with --tokenizer-model: also convert every Nth mutant in a tiny model directory (0: never)")
     args = p.parse_args(argv)

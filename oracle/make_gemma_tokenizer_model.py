@@ -16,38 +16,15 @@ The ModelProto is written by hand (standard library only; the same bytes every r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import struct
 import sys
 from pathlib import Path
 
+from sentencepiece_proto import LENGTH_DELIMITED, VARINT, field, piece, write_model
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def field_bytes(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def field_varint(number: int, value: int) -> bytes:
-    return varint(number << 3) + varint(value & 0xFFFFFFFFFFFFFFFF)
-
-
-def piece(text: str, score: float, kind: int) -> bytes:
-    body = field_bytes(1, text.encode("utf-8")) + bytes([2 << 3 | 5]) + struct.pack("<f", score)
-    return field_bytes(1, body + field_varint(3, kind))
 
 
 def piece_types(tokenizer_json: dict) -> dict[int, int]:
@@ -84,30 +61,26 @@ def build(tokenizer_json: dict) -> bytes:
     by_id = byte_pieces_restored(by_id)
     types = piece_types(tokenizer_json)
     types.update((tid, BYTE) for token, tid in by_id if _BYTE_PIECE.fullmatch(token))
-    out = [piece(token, 0.0 if types.get(tid, NORMAL) != NORMAL else -float(tid), types.get(tid, NORMAL))
-           for token, tid in by_id]
+    out = [piece(token.encode("utf-8"), 0.0 if types.get(tid, NORMAL) != NORMAL else -float(tid),
+                 types.get(tid, NORMAL)) for token, tid in by_id]
     specials = {"pad": 0, "eos": 1, "bos": 2, "unk": 3}
     names = {tid: token for token, tid in by_id[:4]}
-    trainer = (field_varint(3, 2) + field_varint(4, len(by_id)) + field_varint(35, 1)
-               + field_varint(40, specials["unk"]) + field_varint(41, specials["bos"])
-               + field_varint(42, specials["eos"]) + field_varint(43, specials["pad"])
-               + field_bytes(45, names[3].encode()) + field_bytes(46, names[2].encode())
-               + field_bytes(47, names[1].encode()) + field_bytes(48, names[0].encode()))
-    normalizer = (field_bytes(1, b"identity") + field_varint(3, 0) + field_varint(4, 0) + field_varint(5, 1))
-    return b"".join(out) + field_bytes(2, trainer) + field_bytes(3, normalizer)
+    trainer = (field(3, VARINT, 2) + field(4, VARINT, len(by_id)) + field(35, VARINT, 1)
+               + field(40, VARINT, specials["unk"]) + field(41, VARINT, specials["bos"])
+               + field(42, VARINT, specials["eos"]) + field(43, VARINT, specials["pad"])
+               + field(45, LENGTH_DELIMITED, names[3].encode()) + field(46, LENGTH_DELIMITED, names[2].encode())
+               + field(47, LENGTH_DELIMITED, names[1].encode()) + field(48, LENGTH_DELIMITED, names[0].encode()))
+    normalizer = (field(1, LENGTH_DELIMITED, b"identity") + field(3, VARINT, 0) + field(4, VARINT, 0)
+                  + field(5, VARINT, 1))
+    return b"".join(out) + field(2, LENGTH_DELIMITED, trainer) + field(3, LENGTH_DELIMITED, normalizer)
 
 
 def main(argv: list) -> int:
     source, target = Path(argv[0]), Path(argv[1])
     data = build(json.loads(source.read_text(encoding="utf-8")))
-    target.write_bytes(data)
-    print(f"{target}  {len(data):,} B  sha256 {hashlib.sha256(data).hexdigest()}")
-    if "--check" in argv:
-        from sentencepiece import SentencePieceProcessor
-        sp = SentencePieceProcessor()
-        sp.LoadFromFile(str(target))
-        print(f"sentencepiece loads it: {sp.vocab_size()} pieces; unk {sp.unk_id()} bos {sp.bos_id()} "
-              f"eos {sp.eos_id()} pad {sp.pad_id()}; encode('Hello world') {sp.EncodeAsPieces('Hello world')}")
+    write_model(target, data, str(target), (lambda sp: (
+        f"{sp.vocab_size()} pieces; unk {sp.unk_id()} bos {sp.bos_id()} eos {sp.eos_id()} pad {sp.pad_id()}; "
+        f"encode('Hello world') {sp.EncodeAsPieces('Hello world')}")) if "--check" in argv else None)
     return 0
 
 

@@ -12,27 +12,18 @@ byte.  Standard library only; the same bytes every run.
     oracle/.ref/venv/bin/python oracle/make_mistral_v03_tokenizer.py --check   # and loads it with sentencepiece
 """
 
-import hashlib
-import struct
 import sys
 from pathlib import Path
+
+from sentencepiece_proto import piece, write_model
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fixtures" / "TinyLlama-1.1B-Chat-v1.0" / "tokenizer.model"
 TARGET = HERE / "fixtures" / "Mistral-7B-Instruct-v0.3-shape" / "tokenizer.model"
 NAMED = ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
          "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
+CONTROL = 3  # sentencepiece's ModelProto.SentencePiece.Type
 CONTROL_PIECES = NAMED + tuple(f"[control_{i}]" for i in range(8, 769))
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -67,18 +58,13 @@ def top_level_fields(data: bytes):
         yield tag >> 3, data[start:pos]
 
 
-def control_piece(text: str) -> bytes:
-    body = b"\x0a" + varint(len(text)) + text.encode() + b"\x15" + struct.pack("<f", 0.0) + b"\x18\x03"
-    return b"\x0a" + varint(len(body)) + body
-
-
 def build() -> bytes:
     out = []
     pieces_seen = 0
     for number, raw in top_level_fields(SOURCE.read_bytes()):
         if number == 1:
             if pieces_seen == 3:
-                out += [control_piece(t) for t in CONTROL_PIECES]
+                out += [piece(t.encode(), 0.0, CONTROL) for t in CONTROL_PIECES]
             pieces_seen += 1
         out.append(raw)
     assert pieces_seen + len(CONTROL_PIECES) == 32768, pieces_seen
@@ -88,14 +74,9 @@ def build() -> bytes:
 def main() -> int:
     data = build()
     TARGET.parent.mkdir(parents=True, exist_ok=True)
-    TARGET.write_bytes(data)
-    print(f"{TARGET.relative_to(HERE.parent)}  {len(data):,} B  sha256 {hashlib.sha256(data).hexdigest()}")
-    if "--check" in sys.argv:
-        from sentencepiece import SentencePieceProcessor
-        sp = SentencePieceProcessor()
-        sp.LoadFromFile(str(TARGET))
-        print(f"sentencepiece loads it: {sp.vocab_size()} pieces; id 3 {sp.IdToPiece(3)!r} control "
-              f"{sp.IsControl(3)}; id 771 {sp.IdToPiece(771)!r} byte {sp.IsByte(771)}")
+    write_model(TARGET, data, str(TARGET.relative_to(HERE.parent)), (lambda sp: (
+        f"{sp.vocab_size()} pieces; id 3 {sp.IdToPiece(3)!r} control {sp.IsControl(3)}; "
+        f"id 771 {sp.IdToPiece(771)!r} byte {sp.IsByte(771)}")) if "--check" in sys.argv else None)
     return 0
 
 

@@ -1359,36 +1359,57 @@ class TensorSpec:
         return math.prod(self.shape)
 
 
+def attention_specs(p: str, h: int, q_out: int, kv_out: int, biases: bool = False) -> list[TensorSpec]:
+    """q, k and v projections (each followed by its bias when biases: Qwen2's), then o_proj."""
+    specs = []
+    for proj, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
+        specs.append(TensorSpec(f"{p}self_attn.{proj}.weight", (out, h)))
+        if biases:
+            specs.append(TensorSpec(f"{p}self_attn.{proj}.bias", (out,)))
+    return specs + [TensorSpec(p + "self_attn.o_proj.weight", (h, q_out))]
+
+
+def qk_norm_specs(p: str, q_width: int, k_width: int) -> list[TensorSpec]:
+    return [TensorSpec(p + "self_attn.q_norm.weight", (q_width,)),
+            TensorSpec(p + "self_attn.k_norm.weight", (k_width,))]
+
+
+def mlp_specs(p: str, h: int, ff: int,
+              names: Sequence[str] = ("gate_proj", "up_proj", "down_proj")) -> list[TensorSpec]:
+    """A gated feed-forward under p: gate and up (ff, h), down (h, ff), in that order of names."""
+    gate, up, down = names
+    return [TensorSpec(f"{p}{gate}.weight", (ff, h)), TensorSpec(f"{p}{up}.weight", (ff, h)),
+            TensorSpec(f"{p}{down}.weight", (h, ff))]
+
+
+def norm_specs(p: str, h: int, *names: str) -> list[TensorSpec]:
+    return [TensorSpec(f"{p}{name}.weight", (h,)) for name in names]
+
+
+def causal_lm_specs(dims: Dims, tied: bool, layer: Callable[[str], list[TensorSpec]],
+                    text: str = "model.") -> list[TensorSpec]:
+    """A decoder's state_dict: embed_tokens, layer(prefix) of each layer, the final norm and, untied,
+    lm_head.weight (tied models save none: transformers drops the duplicate of embed_tokens)."""
+    h = dims.hidden_size
+    specs = [TensorSpec(text + "embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        specs += layer(f"{text}layers.{i}.")
+    specs.append(TensorSpec(text + "norm.weight", (h,)))
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
+    return specs
+
+
 def llama_tensor_specs(dims: Dims, head_dim: Optional[int], tied: bool, model_type: str = "llama") -> list[TensorSpec]:
     """LlamaForCausalLM's state_dict; model_type qwen2 adds Qwen2's q/k/v biases after each weight,
     qwen3 its per-head q/k norms after o_proj (Qwen3Attention registers them last)."""
     hd = head_dim if head_dim is not None else dims.hidden_size // dims.num_attention_heads
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
-    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
-    biases = model_type == "qwen2"
-    for i in range(dims.num_hidden_layers):
-        p = f"model.layers.{i}."
-        specs += [
-            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
-            *([TensorSpec(p + "self_attn.q_proj.bias", (q_out,))] if biases else []),
-            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
-            *([TensorSpec(p + "self_attn.k_proj.bias", (kv_out,))] if biases else []),
-            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
-            *([TensorSpec(p + "self_attn.v_proj.bias", (kv_out,))] if biases else []),
-            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
-            *([TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
-              if model_type == "qwen3" else []),
-            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
-            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
-            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
-            TensorSpec(p + "input_layernorm.weight", (h,)),
-            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
-        ]
-    specs.append(TensorSpec("model.norm.weight", (h,)))
-    # Tied models save no lm_head.weight: transformers drops the duplicate of embed_tokens.
-    if not tied:
-        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
-    return specs
+    return causal_lm_specs(dims, tied, lambda p: (
+        attention_specs(p, h, q_out, kv_out, biases=model_type == "qwen2")
+        + (qk_norm_specs(p, hd, hd) if model_type == "qwen3" else [])
+        + mlp_specs(p + "mlp.", h, dims.intermediate_size)
+        + norm_specs(p, h, "input_layernorm", "post_attention_layernorm")))
 
 
 def phi3_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
@@ -1396,21 +1417,12 @@ def phi3_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
     h, ff = dims.hidden_size, dims.intermediate_size
     head_dim = h // dims.num_attention_heads
     qkv = (dims.num_attention_heads + 2 * dims.num_key_value_heads) * head_dim
-    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
-    for i in range(dims.num_hidden_layers):
-        p = f"model.layers.{i}."
-        specs += [
-            TensorSpec(p + "self_attn.o_proj.weight", (h, dims.num_attention_heads * head_dim)),
-            TensorSpec(p + "self_attn.qkv_proj.weight", (qkv, h)),
-            TensorSpec(p + "mlp.gate_up_proj.weight", (2 * ff, h)),
-            TensorSpec(p + "mlp.down_proj.weight", (h, ff)),
-            TensorSpec(p + "input_layernorm.weight", (h,)),
-            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
-        ]
-    specs.append(TensorSpec("model.norm.weight", (h,)))
-    if not tied:
-        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
-    return specs
+    return causal_lm_specs(dims, tied, lambda p: [
+        TensorSpec(p + "self_attn.o_proj.weight", (h, dims.num_attention_heads * head_dim)),
+        TensorSpec(p + "self_attn.qkv_proj.weight", (qkv, h)),
+        TensorSpec(p + "mlp.gate_up_proj.weight", (2 * ff, h)),
+        TensorSpec(p + "mlp.down_proj.weight", (h, ff)),
+        *norm_specs(p, h, "input_layernorm", "post_attention_layernorm")])
 
 
 def olmo2_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
@@ -1418,26 +1430,10 @@ def olmo2_tensor_specs(dims: Dims, tied: bool) -> list[TensorSpec]:
     attention and feed-forward outputs each normed after."""
     hd = dims.hidden_size // dims.num_attention_heads
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
-    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
-    for i in range(dims.num_hidden_layers):
-        p = f"model.layers.{i}."
-        specs += [
-            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
-            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
-            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
-            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
-            TensorSpec(p + "self_attn.q_norm.weight", (q_out,)),
-            TensorSpec(p + "self_attn.k_norm.weight", (kv_out,)),
-            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
-            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
-            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
-            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
-            TensorSpec(p + "post_feedforward_layernorm.weight", (h,)),
-        ]
-    specs.append(TensorSpec("model.norm.weight", (h,)))
-    if not tied:
-        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
-    return specs
+    return causal_lm_specs(dims, tied, lambda p: (
+        attention_specs(p, h, q_out, kv_out) + qk_norm_specs(p, q_out, kv_out)
+        + mlp_specs(p + "mlp.", h, dims.intermediate_size)
+        + norm_specs(p, h, "post_attention_layernorm", "post_feedforward_layernorm")))
 
 
 # A SigLIP tower far smaller than Gemma 3's: its tensors are there to be dropped, not read.
@@ -1451,25 +1447,12 @@ def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optio
     model.language_model. (transformers >= 4.52) beside a SigLIP tower and the projector."""
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * head_dim, dims.num_key_value_heads * head_dim
     text = "model.language_model." if model_type == "gemma3" else "model."
-    specs = [TensorSpec(text + "embed_tokens.weight", (dims.vocab_size, h))]
-    for i in range(dims.num_hidden_layers):
-        p = f"{text}layers.{i}."
-        specs += [
-            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h)),
-            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h)),
-            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h)),
-            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out)),
-            *([TensorSpec(p + "self_attn.q_norm.weight", (head_dim,)),
-               TensorSpec(p + "self_attn.k_norm.weight", (head_dim,))] if model_type != "gemma2" else []),
-            TensorSpec(p + "mlp.gate_proj.weight", (dims.intermediate_size, h)),
-            TensorSpec(p + "mlp.up_proj.weight", (dims.intermediate_size, h)),
-            TensorSpec(p + "mlp.down_proj.weight", (h, dims.intermediate_size)),
-            TensorSpec(p + "input_layernorm.weight", (h,)),
-            TensorSpec(p + "post_attention_layernorm.weight", (h,)),
-            TensorSpec(p + "pre_feedforward_layernorm.weight", (h,)),
-            TensorSpec(p + "post_feedforward_layernorm.weight", (h,)),
-        ]
-    specs.append(TensorSpec(text + "norm.weight", (h,)))
+    specs = causal_lm_specs(dims, True, lambda p: (
+        attention_specs(p, h, q_out, kv_out)
+        + (qk_norm_specs(p, head_dim, head_dim) if model_type != "gemma2" else [])
+        + mlp_specs(p + "mlp.", h, dims.intermediate_size)
+        + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm")), text)
     if vision is not None:
         vh, patch = vision["hidden_size"], vision["patch_size"]
         v = "model.vision_tower.vision_model."
@@ -1894,46 +1877,25 @@ def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
     mixtral = model_type == "mixtral"
     e = config["num_local_experts" if mixtral else "num_experts"]
     ff = dims.intermediate_size if mixtral else config["moe_intermediate_size"]
-    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
-    for i in range(dims.num_hidden_layers):
-        p = f"model.layers.{i}."
-        bias = model_type == "qwen2_moe"
-        specs += [
-            TensorSpec(p + "self_attn.q_proj.weight", (heads * hd, h)),
-            *([TensorSpec(p + "self_attn.q_proj.bias", (heads * hd,))] if bias else []),
-            TensorSpec(p + "self_attn.k_proj.weight", (kv * hd, h)),
-            *([TensorSpec(p + "self_attn.k_proj.bias", (kv * hd,))] if bias else []),
-            TensorSpec(p + "self_attn.v_proj.weight", (kv * hd, h)),
-            *([TensorSpec(p + "self_attn.v_proj.bias", (kv * hd,))] if bias else []),
-            TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd)),
-            *([TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
-              if model_type == "qwen3_moe" else []),
-        ]
-        moe = p + ("block_sparse_moe." if mixtral else "mlp.")
-        specs.append(TensorSpec(moe + "gate.weight", (e, h)))
+
+    def experts(moe: str) -> list[TensorSpec]:
         if fused:
-            specs += [TensorSpec(moe + "experts.gate_up_proj", (e, 2 * ff, h)),
-                      TensorSpec(moe + "experts.down_proj", (e, h, ff))]
-        else:
-            names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-            for x in range(e):
-                specs += [TensorSpec(f"{moe}experts.{x}.{names[0]}.weight", (ff, h)),
-                          TensorSpec(f"{moe}experts.{x}.{names[1]}.weight", (ff, h)),
-                          TensorSpec(f"{moe}experts.{x}.{names[2]}.weight", (h, ff))]
+            return [TensorSpec(moe + "experts.gate_up_proj", (e, 2 * ff, h)),
+                    TensorSpec(moe + "experts.down_proj", (e, h, ff))]
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        return [s for x in range(e) for s in mlp_specs(f"{moe}experts.{x}.", h, ff, names)]
+
+    def layer(p: str) -> list[TensorSpec]:
+        moe = p + ("block_sparse_moe." if mixtral else "mlp.")
+        specs = (attention_specs(p, h, heads * hd, kv * hd, biases=model_type == "qwen2_moe")
+                 + (qk_norm_specs(p, hd, hd) if model_type == "qwen3_moe" else [])
+                 + [TensorSpec(moe + "gate.weight", (e, h))] + experts(moe))
         if model_type == "qwen2_moe":
-            sff = config["shared_expert_intermediate_size"]
-            specs += [TensorSpec(moe + "shared_expert.gate_proj.weight", (sff, h)),
-                      TensorSpec(moe + "shared_expert.up_proj.weight", (sff, h)),
-                      TensorSpec(moe + "shared_expert.down_proj.weight", (h, sff)),
-                      TensorSpec(moe + "shared_expert_gate.weight", (1, h))]
-        specs += [TensorSpec(p + "input_layernorm.weight", (h,)),
-                  TensorSpec(p + "post_attention_layernorm.weight", (h,))]
-    specs.append(TensorSpec("model.norm.weight", (h,)))
-    if not config.get("tie_word_embeddings", True):
-        specs.append(TensorSpec("lm_head.weight", (dims.vocab_size, h)))
-    return specs
+            specs += mlp_specs(moe + "shared_expert.", h, config["shared_expert_intermediate_size"])
+            specs.append(TensorSpec(moe + "shared_expert_gate.weight", (1, h)))
+        return specs + norm_specs(p, h, "input_layernorm", "post_attention_layernorm")
 
-
+    return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
 def case_entries(case: Case) -> list[Entry]:
