@@ -4712,9 +4712,13 @@ class PackedStrings:
         return packed
 
     def append_chunk(self, strings: Sequence[str]) -> None:
-        if strings:
-            self._chunks.append(_PACK_SEP.join(_packed_bytes(strings)))
-            self._ends.append(len(self) + len(strings))
+        self.append_utf8_chunk(_packed_bytes(strings))
+
+    def append_utf8_chunk(self, encoded: Sequence[bytes]) -> None:
+        """Appends strings given as their UTF-8 ("surrogatepass") bytes."""
+        if encoded:
+            self._chunks.append(_PACK_SEP.join(encoded))
+            self._ends.append(len(self) + len(encoded))
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
@@ -6789,10 +6793,10 @@ def _normalizer_charsmap(data: bytes, what: str) -> None:
             raise _bad_model(f"{what} has a precompiled character map, which is not checked here")
 
 
-def _model_fields(data: bytes) -> Iterator[ProtoField]:
-    """ModelProto's fields 1-5 (every one a message), the others skipped; proto_fields with the
-    usual one-byte tag and length of a piece read inline."""
-    pos, end = 0, len(data)
+def _model_fields(data: bytes, pos: int = 0) -> Iterator[ProtoField]:
+    """ModelProto's fields 1-5 (every one a message) from pos on, the others skipped; proto_fields
+    with the usual one-byte tag and length of a piece read inline."""
+    end = len(data)
     while pos < end:
         tag = data[pos]
         if tag < 0x80:
@@ -6847,22 +6851,58 @@ def sentencepiece_pieces(data: bytes) -> SentencePieces:
     return checked_pieces(*parsed_pieces(data))
 
 
+class _PieceLists:
+    """ModelProto.pieces as they are read: the texts packed a chunk at a time (a quarter-million
+    pieces are not held as as many bytes objects), the score bits, the types."""
+
+    __slots__ = ("texts", "chunk", "scores", "kinds")
+
+    def __init__(self) -> None:
+        self.texts = PackedStrings()
+        self.chunk: list[bytes] = []
+        self.scores = bytearray()
+        self.kinds = bytearray()
+
+    def add(self, text: str, score: bytes, kind: int) -> None:
+        self.chunk.append(text.encode("utf-8"))
+        self.scores += score
+        self.kinds.append(kind)
+        if len(self.chunk) == _MERGES_PER_CHUNK:
+            self.pack_chunk()
+
+    def pack_chunk(self) -> bool:
+        """Packs the texts read since the last call; False, packing nothing, where one of them holds
+        a NUL or is not UTF-8 (NUL is a byte no UTF-8 sequence continues over: joined by it, each
+        text is checked whole)."""
+        joined = b"\0".join(self.chunk)
+        if joined.count(0) != max(len(self.chunk) - 1, 0) or not _is_utf8(joined):
+            return False
+        self.texts.append_utf8_chunk(self.chunk)
+        self.chunk = []
+        return True
+
+    def packed(self) -> SentencePieces:
+        self.pack_chunk()
+        return SentencePieces(self.texts, _float32s(self.scores), self.kinds)
+
+
+def _float32s(bits: bytes) -> array:
+    """Little-endian float32 bits as they are: an array('f') holds float32 exactly."""
+    floats = array("f")
+    floats.frombytes(bits)
+    if sys.byteorder == "big":
+        floats.byteswap()
+    return floats
+
+
 def parsed_pieces(data: bytes) -> tuple[SentencePieces, TrainerSpec]:
     """The pieces and trainer spec of a ModelProto, each piece checked on its own (sentencepiece_piece)."""
-    texts = PackedStrings()
-    chunk: list[str] = []
-    scores = bytearray()
-    kinds = bytearray()
+    leading = _leading_pieces(data)
+    pieces, pos = leading if leading is not None else (_PieceLists(), 0)
     spec_parts: list[bytes] = []
-    for f in _model_fields(data):
+    for f in _model_fields(data, pos):
         if f.number == 1:
-            text, score, kind = sentencepiece_piece(f.value, len(kinds))
-            chunk.append(text)
-            if len(chunk) == _MERGES_PER_CHUNK:
-                texts.append_chunk(chunk)
-                chunk = []
-            scores += score
-            kinds.append(kind)
+            pieces.add(*sentencepiece_piece(f.value, len(pieces.kinds)))
         elif f.number == 2:
             spec_parts.append(f.value)     # a message given twice is merged: its fields, last wins
         elif f.number in (3, 5):
@@ -6871,14 +6911,63 @@ def parsed_pieces(data: bytes) -> tuple[SentencePieces, TrainerSpec]:
             # sentencepiece encodes each self-test sample on load and fails on a mismatch.
             if any(s.number == 1 for s in proto_fields(f.value)):
                 raise _bad_model("self_test_data has samples, which sentencepiece checks by encoding them")
-    texts.append_chunk(chunk)
-    del chunk
-    # The file's little-endian bits, kept as they are: an array('f') holds float32 exactly.
-    floats = array("f")
-    floats.frombytes(scores)
-    if sys.byteorder == "big":
-        floats.byteswap()
-    return SentencePieces(texts, floats, kinds), trainer_spec(b"".join(spec_parts))
+    return pieces.packed(), trainer_spec(b"".join(spec_parts))
+
+
+# A piece's types that sentencepiece_piece accepts, for a check of every type at once.
+_PIECE_KINDS = bytes(range(1, 7))
+
+
+def _leading_pieces(data: bytes) -> Optional[tuple[_PieceLists, int]]:
+    """The pieces a ModelProto opens with (where every real tokenizer.model has them) and the position
+    after them, read as parsed_pieces reads them but without a call per piece where a piece has the
+    usual short form -- its text (1-127 bytes), score and type fields in order, each length one
+    byte -- and its checks made a chunk or the whole at once; a vocabulary's quarter-million pieces
+    were most of its reading time.  None where any piece fails a check: parsed_pieces then reads the
+    file from the start a piece at a time, so the reason given is the one for the first piece that fails."""
+    lists = _PieceLists()
+    chunk, scores, kinds = lists.chunk, lists.scores, lists.kinds
+    pos, end = 0, len(data)
+    try:
+        while pos < end and data[pos] == 0x0A:
+            size = data[pos + 1]
+            start = pos + 2
+            if size >= 0x80:
+                size, start = _varint(data, pos + 1)
+            stop = start + size
+            if stop > end:
+                break                   # refused by the piece-at-a-time reading, which says how
+            text_end = start + 2 + data[start + 1]
+            rest = stop - text_end
+            if (data[start] == 0x0A and 0 < data[start + 1] < 0x80 and data[text_end] == 0x15 and
+                    (rest == 5 or rest == 7 and data[text_end + 5] == 0x18 and data[text_end + 6] < 0x80)):
+                chunk.append(data[start + 2:text_end])
+                scores += data[text_end + 1:text_end + 5]
+                kinds.append(data[text_end + 6] if rest == 7 else 1)
+            else:
+                text, score, kind = sentencepiece_piece(data[start:stop], len(kinds))
+                chunk.append(text.encode("utf-8"))
+                scores += score
+                kinds.append(kind)
+            if len(chunk) == _MERGES_PER_CHUNK:
+                if not lists.pack_chunk():
+                    return None
+                chunk = lists.chunk
+            pos = stop
+    except (IndexError, Refusal):
+        return None
+    if (kinds.translate(None, _PIECE_KINDS) or not all(map(math.isfinite, _float32s(scores)))
+            or not lists.pack_chunk()):
+        return None
+    return lists, pos
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def checked_pieces(pieces: SentencePieces, spec: TrainerSpec) -> SentencePieces:

@@ -3231,6 +3231,28 @@ class SentencePieceReading(unittest.TestCase):
     def test_empty_file_is_refused(self):
         self.assertRefused(b"", "0 UNKNOWN pieces")
 
+    def piece_at_a_time(self, data: bytes):
+        with mock.patch.object(bc, "_leading_pieces", return_value=None):
+            return bc.parsed_pieces(data)
+
+    def test_short_form_pieces_are_read_as_the_piece_at_a_time_reading_reads_them(self):
+        long_text = "\u2581" * 50                                  # 150 bytes: its lengths take two bytes
+        untyped = pb_field(1, 2, pb_field(1, 2, b"c") + pb_field(2, 5, struct.pack("<f", -3.0)))
+        for name, data in (("TinyLlama's tokenizer.model", LLAMA_TOKENIZER_MODEL.read_bytes()),
+                           ("every form", pb_model(GOOD_PIECES + [(long_text, -4.0, 1), untyped, ("d", -5.0, 5)]
+                                                  + [(f"q{i}", -i, 1) for i in range(5000)]))):
+            with self.subTest(name):
+                (fast, fast_spec), (slow, slow_spec) = bc.parsed_pieces(data), self.piece_at_a_time(data)
+                self.assertEqual(list(fast.texts), list(slow.texts))
+                self.assertEqual((fast.scores.tobytes(), fast.types, fast_spec),
+                                 (slow.scores.tobytes(), slow.types, slow_spec))
+
+    def test_the_first_piece_that_fails_a_check_gives_the_reason(self):
+        # Piece 5 (short form) fails a check made over all short-form pieces at once, piece 6 (another
+        # form) one made as it is read: the reason is still piece 5's.
+        data = pb_model(GOOD_PIECES + [(b"\xff", 0.0, 1), pb_field(1, 2, b"")])
+        self.assertRefused(data, "piece 5 is not UTF-8")
+
 
 class RecordedLlamaVocabDirs(VocabCaseDirs):
     """vocab_oracle.py's recorded directories, and the tokenizer keys of the path llama.cpp takes for them."""
