@@ -6864,26 +6864,28 @@ class _PieceLists:
         self.kinds = bytearray()
 
     def add(self, text: str, score: bytes, kind: int) -> None:
+        """One piece sentencepiece_piece has checked."""
         self.chunk.append(text.encode("utf-8"))
         self.scores += score
         self.kinds.append(kind)
         if len(self.chunk) == _MERGES_PER_CHUNK:
-            self.pack_chunk()
+            self.flush()
 
-    def pack_chunk(self) -> bool:
-        """Packs the texts read since the last call; False, packing nothing, where one of them holds
-        a NUL or is not UTF-8 (NUL is a byte no UTF-8 sequence continues over: joined by it, each
-        text is checked whole)."""
-        joined = b"\0".join(self.chunk)
-        if joined.count(0) != max(len(self.chunk) - 1, 0) or not _is_utf8(joined):
-            return False
+    def flush(self) -> None:
+        """Packs the texts read since the last flush."""
         self.texts.append_utf8_chunk(self.chunk)
         self.chunk = []
-        return True
 
     def packed(self) -> SentencePieces:
-        self.pack_chunk()
+        self.flush()
         return SentencePieces(self.texts, _float32s(self.scores), self.kinds)
+
+
+def _utf8_without_nul(texts: list[bytes]) -> bool:
+    """Whether each of ``texts`` is UTF-8 holding no NUL: NUL is a byte no UTF-8 sequence continues
+    over, so joined by it, each text is checked whole."""
+    joined = b"\0".join(texts)
+    return joined.count(0) == max(len(texts) - 1, 0) and _is_utf8(joined)
 
 
 def _float32s(bits: bytes) -> array:
@@ -6950,15 +6952,17 @@ def _leading_pieces(data: bytes) -> Optional[tuple[_PieceLists, int]]:
                 scores += score
                 kinds.append(kind)
             if len(chunk) == _MERGES_PER_CHUNK:
-                if not lists.pack_chunk():
+                if not _utf8_without_nul(chunk):
                     return None
+                lists.flush()
                 chunk = lists.chunk
             pos = stop
     except (IndexError, Refusal):
         return None
     if (kinds.translate(None, _PIECE_KINDS) or not all(map(math.isfinite, _float32s(scores)))
-            or not lists.pack_chunk()):
+            or not _utf8_without_nul(chunk)):
         return None
+    lists.flush()
     return lists, pos
 
 
