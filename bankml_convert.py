@@ -9155,6 +9155,54 @@ class HashingWriter:
 # overwrite an input or the model directory; checked before anything is written.
 # ---------------------------------------------------------------------------------------------
 
+# The longest file name Linux's file systems take (NAME_MAX, in bytes).  A derived name must fit with
+# the ".part" of the temporary file it is first written as.
+NAME_MAX = 255
+_PART_SUFFIX = ".part"
+
+
+def safe_file_name(derived: str, what: str) -> str:
+    """derived -- a file name made from an input's text (a model card's name or size_label, config.json's
+    _name_or_path, the directory's name) -- as one file name to create in the output's folder, exactly
+    as llama.cpp makes it; or a Refusal naming why it cannot be, and the way out.  The one way a derived
+    name reaches the file system or the terminal: a name that is one plain component cannot leave its
+    folder (through a '/', '..' or a link it names in the model directory), and one made only of
+    printable characters prints as itself.  Never another name in its place: a file named otherwise
+    than llama.cpp's would be a surprise, and the user can name it."""
+    problem = _derived_name_problem(derived)
+    if problem:
+        shown = repr(derived[:80]) + (f"... ({len(derived):,} characters)" if len(derived) > 80 else "")
+        raise Refusal(f"{what} {shown} {problem}; pass -o NAME.gguf to name the file yourself")
+    return derived
+
+
+def _derived_name_problem(name: str) -> Optional[str]:
+    if name in ("", ".", ".."):
+        return "is not a file name"
+    if "/" in name:
+        return "holds a '/', which would put the file in another folder"
+    odd = next((c for c in name if not c.isprintable()), None)
+    if odd is not None:     # NUL, line breaks, terminal escapes, bidirectional overrides, lone surrogates
+        return f"holds the character U+{ord(odd):04X}, which a file name shown on a terminal must not"
+    try:
+        size = len(os.fsencode(name + _PART_SUFFIX))
+    except UnicodeEncodeError:
+        return "cannot be written as a file name with this system's file name encoding"
+    if size > NAME_MAX:
+        return (f"is {size - len(_PART_SUFFIX):,} bytes long; with the {_PART_SUFFIX} of its temporary file "
+                f"it is more than the {NAME_MAX} bytes a file name may have")
+    return None
+
+
+def output_file(out: Path, outtype: OutType, default_name: Callable[[], str]) -> Path:
+    """The file a run writes for ``-o out``, as llama.cpp's prepare_metadata decides it: in a directory,
+    llama.cpp's default name (default_name(), made of the model's text: through safe_file_name, and
+    never filled as a template); anything else is the user's own name, its {ftype} template filled."""
+    if os.path.isdir(out):
+        return out / safe_file_name(default_name(), "llama.cpp's default output name")
+    return templated_output(out, outtype)
+
+
 def templated_output(out: Path, outtype: OutType) -> Path:
     """The output path with llama.cpp's {ftype}/{outtype} templates filled in its file name."""
     return filled_output_name(out, outtype.label)
@@ -10226,7 +10274,8 @@ def convert(model_dir, out, options: Options | None = None, pin=None, source: st
     """Convert model_dir to the GGUF llama.cpp would write at out; a Refusal says why not, a
     ConversionFailed what broke (a bug, or a fault of the machine).
 
-    ``out`` may hold llama.cpp's ``{ftype}`` template.  With ``pin``, the pin (fork_json, recording
+    ``out`` may hold llama.cpp's ``{ftype}`` template; a directory gets llama.cpp's default name in it
+    (refused where that name is not one safe file name).  With ``pin``, the pin (fork_json, recording
     ``source``, by default the directory's canonical path) is written there too.  The output and
     its pin are put in place together once whole, and only if every input is still the file that
     was read (Commit); until then nothing exists at either path that was not there before.
@@ -10235,18 +10284,19 @@ def convert(model_dir, out, options: Options | None = None, pin=None, source: st
     model_dir = Path(model_dir)
     snapshot = InputSnapshot(model_dir)
     tensor_plan = tensor_plan_of(model_dir, options)
+    out = output_file(Path(out), tensor_plan.outtype, lambda: default_output_name(model_dir, options, tensor_plan))
     return write_planned(model_dir, out, options, pin, source or str(model_dir.resolve()), snapshot,
                          tensor_plan.outtype, tensor_plan.tensors, tensor_plan.inputs,
                          lambda: plan_conversion(model_dir, options, tensor_plan))
 
 
-def write_planned(model_dir: Path, out, options: Options, pin, source: str, snapshot: InputSnapshot,
+def write_planned(model_dir: Path, out: Path, options: Options, pin, source: str, snapshot: InputSnapshot,
                   outtype: OutType, tensors: list[PlannedTensor], inputs: list[Path],
                   finish_plan: Callable[[], Plan], base: str = "") -> Report:
     """Write planned tensors (the rest of the plan finished by finish_plan while they are written)
-    to out and, with pin, the pin, committed together (Commit); with base (a LoRA adapter's base
-    directory), the last input is that base's config.json and the pin records it apart."""
-    out = templated_output(Path(out), outtype)
+    to out (its template already filled: output_file) and, with pin, the pin, committed together
+    (Commit); with base (a LoRA adapter's base directory), the last input is that base's config.json
+    and the pin records it apart."""
     outputs = [out] + ([Path(pin)] if pin is not None else [])
     check_outputs(outputs, model_dir, inputs, pin is not None)
     snapshot.check(inputs)
@@ -10599,6 +10649,8 @@ def convert_lora(adapter_dir, out, base, options: Options | None = None, pin=Non
     snapshot = InputSnapshot(adapter_dir)
     snapshot.identity(base / "config.json")
     plan = plan_lora(adapter_dir, base, options)
+    # llama.cpp's convert_lora_to_gguf.py names a default file in a directory its own way; -o is required here.
+    out = templated_output(Path(out), plan.outtype)
     return write_planned(adapter_dir, out, options, pin, source or str(adapter_dir.resolve()), snapshot,
                          plan.outtype, plan.tensors, plan.inputs, lambda: plan, base=str(base.resolve()))
 
@@ -12008,7 +12060,7 @@ def planned_gguf(plan: Plan) -> GGUFFile:
 
 class DryRun(NamedTuple):
     plan: Plan
-    out: Path           # with {ftype} filled in, as convert would write it
+    out: Path           # with {ftype} filled in (or a directory's default name), as convert would write it
     replaces: bool      # an existing file at out would be replaced
 
 
@@ -12016,8 +12068,9 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     """What convert(model_dir, out, options) would write, decided exactly as convert decides it
     (the same refusals), without reading tensor data or writing anything."""
     model_dir = Path(model_dir)
-    plan = plan_conversion(model_dir, options)
-    target = templated_output(Path(out), plan.outtype)
+    tensor_plan = tensor_plan_of(model_dir, options)
+    plan = plan_conversion(model_dir, options, tensor_plan)
+    target = output_file(Path(out), plan.outtype, lambda: default_output_name(model_dir, options, tensor_plan))
     check_output_path(target, model_dir, plan.inputs)
     return DryRun(plan, target, target.exists())
 
@@ -12796,11 +12849,12 @@ def llama_cpp_default_name(model_name: Optional[str], base_name: Optional[str], 
     return f"{name}{parameters}{finetune}{version}{encoding}"
 
 
-def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
-    """Where llama.cpp writes when --outfile is a directory (or absent: the model directory):
-    FOLDER/{naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
-    names it.  The keys come from the same tensor plan and model card the conversion uses."""
-    tp = tensor_plan_of(model_dir, options)
+def default_output_name(model_dir: Path, options: Options, tp: TensorPlan) -> str:
+    """The file name llama.cpp gives its output when --outfile is a directory (or absent: the model
+    directory): {naming_convention of the general.* keys and the output type}.gguf, as prepare_metadata
+    names it, from the same tensor plan and model card the conversion uses.  It is made of the model's
+    own text, so it reaches the file system only through safe_file_name (output_file), and it is
+    never a template: llama.cpp keeps a {ftype} in it as it is."""
     name_or_path = tp.config.get("_name_or_path")
     general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
                                                     model_dir.name, options.model_name,
@@ -12808,7 +12862,7 @@ def default_output(model_dir: Path, folder: Path, options: Options) -> Path:
     name = llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
                                   general.get("general.finetune"), general.get("general.version"),
                                   general.get("general.size_label"), tp.outtype.label)
-    return folder / f"{name}.gguf"
+    return f"{name}.gguf"
 
 
 def supported_models_lines() -> list[str]:
@@ -13254,8 +13308,8 @@ def adapter_not_applied(model_dir: Path) -> Optional[str]:
 
 def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
     """Refuse llama.cpp's flags that would change its output, point --outtype q4_K_M and friends at
-    llama-quantize, and give -o DIRECTORY (or no -o) llama.cpp's default name; args.outfile is then
-    the file to write."""
+    llama-quantize, and make no -o the model directory, as llama.cpp does: args.outfile is then OUT
+    or the directory in which convert() gives the file llama.cpp's default name."""
     refused = llama_cpp_flag_refusal(args)
     if refused:
         raise Refusal(refused)
@@ -13275,13 +13329,12 @@ def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
         return
     if args.outfile is not None and args.outfile.endswith(".sllm"):
         _notice(f"warning: {args.outfile} will be a GGUF; add --format sllm for the kasahare engine's .sllm")
-    if args.outfile is None or os.path.isdir(args.outfile):
-        model_dir = Path(args.model_dir)
-        problem = model_dir_problem(model_dir)
+    if args.outfile is None:
+        # llama.cpp's default: the model directory, where convert() gives the file its default name.
+        problem = model_dir_problem(Path(args.model_dir))
         if problem:
             raise Refusal(problem)
-        folder = model_dir if args.outfile is None else Path(args.outfile)
-        args.outfile = str(default_output(model_dir, folder, _options(args)._replace(progress=None)))
+        args.outfile = args.model_dir
 
 
 # A Hub id as `huggingface-cli download` takes it: ORG/NAME.

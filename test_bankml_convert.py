@@ -4478,6 +4478,114 @@ class Q8_0Products(unittest.TestCase):
 
 
 # =============================================================================================
+# The output path: names derived from the model made one safe file name or refused, outputs named as inputs refused.
+# =============================================================================================
+
+class SafeFileNames(unittest.TestCase):
+    """safe_file_name: a name made from an input's text is kept exactly, or refused saying why."""
+
+    def refusal(self, derived: str) -> str:
+        with self.assertRaises(bc.Refusal) as c:
+            bc.safe_file_name(derived, "the name")
+        return c.exception.reason
+
+    def test_a_plain_name_is_kept_exactly(self):
+        # Braces, spaces, backslashes and any printable script are file-name characters like others.
+        for name in ("Evil-x-llama-F16.gguf", "M {ftype} {0:>100000000}.gguf", "a\\b c.gguf", "Modèle-😀-F16.gguf",
+                     "..x.gguf", "-rf.gguf"):
+            with self.subTest(name=name):
+                self.assertEqual(bc.safe_file_name(name, "the name"), name)
+
+    def test_a_slash_is_refused(self):
+        for name in ("x/llama-F16.gguf", "../../../ESCAPED-F16.gguf", "/etc/passwd"):
+            with self.subTest(name=name):
+                self.assertIn("holds a '/', which would put the file in another folder", self.refusal(name))
+
+    def test_dot_and_dot_dot_and_nothing_are_refused(self):
+        for name in (".", "..", ""):
+            with self.subTest(name=name):
+                self.assertIn("is not a file name", self.refusal(name))
+
+    def test_a_character_that_does_not_print_as_itself_is_refused(self):
+        # NUL ends a C path early; line breaks and escapes would rewrite the user's terminal; U+202E
+        # shows the name backwards; a lone surrogate is not text.
+        for c in ("\0", "\x1b", "\a", "\n", "\r", "\t", "\x85", "\u202e", "\udce9"):
+            with self.subTest(char=hex(ord(c))):
+                reason = self.refusal(f"Evil{c}[31m-F16.gguf")
+                self.assertIn(f"holds the character U+{ord(c):04X}", reason)
+                self.assertTrue(reason.isprintable(), reason)
+
+    def test_a_name_too_long_with_its_part_suffix_is_refused(self):
+        # 255 bytes is the limit, and the temporary file adds ".part".
+        self.assertEqual(bc.safe_file_name("é" * 125, "the name"), "é" * 125)      # 250 bytes
+        self.assertIn("is 252 bytes long", self.refusal("é" * 126))
+        self.assertIn("is 300 bytes long", self.refusal("x" * 300))
+
+    def test_the_refusal_names_the_way_out_and_shows_a_long_name_cut(self):
+        reason = self.refusal("x" * 1000 + "/")
+        self.assertTrue(reason.startswith("the name '" + "x" * 80 + "'... (1,001 characters) holds a '/'"), reason)
+        self.assertTrue(reason.endswith("; pass -o NAME.gguf to name the file yourself"), reason)
+
+
+class DerivedOutputNames(Workspace):
+    """The default output name, made of the model card's text, through the command line: llama.cpp's
+    name where it is one safe file name, else a refusal that leaves everything as it was."""
+
+    def with_card(self, card: str) -> Path:
+        d = self.case("bf16")
+        (d / "README.md").write_text(f"---\n{card}---\n", encoding="utf-8")
+        return d
+
+    def assertRefusedUntouched(self, d: Path, *watched: Path, args=()) -> Result:
+        """No -o: exit 2, one line, and the model directory, its parent and every watched folder as they were."""
+        folders = [d, d.parent, *watched]
+        before = [entries(f) for f in folders]
+        r = cli(d, *args)
+        self.assertEqual((r.code, r.out, r.err.count("\n")), (2, "", 1), r.err)
+        self.assertTrue(r.err.startswith("bankml convert: refuse: llama.cpp's default output name "), r.err)
+        self.assertEqual([entries(f) for f in folders], before)
+        return r
+
+    def test_a_link_in_the_model_directory_does_not_take_the_output_elsewhere(self):
+        # Issue 35: Evil-x -> victim/ and size_label "x/llama" had replaced victim/llama-F16.gguf.
+        d = self.with_card('name: Evil\nsize_label: "x/llama"\n')
+        victim = d.parent / "victim"
+        victim.mkdir()
+        (victim / "llama-F16.gguf").write_bytes(b"precious")
+        (d / "Evil-x").symlink_to(victim, target_is_directory=True)
+        r = self.assertRefusedUntouched(d, victim)
+        self.assertIn("'Evil-x/llama-F16.gguf' holds a '/'", r.err)
+        self.assertEqual((victim / "llama-F16.gguf").read_bytes(), b"precious")
+
+    def test_a_finetune_climbing_out_of_the_folder_is_refused(self):
+        # Issue 35: a subfolder Evil-x-.. and finetune "../../../ESCAPED" wrote beside the model directory.
+        d = self.with_card('name: Evil\nsize_label: x\nfinetune: "../../../ESCAPED"\n')
+        (d / "Evil-x-..").mkdir()
+        self.assertRefusedUntouched(d, d / "Evil-x-..")
+
+    def test_terminal_escapes_in_the_card_name_are_refused_and_shown_escaped(self):
+        d = self.with_card('name: "Evil\\e]0;owned\\a\\nline"\n')
+        r = self.assertRefusedUntouched(d)
+        self.assertIn("'Evil\\x1b]0;owned\\x07\\nline-3.2M-F16.gguf' holds the character U+001B", r.err)
+
+    def test_braces_in_the_card_name_are_kept_as_llama_cpp_keeps_them(self):
+        # The name llama.cpp's convert_hf_to_gguf.py (oracle/.ref) gave this card with --outfile DIR
+        # (2026-12-09; the same bytes as bankml's): its default name is never a template, so {ftype}
+        # stays, and a format spec that would allocate 100 MB is two braces and some text.
+        d = self.with_card('name: "M {ftype} {0:>9}"\nsize_label: "x{}"\n')
+        folder = self.out_dir()
+        r = cli(d, "-o", folder, "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(os.listdir(folder), ["M-{ftype}-{0:>9}-x{}-F16.gguf"])
+
+    def test_an_attribute_lookup_in_the_card_name_is_not_made(self):
+        d = self.with_card('name: "M {ftype.__class__.__mro__} {0:>100000000}"\n')
+        r = cli(d, "--dry-run")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn(f"would write {d / 'M-{ftype.__class__.__mro__}-{0:>100000000}-3.2M-F16.gguf'}:", r.out)
+
+
+# =============================================================================================
 # Committing: hostile inputs, full disks, interrupts and the fault suite: nothing but OUT and its pin touched.
 # =============================================================================================
 
