@@ -119,7 +119,10 @@ REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.3
 
 def one_line(message: str) -> str:
     """A message as one printable line: names and values quoted from hostile files may hold line
-    breaks or terminal escapes, which are shown escaped instead."""
+    breaks or terminal escapes, which are shown escaped instead.  A line that prints as itself is
+    returned as it is (a listing of a large vocabulary passes every line through here)."""
+    if message.isprintable():
+        return message
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
@@ -13061,15 +13064,18 @@ def _progress_bar(label: str = "bankml convert: ") -> ProgressBar:
 
 
 def _say(line: str) -> None:
-    """A line on stderr, the progress bar (if one is showing) taken off first."""
+    """A line on stderr, the progress bar (if one is showing) taken off first.  Messages quote paths
+    and text from inputs: each is shown as one printable line (one_line)."""
     for bar in _bars:
         bar.clear()
-    print(line, file=sys.stderr)
+    print(one_line(line), file=sys.stderr)
 
 
 def _print_lines(lines: list[str]) -> None:
+    """Result lines on stdout, each one printable line (one_line): listings, dry runs and checks
+    quote names and values from inputs."""
     if lines:
-        print("\n".join(lines))
+        print("\n".join(map(one_line, lines)))
 
 
 def _print_json(doc: dict) -> None:
@@ -13147,7 +13153,7 @@ def _verify(args: argparse.Namespace) -> int:
         return code
     _print_lines(lines)
     if held and pin.command:
-        print(f"made by: {shown_name(pin.command)}")
+        _print_lines([f"made by: {shown_name(pin.command)}"])
     return code
 
 
@@ -13184,13 +13190,17 @@ def _ggml(args: argparse.Namespace) -> int:
 
 
 def _print_sha256_line(sha: str, path: Path) -> None:
-    """A sha256sum line; a file name that is not UTF-8 is written as its bytes, as sha256sum does."""
+    """A sha256sum line, its path shown by one_line: a printable name exactly as it is, one holding a
+    line break, a terminal escape or bytes that are not UTF-8 (\\udcXX) escaped, where sha256sum would
+    let them reach the terminal."""
+    shown = one_line(os.fspath(path))
     stream = sys.stdout
     if hasattr(stream, "buffer"):
+        # The name's own bytes in the file system's encoding, whatever encoding stdout was given (PYTHONIOENCODING).
         stream.flush()
-        stream.buffer.write(sha.encode("ascii") + b"  " + os.fsencode(path) + b"\n")
+        stream.buffer.write(sha.encode("ascii") + b"  " + os.fsencode(shown) + b"\n")
     else:
-        print(f"{sha}  {path}")
+        print(f"{sha}  {shown}")
 
 
 def _catch_interrupts(handler) -> dict:
@@ -13459,7 +13469,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except _UsageError as e:
         e.parser.print_usage(sys.stderr)
-        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        print(one_line(f"{e.parser.prog}: error: {e.message}"), file=sys.stderr)
         if "--json" in argv:
             print(refusal_json(e.message, command))
         return 2

@@ -6787,6 +6787,22 @@ class CommandLine(Workspace):
         self.assertEqual(cli(self.case("bf16"), "-o", out, "--quiet"),
                          Result(0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
 
+    def test_an_output_path_that_does_not_print_as_itself_is_shown_escaped_on_every_line(self):
+        # The user's own name is written as given; its line break and escape still do not reach the terminal.
+        d = self.case("bf16")
+        out = self.out_dir() / "out\x1b[2J\n.gguf"
+        shown = f"{out.parent}/out\\x1b[2J\\n.gguf"
+        done = cli(d, "-o", out)
+        self.assertEqual(done.code, 0, done.err)
+        self.assertTrue(out.is_file())
+        dry = cli(d, "-o", out, "--dry-run")
+        for what, line, wanted in (("sha256 line", done.out, f"{GOLDEN['bf16']['sha256']}  {shown}\n"),
+                                   ("summary", done.err, f"bytes -> {shown}\n"),
+                                   ("dry run", dry.out.split("\n")[0], f"would write {shown} (replacing it): ")):
+            with self.subTest(what):
+                self.assertIn(wanted, line)
+                self.assertEqual(line.count("\n"), line.endswith("\n"), line)
+
     def test_the_script_refuses_with_exit_2_one_line_and_leaves_nothing(self):
         # The refusal tests run main() in-process; this one is the whole process, as a user runs it.
         d = self.case("bf16")
