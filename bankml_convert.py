@@ -34,7 +34,8 @@ touch; tool: around the conversion):
   Fast kernels                 speed  the same bytes at C speed (big-integer lanes, translate tables)
   Tensor data                  speed  each tensor's bytes in bounded chunks through one reused buffer
   Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed
-  The output path              tool   llama.cpp's output name; outputs that would overwrite inputs refused
+  The output path              tool   llama.cpp's output name, derived names made one safe file name;
+                                      outputs that would overwrite inputs or be read as one refused
   Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
   Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
   The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
@@ -458,6 +459,9 @@ def _check_tensor_layout(path: Path, tensors: list[SourceTensor], data_start: in
                       f"the header does not match the data")
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
 def model_part_names(model_dir: Path) -> tuple[list[str], Path | None]:
     """The weight files llama.cpp reads, in its order, and the index that named them (if any).
 
@@ -466,7 +470,7 @@ def model_part_names(model_dir: Path) -> tuple[list[str], Path | None]:
     names instead, sorted, and ignores any other file.  Only when there is neither does it take
     ``pytorch_model*.bin`` (or ``pytorch_model.bin.index.json``'s files) the same way.
     """
-    for index_name, listed_files in (("model.safetensors.index.json", _safetensors_files),
+    for index_name, listed_files in ((SAFETENSORS_INDEX, _safetensors_files),
                                      (TORCH_BIN_INDEX, torch_bin_files)):
         index = model_dir / index_name
         if index.is_file():
@@ -513,6 +517,24 @@ def _safetensors_files(model_dir: Path) -> list[str]:
         return sorted(n for n in os.listdir(model_dir) if n.startswith("model") and n.endswith(".safetensors"))
     except OSError as e:
         raise Refusal(f"cannot list {model_dir}: {e.strerror or e}") from None
+
+
+# The weight files' kinds, by the endings part_tensors reads them by: listed as model*.safetensors or
+# pytorch_model*.bin, or named by an index under any name of either kind.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+# Files whose presence alone changes what a conversion does: Mistral's layout and a sentence-transformers
+# pooling config (no_config_reason, refuse_pooling).
+_LOOKED_AT_FILES = ("params.json", "modules.json")
+
+
+def is_input_name(name: str) -> bool:
+    """Whether a later conversion of a model directory would read a file of this name in it (or be
+    refused for it): a weight file of a kind the reader takes or lists, an index, a small file some
+    tokenizer kind, the model card or an adapter reads, or a file whose presence changes the result.
+    An output given such a name inside the directory would be taken for an input the next time."""
+    return (name.endswith(_WEIGHT_SUFFIXES) or name in (SAFETENSORS_INDEX, TORCH_BIN_INDEX) or name in _SMALL_INPUTS
+            or name == ADAPTER_CONFIG or name in ADAPTER_WEIGHTS or name in _ADAPTER_METADATA_FILES
+            or name in _LOOKED_AT_FILES)
 
 
 def _is_file(path: Path) -> bool:
@@ -9154,8 +9176,9 @@ class HashingWriter:
 
 
 # ---------------------------------------------------------------------------------------------
-# The output path: llama.cpp's {ftype} template filled in, and outputs refused that would
-# overwrite an input or the model directory; checked before anything is written.
+# The output path: llama.cpp's {ftype} template filled in the user's -o, a name derived from the model
+# made one safe file name, and outputs refused that would overwrite an input or the model directory, or
+# be read as an input the next time; checked before anything is written.
 # ---------------------------------------------------------------------------------------------
 
 # The longest file name Linux's file systems take (NAME_MAX, in bytes).  A derived name must fit with
@@ -9226,21 +9249,24 @@ def filled_output_name(out: Path, label: str) -> Path:
 
 
 def check_output_path(out: Path, model_dir: Path, inputs: list[Path], others: Sequence[Path] = (),
-                      role: str = "output") -> None:
+                      role: str = "output", model_directory: bool = True) -> None:
     """Refuse an output that is not a plain file to create or replace: standard output, a link, a
-    directory, a device or FIFO, an input, the model directory, or another output of this run."""
+    directory, a device or FIFO, an input, the model directory, another output of this run, or (where
+    model_dir is read as a model directory, not a ggml state dict's folder) a file in model_dir under a
+    name its reader takes as an input."""
     if "\0" in str(out):
         raise Refusal("the output path contains a NUL byte")
     if str(out) == "-":
         raise Refusal("-o - would name a file called '-': bankml_convert writes a file it can hash and rename "
                       "into place, not standard output; name a file")
     try:
-        _check_output_target(out, model_dir, inputs, others, role)
+        _check_output_target(out, model_dir, inputs, others, role, model_directory)
     except (OSError, RuntimeError, ValueError) as e:    # a name too long, a symlink loop, ...
         raise Refusal(f"the {role} {out} cannot be used: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others: Sequence[Path], role: str) -> None:
+def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others: Sequence[Path], role: str,
+                         model_directory: bool) -> None:
     import stat
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
@@ -9269,6 +9295,10 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
     for f in inputs:
         if f.resolve() == target:
             raise Refusal(f"the {role} {out} is one of the inputs ({f.name})")
+    if model_directory and target.parent == model_dir.resolve() and is_input_name(target.name):
+        raise Refusal(f"the {role} {out} would be a file the converter reads in the model directory ({target.name}): "
+                      f"the next conversion of {model_dir} would take it for an input; name it otherwise or put it "
+                      f"elsewhere")
     for other in others:
         if target in (other.resolve(), other.with_name(other.name + ".part").resolve()) or \
                 other.resolve() == out.with_name(out.name + ".part").resolve():
@@ -10326,12 +10356,13 @@ def write_planned(model_dir: Path, out: Path, options: Options, pin, source: str
     return report
 
 
-def check_outputs(outputs: list[Path], model_dir: Path, inputs: list[Path], pinned: bool) -> None:
+def check_outputs(outputs: list[Path], model_dir: Path, inputs: list[Path], pinned: bool,
+                  model_directory: bool = True) -> None:
     """check_output_path for each of a run's outputs, each also against the others; with pinned,
     the last is the pin."""
     for n, path in enumerate(outputs):
         role = "pin" if pinned and n == len(outputs) - 1 else "output"
-        check_output_path(path, model_dir, inputs, [o for o in outputs if o is not path], role)
+        check_output_path(path, model_dir, inputs, [o for o in outputs if o is not path], role, model_directory)
 
 
 def input_sizes(paths: list[Path], snapshot: InputSnapshot) -> tuple[InputFile, ...]:
@@ -12480,7 +12511,8 @@ def convert_state_dict(state_dict: Path, out: Path, gguf: str | None = None, pin
     snapshot = InputSnapshot()
     snapshot.identity(state_dict)
     outputs = [out] + ([Path(pin)] if pin is not None else [])
-    check_outputs(outputs, state_dict.parent, [state_dict], pin is not None)
+    # The state dict's folder is not read as a model directory: ggml-model-f32.bin beside model.pt is its usual name.
+    check_outputs(outputs, state_dict.parent, [state_dict], pin is not None, model_directory=False)
     tensors = state_dict_tensors(state_dict)
     if gguf is None:
         refuse_unloadable_legacy(tensors)

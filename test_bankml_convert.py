@@ -4585,6 +4585,51 @@ class DerivedOutputNames(Workspace):
         self.assertIn(f"would write {d / 'M-{ftype.__class__.__mro__}-{0:>100000000}-3.2M-F16.gguf'}:", r.out)
 
 
+class InputNames(Workspace):
+    """is_input_name: the names a later conversion of the directory would read."""
+
+    def test_every_file_of_a_saved_model_directory_is_an_input_name(self):
+        for case in ("bf16", "sentencepiece-tinyllama", "sharded-3", "bin-sharded-3", "card-realistic"):
+            with self.subTest(case=case):
+                names = os.listdir(self.case(case))
+                self.assertEqual([n for n in names if not bc.is_input_name(n)], [], names)
+
+    def test_every_file_a_tokenizer_kind_or_an_adapter_reads_is_an_input_name(self):
+        read = [f for k in bc.TOKENIZER_KINDS.values() for f in k.files] + [bc.ADAPTER_CONFIG, *bc.ADAPTER_WEIGHTS]
+        self.assertEqual([n for n in read if not bc.is_input_name(n)], [])
+
+    def test_outputs_and_other_files_are_not(self):
+        for name in ("Bf16-3.2M-F16.gguf", "model-F16.gguf", "FORK.json", "model.gguf.FORK.json", "notes.txt"):
+            with self.subTest(name=name):
+                self.assertFalse(bc.is_input_name(name))
+
+
+class OutputsNamedAsInputs(Workspace):
+    """An output inside the model directory under a name its reader takes would be read the next time."""
+
+    def test_an_output_named_as_a_future_input_in_the_model_directory_is_refused(self):
+        for name in ("README.md", "tokenizer.model", "model-00002.safetensors", "pytorch_model.bin",
+                     "chat_template.jinja", "adapter_config.json", "modules.json"):
+            with self.subTest(name=name):
+                d = self.case("bf16")
+                self.assertRefuses(d, f"the output {d / name} would be a file the converter reads in the model "
+                                      f"directory ({name}): the next conversion of {d} would take it for an input; "
+                                      f"name it otherwise or put it elsewhere", out=d / name)
+
+    def test_a_pin_named_as_a_future_input_in_the_model_directory_is_refused(self):
+        d = self.case("bf16")
+        out = self.out_dir() / "out.gguf"
+        before = entries(d)
+        self.assertRefuses(d, re.compile(r"the pin .*/README\.md would be a file the converter reads in the model "
+                                         r"directory \(README\.md\): .*"), "--fork", d / "README.md", out=out)
+        self.assertEqual(entries(d), before)
+
+    def test_the_same_name_outside_the_model_directory_is_written(self):
+        out = self.out_dir() / "tokenizer.json"
+        r = cli(self.case("bf16"), "-o", out, "--quiet")
+        self.assertEqual(r, Result(0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
+
+
 # =============================================================================================
 # Committing: hostile inputs, full disks, interrupts and the fault suite: nothing but OUT and its pin touched.
 # =============================================================================================
@@ -6746,6 +6791,12 @@ class GGMLMnistFiles(unittest.TestCase):
         path = torch_zip(self.dir / "r3.pt", p_state_dict(("w", p_tensor(shape=(2, 3, 4), stride=(12, 4, 1),
                                                                           numel=24))), {"0": b"\0" * 96})
         self.assertEqual(cli("ggml", path, "-o", self.dir / "out").code, 2)
+
+    def test_a_bin_output_beside_the_state_dict_is_written(self):
+        # The state dict's folder is no model directory: ggml-model-f32.bin beside it is the scripts' own name.
+        shutil.copy(TORCH_FIXTURES / "mnist-h16-bf16.pt", self.dir / "model.pt")
+        r = cli("ggml", self.dir / "model.pt", "-o", self.dir / "ggml-model-f32.bin")
+        self.assertEqual(r.code, 0, r.err)
 
     def test_the_pin_names_the_state_dict_and_verifies(self):
         inputs = self.dir / "in"
