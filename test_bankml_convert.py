@@ -4557,6 +4557,17 @@ class DerivedOutputNames(Workspace):
         self.assertIn("'Evil-x/llama-F16.gguf' holds a '/'", r.err)
         self.assertEqual((victim / "llama-F16.gguf").read_bytes(), b"precious")
 
+    def test_a_link_at_the_default_name_itself_is_refused_not_followed(self):
+        d = self.case("bf16")
+        victim = d.parent / "victim.gguf"
+        victim.write_bytes(b"precious")
+        (d / "Bf16-3.2M-F16.gguf").symlink_to(victim)
+        before = (entries(d), entries(d.parent))
+        r = cli(d)
+        self.assertEqual((r.code, r.out), (2, ""), r.err)
+        self.assertIn("Bf16-3.2M-F16.gguf is a symbolic link", r.err)
+        self.assertEqual(((entries(d), entries(d.parent)), victim.read_bytes()), (before, b"precious"))
+
     def test_a_finetune_climbing_out_of_the_folder_is_refused(self):
         # Issue 35: a subfolder Evil-x-.. and finetune "../../../ESCAPED" wrote beside the model directory.
         d = self.with_card('name: Evil\nsize_label: x\nfinetune: "../../../ESCAPED"\n')
