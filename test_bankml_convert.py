@@ -3650,11 +3650,28 @@ class LeanTokenizerJson(unittest.TestCase):
             '{"model": {"merges": ["a b"], "vocab": {"a": 0}}}',                        # merges before vocab
             '{"model": {"vocab": {"a": 0}, "merges": []}}',                             # no merges
             '{"a": "\\"vocab\\": {\\"a\\": 0}, \\"merges\\": [\\"a b\\"]", "model": {}}',  # inside a string
+            # another object's, with the model's own values spelling the placeholder in \u escapes
+            '{"x": {"vocab": {"a": 0}, "merges": ["a b"]}, "model": {"vocab": "bankml-\\u0063ut", '
+            '"merges": "bankml-\\u0063ut"}}',
         ):
             with self.subTest(text):
                 tj = self.read(text)
                 self.assertEqual(tj, json.loads(text))
                 self.assertNotIsInstance(tj.get("model", {}).get("merges"), bc.MergesText)
+
+    def test_a_file_holding_the_placeholder_and_many_tildes_is_searched_a_few_times(self):
+        # Issue 35: the placeholder was the stem with a tilde added and the file searched again until
+        # absent -- quadratic in a file of the stem and tildes.  Counted, not timed.
+        text = '{"x": "bankml-cut%s", "model": {"vocab": {"a": 0}, "merges": ["a b"]}}' % ("~" * 5000)
+        find, searches = bc._mapped_find, []
+
+        def counted(*args):
+            searches.append(args)
+            return find(*args)
+        with mock.patch.object(bc, "_mapped_find", counted):
+            tj = self.read(text)
+        self.assertEqual(self.materialized(tj), json.loads(text))
+        self.assertLessEqual(len(searches), 6)
 
     def test_escapes_in_merges_are_json_loads_strings(self):
         text = '{"model": {"vocab": {"a": 0}, "merges": ["a\\u0120b \\"c", "\\ud800 \\/\\t"]}}'
