@@ -4759,17 +4759,28 @@ class PackedStrings:
 _SET_SEPARATORS = tuple(map(chr, range(32))) + ("\uffff", "\ufffe", "\U0010ffff")
 
 
+# The longest member PackedSet keeps in a bucket; a longer one is a string of its own in a set.
+# A lookup scans its whole bucket, so a few long members in every bucket (a crafted vocabulary's:
+# 512 of 64,000 characters, listed first) made each of the merges check's lookups as slow as them --
+# time in the product of the merges and the vocabulary's size.  No token of Gemma 3's is longer than
+# 31 characters; about 120 of Llama 3's and Qwen3's are (up to 128).
+_BUCKET_MEMBER_CHARS = 64
+
+
 class PackedSet:
     """An exact set of many strings without an object per member: the members grouped by hash into
     buckets of about 32, each one string in which a member stands between two separators -- a
     character no member holds -- so that `x in set` is one bucket's substring test for sep + x + sep,
-    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary."""
+    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary.
+    Members longer than _BUCKET_MEMBER_CHARS are kept in an ordinary set, so that a bucket, and a
+    lookup's scan of it, stays short."""
 
-    __slots__ = ("_buckets", "_mask", "_sep")
+    __slots__ = ("_buckets", "_mask", "_sep", "_long")
 
     def __init__(self, expected: int, sep: str) -> None:
         size = 1 << max(4, (expected // 32).bit_length())
         self._buckets, self._mask, self._sep = [sep] * size, size - 1, sep
+        self._long: set[str] = set()
 
     @classmethod
     def of(cls, strings: PackedStrings) -> "tuple[PackedSet | frozenset, Optional[str]]":
@@ -4793,8 +4804,13 @@ class PackedSet:
     def add_new(self, texts: Iterable[str]) -> Optional[str]:
         """Add members (none may hold the separator); at the first that is there already (added before
         it or earlier), that one."""
-        buckets, mask, sep = self._buckets, self._mask, self._sep
+        buckets, mask, sep, long = self._buckets, self._mask, self._sep, self._long
         for text in texts:
+            if len(text) > _BUCKET_MEMBER_CHARS:
+                if text in long:
+                    return text
+                long.add(text)
+                continue
             key = hash(text) & mask
             bucket = buckets[key]
             if sep + text + sep in bucket:
@@ -4813,6 +4829,11 @@ class PackedSet:
         sep = self._sep
         if not self.can_hold(texts):
             return False
+        long = list(map(_BUCKET_MEMBER_CHARS.__lt__, map(len, texts)))
+        if any(long):
+            if not self._long.issuperset(itertools.compress(texts, long)):
+                return False
+            texts = list(itertools.compress(texts, map(operator.not_, long)))
         buckets = map(self._buckets.__getitem__, map(self._mask.__and__, map(hash, texts)))
         wrapped = map(str.__add__, map(sep.__add__, texts), repeat(sep))
         return all(map(operator.contains, buckets, wrapped))

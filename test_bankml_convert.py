@@ -3752,6 +3752,24 @@ class PackedVocabularies(unittest.TestCase):
                 self.assertNotIn(other, packed)
                 self.assertFalse(packed.holds_all(members[:3] + [other]))
 
+    def test_long_members_are_kept_out_of_the_buckets_and_are_members_exactly(self):
+        # Issue 35: a lookup scans its bucket, so long members in the buckets made the merges check's
+        # lookups time in the product of the merges and the vocabulary's size.  Checked by where the
+        # members are, not timed.
+        limit = bc._BUCKET_MEMBER_CHARS
+        longs = [f"{i}" + "\u0100" * (limit + i % 3) for i in range(200)]
+        members = longs + self.strings(3000) + ["x" * limit]
+        packed, repeated = bc.PackedSet.of(bc.PackedStrings.of(members))
+        self.assertIsNone(repeated)
+        in_buckets = [m for bucket in packed._buckets for m in bucket.split(packed._sep) if m]
+        self.assertLessEqual(max(map(len, in_buckets)), limit)
+        self.assertTrue(packed.holds_all(members))
+        for other in (longs[0][:-1], longs[0] + "\u0100", "x" * (limit + 1), longs[1][1:]):
+            with self.subTest(other=other[:8]):
+                self.assertNotIn(other, packed)
+                self.assertFalse(packed.holds_all(members[:3] + [other]))
+        self.assertEqual(bc.PackedSet.of(bc.PackedStrings.of(members + [longs[7]]))[1], longs[7])
+
     def test_a_packed_set_names_the_first_repeated_string(self):
         strings = self.strings(3 * bc._MERGES_PER_CHUNK)
         strings[-1] = strings[7]
