@@ -6623,6 +6623,11 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     )
 
 
+# The most digits Python's int() reads from a string (sys.int_info.default_max_str_digits, from 3.11 and
+# the 3.7-3.10 security releases): transformers reads added_tokens_decoder's keys with it.
+_INT_DIGITS = 4300
+
+
 def refuse_malformed(tokenizer_json: dict, tokenizer_config: dict) -> None:
     """Refuse tokenizer files whose parts the gpt2 path reads are not the JSON shapes transformers
     writes (every other part is checked where it is read); transformers or llama.cpp would fail."""
@@ -6643,6 +6648,10 @@ def refuse_malformed(tokenizer_json: dict, tokenizer_config: dict) -> None:
             if not (key.isascii() and key.isdigit() and isinstance(t, dict) and isinstance(t.get("content"), str)):
                 raise bad(f"tokenizer_config.json added_tokens_decoder[{key!r}]",
                           "a token id mapped to an object with a string content")
+            if len(key) > _INT_DIGITS:
+                # transformers' int(key) fails on it; here it was an int() in the middle of reading (exit 3).
+                raise Refusal(f"tokenizer_config.json added_tokens_decoder has a key of {len(key)} digits: Python's "
+                              f"int() reads at most {_INT_DIGITS}, so transformers cannot load such a tokenizer")
     post = tokenizer_json.get("post_processor")
     if not post:
         return

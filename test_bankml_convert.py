@@ -2820,6 +2820,14 @@ class VocabRefusals(VocabCaseDirs):
         self.assertVocabRefuses(d, "special token 'Ġthe' is not an added token: transformers would add it (and "
                                    "llama.cpp mark it CONTROL or see a new id); not reproduced")
 
+    def test_an_added_token_id_longer_than_int_reads_is_refused(self):
+        # Issue 35: int() of it stopped the run as a bug (exit 3).
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer_config.json", lambda c: c.setdefault("added_tokens_decoder", {}).update(
+            {"1" * 4301: {"content": "zz", "special": True}}))
+        self.assertVocabRefuses(d, "tokenizer_config.json added_tokens_decoder has a key of 4301 digits: Python's "
+                                   "int() reads at most 4300, so transformers cannot load such a tokenizer")
+
     def test_listed_chat_templates_are_refused(self):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer_config.json", lambda c: c.update(
