@@ -6338,8 +6338,12 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
     if any(c in model_vocab for c in appended_contents) or len(appended_contents) < len(appended):
         raise Refusal("an added token past the vocabulary repeats a token: transformers would give it the "
                          "existing id; not reproduced")
+    # Read in id order: a packed vocabulary splits a chunk to read one of its strings, and ids going
+    # back and forth between chunks split one for each (160,000 added tokens: 12.5 s).
+    ids = sorted({t.id for t in from_json if 0 <= t.id < len(vocab)})
+    at_id = dict(zip(ids, map(vocab.__getitem__, ids)))
     for t in from_json:
-        if t.id < len(vocab) and not (0 <= t.id and vocab[t.id] == t.content):
+        if t.id < len(vocab) and not (0 <= t.id and at_id[t.id] == t.content):
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
@@ -6358,8 +6362,9 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
         if c not in contents:
             raise Refusal(f"special token {c!r} is not an added token: transformers would add it (and llama.cpp "
                              "mark it CONTROL or see a new id); not reproduced")
+    named_set = set(named)      # the list searched per added token was quadratic (16,000 each: 2 s)
     for t in from_json:
-        if not t.special and t.content in named and not looks_special(t.content):
+        if not t.special and t.content in named_set and not looks_special(t.content):
             # transformers may then count it special whatever its flag says; not measured.  A token that
             # looks special (Gemma's <mask>) is CONTROL to llama.cpp either way.
             raise Refusal(f"added token {t.content!r} is marked special: false but named a special token in "

@@ -3821,6 +3821,44 @@ class PackedVocabularies(unittest.TestCase):
             bc.vocab_merges_hasher(bc.PackedStrings.of(["a", "\ud800"]))
 
 
+class AddedTokensAtScale(unittest.TestCase):
+    """added_vocab's work grows with its inputs, never with their product (issue 35); counted, not timed."""
+
+    def test_each_added_token_is_compared_with_the_named_special_tokens_once(self):
+        comparisons = []
+
+        class Counted(str):
+            def __eq__(self, other):
+                comparisons.append(1)
+                return str.__eq__(self, other)
+            __hash__ = str.__hash__
+        n = 1000
+        words = [f"t{i}" for i in range(2 * n)]
+        # n added tokens special: false and n named ones, each content its own object (no identity match).
+        added = [{"id": i, "content": Counted(words[i]), "special": i >= n} for i in range(2 * n)]
+        tj = {"model": {"vocab": {w: i for i, w in enumerate(words)}}, "added_tokens": added}
+        tc = {"additional_special_tokens": [Counted(w) for w in words[n:]]}
+        self.assertEqual(len(bc.added_vocab(tj, tc, words, None)), 2 * n)
+        self.assertLess(len(comparisons), 10 * n)      # a list searched per token: n * n
+
+    def test_a_packed_vocabulary_is_read_a_chunk_at_a_time_whatever_the_added_ids_order(self):
+        splits = []
+
+        class Counted(bc.PackedStrings):
+            def __getitem__(self, index):
+                before = self._split[0]
+                text = super().__getitem__(index)
+                if self._split[0] != before:
+                    splits.append(self._split[0])
+                return text
+        words = [f"t{i}" for i in range(3 * bc._MERGES_PER_CHUNK)]
+        far = 2 * bc._MERGES_PER_CHUNK
+        added = [{"id": i, "content": words[i], "special": True} for k in range(100) for i in (k, far + k)]
+        tj = {"model": {"vocab": {w: i for i, w in enumerate(words)}}, "added_tokens": added}
+        self.assertEqual(len(bc.added_vocab(tj, {}, Counted.of(words), None)), 200)
+        self.assertEqual(splits, [0, 2])               # back and forth: a split per token
+
+
 # =============================================================================================
 # Tensor plan: output types and their rules.
 # =============================================================================================
