@@ -3838,6 +3838,15 @@ class PackedVocabularies(unittest.TestCase):
 class AddedTokensAtScale(unittest.TestCase):
     """added_vocab's work grows with its inputs, never with their product (issue 35); counted, not timed."""
 
+    def test_the_first_added_token_in_file_order_unlike_the_vocabulary_is_named(self):
+        # Compared in id order (below), still named in the file's order.
+        tj = {"model": {"vocab": {"a": 0, "b": 1, "c": 2}},
+              "added_tokens": [{"id": 1, "content": "b"}, {"id": 2, "content": "x"}, {"id": 0, "content": "y"}]}
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.added_vocab(tj, {}, bc.PackedStrings.of(["a", "b", "c"]), None)
+        self.assertEqual(cm.exception.reason, "added token 'x' (id 2) is not the vocabulary's token at that id; "
+                                              "not reproduced")
+
     def test_each_added_token_is_compared_with_the_named_special_tokens_once(self):
         comparisons = []
 
