@@ -5093,6 +5093,9 @@ def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
     return parsed
 
 
+_TILDES = re.compile(rb"~*")
+
+
 def _absent_text(data: mmap.mmap, stem: str) -> str:
     """``stem`` and one tilde more than follow it anywhere in ``data``: a text the file does not hold,
     found in one pass (adding a tilde and searching again was quadratic in a file of the stem and
@@ -5105,9 +5108,6 @@ def _absent_text(data: mmap.mmap, stem: str) -> str:
         longest = max(longest, end - at - len(needle))
         at = _mapped_find(data, needle, end)
     return stem + "~" * (longest + 1)
-
-
-_TILDES = re.compile(rb"~*")
 
 
 def _placeholders_at_model(parsed: object, nonce: str) -> bool:
