@@ -3633,8 +3633,11 @@ class LeanTokenizerJson(unittest.TestCase):
 
     def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
         late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
+        # and with every separator a packed set could use among the tokens (its frozenset fallback)
+        odd = {t: i for i, t in enumerate(bc._SET_SEPARATORS + tuple(late))}
         for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 2}', '{"a": 0, "b": 1, "a": 2}',
-                           json.dumps(late)[:-1] + ', "t0": 0}'):     # the same token again, a run later
+                           json.dumps(late)[:-1] + ', "t0": 0}',       # the same token again, a run later
+                           json.dumps(odd)[:-1] + ', "t0": 0}'):
             with self.subTest(vocab_text[:40]):
                 text = '{"model": {"vocab": %s, "merges": ["a b"]}}' % vocab_text
                 vocab = self.read(text)["model"]["vocab"]
