@@ -4784,17 +4784,28 @@ class PackedStrings:
 _SET_SEPARATORS = tuple(map(chr, range(32))) + ("\uffff", "\ufffe", "\U0010ffff")
 
 
+# The longest member PackedSet keeps in a bucket; a longer one is a string of its own in a set.
+# A lookup scans its whole bucket, so a few long members in every bucket (a crafted vocabulary's:
+# 512 of 64,000 characters, listed first) made each of the merges check's lookups as slow as them --
+# time in the product of the merges and the vocabulary's size.  No token of Gemma 3's is longer than
+# 31 characters; about 120 of Llama 3's and Qwen3's are (up to 128).
+_BUCKET_MEMBER_CHARS = 64
+
+
 class PackedSet:
     """An exact set of many strings without an object per member: the members grouped by hash into
     buckets of about 32, each one string in which a member stands between two separators -- a
     character no member holds -- so that `x in set` is one bucket's substring test for sep + x + sep,
-    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary."""
+    which can only match a whole member.  A fifth of a frozenset's memory for Gemma's vocabulary.
+    Members longer than _BUCKET_MEMBER_CHARS are kept in an ordinary set, so that a bucket, and a
+    lookup's scan of it, stays short."""
 
-    __slots__ = ("_buckets", "_mask", "_sep")
+    __slots__ = ("_buckets", "_mask", "_sep", "_long")
 
     def __init__(self, expected: int, sep: str) -> None:
         size = 1 << max(4, (expected // 32).bit_length())
         self._buckets, self._mask, self._sep = [sep] * size, size - 1, sep
+        self._long: set[str] = set()
 
     @classmethod
     def of(cls, strings: PackedStrings) -> "tuple[PackedSet | frozenset, Optional[str]]":
@@ -4803,9 +4814,7 @@ class PackedSet:
         sep = next((c for c in _SET_SEPARATORS if not strings.holds(c)), None)
         if sep is None:
             members = frozenset(strings)
-            repeated = None if len(members) == len(strings) else next(
-                t for i, t in enumerate(strings) if t in itertools.islice(strings, i))
-            return members, repeated
+            return members, None if len(members) == len(strings) else _first_repeated(strings)
         members = cls(len(strings), sep)
         for chunk in strings.chunks():
             repeated = members.add_new(chunk)
@@ -4820,8 +4829,13 @@ class PackedSet:
     def add_new(self, texts: Iterable[str]) -> Optional[str]:
         """Add members (none may hold the separator); at the first that is there already (added before
         it or earlier), that one."""
-        buckets, mask, sep = self._buckets, self._mask, self._sep
+        buckets, mask, sep, long = self._buckets, self._mask, self._sep, self._long
         for text in texts:
+            if len(text) > _BUCKET_MEMBER_CHARS:
+                if text in long:
+                    return text
+                long.add(text)
+                continue
             key = hash(text) & mask
             bucket = buckets[key]
             if sep + text + sep in bucket:
@@ -4840,9 +4854,26 @@ class PackedSet:
         sep = self._sep
         if not self.can_hold(texts):
             return False
+        long = list(map(_BUCKET_MEMBER_CHARS.__lt__, map(len, texts)))
+        if any(long):
+            if not self._long.issuperset(itertools.compress(texts, long)):
+                return False
+            texts = list(itertools.compress(texts, map(operator.not_, long)))
         buckets = map(self._buckets.__getitem__, map(self._mask.__and__, map(hash, texts)))
         wrapped = map(str.__add__, map(sep.__add__, texts), repeat(sep))
         return all(map(operator.contains, buckets, wrapped))
+
+
+def _first_repeated(strings: Iterable[str]) -> Optional[str]:
+    """The first of ``strings`` equal to an earlier one (None if none is): one pass with a set, made
+    only when a repeat is known to be there (a vocabulary that is about to be refused) -- a scan of
+    the earlier strings for each one took 338 s for 49,187 crafted tokens."""
+    seen: set[str] = set()
+    for text in strings:
+        if text in seen:
+            return text
+        seen.add(text)
+    return None
 
 
 class GGUFStrings:
@@ -5019,7 +5050,9 @@ def _mapped_find(data: mmap.mmap, needle: bytes, first: int = 0) -> int:
     for start in range(first, len(data), window):
         end = min(len(data), start + window + len(needle) - 1)
         at = data.find(needle, start, end)
-        _drop_pages(data, start, end)
+        # Only what was searched: giving back the whole window at each key found took 6 us a call
+        # (a file of 640,000 "vocab" keys: 3.75 s, now 0.95).
+        _drop_pages(data, start, end if at < 0 else at)
         if at >= 0:
             return at
     return -1
@@ -5061,21 +5094,21 @@ def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
     if vocab is None or merges is None or not vocab.end <= merges.opened:
         del data
         return read_json(path)
-    nonce = "bankml-cut"
-    while _mapped_find(data, nonce.encode()) >= 0:
-        nonce += "~"
+    nonce = _absent_text(data, "bankml-cut")
     _drop_pages(data, 0, len(data))
-    placeholder = b'"' + nonce.encode() + b'"'
     try:
-        rest = b"".join((data[:vocab.opened], placeholder, data[vocab.end:merges.opened], placeholder,
-                         data[merges.end:])).decode("utf-8")
+        rest = b"".join((data[:vocab.opened], b'"', nonce.encode(), b'"', data[vocab.end:merges.opened],
+                         b'"', nonce.encode(), b'"', data[merges.end:])).decode("utf-8")
         parsed = json.loads(rest)
-        del rest
-        model = parsed.get("model") if isinstance(parsed, dict) else None
         # The placeholders are where model.vocab and model.merges are only if the cuts were those
-        # values (not text inside a string, not an earlier key a later duplicate replaces).
-        if not (isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce):
+        # values (not text inside a string, not an earlier key a later duplicate replaces), and if
+        # no string of the file spells the nonce with \u escapes: parsed again with another nonce
+        # in the placeholders, such a string would still be the first.
+        if not (_placeholders_at_model(parsed, nonce) and ("\\u" not in rest or _placeholders_at_model(
+                json.loads(rest.replace(f'"{nonce}"', f'"{nonce}~"')), nonce + "~"))):
             raise ValueError("not the model's vocab and merges")
+        del rest
+        model = parsed["model"]
         vocab_value = _vocab_of_runs(vocab) if vocab_used else vocab
     except (ValueError, RecursionError):    # not UTF-8, not JSON, not these values: read_json says why
         del data
@@ -5083,6 +5116,29 @@ def read_tokenizer_json(path: Path, vocab_used: bool = True) -> object:
     model["vocab"] = vocab_value
     model["merges"] = MergesText(merges, data[merges.runs[0][0]:merges.runs[0][0] + 1] == b"[")
     return parsed
+
+
+_TILDES = re.compile(rb"~*")
+
+
+def _absent_text(data: mmap.mmap, stem: str) -> str:
+    """``stem`` and one tilde more than follow it anywhere in ``data``: a text the file does not hold,
+    found in one pass (adding a tilde and searching again was quadratic in a file of the stem and
+    tildes: 40,000 of them took 1.4 s, a megabyte of them would take a quarter of an hour)."""
+    needle, longest = stem.encode(), -1
+    at = _mapped_find(data, needle)
+    while at >= 0:
+        end = _TILDES.match(data, at + len(needle)).end()
+        _drop_pages(data, at, end)
+        longest = max(longest, end - at - len(needle))
+        at = _mapped_find(data, needle, end)
+    return stem + "~" * (longest + 1)
+
+
+def _placeholders_at_model(parsed: object, nonce: str) -> bool:
+    """Whether model.vocab and model.merges are both ``nonce`` in ``parsed``."""
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return isinstance(model, dict) and model.get("vocab") == nonce and model.get("merges") == nonce
 
 
 def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
@@ -6309,8 +6365,13 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
     if any(c in model_vocab for c in appended_contents) or len(appended_contents) < len(appended):
         raise Refusal("an added token past the vocabulary repeats a token: transformers would give it the "
                          "existing id; not reproduced")
+    # Compared in id order: a packed vocabulary splits a chunk to read one of its strings, and ids going
+    # back and forth between chunks split one for each (160,000 added tokens: 12.5 s).  Kept are only
+    # the tokens that differ (none, usually), not the texts read.
+    unlike = {t for t in sorted((t for t in from_json if 0 <= t.id < len(vocab)), key=lambda t: t.id)
+              if vocab[t.id] != t.content}
     for t in from_json:
-        if t.id < len(vocab) and not (0 <= t.id and vocab[t.id] == t.content):
+        if t.id < len(vocab) and not (0 <= t.id and t not in unlike):
             # transformers appends such a token at a new id; llama.cpp then sees a different vocab.
             raise Refusal(f"added token {t.content!r} (id {t.id}) is not the vocabulary's token at that id; "
                              "not reproduced")
@@ -6329,8 +6390,9 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
         if c not in contents:
             raise Refusal(f"special token {c!r} is not an added token: transformers would add it (and llama.cpp "
                              "mark it CONTROL or see a new id); not reproduced")
+    named_set = set(named)      # the list searched per added token was quadratic (16,000 each: 2 s)
     for t in from_json:
-        if not t.special and t.content in named and not looks_special(t.content):
+        if not t.special and t.content in named_set and not looks_special(t.content):
             # transformers may then count it special whatever its flag says; not measured.  A token that
             # looks special (Gemma's <mask>) is CONTROL to llama.cpp either way.
             raise Refusal(f"added token {t.content!r} is marked special: false but named a special token in "
@@ -6594,6 +6656,11 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     )
 
 
+# The most digits Python's int() reads from a string (sys.int_info.default_max_str_digits, from 3.11 and
+# the 3.7-3.10 security releases): transformers reads added_tokens_decoder's keys with it.
+_INT_DIGITS = 4300
+
+
 def refuse_malformed(tokenizer_json: dict, tokenizer_config: dict) -> None:
     """Refuse tokenizer files whose parts the gpt2 path reads are not the JSON shapes transformers
     writes (every other part is checked where it is read); transformers or llama.cpp would fail."""
@@ -6614,6 +6681,10 @@ def refuse_malformed(tokenizer_json: dict, tokenizer_config: dict) -> None:
             if not (key.isascii() and key.isdigit() and isinstance(t, dict) and isinstance(t.get("content"), str)):
                 raise bad(f"tokenizer_config.json added_tokens_decoder[{key!r}]",
                           "a token id mapped to an object with a string content")
+            if len(key) > _INT_DIGITS:
+                # transformers' int(key) fails on it; here it was an int() in the middle of reading (exit 3).
+                raise Refusal(f"tokenizer_config.json added_tokens_decoder has a key of {len(key)} digits: Python's "
+                              f"int() reads at most {_INT_DIGITS}, so transformers cannot load such a tokenizer")
     post = tokenizer_json.get("post_processor")
     if not post:
         return

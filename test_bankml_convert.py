@@ -2820,6 +2820,14 @@ class VocabRefusals(VocabCaseDirs):
         self.assertVocabRefuses(d, "special token 'Ġthe' is not an added token: transformers would add it (and "
                                    "llama.cpp mark it CONTROL or see a new id); not reproduced")
 
+    def test_an_added_token_id_longer_than_int_reads_is_refused(self):
+        # Issue 35: int() of it stopped the run as a bug (exit 3).
+        d = self.case_dir(INSTRUCT)
+        edit_json(d / "tokenizer_config.json", lambda c: c.setdefault("added_tokens_decoder", {}).update(
+            {"1" * 4301: {"content": "zz", "special": True}}))
+        self.assertVocabRefuses(d, "tokenizer_config.json added_tokens_decoder has a key of 4301 digits: Python's "
+                                   "int() reads at most 4300, so transformers cannot load such a tokenizer")
+
     def test_listed_chat_templates_are_refused(self):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer_config.json", lambda c: c.update(
@@ -3625,8 +3633,11 @@ class LeanTokenizerJson(unittest.TestCase):
 
     def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
         late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
+        # and with every separator a packed set could use among the tokens (its frozenset fallback)
+        odd = {t: i for i, t in enumerate(bc._SET_SEPARATORS + tuple(late))}
         for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 2}', '{"a": 0, "b": 1, "a": 2}',
-                           json.dumps(late)[:-1] + ', "t0": 0}'):     # the same token again, a run later
+                           json.dumps(late)[:-1] + ', "t0": 0}',       # the same token again, a run later
+                           json.dumps(odd)[:-1] + ', "t0": 0}'):
             with self.subTest(vocab_text[:40]):
                 text = '{"model": {"vocab": %s, "merges": ["a b"]}}' % vocab_text
                 vocab = self.read(text)["model"]["vocab"]
@@ -3650,11 +3661,42 @@ class LeanTokenizerJson(unittest.TestCase):
             '{"model": {"merges": ["a b"], "vocab": {"a": 0}}}',                        # merges before vocab
             '{"model": {"vocab": {"a": 0}, "merges": []}}',                             # no merges
             '{"a": "\\"vocab\\": {\\"a\\": 0}, \\"merges\\": [\\"a b\\"]", "model": {}}',  # inside a string
+            # another object's, with the model's own values spelling the placeholder in \u escapes
+            '{"x": {"vocab": {"a": 0}, "merges": ["a b"]}, "model": {"vocab": "bankml-\\u0063ut", '
+            '"merges": "bankml-\\u0063ut"}}',
         ):
             with self.subTest(text):
                 tj = self.read(text)
                 self.assertEqual(tj, json.loads(text))
                 self.assertNotIsInstance(tj.get("model", {}).get("merges"), bc.MergesText)
+
+    def test_a_file_holding_the_placeholder_and_many_tildes_is_searched_a_few_times(self):
+        # Issue 35: the placeholder was the stem with a tilde added and the file searched again until
+        # absent -- quadratic in a file of the stem and tildes.  Counted, not timed.
+        text = '{"x": "bankml-cut%s", "model": {"vocab": {"a": 0}, "merges": ["a b"]}}' % ("~" * 5000)
+        find, searches = bc._mapped_find, []
+
+        def counted(*args):
+            searches.append(args)
+            return find(*args)
+        with mock.patch.object(bc, "_mapped_find", counted):
+            tj = self.read(text)
+        self.assertEqual(self.materialized(tj), json.loads(text))
+        self.assertLessEqual(len(searches), 6)
+
+    def test_pages_given_back_while_searching_add_up_to_a_few_times_the_file(self):
+        # Issue 35: each search gave back its whole window (1 MiB) at every key it found, a syscall
+        # over up to 256 pages per key: 640,000 "vocab" keys that are not the model's took 3.75 s.
+        text = '{"x": [%s{}], "model": {"vocab": {"a": 0}, "merges": ["a b"]}}' % ('{"vocab": 1}, ' * 2000)
+        drop, given_back = bc._drop_pages, []
+
+        def counted(mapped, start, end):
+            given_back.append(end - start)
+            return drop(mapped, start, end)
+        with mock.patch.object(bc, "_drop_pages", counted):
+            tj = self.read(text)
+        self.assertEqual(self.materialized(tj), json.loads(text))
+        self.assertLessEqual(sum(given_back), 6 * len(text))
 
     def test_escapes_in_merges_are_json_loads_strings(self):
         text = '{"model": {"vocab": {"a": 0}, "merges": ["a\\u0120b \\"c", "\\ud800 \\/\\t"]}}'
@@ -3735,6 +3777,24 @@ class PackedVocabularies(unittest.TestCase):
                 self.assertNotIn(other, packed)
                 self.assertFalse(packed.holds_all(members[:3] + [other]))
 
+    def test_long_members_are_kept_out_of_the_buckets_and_are_members_exactly(self):
+        # Issue 35: a lookup scans its bucket, so long members in the buckets made the merges check's
+        # lookups time in the product of the merges and the vocabulary's size.  Checked by where the
+        # members are, not timed.
+        limit = bc._BUCKET_MEMBER_CHARS
+        longs = [f"{i}" + "\u0100" * (limit + i % 3) for i in range(200)]
+        members = longs + self.strings(3000) + ["x" * limit]
+        packed, repeated = bc.PackedSet.of(bc.PackedStrings.of(members))
+        self.assertIsNone(repeated)
+        in_buckets = [m for bucket in packed._buckets for m in bucket.split(packed._sep) if m]
+        self.assertLessEqual(max(map(len, in_buckets)), limit)
+        self.assertTrue(packed.holds_all(members))
+        for other in (longs[0][:-1], longs[0] + "\u0100", "x" * (limit + 1), longs[1][1:]):
+            with self.subTest(other=other[:8]):
+                self.assertNotIn(other, packed)
+                self.assertFalse(packed.holds_all(members[:3] + [other]))
+        self.assertEqual(bc.PackedSet.of(bc.PackedStrings.of(members + [longs[7]]))[1], longs[7])
+
     def test_a_packed_set_names_the_first_repeated_string(self):
         strings = self.strings(3 * bc._MERGES_PER_CHUNK)
         strings[-1] = strings[7]
@@ -3745,6 +3805,22 @@ class PackedVocabularies(unittest.TestCase):
         members, repeated = bc.PackedSet.of(bc.PackedStrings.of(strings))
         self.assertEqual((members, repeated), (frozenset(strings), None))
         self.assertEqual(bc.PackedSet.of(bc.PackedStrings.of(strings + ["a"]))[1], "a")
+
+    def test_a_repeat_among_strings_holding_every_separator_is_found_in_two_passes(self):
+        # Issue 35: a scan of the earlier strings for each one read them a pass per string (338 s for
+        # 49,187 crafted tokens).  Counted, not timed: a pass per string fails here in well under a second.
+        passes = []
+
+        class Counted(bc.PackedStrings):
+            def chunks(self):
+                passes.append(1)
+                return super().chunks()
+
+            def __getitem__(self, index):
+                raise AssertionError("a string read by its index")
+        strings = list(bc._SET_SEPARATORS) + self.strings(2000) + [self.strings(1)[0]]
+        self.assertEqual(bc.PackedSet.of(Counted.of(strings))[1], strings[-1])
+        self.assertLessEqual(len(passes), 2)
 
     def test_laid_strings_put_each_text_in_its_place_after_the_head(self):
         strings = bc.PackedStrings.of([f"t{i}" for i in range(bc._MERGES_PER_CHUNK + 10)])
@@ -3760,6 +3836,53 @@ class PackedVocabularies(unittest.TestCase):
     def test_a_token_with_a_lone_surrogate_is_refused(self):
         with self.assertRaisesRegex(bc.Refusal, "lone surrogate"):
             bc.vocab_merges_hasher(bc.PackedStrings.of(["a", "\ud800"]))
+
+
+class AddedTokensAtScale(unittest.TestCase):
+    """added_vocab's work grows with its inputs, never with their product (issue 35); counted, not timed."""
+
+    def test_the_first_added_token_in_file_order_unlike_the_vocabulary_is_named(self):
+        # Compared in id order (below), still named in the file's order.
+        tj = {"model": {"vocab": {"a": 0, "b": 1, "c": 2}},
+              "added_tokens": [{"id": 1, "content": "b"}, {"id": 2, "content": "x"}, {"id": 0, "content": "y"}]}
+        with self.assertRaises(bc.Refusal) as cm:
+            bc.added_vocab(tj, {}, bc.PackedStrings.of(["a", "b", "c"]), None)
+        self.assertEqual(cm.exception.reason, "added token 'x' (id 2) is not the vocabulary's token at that id; "
+                                              "not reproduced")
+
+    def test_each_added_token_is_compared_with_the_named_special_tokens_once(self):
+        comparisons = []
+
+        class Counted(str):
+            def __eq__(self, other):
+                comparisons.append(1)
+                return str.__eq__(self, other)
+            __hash__ = str.__hash__
+        n = 1000
+        words = [f"t{i}" for i in range(2 * n)]
+        # n added tokens special: false and n named ones, each content its own object (no identity match).
+        added = [{"id": i, "content": Counted(words[i]), "special": i >= n} for i in range(2 * n)]
+        tj = {"model": {"vocab": {w: i for i, w in enumerate(words)}}, "added_tokens": added}
+        tc = {"additional_special_tokens": [Counted(w) for w in words[n:]]}
+        self.assertEqual(len(bc.added_vocab(tj, tc, words, None)), 2 * n)
+        self.assertLess(len(comparisons), 10 * n)      # a list searched per token: n * n
+
+    def test_a_packed_vocabulary_is_read_a_chunk_at_a_time_whatever_the_added_ids_order(self):
+        splits = []
+
+        class Counted(bc.PackedStrings):
+            def __getitem__(self, index):
+                before = self._split[0]
+                text = super().__getitem__(index)
+                if self._split[0] != before:
+                    splits.append(self._split[0])
+                return text
+        words = [f"t{i}" for i in range(3 * bc._MERGES_PER_CHUNK)]
+        far = 2 * bc._MERGES_PER_CHUNK
+        added = [{"id": i, "content": words[i], "special": True} for k in range(100) for i in (k, far + k)]
+        tj = {"model": {"vocab": {w: i for i, w in enumerate(words)}}, "added_tokens": added}
+        self.assertEqual(len(bc.added_vocab(tj, {}, Counted.of(words), None)), 200)
+        self.assertEqual(splits, [0, 2])               # back and forth: a split per token
 
 
 # =============================================================================================
