@@ -10411,11 +10411,22 @@ def _adapter_name_problem(name: str) -> str:
             f"it (DoRA magnitudes, biases and saved modules are not in its format): {_MERGE_WAY_OUT}")
 
 
+def _refuse_a_second(became: dict[str, str], what: str, name: str) -> None:
+    # PEFT's base_model.model. prefix and a bare name (or two names filter_tensors makes equal) give one
+    # target two tensors; llama.cpp's get_tensors keeps the last in the file's order without a word.
+    first = became.setdefault(what, name)
+    if first != name:
+        raise Refusal(f"two tensors of the adapter become {what}: {first!r} and {name!r}; "
+                      f"llama.cpp keeps one of them by its own order, which bankml_convert does not reproduce: "
+                      f"remove one of them from the adapter")
+
+
 def adapter_tensors(sources: list[SourceTensor], family: Family) -> tuple[list[SourceTensor], list[LoraPair]]:
     """The plain tensors (mergekit's norms) and the LoRA pairs of an adapter, in get_tensors' order
     (:457-499): plain ones as met, pairs after them in the order their base names were first met."""
     plain: list[SourceTensor] = []
     halves: dict[str, dict[str, SourceTensor]] = {}
+    became: dict[str, str] = {}     # what a tensor becomes ("the lora_A of 'NAME'") -> the tensor
     for src in sources:
         base_name = family.filter_tensors(adapter_base_name(src.name))
         is_a = ".lora_A.weight" in src.name or ".lora_embedding_A" in src.name
@@ -10431,9 +10442,11 @@ def adapter_tensors(sources: list[SourceTensor], family: Family) -> tuple[list[S
             if ".base_layer.weight" in src.name:
                 continue
             if "_layernorm" in src.name or ".norm" in src.name:
+                _refuse_a_second(became, repr(base_name), src.name)
                 plain.append(src._replace(name=base_name))
                 continue
             raise Refusal(_adapter_name_problem(src.name))
+        _refuse_a_second(became, f"the lora_{'A' if is_a else 'B'} of {base_name!r}", src.name)
         halves.setdefault(base_name, {})["a" if is_a else "b"] = src
     pairs = []
     for base_name, ab in halves.items():
@@ -10487,6 +10500,13 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
         if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != b.shape[1]:
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} has lora_A {list(a.shape)} and lora_B "
                           f"{list(b.shape)}, which are not the factors (r, in) and (out, r) of one rank")
+        if a.shape[0] == 0:
+            # Empty tensors share their file offset with their neighbours, and safetensors' load_file
+            # orders tensors by offset, ties as its hash map falls: llama.cpp's tensor order would
+            # change from run to run (and its bf16 and q8_0 writers stop on them).
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} has rank 0 (lora_A {list(a.shape)}, lora_B "
+                          f"{list(b.shape)}): it changes nothing, and llama.cpp's converter writes its empty "
+                          f"tensors in an order that changes from run to run: remove the pair from the adapter")
         name = gguf_tensor_name(family, pair.base_name, p.block_count)
         if name is None:
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "

@@ -685,6 +685,25 @@ def data_bytes(path: Path) -> int:
     return path.stat().st_size - 8 - n
 
 
+def relayout_safetensors(path: Path, change) -> None:
+    """Rewrite a safetensors file through change(tensors) -> tensors, each a (name, dtype, shape, data)
+    in file order, laid out anew in the order returned (zeros where data is None)."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    tensors = sorted(((k, v["dtype"], v["shape"], blob[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+                      for k, v in header.items() if k != "__metadata__"), key=lambda t: header[t[0]]["data_offsets"])
+    new, data = {"__metadata__": header.get("__metadata__", {})}, bytearray()
+    for name, dtype, shape, payload in change(tensors):
+        if payload is None:
+            payload = bytes(math.prod(shape) * bc.SAFETENSORS_DTYPES[dtype])
+        new[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    text = json.dumps(new).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
 class RefusesWhatItWouldNotReproduce(Workspace):
     def config_edit(self, change, reason):
         d = self.case("bf16")
@@ -5512,6 +5531,36 @@ class LoraRefusals(LoraWorkspace):
         base = self.base()
         (base / "config.json").unlink()
         self.assertLoraRefuses(self.adapter(), base, re.compile(r"^--base .*: no config\.json in"))
+
+    def test_a_pair_of_rank_0_is_refused(self):
+        adapter = self.adapter()
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: [
+            (name, dtype, {_Q_PROJ_A: [0, 64], _Q_PROJ_B: [64, 0]}[name], None) if name in (_Q_PROJ_A, _Q_PROJ_B)
+            else (name, dtype, shape, data) for name, dtype, shape, data in tensors])
+        self.assertLoraRefuses(adapter, self.base(), "the adapter's LoRA on 'model.layers.0.self_attn.q_proj.weight' "
+                               "has rank 0 (lora_A [0, 64], lora_B [64, 0]): it changes nothing, and llama.cpp's "
+                               "converter writes its empty tensors in an order that changes from run to run: remove "
+                               "the pair from the adapter")
+
+    def test_two_pairs_for_one_target_are_refused(self):
+        # PEFT's prefixed names and the same pair again under bare names: one target, two updates.
+        adapter = self.adapter()
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: tensors + [
+            (name.replace("base_model.model.", ""), dtype, shape, data) for name, dtype, shape, data in tensors
+            if name in (_Q_PROJ_A, _Q_PROJ_B)])
+        self.assertLoraRefuses(adapter, self.base(), "two tensors of the adapter become the lora_A of "
+                               "'model.layers.0.self_attn.q_proj.weight': "
+                               "'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' and "
+                               "'model.layers.0.self_attn.q_proj.lora_A.weight'; llama.cpp keeps one of them by its "
+                               "own order, which bankml_convert does not reproduce: remove one of them from the adapter")
+
+    def test_two_norms_for_one_weight_are_refused(self):
+        adapter = self.adapter("smollm2-alora-norms")
+        norm = "base_model.model.model.norm.weight"
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: tensors + [
+            ("model.norm.weight", dtype, shape, data) for name, dtype, shape, data in tensors if name == norm])
+        self.assertLoraRefuses(adapter, self.base(), re.compile(
+            r"two tensors of the adapter become 'model\.norm\.weight': '.*' and '.*'; llama\.cpp keeps one of them"))
 
     def test_a_half_pair_is_refused(self):
         adapter = self.rename_tensor(self.adapter(), _Q_PROJ_B, _Q_PROJ_B.replace("layers.0.", "layers.1.").replace(
