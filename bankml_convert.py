@@ -3006,11 +3006,12 @@ def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) 
     first, as two stacked tensors of its matrices' halves; the rest as they are."""
     kind = gguf_name.split(".")[-2]
     if kind == "ffn_gate_up_exps":
-        n_ff2 = source.shape[-2] if len(source.shape) == 3 else 1
-        if len(source.shape) != 3 or n_ff2 % 2 or source.shape[0] != p.expert_count:
-            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
-                          f"{[p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length]}")
-        block, n_ff = gguf_name.split(".")[1], n_ff2 // 2
+        # The whole shape first: config.json's numbers are all at least 1, so a tensor that has them is
+        # backed by at least expert_count elements, and no zero-byte [10**7, 64, 0] buys a record per expert.
+        want = (p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length)
+        if source.shape != want:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies {list(want)}")
+        block, n_ff = gguf_name.split(".")[1], p.expert_feed_forward_length
         return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, e, rank * n_ff, n_ff),
                          stacked=Stacked(source.name, rank, 2, e, p.expert_count))
                 for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for e in range(p.expert_count)]

@@ -1892,6 +1892,39 @@ class MoeRefusals(Workspace):
             self.plan_without("qwen3-moe-fused", odd)
         self.assertIn("has shape [4, 63, 32], but config.json implies [4, 64, 32]", cm.exception.reason)
 
+    def test_a_gate_up_proj_with_a_zero_dimension_is_refused_wherever_it_is_planned(self):
+        d = self.case("qwen3-moe-fused")
+        fused = "model.layers.0.mlp.experts.gate_up_proj"
+        relayout_safetensors(d / "model-00001-of-00002.safetensors", lambda tensors: [
+            (name, dtype, [4, 0, 32], b"") if name == fused else (name, dtype, shape, data)
+            for name, dtype, shape, data in tensors])
+        reason = f"tensor {fused!r} has shape [4, 0, 32], but config.json implies [4, 64, 32]"
+        self.assertRefuses(d, reason)
+        self.assertRefuses(d, reason, "--dry-run")
+        r = cli("inspect", d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn(f"\nrefuse: {reason}\n", r.out)
+
+    def test_a_fused_gate_up_proj_is_checked_whole_before_a_record_per_expert(self):
+        # Ten million experts behind a gate_up_proj of no bytes, reached before any other tensor of the
+        # layer: a record per expert would take gigabytes, and the child may have 1 GiB.
+        d = self.case("qwen3-moe-fused")
+        edit_json(d / "config.json", lambda c: c.update(num_experts=10_000_000))
+        fused, down = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
+        relayout_safetensors(d / "model-00001-of-00002.safetensors", lambda tensors: [
+            (name, dtype, [10_000_000, 64, 0] if name == fused else shape, b"" if name == fused else data)
+            for name, dtype, shape, data in tensors if name != down])
+        edit_json(d / "model.safetensors.index.json", lambda index: index["weight_map"].pop(down))
+        out = self.out_dir() / "x.gguf"
+        code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+                "import bankml_convert as bc; sys.exit(bc.main(sys.argv[1:]))")
+        p = subprocess.run([sys.executable, "-c", code, str(d), "-o", str(out)], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+        self.assertEqual((p.returncode, p.stdout, p.stderr), (2, "", (
+            f"bankml convert: refuse: tensor {fused!r} has shape [10000000, 64, 0], but config.json implies "
+            f"[10000000, 64, 32]\n")))
+        self.assertEqual(entries(out.parent), [])
+
     def test_mixtral_experts_already_stacked_are_refused(self):
         def fused(sources):
             return [t._replace(name=t.name.replace("block_sparse_moe.experts.0.w1.weight", "block_sparse_moe.experts.w1"))
