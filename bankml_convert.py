@@ -3831,6 +3831,32 @@ def _card_type(value: Any) -> str:
             datetime.date: "a date", datetime.datetime: "a date and time"}.get(type(value), "a value")
 
 
+def _card_value_start(value: Any, limit: int = 40) -> str:
+    """The first limit characters of str(value) for a card value.  A whole number too long to print
+    briefly shows in hexadecimal: str() of one past 4,300 digits raises on Python 3.11+ (a card's
+    `name: 0x` and 3,600 f's), and hex() has no limit and costs one pass."""
+    pieces: list[str] = []
+    room = [limit]
+
+    def put(text: str) -> bool:
+        pieces.append(text[:room[0]])
+        room[0] -= len(pieces[-1])
+        return room[0] > 0
+
+    def show(v: Any, inner: bool) -> bool:
+        if isinstance(v, list):
+            return put("[") and all((i == 0 or put(", ")) and show(x, True) for i, x in enumerate(v)) and put("]")
+        if isinstance(v, dict):
+            return put("{") and all((i == 0 or put(", ")) and show(k, True) and put(": ") and show(x, True)
+                                    for i, (k, x) in enumerate(v.items())) and put("}")
+        if type(v) is int and v.bit_length() > 4 * limit:
+            return put(hex(v))
+        return put(repr(v) if inner else str(v))
+
+    show(value, False)
+    return "".join(pieces)
+
+
 def gguf_string_of(value: Any, what: str) -> str:
     """What GGUFWriter.add_string writes for a card value: a string as it is, nothing ('') for an
     empty or false value; anything else crashes llama.cpp (it calls len() on it), so it is refused."""
@@ -3838,7 +3864,7 @@ def gguf_string_of(value: Any, what: str) -> str:
         return value
     if not value:
         return ""
-    raise Refusal(f"README.md's model card gives {what} as {_card_type(value)} ({str(value)[:40]!r}), "
+    raise Refusal(f"README.md's model card gives {what} as {_card_type(value)} ({_card_value_start(value)!r}), "
                   f"which llama.cpp fails to write into the GGUF: quote it in README.md, or pass "
                   f"--ignore-model-card to convert without the card (the result then differs from llama.cpp's)")
 
@@ -3913,7 +3939,7 @@ def _string_array(values: Optional[list], what: str) -> list[str]:
         return []
     if not all(isinstance(v, str) for v in values):
         odd = next(v for v in values if not isinstance(v, str))
-        raise Refusal(f"README.md's model card lists {_card_type(odd)} ({str(odd)[:40]!r}) among its {what}; "
+        raise Refusal(f"README.md's model card lists {_card_type(odd)} ({_card_value_start(odd)!r}) among its {what}; "
                       f"llama.cpp then writes a typed array or fails, which bankml_convert does not reproduce: "
                       f"quote it in README.md, or pass --ignore-model-card to convert without the card "
                       f"(the result then differs from llama.cpp's)")

@@ -2631,6 +2631,18 @@ class HostileModelCards(Workspace):
     def test_characters_pyyaml_does_not_read_are_refused(self):
         self.assertIn("character U+0007", self.refusal(b"---\nlicense: \x07\n---\n"))
 
+    def test_a_number_too_long_for_str_is_refused_showing_its_start_in_hexadecimal(self):
+        # PyYAML reads it as an int (YAML 1.1); Python 3.11+ will not print one of more than 4,300 digits.
+        for number, start in (("0x" + "f" * 3600, "0x" + "f" * 38), ("0b" + "1" * 16000, "0x" + "f" * 38),
+                              ("[1, 0x" + "a" * 5000 + "]", "[1, 0x" + "a" * 34)):
+            with self.subTest(number[:8]):
+                d = self.case("bf16")
+                (d / "README.md").write_text(f"---\nname: {number}\n---\n", encoding="utf-8")
+                self.assertRefuses(d, f"README.md's model card gives name as {'a list' if number[0] == '[' else 'a number'} "
+                                      f"({start!r}), which llama.cpp fails to write into the GGUF: quote it in "
+                                      f"README.md, or pass --ignore-model-card to convert without the card (the "
+                                      f"result then differs from llama.cpp's)")
+
 
 class ModelCardConversion(Workspace):
     """README.md through the converter: pinned, refused with its line, or skipped with the flag."""
