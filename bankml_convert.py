@@ -10438,6 +10438,23 @@ def _adapter_name_problem(name: str) -> str:
             f"it (DoRA magnitudes, biases and saved modules are not in its format): {_MERGE_WAY_OUT}")
 
 
+def _refuse_another_file_order(weights: Path, tensors: list[SourceTensor]) -> None:
+    # The adapter's tensors are planned in name order, as part_tensors gives a model's; llama.cpp's
+    # converter reads an adapter with safetensors' load_file, which (0.8.0, the reference's) returns
+    # the file's order.  The two agree where the file lies in name order, as PEFT writes one dtype.
+    # Checked last, so that a tensor the adapter may not hold is refused for that first.
+    if not weights.name.endswith(".safetensors"):
+        return
+    laid_out = sorted(tensors, key=lambda t: (t.start, t.name))
+    moved = next((i for i, (t, u) in enumerate(zip(tensors, laid_out)) if t is not u), None)
+    if moved is not None:
+        raise Refusal(f"{weights.name} holds its tensors in another order than their names' "
+                      f"({laid_out[moved].name!r} before {tensors[moved].name!r}); llama.cpp's converter "
+                      f"writes them in the order its safetensors version returns, which bankml_convert does "
+                      f"not reproduce: save the adapter with its tensors in name order (PEFT's save_pretrained "
+                      f"does when they share one dtype)")
+
+
 def _refuse_a_second(became: dict[str, str], what: str, name: str) -> None:
     # PEFT's base_model.model. prefix and a bare name (or two names filter_tensors makes equal) give one
     # target two tensors; llama.cpp's get_tensors keeps the last in the file's order without a word.
@@ -10610,8 +10627,10 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
     refuse_config(config, family.accepted_config_keys)
     params = family.params(config)
     weights = adapter_weights_path(adapter_dir)
-    plain, pairs = adapter_tensors(part_tensors(weights), family)
+    sources = part_tensors(weights)
+    plain, pairs = adapter_tensors(sources, family)
     tensors = lora_tensors(plain, pairs, family, params, out)
+    _refuse_another_file_order(weights, sources)
     card = model_card(adapter_dir, options._replace(ignore_model_card=False))
     n_params = lora_parameter_count(tensors)
 

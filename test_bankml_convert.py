@@ -5607,6 +5607,16 @@ class LoraRefusals(LoraWorkspace):
         self.assertLoraRefuses(adapter, self.base(), re.compile(
             r"two tensors of the adapter become 'model\.norm\.weight': '.*' and '.*'; llama\.cpp keeps one of them"))
 
+    def test_an_adapter_laid_out_in_another_order_than_its_names_is_refused(self):
+        # llama.cpp (safetensors 0.8.0's load_file) writes the file's order; the names' would be planned.
+        adapter = self.adapter()
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: tensors[::-1])
+        self.assertLoraRefuses(adapter, self.base(), re.compile(
+            r"^adapter_model\.safetensors holds its tensors in another order than their names' "
+            r"\('base_model\.model\.model\.layers\.1\.self_attn\.v_proj\.lora_B\.weight' before "
+            r"'base_model\.model\.model\.layers\.0\.mlp\.down_proj\.lora_A\.weight'\); llama\.cpp's converter "
+            r"writes them in the order its safetensors version returns"))
+
     def test_a_half_pair_is_refused(self):
         adapter = self.rename_tensor(self.adapter(), _Q_PROJ_B, _Q_PROJ_B.replace("layers.0.", "layers.1.").replace(
             "q_proj", "x_proj"))
