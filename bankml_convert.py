@@ -3031,11 +3031,12 @@ def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) 
     first, as two stacked tensors of its matrices' halves; the rest as they are."""
     kind = gguf_name.split(".")[-2]
     if kind == "ffn_gate_up_exps":
-        n_ff2 = source.shape[-2] if len(source.shape) == 3 else 1
-        if len(source.shape) != 3 or n_ff2 % 2 or source.shape[0] != p.expert_count:
-            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
-                          f"{[p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length]}")
-        block, n_ff = gguf_name.split(".")[1], n_ff2 // 2
+        # The whole shape first: config.json's numbers are all at least 1, so a tensor that has them is
+        # backed by at least expert_count elements, and no zero-byte [10**7, 64, 0] buys a record per expert.
+        want = (p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length)
+        if source.shape != want:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies {list(want)}")
+        block, n_ff = gguf_name.split(".")[1], p.expert_feed_forward_length
         return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, e, rank * n_ff, n_ff),
                          stacked=Stacked(source.name, rank, 2, e, p.expert_count))
                 for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for e in range(p.expert_count)]
@@ -3855,6 +3856,32 @@ def _card_type(value: Any) -> str:
             datetime.date: "a date", datetime.datetime: "a date and time"}.get(type(value), "a value")
 
 
+def _card_value_start(value: Any, limit: int = 40) -> str:
+    """The first limit characters of str(value) for a card value.  A whole number too long to print
+    briefly shows in hexadecimal: str() of one past 4,300 digits raises on Python 3.11+ (a card's
+    `name: 0x` and 3,600 f's), and hex() has no limit and costs one pass."""
+    pieces: list[str] = []
+    room = [limit]
+
+    def put(text: str) -> bool:
+        pieces.append(text[:room[0]])
+        room[0] -= len(pieces[-1])
+        return room[0] > 0
+
+    def show(v: Any, inner: bool) -> bool:
+        if isinstance(v, list):
+            return put("[") and all((i == 0 or put(", ")) and show(x, True) for i, x in enumerate(v)) and put("]")
+        if isinstance(v, dict):
+            return put("{") and all((i == 0 or put(", ")) and show(k, True) and put(": ") and show(x, True)
+                                    for i, (k, x) in enumerate(v.items())) and put("}")
+        if type(v) is int and v.bit_length() > 4 * limit:
+            return put(hex(v))
+        return put(repr(v) if inner else str(v))
+
+    show(value, False)
+    return "".join(pieces)
+
+
 def gguf_string_of(value: Any, what: str) -> str:
     """What GGUFWriter.add_string writes for a card value: a string as it is, nothing ('') for an
     empty or false value; anything else crashes llama.cpp (it calls len() on it), so it is refused."""
@@ -3862,7 +3889,7 @@ def gguf_string_of(value: Any, what: str) -> str:
         return value
     if not value:
         return ""
-    raise Refusal(f"README.md's model card gives {what} as {_card_type(value)} ({str(value)[:40]!r}), "
+    raise Refusal(f"README.md's model card gives {what} as {_card_type(value)} ({_card_value_start(value)!r}), "
                   f"which llama.cpp fails to write into the GGUF: quote it in README.md, or pass "
                   f"--ignore-model-card to convert without the card (the result then differs from llama.cpp's)")
 
@@ -3937,7 +3964,7 @@ def _string_array(values: Optional[list], what: str) -> list[str]:
         return []
     if not all(isinstance(v, str) for v in values):
         odd = next(v for v in values if not isinstance(v, str))
-        raise Refusal(f"README.md's model card lists {_card_type(odd)} ({str(odd)[:40]!r}) among its {what}; "
+        raise Refusal(f"README.md's model card lists {_card_type(odd)} ({_card_value_start(odd)!r}) among its {what}; "
                       f"llama.cpp then writes a typed array or fails, which bankml_convert does not reproduce: "
                       f"quote it in README.md, or pass --ignore-model-card to convert without the card "
                       f"(the result then differs from llama.cpp's)")
@@ -10566,11 +10593,39 @@ def _adapter_name_problem(name: str) -> str:
             f"it (DoRA magnitudes, biases and saved modules are not in its format): {_MERGE_WAY_OUT}")
 
 
+def _refuse_another_file_order(weights: Path, tensors: list[SourceTensor]) -> None:
+    # The adapter's tensors are planned in name order, as part_tensors gives a model's; llama.cpp's
+    # converter reads an adapter with safetensors' load_file, which (0.8.0, the reference's) returns
+    # the file's order.  The two agree where the file lies in name order, as PEFT writes one dtype.
+    # Checked last, so that a tensor the adapter may not hold is refused for that first.
+    if not weights.name.endswith(".safetensors"):
+        return
+    laid_out = sorted(tensors, key=lambda t: (t.start, t.name))
+    moved = next((i for i, (t, u) in enumerate(zip(tensors, laid_out)) if t is not u), None)
+    if moved is not None:
+        raise Refusal(f"{weights.name} holds its tensors in another order than their names' "
+                      f"({laid_out[moved].name!r} before {tensors[moved].name!r}); llama.cpp's converter "
+                      f"writes them in the order its safetensors version returns, which bankml_convert does "
+                      f"not reproduce: save the adapter with its tensors in name order (PEFT's save_pretrained "
+                      f"does when they share one dtype)")
+
+
+def _refuse_a_second(became: dict[str, str], what: str, name: str) -> None:
+    # PEFT's base_model.model. prefix and a bare name (or two names filter_tensors makes equal) give one
+    # target two tensors; llama.cpp's get_tensors keeps the last in the file's order without a word.
+    first = became.setdefault(what, name)
+    if first != name:
+        raise Refusal(f"two tensors of the adapter become {what}: {first!r} and {name!r}; "
+                      f"llama.cpp keeps one of them by its own order, which bankml_convert does not reproduce: "
+                      f"remove one of them from the adapter")
+
+
 def adapter_tensors(sources: list[SourceTensor], family: Family) -> tuple[list[SourceTensor], list[LoraPair]]:
     """The plain tensors (mergekit's norms) and the LoRA pairs of an adapter, in get_tensors' order
     (:457-499): plain ones as met, pairs after them in the order their base names were first met."""
     plain: list[SourceTensor] = []
     halves: dict[str, dict[str, SourceTensor]] = {}
+    became: dict[str, str] = {}     # what a tensor becomes ("the lora_A of 'NAME'") -> the tensor
     for src in sources:
         base_name = family.filter_tensors(adapter_base_name(src.name))
         is_a = ".lora_A.weight" in src.name or ".lora_embedding_A" in src.name
@@ -10586,9 +10641,11 @@ def adapter_tensors(sources: list[SourceTensor], family: Family) -> tuple[list[S
             if ".base_layer.weight" in src.name:
                 continue
             if "_layernorm" in src.name or ".norm" in src.name:
+                _refuse_a_second(became, repr(base_name), src.name)
                 plain.append(src._replace(name=base_name))
                 continue
             raise Refusal(_adapter_name_problem(src.name))
+        _refuse_a_second(became, f"the lora_{'A' if is_a else 'B'} of {base_name!r}", src.name)
         halves.setdefault(base_name, {})["a" if is_a else "b"] = src
     pairs = []
     for base_name, ab in halves.items():
@@ -10642,6 +10699,13 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
         if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != b.shape[1]:
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} has lora_A {list(a.shape)} and lora_B "
                           f"{list(b.shape)}, which are not the factors (r, in) and (out, r) of one rank")
+        if a.shape[0] == 0:
+            # Empty tensors share their file offset with their neighbours, and safetensors' load_file
+            # orders tensors by offset, ties as its hash map falls: llama.cpp's tensor order would
+            # change from run to run (and its bf16 and q8_0 writers stop on them).
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} has rank 0 (lora_A {list(a.shape)}, lora_B "
+                          f"{list(b.shape)}): it changes nothing, and llama.cpp's converter writes its empty "
+                          f"tensors in an order that changes from run to run: remove the pair from the adapter")
         name = gguf_tensor_name(family, pair.base_name, p.block_count)
         if name is None:
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
@@ -10718,8 +10782,10 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
     refuse_config(config, family.accepted_config_keys)
     params = family.params(config)
     weights = adapter_weights_path(adapter_dir)
-    plain, pairs = adapter_tensors(part_tensors(weights), family)
+    sources = part_tensors(weights)
+    plain, pairs = adapter_tensors(sources, family)
     tensors = lora_tensors(plain, pairs, family, params, out)
+    _refuse_another_file_order(weights, sources)
     card = model_card(adapter_dir, options._replace(ignore_model_card=False))
     n_params = lora_parameter_count(tensors)
 

@@ -685,6 +685,25 @@ def data_bytes(path: Path) -> int:
     return path.stat().st_size - 8 - n
 
 
+def relayout_safetensors(path: Path, change) -> None:
+    """Rewrite a safetensors file through change(tensors) -> tensors, each a (name, dtype, shape, data)
+    in file order, laid out anew in the order returned (zeros where data is None)."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    tensors = sorted(((k, v["dtype"], v["shape"], blob[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+                      for k, v in header.items() if k != "__metadata__"), key=lambda t: header[t[0]]["data_offsets"])
+    new, data = {"__metadata__": header.get("__metadata__", {})}, bytearray()
+    for name, dtype, shape, payload in change(tensors):
+        if payload is None:
+            payload = bytes(math.prod(shape) * bc.SAFETENSORS_DTYPES[dtype])
+        new[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    text = json.dumps(new).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
 class RefusesWhatItWouldNotReproduce(Workspace):
     def config_edit(self, change, reason):
         d = self.case("bf16")
@@ -1873,6 +1892,39 @@ class MoeRefusals(Workspace):
             self.plan_without("qwen3-moe-fused", odd)
         self.assertIn("has shape [4, 63, 32], but config.json implies [4, 64, 32]", cm.exception.reason)
 
+    def test_a_gate_up_proj_with_a_zero_dimension_is_refused_wherever_it_is_planned(self):
+        d = self.case("qwen3-moe-fused")
+        fused = "model.layers.0.mlp.experts.gate_up_proj"
+        relayout_safetensors(d / "model-00001-of-00002.safetensors", lambda tensors: [
+            (name, dtype, [4, 0, 32], b"") if name == fused else (name, dtype, shape, data)
+            for name, dtype, shape, data in tensors])
+        reason = f"tensor {fused!r} has shape [4, 0, 32], but config.json implies [4, 64, 32]"
+        self.assertRefuses(d, reason)
+        self.assertRefuses(d, reason, "--dry-run")
+        r = cli("inspect", d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn(f"\nrefuse: {reason}\n", r.out)
+
+    def test_a_fused_gate_up_proj_is_checked_whole_before_a_record_per_expert(self):
+        # Ten million experts behind a gate_up_proj of no bytes, reached before any other tensor of the
+        # layer: a record per expert would take gigabytes, and the child may have 1 GiB.
+        d = self.case("qwen3-moe-fused")
+        edit_json(d / "config.json", lambda c: c.update(num_experts=10_000_000))
+        fused, down = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
+        relayout_safetensors(d / "model-00001-of-00002.safetensors", lambda tensors: [
+            (name, dtype, [10_000_000, 64, 0] if name == fused else shape, b"" if name == fused else data)
+            for name, dtype, shape, data in tensors if name != down])
+        edit_json(d / "model.safetensors.index.json", lambda index: index["weight_map"].pop(down))
+        out = self.out_dir() / "x.gguf"
+        code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+                "import bankml_convert as bc; sys.exit(bc.main(sys.argv[1:]))")
+        p = subprocess.run([sys.executable, "-c", code, str(d), "-o", str(out)], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+        self.assertEqual((p.returncode, p.stdout, p.stderr), (2, "", (
+            f"bankml convert: refuse: tensor {fused!r} has shape [10000000, 64, 0], but config.json implies "
+            f"[10000000, 64, 32]\n")))
+        self.assertEqual(entries(out.parent), [])
+
     def test_mixtral_experts_already_stacked_are_refused(self):
         def fused(sources):
             return [t._replace(name=t.name.replace("block_sparse_moe.experts.0.w1.weight", "block_sparse_moe.experts.w1"))
@@ -2578,6 +2630,18 @@ class HostileModelCards(Workspace):
 
     def test_characters_pyyaml_does_not_read_are_refused(self):
         self.assertIn("character U+0007", self.refusal(b"---\nlicense: \x07\n---\n"))
+
+    def test_a_number_too_long_for_str_is_refused_showing_its_start_in_hexadecimal(self):
+        # PyYAML reads it as an int (YAML 1.1); Python 3.11+ will not print one of more than 4,300 digits.
+        for number, start in (("0x" + "f" * 3600, "0x" + "f" * 38), ("0b" + "1" * 16000, "0x" + "f" * 38),
+                              ("[1, 0x" + "a" * 5000 + "]", "[1, 0x" + "a" * 34)):
+            with self.subTest(number[:8]):
+                d = self.case("bf16")
+                (d / "README.md").write_text(f"---\nname: {number}\n---\n", encoding="utf-8")
+                self.assertRefuses(d, f"README.md's model card gives name as {'a list' if number[0] == '[' else 'a number'} "
+                                      f"({start!r}), which llama.cpp fails to write into the GGUF: quote it in "
+                                      f"README.md, or pass --ignore-model-card to convert without the card (the "
+                                      f"result then differs from llama.cpp's)")
 
 
 class ModelCardConversion(Workspace):
@@ -5799,6 +5863,46 @@ class LoraRefusals(LoraWorkspace):
         base = self.base()
         (base / "config.json").unlink()
         self.assertLoraRefuses(self.adapter(), base, re.compile(r"^--base .*: no config\.json in"))
+
+    def test_a_pair_of_rank_0_is_refused(self):
+        adapter = self.adapter()
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: [
+            (name, dtype, {_Q_PROJ_A: [0, 64], _Q_PROJ_B: [64, 0]}[name], None) if name in (_Q_PROJ_A, _Q_PROJ_B)
+            else (name, dtype, shape, data) for name, dtype, shape, data in tensors])
+        self.assertLoraRefuses(adapter, self.base(), "the adapter's LoRA on 'model.layers.0.self_attn.q_proj.weight' "
+                               "has rank 0 (lora_A [0, 64], lora_B [64, 0]): it changes nothing, and llama.cpp's "
+                               "converter writes its empty tensors in an order that changes from run to run: remove "
+                               "the pair from the adapter")
+
+    def test_two_pairs_for_one_target_are_refused(self):
+        # PEFT's prefixed names and the same pair again under bare names: one target, two updates.
+        adapter = self.adapter()
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: tensors + [
+            (name.replace("base_model.model.", ""), dtype, shape, data) for name, dtype, shape, data in tensors
+            if name in (_Q_PROJ_A, _Q_PROJ_B)])
+        self.assertLoraRefuses(adapter, self.base(), "two tensors of the adapter become the lora_A of "
+                               "'model.layers.0.self_attn.q_proj.weight': "
+                               "'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' and "
+                               "'model.layers.0.self_attn.q_proj.lora_A.weight'; llama.cpp keeps one of them by its "
+                               "own order, which bankml_convert does not reproduce: remove one of them from the adapter")
+
+    def test_two_norms_for_one_weight_are_refused(self):
+        adapter = self.adapter("smollm2-alora-norms")
+        norm = "base_model.model.model.norm.weight"
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: tensors + [
+            ("model.norm.weight", dtype, shape, data) for name, dtype, shape, data in tensors if name == norm])
+        self.assertLoraRefuses(adapter, self.base(), re.compile(
+            r"two tensors of the adapter become 'model\.norm\.weight': '.*' and '.*'; llama\.cpp keeps one of them"))
+
+    def test_an_adapter_laid_out_in_another_order_than_its_names_is_refused(self):
+        # llama.cpp (safetensors 0.8.0's load_file) writes the file's order; the names' would be planned.
+        adapter = self.adapter()
+        relayout_safetensors(adapter / "adapter_model.safetensors", lambda tensors: tensors[::-1])
+        self.assertLoraRefuses(adapter, self.base(), re.compile(
+            r"^adapter_model\.safetensors holds its tensors in another order than their names' "
+            r"\('base_model\.model\.model\.layers\.1\.self_attn\.v_proj\.lora_B\.weight' before "
+            r"'base_model\.model\.model\.layers\.0\.mlp\.down_proj\.lora_A\.weight'\); llama\.cpp's converter "
+            r"writes them in the order its safetensors version returns"))
 
     def test_a_half_pair_is_refused(self):
         adapter = self.rename_tensor(self.adapter(), _Q_PROJ_B, _Q_PROJ_B.replace("layers.0.", "layers.1.").replace(

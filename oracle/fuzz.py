@@ -16,7 +16,11 @@ this process (bankml_convert is imported once) and classified:
            --timeout, or a MemoryError past --memory-mb.
 
 A partial output is any input that leaves the work directory different from before in anything
-but the output file of a success (a .part, an output after a refusal, a changed input).  The last
+but the output file of a success (a .part, an output after a refusal, a changed input).  Among the
+mutations: hostile naming fields in README.md with the output then named from them as `-o DIR` names
+it (a crash too: a derived name that leaves its folder, holds a control character or is written under
+another name), and, on the Qwen3-MoE bases, expert tensors with a zero dimension, expert counts unlike
+the tensors' (ten million behind stacked tensors of no bytes) and experts numbered past the count.  The last
 line is ``fuzz: N inputs, C crashes (U unique), P partial outputs, S successes, R refusals``; the
 exit status is 1 if there was a crash or a partial output.  Standard library only.
 
@@ -51,7 +55,8 @@ every K-th (--convert-every) instead converts a tiny pytorch_model.bin model.  T
 
 --lora fuzzes LoRA adapter conversion: copies of oracle/fixtures/lora's adapters with their
 adapter_config.json (structure and bytes), their safetensors header (names, dtypes, shapes, a tensor
-dropped) or their README.md mutated, or a file removed, each through convert_lora against its base's
+dropped), a pair's shapes (rank 0, ranks that differ, a huge rank of no bytes, the pair again under a
+second prefix) or their README.md mutated, or a file removed, each through convert_lora against its base's
 config.json in a random output type; the last line is ``fuzz --lora: N inputs, C crashes, P partial
 outputs, A converted, R refused``.
 
@@ -60,7 +65,8 @@ outputs, A converted, R refused``.
 --model-card fuzzes the README.md model-card path: mutants of the cards in oracle/fixtures/cards/ and
 make_models.MODEL_CARDS (lines duplicated, dropped, swapped, re-indented, tabbed; YAML indicators,
 YAML 1.1 specials, ': ' and quotes inserted; deep nesting, anchors, CRLF, other line breaks, NULs,
-no closing line, plus byte damage) go through load_model_card and general_kvs, every K-th also
+no closing line; naming fields set to huge hex/binary/decimal numbers, templates, path parts and
+control characters; plus byte damage) go through load_model_card and general_kvs, every K-th also
 through convert() in a tiny model directory; the last line is ``fuzz --model-card: N inputs (M also
 converted), C crashes, P partial outputs, A read, R refused``.  oracle/cards_oracle.py --random
 runs PyYAML and gguf-py beside the reader on generated documents.
@@ -138,6 +144,12 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
     (mm.Case("fuzz-phi3", tokenizer="phi-3.5-mini-instruct", config_from=mm.PHI_3_MINI_4K_INSTRUCT, tied=False,
              dims=mm.Dims(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
                           num_key_value_heads=1, vocab_size=32064, max_position_embeddings=4096)), 5),
+    # Qwen3-MoE, its experts stacked as transformers 5 saves them and one tensor per expert: the bases
+    # mutate_moe_shapes works on (issue 35).
+    (mm.Case("fuzz-moe-fused", tokenizer="qwen3", config_from=mm.QWEN3_30B_A3B, dims=mm.QWEN3_MOE_TINY, head_dim=16,
+             tied=False, config_updates=mm._MOE_EXPERTS, fused_experts=True), 6),
+    (mm.Case("fuzz-moe", tokenizer="qwen3", config_from=mm.QWEN3_30B_A3B, dims=mm.QWEN3_MOE_TINY, head_dim=16,
+             tied=False, config_updates=mm._MOE_EXPERTS), 4),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
 
@@ -187,6 +199,7 @@ class Ctx:
     dir_arg: str           # how the directory is passed to convert() (cwd is the run directory)
     model_name: Optional[str] = None
     outtype: str = "f16"
+    default_name: bool = False     # the output named as llama.cpp names it, in out's folder (-o DIR)
 
     def files(self) -> list[str]:
         try:
@@ -771,6 +784,89 @@ def safetensors_bytes(ctx: Ctx, name: Optional[str] = None) -> Optional[str]:
 # files; safetensors renamed or duplicated; extra files llama.cpp reads (model card, templates).
 # ---------------------------------------------------------------------------------------------
 
+def reshape_tensors(ctx: Ctx, change: Callable[[str, list], Optional[list]]) -> list[str]:
+    """Every safetensors file of the input laid out anew with change(name, shape) -> the tensor's new
+    shape (its bytes zeros, unless the shape is its own) or None to drop it, the index kept in step;
+    what changed."""
+    done = []
+    dropped = set()
+    for file in sorted(n for n in ctx.files() if n.endswith(".safetensors")):
+        st = read_st(ctx.dir / file)
+        if st is None:
+            continue
+        pieces = []
+        for name, meta, data in st_pieces(st):
+            shape = change(name, list(meta["shape"]))
+            if shape is None:
+                dropped.add(name)
+                done.append(f"{name} dropped")
+                continue
+            if shape != meta["shape"]:
+                data = bytes(math.prod(shape) * element_size(meta["dtype"]))
+                done.append(f"{name} shape {shape}")
+            pieces.append((name, dict(meta, shape=shape), data))
+        write_st(ctx.dir / file, relayout(st, pieces), ctx.rng, length_delta=0)
+    index = ctx.dir / "model.safetensors.index.json"
+    if dropped and index.is_file():
+        doc = json.loads(index.read_bytes())
+        doc["weight_map"] = {k: v for k, v in doc.get("weight_map", {}).items() if k not in dropped}
+        put(index, json.dumps(doc, indent=2).encode())
+    return done
+
+
+# Expert counts for config.json: none, fewer or more than the tensors hold, and counts a record per
+# expert would take gigabytes for (behind tensors of no bytes).
+MOE_COUNTS = (0, 1, 3, 5, 64, 10**7, 2**31 - 1)
+
+
+def mutate_moe_shapes(ctx: Ctx) -> Optional[str]:
+    """An MoE base's experts against its config (issue 35): a zero dimension in an expert tensor, an
+    expert count unlike the tensors', a huge count behind zero-byte stacked tensors reached first, an
+    expert numbered past the count.  None for a base without experts."""
+    rng = ctx.rng
+    config = json.loads((ctx.dir / "config.json").read_bytes())
+    if not isinstance(config, dict) or not isinstance(config.get("num_experts"), int):
+        return None
+    op = rng.choice(["zero-dim", "zero-dim", "count", "huge-count", "renumber"])
+    files = sorted(n for n in ctx.files() if n.endswith(".safetensors"))
+    if op == "zero-dim":
+        experts = [(n, len(v["shape"])) for f in files for n, v in (read_st(ctx.dir / f) or Safetensors({}, b"", 0)).header.items()
+                   if ".experts." in n or n.endswith(".mlp.gate.weight")]
+        if not experts:
+            return None
+        target, rank = rng.choice(experts)
+        axis = rng.randrange(rank)
+        done = reshape_tensors(ctx, lambda name, shape: shape[:axis] + [0] + shape[axis + 1:]
+                               if name == target else shape)
+        return f"MoE: {', '.join(done)}"
+    if op == "renumber":
+        if (ctx.dir / "model.safetensors.index.json").is_file():
+            return None     # the index would name the old numbers: single files only
+        k = rng.choice((4, 7, 999999, 1000000, 10**7))
+        for file in files:
+            st = read_st(ctx.dir / file)
+            pieces = [(n.replace(".experts.3.", f".experts.{k}."), m, d) for n, m, d in st_pieces(st)]
+            write_st(ctx.dir / file, relayout(st, pieces), rng)
+        return f"MoE: expert 3 renumbered {k}"
+    n = rng.choice(MOE_COUNTS) if op == "count" else rng.choice((10**7, 2**31 - 1))
+    config["num_experts"] = n
+    put(ctx.dir / "config.json", json.dumps(config, indent=2).encode())
+    if op == "count":
+        return f"MoE: config.json num_experts {n}"
+    # Each layer's stacked tensors given n experts and no bytes, and layer 0's down_proj (first by
+    # name) dropped half the time so that its gate_up_proj is the first tensor checked.
+    drop_down = chance(rng, 0.5)
+
+    def huge(name: str, shape: list) -> Optional[list]:
+        if name.endswith("layers.0.mlp.experts.down_proj") and drop_down:
+            return None
+        if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            return [n] + shape[1:-1] + [0]
+        return shape
+    done = reshape_tensors(ctx, huge)
+    return f"MoE: config.json num_experts {n}; {', '.join(done) or 'no stacked tensor'}"
+
+
 FILE_TARGETS = (("config.json", 20), ("tokenizer.json", 12), ("tokenizer_config.json", 12),
                 ("generation_config.json", 8), ("special_tokens_map.json", 6), ("safetensors", 24),
                 ("model.safetensors.index.json", 8), ("vocab.json", 2), ("merges.txt", 2),
@@ -1032,8 +1128,11 @@ MUTATORS: tuple[tuple[Callable[[Ctx], Optional[str]], int], ...] = (
     (mutate_file_kind, 9),
     (add_extra_file, 4),
     (lambda ctx: write_card_mutant(ctx), 3),
+    (lambda ctx: write_card_names(ctx), 3),
     (mutate_index, 6),
     (mutate_names, 6),
+    # None on the bases without experts (another is drawn): on the MoE bases, about one mutation in four.
+    (mutate_moe_shapes, 30),
 )
 
 
@@ -1108,7 +1207,8 @@ def crash_fields(exc: BaseException) -> dict:
     converter = frame_text(mine[-1]) if mine else "?"
     etype = type(exc).__name__
     return dict(error_type=etype, message=str(exc)[:400], last_frame=last, converter_frame=converter,
-                signature=f"{etype} @ {mine[-1].name if mine else '?'}:{mine[-1].lineno if mine else '?'}",
+                signature=getattr(exc, "signature", None)
+                or f"{etype} @ {mine[-1].name if mine else '?'}:{mine[-1].lineno if mine else '?'}",
                 traceback="".join(traceback.format_exception(exc))[-4000:])
 
 
@@ -1123,6 +1223,27 @@ def leftovers(before: dict, after: dict, allowed: set[str]) -> list[str]:
     return changed
 
 
+class DerivedName(Exception):
+    """A default output name that left its folder, held a control character or was not written as
+    derived: a finding, counted as a crash, its kind of failure its signature."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.signature = f"DerivedName @ {kind}"
+
+
+def derived_output(ctx: Ctx, options) -> Path:
+    """The output the command line derives for `-o FOLDER` (as main does), or DerivedName where the
+    name is not one printable file name inside FOLDER."""
+    folder = ctx.out.parent
+    out = bc.default_output(Path(ctx.dir_arg), folder, options)
+    if out.parent != folder or out.name in ("", ".", ".."):
+        raise DerivedName(f"the derived name {os.path.relpath(out, folder)!r} leaves its folder", "leaves")
+    if not out.name.isprintable():
+        raise DerivedName(f"the derived name {out.name!r} holds control characters", "control")
+    return out
+
+
 def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, timeout: float) -> Outcome:
     # The run directory's parent is the working directory: relative writes land there too.
     before = tree_fingerprint(run.parent)
@@ -1131,7 +1252,11 @@ def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, 
     start = time.perf_counter()
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        report = bc.convert(ctx.dir_arg, ctx.out, options)
+        out = derived_output(ctx, options) if ctx.default_name else ctx.out
+        report = bc.convert(ctx.dir_arg, out, options)
+        if ctx.default_name and Path(report.out).name != out.name:
+            Path(report.out).unlink()
+            raise DerivedName(f"the derived name {out.name!r} was written as {Path(report.out).name!r}", "template")
         signal.setitimer(signal.ITIMER_REAL, 0)
         result = Outcome(index, "success", base, mutations, 0.0)
     except bc.Refusal as e:
@@ -3541,6 +3666,22 @@ CARD_SPECIALS = ("yes", "no", "on", "Off", "~", "null", "0x1f", "0b2", "012", "0
                  "<<", "", "''", '""', '"\\ud800"', '"\\x4"', "[]", "[a, b]", "|", "- x")
 
 
+# The card fields a derived output name and general.* are made of (issue 35), and values for them: whole
+# numbers past str()'s 4,300 digits (YAML 1.1 hex, binary, decimal), templates, path parts, control
+# characters (double-quoted escapes, which YAML lets through), a name too long for a file system.
+CARD_NAME_FIELDS = ("name", "model_name", "size_label", "finetune", "version", "basename")
+CARD_NAME_VALUES = ("0x" + "f" * 3600, "0b" + "1" * 16000, "-0x" + "a" * 5000, "9" * 4300, "9" * 4301, "0x1f",
+                    "0o17", "017", "1:30", "{ftype}", "Model {ftype}", "M {ftype.__class__.__mro__}",
+                    "M {0:>100000000}", "'{}'", "'{0}'", "'{'", "x/llama", "../../../ESCAPED", "..", ".", "/",
+                    "a/../b", "/etc/passwd", "'..'", '"a\\eb"', '"a\\x07b"', '"a\\nb"', '"x\\x1b[31m"', '"\\0"',
+                    '"\\u202e"', '"a\\rb"', '"\\x85"', "a" * 300, "[0x" + "f" * 3600 + "]")
+
+
+def card_name_field(rng: random.Random) -> str:
+    """One `field: value` line of the naming fields and values above."""
+    return f"{rng.choice(CARD_NAME_FIELDS)}: {rng.choice(CARD_NAME_VALUES)}"
+
+
 def card_bases() -> dict[str, bytes]:
     bases = {f"fixtures/cards/{p.name}": p.read_bytes() for p in sorted((ORACLE / "fixtures" / "cards").glob("*.md"))
              if p.name != "PROVENANCE.md"}
@@ -3559,7 +3700,7 @@ def mutate_card(rng: random.Random, data: bytes) -> tuple[bytes, str]:
     n = len(lines)
     i = rng.randrange(n)
     op = rng.choice(["dup", "drop", "swap", "indent", "dedent", "insert", "special", "nest", "anchors",
-                     "crlf", "unclose", "huge-key", "long-list", "quote-open"])
+                     "crlf", "unclose", "huge-key", "long-list", "quote-open", "name-field", "name-field"])
     if op == "dup":
         lines.insert(i, lines[i])
         what = f"line {i + 1} doubled"
@@ -3608,6 +3749,14 @@ def mutate_card(rng: random.Random, data: bytes) -> tuple[bytes, str]:
         k = rng.choice([999, 1000, 1001, 1025, 5000])
         lines.insert(i, "k" * k + ": v")
         what = f"a {k}-character key at line {i + 1}"
+    elif op == "name-field":
+        # At the end of the front matter, so that it wins over the card's own key of that name.
+        line = card_name_field(rng)
+        if lines[0] == "---":
+            lines.insert(next((k for k in range(1, n) if lines[k] == "---"), n), line)
+        else:
+            lines[0:0] = ["---", line, "---"]
+        what = f"{short(line)} at the front matter's end"
     elif op == "long-list":
         k = rng.choice([1000, 20000])
         lines[i:i] = ["tags:"] + [f"- t{j}" for j in range(k)]
@@ -3629,6 +3778,15 @@ def write_card_mutant(ctx: Ctx) -> Optional[str]:
     data, what = mutate_card(ctx.rng, _CARD_BASES[base])
     put(ctx.dir / "README.md", data)
     return f"README.md: {base}, {what}"
+
+
+def write_card_names(ctx: Ctx) -> Optional[str]:
+    """A README.md whose naming fields are hostile, the output then named from them most times: the
+    derived name must stay one printable file name in its folder, written as derived (issue 35)."""
+    fields = [card_name_field(ctx.rng) for _ in range(ctx.rng.choice((1, 1, 2, 3)))]
+    put(ctx.dir / "README.md", ("---\n" + "\n".join(fields) + "\n---\n").encode("utf-8"))
+    ctx.default_name = chance(ctx.rng, 0.7)
+    return f"README.md: {short('; '.join(fields))}{', output named from it' if ctx.default_name else ''}"
 
 
 def card_mutant(seed: str, index: int, bases: dict[str, bytes]) -> tuple[str, bytes, list[str]]:
@@ -3666,9 +3824,9 @@ LORA_ADAPTERS = ("smollm2-lora-r8", "qwen2.5-0.5b-lora-r8", "gemma-3-1b-lora-r8"
 def mutate_adapter(rng: random.Random, adapter: Path) -> str:
     """One change to an adapter directory: its adapter_config.json (structure or bytes), a tensor
     name, dtype or shape of its safetensors header, or its README.md."""
-    target = weighted(rng, (("config", 60), ("header", 25), ("card", 10), ("gone", 5)))
+    target = weighted(rng, (("config", 60), ("header", 25), ("pairs", 15), ("card", 10), ("gone", 5)))
     path = adapter / "adapter_config.json"
-    if target in ("config", "header", "gone") and not (path.is_file() and (adapter / "adapter_model.safetensors").is_file()):
+    if target in ("config", "header", "pairs", "gone") and not (path.is_file() and (adapter / "adapter_model.safetensors").is_file()):
         return "nothing: a file was removed before"
     if target == "config":
         if chance(rng, 0.2):
@@ -3711,6 +3869,8 @@ def mutate_adapter(rng: random.Random, adapter: Path) -> str:
             what = f"{name} dropped"
         write_st(adapter / "adapter_model.safetensors", relayout(st, pieces), rng)
         return f"adapter_model.safetensors: {what}"
+    if target == "pairs":
+        return mutate_lora_pair(rng, adapter / "adapter_model.safetensors")
     if target == "card":
         if not _CARD_BASES:
             _CARD_BASES.update(card_bases())
@@ -3720,6 +3880,39 @@ def mutate_adapter(rng: random.Random, adapter: Path) -> str:
     name = rng.choice(["adapter_config.json", "adapter_model.safetensors"])
     (adapter / name).unlink()
     return f"{name} removed"
+
+
+def mutate_lora_pair(rng: random.Random, path: Path) -> str:
+    """One LoRA pair's shapes against each other (issue 35): rank 0, ranks that differ, a huge rank
+    behind factors of no bytes; or the pair again under the bare name beside PEFT's prefixed one."""
+    st = read_st(path)
+    if st is None:
+        return "adapter_model.safetensors: unreadable, left"
+    pieces = st_pieces(st)
+    by_name = {name: i for i, (name, _, _) in enumerate(pieces)}
+    stems = [n[:-len(".lora_A.weight")] for n in by_name if n.endswith(".lora_A.weight")
+             and n.replace("lora_A", "lora_B") in by_name]
+    if not stems:
+        return "adapter_model.safetensors: no pair left"
+    stem = rng.choice(stems)
+    ia, ib = by_name[stem + ".lora_A.weight"], by_name[stem + ".lora_B.weight"]
+    (a, meta_a, _), (b, meta_b, _) = pieces[ia], pieces[ib]
+    r, n_in, n_out = meta_a["shape"][0], meta_a["shape"][-1], meta_b["shape"][0]
+    op = rng.choice(["rank0", "rank0", "ranks", "huge-rank", "duplicate", "duplicate"])
+    if op == "duplicate":
+        bare = stem.replace("base_model.model.", "", 1) if stem.startswith("base_model.model.") else \
+            "base_model.model." + stem
+        pieces += [(bare + name[len(stem):], meta, data) for name, meta, data in (pieces[ia], pieces[ib])]
+        what = f"{stem} pair again as {bare}"
+    else:
+        shapes = {"rank0": ([0, n_in], [n_out, 0]), "ranks": ([r + rng.choice((-1, 1, r)), n_in], [n_out, r]),
+                  "huge-rank": ([2**31, 0], [0, 2**31])}[op]
+        for i, shape in zip((ia, ib), shapes):
+            name, meta, _ = pieces[i]
+            pieces[i] = (name, dict(meta, shape=shape), bytes(math.prod(shape) * element_size(meta["dtype"])))
+        what = f"{stem} lora_A {shapes[0]}, lora_B {shapes[1]}"
+    write_st(path, relayout(st, pieces), rng)
+    return f"adapter_model.safetensors: {what}"
 
 
 def _lora_refusal_key(detail: str) -> str:
