@@ -1232,16 +1232,19 @@ class DerivedName(Exception):
         self.signature = f"DerivedName @ {kind}"
 
 
-def derived_output(ctx: Ctx, options) -> Path:
-    """The output the command line derives for `-o FOLDER` (as main does), or DerivedName where the
-    name is not one printable file name inside FOLDER."""
+def check_derived_name(ctx: Ctx, options, written: Path) -> None:
+    """DerivedName unless the file convert() wrote for `-o FOLDER` (it names it as main does) is one
+    printable file name inside FOLDER, and exactly llama.cpp's default name (never filled as a template)."""
     folder = ctx.out.parent
-    out = bc.default_output(Path(ctx.dir_arg), folder, options)
-    if out.parent != folder or out.name in ("", ".", ".."):
-        raise DerivedName(f"the derived name {os.path.relpath(out, folder)!r} leaves its folder", "leaves")
-    if not out.name.isprintable():
-        raise DerivedName(f"the derived name {out.name!r} holds control characters", "control")
-    return out
+    if written.parent != folder or written.name in ("", ".", "..") or \
+            os.path.realpath(written.parent) != os.path.realpath(folder):
+        raise DerivedName(f"the derived name {os.path.relpath(written, folder)!r} leaves its folder", "leaves")
+    if not written.name.isprintable():
+        raise DerivedName(f"the derived name {written.name!r} holds control characters", "control")
+    model_dir = Path(ctx.dir_arg)
+    expected = bc.default_output_name(model_dir, options, bc.tensor_plan_of(model_dir, options))
+    if written.name != expected:
+        raise DerivedName(f"llama.cpp's name {expected!r} was written as {written.name!r}", "template")
 
 
 def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, timeout: float) -> Outcome:
@@ -1252,11 +1255,13 @@ def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, 
     start = time.perf_counter()
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        out = derived_output(ctx, options) if ctx.default_name else ctx.out
-        report = bc.convert(ctx.dir_arg, out, options)
-        if ctx.default_name and Path(report.out).name != out.name:
-            Path(report.out).unlink()
-            raise DerivedName(f"the derived name {out.name!r} was written as {Path(report.out).name!r}", "template")
+        report = bc.convert(ctx.dir_arg, ctx.out.parent if ctx.default_name else ctx.out, options)
+        if ctx.default_name:
+            try:
+                check_derived_name(ctx, options, Path(report.out))
+            except DerivedName:
+                Path(report.out).unlink()
+                raise
         signal.setitimer(signal.ITIMER_REAL, 0)
         result = Outcome(index, "success", base, mutations, 0.0)
     except bc.Refusal as e:
