@@ -3030,7 +3030,6 @@ _QWEN_MOE_EXPERTS = {
     "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
     "mlp.experts.gate_up_proj.weight": "ffn_gate_up_exps.weight",
 }
-_QWEN_MOE_OUTPUTS = ("ffn_gate_inp.weight", "ffn_down_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight")
 _QWEN2MOE_BLOCK_TENSORS = {
     **{k: v for k, v in _QWEN2_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
     **_QWEN_MOE_EXPERTS,
@@ -6844,13 +6843,6 @@ class SentencePieces:
         return SentencePiece(self.texts[index], self.scores[index], self.types[index])
 
 
-def sentencepiece_pieces(data: bytes) -> SentencePieces:
-    """ModelProto.pieces of a tokenizer.model, or a Refusal for what SentencePieceProcessor would not
-    load (or load differently): duplicate, empty or non-UTF-8 pieces, not exactly one UNKNOWN piece,
-    BYTE pieces not spelled <0xHH> or without byte_fallback, broken protobuf."""
-    return checked_pieces(*parsed_pieces(data))
-
-
 class _PieceLists:
     """ModelProto.pieces as they are read: the texts packed a chunk at a time (a quarter-million
     pieces are not held as as many bytes objects), the score bits, the types."""
@@ -6998,7 +6990,10 @@ def checked_pieces(pieces: SentencePieces, spec: TrainerSpec) -> SentencePieces:
 
 
 def read_tokenizer_model(path: Path) -> SentencePieces:
-    """The pieces of the tokenizer.model at path (its size bounded before it is read)."""
+    """ModelProto.pieces of the tokenizer.model at path (its size bounded before it is read), or a Refusal
+    for what SentencePieceProcessor would not load (or load differently): duplicate, empty or non-UTF-8
+    pieces, not exactly one UNKNOWN piece, BYTE pieces not spelled <0xHH> or without byte_fallback, broken
+    protobuf."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -7790,8 +7785,7 @@ CHUNK_ELEMS = 1 << 14
 # the simple path instead.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
-# array typecodes of exactly 2 and 4 bytes ('I' is 4 bytes on every platform CPython targets today).
-_U16 = "H"
+# The array typecode of exactly 4 bytes ('I' is 4 bytes on every platform CPython targets today).
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
 
@@ -8294,7 +8288,6 @@ _FROM_F32_BITS = {GGML_F32: _f32_bytes, GGML_F16: _f16_bytes, GGML_BF16: _bf16_b
 # 1 for a float's top byte (sign << 7 | exponent >> 1) whose exponent is 254 or 255: infinities,
 # NaNs and the largest finite floats; the only lanes whose bits can need a rule of their own.
 _TOP_EXPONENTS = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))
-_WITHOUT_SIGN = bytes(b & 0x7F for b in range(256))
 
 
 # --- BF16

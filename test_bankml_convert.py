@@ -3112,12 +3112,17 @@ def spm_type_tag(kv) -> str:
 GOOD_PIECES = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3), ("\u2581a", -1.0, 1), ("b", -2.5, 4)]
 
 
+def sentencepiece_pieces(data: bytes) -> bc.SentencePieces:
+    """A tokenizer.model's bytes read as read_tokenizer_model reads the file: parsed, then checked."""
+    return bc.checked_pieces(*bc.parsed_pieces(data))
+
+
 class SentencePieceReading(unittest.TestCase):
-    """sentencepiece_pieces reads ModelProto.pieces exactly, or refuses in one line."""
+    """A tokenizer.model's ModelProto.pieces are read exactly, or refused in one line."""
 
     def assertRefused(self, data: bytes, fragment: str) -> None:
         with self.assertRaises(bc.Refusal) as cm:
-            bc.sentencepiece_pieces(data)
+            sentencepiece_pieces(data)
         message = str(cm.exception)
         self.assertIn(fragment, message)
         self.assertNotIn("\n", message)
@@ -3125,7 +3130,7 @@ class SentencePieceReading(unittest.TestCase):
     def test_llama_2_model_gives_the_tokens_scores_and_types_llama_cpp_wrote(self):
         # llama.cpp's tokens, scores and types for TinyLlama (vocab.json), with tokenizer_config's ids 0-2
         # reset to the file's own rows: added_tokens_decoder made them CONTROL / -1000 there.
-        pieces = bc.sentencepiece_pieces(LLAMA_TOKENIZER_MODEL.read_bytes())
+        pieces = sentencepiece_pieces(LLAMA_TOKENIZER_MODEL.read_bytes())
         recorded = {e["key"]: e["sha256"] for e in VOCAB_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0"]["kvs"]}
         self.assertEqual(value_sha256([p.piece for p in pieces]), recorded["tokenizer.ggml.tokens"])
         self.assertEqual(len(pieces), 32000)
@@ -3139,24 +3144,24 @@ class SentencePieceReading(unittest.TestCase):
         bits = (0x80000000, 0x00000001, 0x7F7FFFFF, 0xFF7FFFFF, 0x3DCCCCCD)
         data = pb_model(GOOD_PIECES + [(f"p{i}", struct.unpack("<f", struct.pack("<I", b))[0], 1)
                                         for i, b in enumerate(bits)])
-        got = [struct.unpack("<I", struct.pack("<f", p.score))[0] for p in bc.sentencepiece_pieces(data)[5:]]
+        got = [struct.unpack("<I", struct.pack("<f", p.score))[0] for p in sentencepiece_pieces(data)[5:]]
         self.assertEqual(got, list(bits))
 
     def test_unknown_fields_are_skipped_and_the_last_value_wins(self):
         piece = pb_field(1, 2, pb_field(1, 2, b"x") + pb_field(9, 0, 300) + pb_field(7, 1, bytes(8))
                          + pb_field(1, 2, b"yz") + pb_field(3, 0, 1))
         data = pb_model(GOOD_PIECES + [piece], extra=pb_field(300, 2, b"anything") + pb_field(6, 5, bytes(4)))
-        self.assertEqual(bc.sentencepiece_pieces(data)[-1], bc.SentencePiece("yz", 0.0, 1))
+        self.assertEqual(sentencepiece_pieces(data)[-1], bc.SentencePiece("yz", 0.0, 1))
 
     def test_a_valid_small_model_is_read(self):
-        got = bc.sentencepiece_pieces(pb_model(GOOD_PIECES))
+        got = sentencepiece_pieces(pb_model(GOOD_PIECES))
         self.assertEqual([(p.piece, p.score, p.type) for p in got], GOOD_PIECES)
 
     def test_truncated_file_is_refused(self):
         data = LLAMA_TOKENIZER_MODEL.read_bytes()
         for cut in (1, 7, 1000, len(data) // 2, len(data) - 1):
             with self.subTest(cut=cut):
-                self.assertRaises(bc.Refusal, bc.sentencepiece_pieces, data[:cut])
+                self.assertRaises(bc.Refusal, sentencepiece_pieces, data[:cut])
 
     def test_length_beyond_the_file_is_refused_without_allocating_it(self):
         self.assertRefused(pb_field(1, 0, 0)[:0] + b"\x0a" + pb_varint(2**62) + b"x", "claims")
