@@ -49,7 +49,8 @@ touch; tool: around the conversion):
 To add a model family, write (as llama.cpp writes a ModelBase subclass): its params, keys and
 vocabulary order, its tensor names and shapes, and where it differs from a 1:1 copy its
 filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and early_kvs;
-then one Family entry and register(entry) ("Model families" says which field is which hook).
+then its entry, registered where it is written: NAME = register(Family(...)) ("Model families" says
+which field is which hook).
 A new tokenizer kind is one TOKENIZER_KINDS entry plus its functions; a new output type, one
 OUT_TYPES entry plus its kernels.
 Library use::
@@ -1797,7 +1798,8 @@ def load_generation_config(model_dir: Path) -> dict:
 #   - its tensor names (top_tensors, block_tensors), shape, and, where it differs from a 1:1 copy,
 #     filter_tensors and modify_tensors (Modified tensors: row slices of the source, Q/K permutation,
 #     the +1 of a norm), generated_tensors and early_kvs;
-# then one Family(...) entry, and register(entry) -- as llama.cpp's @ModelBase.register does.
+# then its entry, registered where it is written: NAME = register(Family(...)), as llama.cpp's
+# @ModelBase.register decorates its class.
 # Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
 def no_generated_tensors(params: Any) -> list[GeneratedTensor]:
@@ -1925,6 +1927,18 @@ class Family(NamedTuple):
     filter_tensors: Callable[[str], Optional[str]] = dropped_buffers
     # GGUF names (after "blk.N.") each block must have, where modify_tensors renames; None: block_tensors'
     block_outputs: Optional[tuple[str, ...]] = None
+
+
+# HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Make family the one llama.cpp's converter would take for each of its architecture names; each
+    entry below is registered where it is written, as llama.cpp's @ModelBase.register decorates its class."""
+    for arch in family.architectures:
+        FAMILIES[arch] = family
+    return family
 
 
 def family_of(config: dict) -> Family:
@@ -2288,7 +2302,7 @@ def llama_modify_tensors(gguf_name: str, source: SourceTensor, p: TextParams) ->
 # Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
 _OLD_BUFFERS = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 
-LLAMA = Family(
+LLAMA = register(Family(
     name="Llama",
     architectures=("LlamaForCausalLM", "MistralForCausalLM"),
     model_types=("llama", "mistral"),
@@ -2302,7 +2316,7 @@ LLAMA = Family(
     shape=llama_shape,
     modify_tensors=llama_modify_tensors,
     generated_tensors=llama_generated_tensors,
-)
+))
 
 # Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
 
@@ -2430,7 +2444,7 @@ def refuse_pooling(model_dir: Path, config: dict) -> None:
                       "type from it, which bankml_convert does not reproduce: use llama.cpp's converter")
 
 
-QWEN2 = Family(
+QWEN2 = register(Family(
     name="Qwen2",
     architectures=("Qwen2ForCausalLM",),
     model_types=("qwen2",),
@@ -2447,7 +2461,7 @@ QWEN2 = Family(
     refuse_directory=refuse_pooling,
     # Qwen2Model.set_vocab: SentencePiece, and gpt2 on FileNotFoundError; never LlamaModel's llama_hf.
     vocab_paths=("sentencepiece", "gpt2"),
-)
+))
 
 
 def qwen3_params(config: dict) -> TextParams:
@@ -2492,7 +2506,7 @@ def refuse_qwen3_reranker(model_dir: Path, config: dict) -> None:
 
 
 # llama.cpp's Qwen3Model is a Qwen2Model subclass: the entry is Qwen2's with what Qwen3 changes.
-QWEN3 = QWEN2._replace(
+QWEN3 = register(QWEN2._replace(
     name="Qwen3",
     architectures=("Qwen3ForCausalLM",),
     model_types=("qwen3",),
@@ -2501,7 +2515,7 @@ QWEN3 = QWEN2._replace(
     hparam_kvs=qwen3_hparam_kvs,
     block_tensors=_QWEN3_BLOCK_TENSORS,     # tied embeddings (0.6B-4B) too: no output.weight
     refuse_directory=refuse_qwen3_reranker,
-)
+))
 
 # Gemma 3 (llama.cpp's Gemma3Model): Gemma3ForCausalLM, and the text part of Gemma3ForConditionalGeneration
 # (its vision tower and projector dropped).  Then Gemma 2 (Gemma2Model).
@@ -2707,7 +2721,7 @@ def refuse_gemma3_without_tokenizer_model(model_dir: Path, config: dict) -> None
                       f"token_embd to {rows} rows (gemma.py's modify_tensors); not reproduced: {way_out}")
 
 
-GEMMA3 = Family(
+GEMMA3 = register(Family(
     name="Gemma 3",
     architectures=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
     model_types=("gemma3_text", "gemma3"),
@@ -2728,7 +2742,7 @@ GEMMA3 = Family(
     vocab_paths=("sentencepiece", "gpt2"),
     filter_tensors=gemma3_filter_tensors,
     refuse_directory=refuse_gemma3_without_tokenizer_model,
-)
+))
 
 
 def gemma2_params(config: dict) -> GemmaParams:
@@ -2783,7 +2797,7 @@ def gemma2_filter_tensors(hf_name: str) -> Optional[str]:
     return None if hf_name == "lm_head.weight" else dropped_buffers(hf_name)
 
 
-GEMMA2 = Family(
+GEMMA2 = register(Family(
     name="Gemma 2",
     architectures=("Gemma2ForCausalLM",),
     model_types=("gemma2",),
@@ -2799,7 +2813,7 @@ GEMMA2 = Family(
     # Gemma2Model.set_vocab: _set_vocab_sentencepiece with no fallback (FileNotFoundError without it).
     vocab_paths=("sentencepiece",),
     filter_tensors=gemma2_filter_tensors,
-)
+))
 
 
 # Mixtures of experts: Mixtral (llama.cpp's LlamaModel), Qwen2-MoE (its Qwen2MoeModel) and Qwen3-MoE
@@ -2916,7 +2930,7 @@ _MIXTRAL_BLOCK_TENSORS = {
     "block_sparse_moe.experts.{x}.w3.weight": "ffn_up_exps.weight",
 }
 
-MIXTRAL = LLAMA._replace(
+MIXTRAL = register(LLAMA._replace(
     name="Mixtral",
     architectures=("MixtralForCausalLM",),
     model_types=("mixtral",),
@@ -2927,7 +2941,7 @@ MIXTRAL = LLAMA._replace(
     modify_tensors=mixtral_modify_tensors,
     accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
     block_outputs=tuple(dict.fromkeys(_MIXTRAL_BLOCK_TENSORS.values())),
-)
+))
 
 
 # Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): Qwen's attention, the experts
@@ -3048,7 +3062,7 @@ def _block_outputs(block_tensors: dict[str, str]) -> tuple[str, ...]:
     return tuple(n for n in dict.fromkeys(block_tensors.values()) if n != "ffn_gate_up_exps.weight")
 
 
-QWEN2MOE = Family(
+QWEN2MOE = register(Family(
     name="Qwen2-MoE",
     architectures=("Qwen2MoeForCausalLM",),
     model_types=("qwen2_moe",),
@@ -3065,9 +3079,9 @@ QWEN2MOE = Family(
     # Qwen2MoeModel is a TextModel: _set_vocab_gpt2 alone (no SentencePiece try, no pooling type).
     vocab_paths=("gpt2",),
     block_outputs=_block_outputs(_QWEN2MOE_BLOCK_TENSORS),
-)
+))
 
-QWEN3MOE = QWEN2MOE._replace(
+QWEN3MOE = register(QWEN2MOE._replace(
     name="Qwen3-MoE",
     architectures=("Qwen3MoeForCausalLM",),
     model_types=("qwen3_moe",),
@@ -3076,7 +3090,7 @@ QWEN3MOE = QWEN2MOE._replace(
     hparam_kvs=qwen3moe_hparam_kvs,
     block_tensors=_QWEN3MOE_BLOCK_TENSORS,
     block_outputs=_block_outputs(_QWEN3MOE_BLOCK_TENSORS),
-)
+))
 
 
 # Phi-3 / Phi-3.5-mini (llama.cpp's Phi3MiniModel, conversion/phi.py:39-211): fused qkv_proj and gate_up_proj
@@ -3283,7 +3297,7 @@ def phi3_shape(gguf_name: str, p: Phi3Params) -> tuple[int, ...]:
     }[gguf_name.split(".")[-2]]
 
 
-PHI3 = Family(
+PHI3 = register(Family(
     name="Phi-3",
     architectures=("Phi3ForCausalLM",),
     model_types=("phi3",),
@@ -3301,7 +3315,7 @@ PHI3 = Family(
     accepted_config_keys=frozenset({"original_max_position_embeddings", "partial_rotary_factor"}),
     # phi.py:44-59: GPT2Tokenizer (Phi-4-mini) takes the gpt2 path, anything else its own SentencePiece one.
     vocab_paths=("phi3_sentencepiece", "gpt2"),
-)
+))
 
 
 # SmolLM3 (llama.cpp's SmolLM3Model): LlamaModel under arch smollm3 (llama.py:425-428), nothing else.
@@ -3348,14 +3362,14 @@ def smollm3_params(config: dict) -> TextParams:
     return params
 
 
-SMOLLM3 = LLAMA._replace(
+SMOLLM3 = register(LLAMA._replace(
     name="SmolLM3",
     architectures=("SmolLM3ForCausalLM",),
     model_types=("smollm3",),
     gguf_arch="smollm3",
     params=smollm3_params,
     hparam_kvs=lambda p, file_type: llama_hparam_kvs(p, file_type, arch="smollm3"),
-)
+))
 
 
 # Granite 3.x dense (llama.cpp's GraniteModel, a LlamaModel): GraniteForCausalLM.
@@ -3427,7 +3441,7 @@ def granite_filter_tensors(hf_name: str) -> Optional[str]:
     return dropped_buffers(hf_name)
 
 
-GRANITE = LLAMA._replace(
+GRANITE = register(LLAMA._replace(
     name="Granite",
     architectures=("GraniteForCausalLM",),
     model_types=("granite",),
@@ -3439,7 +3453,7 @@ GRANITE = LLAMA._replace(
     modify_tensors=lambda gguf_name, source, p: llama_modify_tensors(gguf_name, source, p.text),
     generated_tensors=lambda p: llama_generated_tensors(p.text),
     filter_tensors=granite_filter_tensors,
-)
+))
 
 
 # OLMo 2 (llama.cpp's Olmo2Model): Olmo2ForCausalLM, on TextModel's generic path, not LlamaModel's.
@@ -3508,7 +3522,7 @@ def olmo2_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
     return llama_shape(gguf_name, p)
 
 
-OLMO2 = Family(
+OLMO2 = register(Family(
     name="OLMo 2",
     architectures=("Olmo2ForCausalLM",),
     model_types=("olmo2",),
@@ -3523,22 +3537,7 @@ OLMO2 = Family(
     # TextModel.modify_tensors permutes nothing (the default): llama.cpp's olmo2 graph applies NEOX-style
     # rope to HF's rotate-half order (OLMo 1's OlmoModel permutes, olmo.py:30-39; Olmo2Model does not).
     vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
-)
-
-
-# HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
-FAMILIES: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-    """Make family the one llama.cpp's converter would take for each of its architecture names."""
-    for arch in family.architectures:
-        FAMILIES[arch] = family
-    return family
-
-
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE, PHI3, SMOLLM3, GRANITE, OLMO2):
-    register(_family)
+))
 
 
 # ---------------------------------------------------------------------------------------------
