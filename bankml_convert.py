@@ -1887,10 +1887,33 @@ def dropped_buffers(hf_name: str) -> Optional[str]:
     return None if hf_name.endswith(_OLD_BUFFERS) else hf_name
 
 
+def text_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a tensor of Llama's layout (embeddings, norms, q/k/v/o, gate/up/down) must
+    have for the config llama.cpp writes: a family's shape unless it has its own, and what its own falls
+    back to."""
+    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
+    kind = gguf_name.split(".")[-2]
+    return {
+        "token_embd": (p.vocab_size, p.embedding_length),
+        "output": (p.vocab_size, p.embedding_length),
+        "output_norm": (p.embedding_length,),
+        "attn_norm": (p.embedding_length,),
+        "ffn_norm": (p.embedding_length,),
+        "attn_q": (q_rows, p.embedding_length),
+        "attn_k": (kv_rows, p.embedding_length),
+        "attn_v": (kv_rows, p.embedding_length),
+        "attn_output": (p.embedding_length, q_rows),
+        "ffn_gate": (p.feed_forward_length, p.embedding_length),
+        "ffn_up": (p.feed_forward_length, p.embedding_length),
+        "ffn_down": (p.embedding_length, p.feed_forward_length),
+    }[kind]
+
+
 class ModelParams(Protocol):
-    """What the code outside a family reads of the hyperparameters its params function returns; each
-    family's record (TextParams, GemmaParams, ...) has these, with more of its own that only its
-    functions read.  test_bankml_convert.py checks every registered family's return type."""
+    """What the code outside a family reads of the hyperparameters its params function returns: a
+    TextParams has these, and a family's own record (GemmaParams, MoeParams, ...) holds one as text and
+    reads these through it (text_part), with more of its own that only its functions read.
+    test_bankml_convert.py checks every registered family's return type."""
     block_count: int        # the blocks blk.N the plan expects
     vocab_size: int         # the rows of token_embd, and the vocabulary's length
 
@@ -1918,7 +1941,8 @@ class Family(NamedTuple):
     top_tensors: dict[str, str]         # HF name -> GGUF name, outside the blocks
     block_tensors: dict[str, str]       # name after "model.layers.N." -> name after "blk.N."
     optional_tensors: frozenset[str]    # GGUF names a complete checkpoint may lack
-    shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
+    # (GGUF name, params) -> HF shape (rows first) the config implies: Llama's names' by default
+    shape: Callable[[str, Any], tuple[int, ...]] = text_shape
     # (GGUF name, source, params) -> the tensors written for it (modify_tensors), or a Refusal
     modify_tensors: Callable[[str, SourceTensor, Any], list[Modified]] = unmodified
     # params -> the tensors generate_extra_tensors computes (rope factors), or a Refusal; none by default
@@ -1977,7 +2001,8 @@ def family_of(config: dict) -> Family:
 
 class TextParams(NamedTuple):
     """The hyperparameters llama.cpp's TextModel reads, as one family's transformers config class
-    fills them; each family's params function makes one."""
+    fills them (text_params): a family's params function returns one, or its own record holding one
+    as its first field, text."""
     block_count: int
     context_length: int
     embedding_length: int
@@ -1990,6 +2015,74 @@ class TextParams(NamedTuple):
     vocab_size: int
     key_length: Optional[int] = None        # head_dim as the config's to_dict() holds it (None: no key)
     rope_llama3: Optional[Llama3Rope] = None    # rope_scaling of rope_type "llama3": rope_freqs.weight
+
+
+def text_part(field: str) -> property:
+    """A TextParams field read through a family record's text: how a record that holds a TextParams has
+    what the shared code reads (ModelParams) without restating a field."""
+    return property(lambda record: getattr(record.text, field), doc=f"text.{field}")
+
+
+class TextDefaults(NamedTuple):
+    """A transformers config class's defaults for the keys every TextParams reads, taken where config.json
+    leaves a key out (or writes null), and how the class checks the heads."""
+    num_hidden_layers: int
+    max_position_embeddings: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: Optional[int]      # None: the attention heads
+    rope_theta: Optional[float]             # None: read by the family itself (rope_freq_base 0.0 here)
+    rms_norm_eps: float
+    vocab_size: int
+    # what a null num_key_value_heads takes: None, the attention heads (the classes' __post_init__); the
+    # Gemma classes have none, and their default is taken
+    null_key_value_heads: Optional[int] = None
+    # the Refusal's reason for a hidden_size that is no multiple of the attention heads; None: not
+    # checked, where head_dim is the config's own (Gemma)
+    uneven_heads: Optional[str] = "not reproduced"
+
+
+def text_params(config: dict, d: TextDefaults) -> TextParams:
+    """The TextParams a family's hyperparameters start from: config.json's values with its config class's
+    defaults, the heads checked (the KV heads divide the attention heads, and these the hidden size
+    where d says so), head_dim hidden_size / heads and no key_length (a family replaces what its class
+    reads otherwise); or a Refusal."""
+    hidden = config_integer(config, "hidden_size", d.hidden_size)
+    heads = config_integer(config, "num_attention_heads", d.num_attention_heads)
+    if d.uneven_heads is not None and hidden % heads:
+        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                      f"{d.uneven_heads}")
+    # config_integer takes the default for a null as for a missing key.
+    kv_default = d.null_key_value_heads if "num_key_value_heads" in config else d.num_key_value_heads
+    kv_heads = config_integer(config, "num_key_value_heads", kv_default or heads)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
+                      f"num_key_value_heads {kv_heads}")
+    rope = config.get("rope_parameters") or {}
+    return TextParams(
+        block_count=config_integer(config, "num_hidden_layers", d.num_hidden_layers),
+        context_length=config_integer(config, "max_position_embeddings", d.max_position_embeddings),
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", d.intermediate_size),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rope_freq_base=0.0 if d.rope_theta is None else
+        config_number(config, "rope_theta", rope.get("rope_theta", d.rope_theta)),
+        rms_norm_eps=config_number(config, "rms_norm_eps", d.rms_norm_eps),
+        head_dim=hidden // heads,
+        vocab_size=config_integer(config, "vocab_size", d.vocab_size),
+    )
+
+
+def text_model_rope(config: dict) -> dict:
+    """rope_parameters (empty when absent), or a Refusal for a null rope_theta: the config's to_dict()
+    keeps the null, and TextModel then writes no rope.freq_base."""
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
+        raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
+                      "bankml_convert does not reproduce: write the model's rope_theta")
+    return rope
 
 
 def text_model_kvs(arch: str, p: TextParams, file_type: int) -> list[KV]:
@@ -2028,51 +2121,26 @@ def llama_params(config: dict) -> TextParams:
         if config.get(key):
             raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
     rope_llama3 = llama3_rope(config)
-    hidden = config_integer(config, "hidden_size", 4096)
-    heads = config_integer(config, "num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
-                      f"{heads}; transformers rejects such a config and llama.cpp then reads it raw")
-    # An explicit null takes the attention heads in both config classes; a missing key, the default.
-    kv_heads = config_integer(config, "num_key_value_heads",
-                              heads if "num_key_value_heads" in config else defaults.num_key_value_heads or heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
-                      f"num_key_value_heads {kv_heads}")
-    rope = config.get("rope_parameters") or {}
-    head_dim = config_integer(config, "head_dim", hidden // heads)
-    params = TextParams(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", defaults.max_position_embeddings),
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", defaults.intermediate_size),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=head_dim,
-        vocab_size=config_integer(config, "vocab_size", 32000),
-        key_length=head_dim,        # LlamaConfig's to_dict() always holds one: key/value_length written
-        rope_llama3=rope_llama3,
-    )
+    text = text_params(config, defaults)
+    head_dim = config_integer(config, "head_dim", text.head_dim)
+    # LlamaConfig's to_dict() always holds a head_dim: key/value_length written
+    params = text._replace(head_dim=head_dim, key_length=head_dim, rope_llama3=rope_llama3)
     if params.vocab_size == 32016:
         # LlamaModel.set_vocab tests only the size, whatever the tokenizer.
         raise Refusal("vocab_size 32016: llama.cpp adds CodeLlama's infill tokens; not supported")
     return params
 
 
-class ConfigDefaults(NamedTuple):
-    """The defaults by which transformers 5.18's config classes differ, for keys config.json leaves out."""
-    intermediate_size: int
-    num_key_value_heads: Optional[int]      # None: the attention heads
-    max_position_embeddings: int
-
-
-# model_type -> its config class's defaults (LlamaConfig, MistralConfig).
+# model_type -> its config class's defaults (LlamaConfig, MistralConfig).  An explicit null
+# num_key_value_heads takes the attention heads in both; a missing key, the default.
 CONFIG_DEFAULTS = {
-    "llama": ConfigDefaults(intermediate_size=11008, num_key_value_heads=None, max_position_embeddings=2048),
-    "mistral": ConfigDefaults(intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=4096 * 32),
+    "llama": TextDefaults(num_hidden_layers=32, max_position_embeddings=2048, hidden_size=4096,
+                          intermediate_size=11008, num_attention_heads=32, num_key_value_heads=None,
+                          rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=32000,
+                          uneven_heads="transformers rejects such a config and llama.cpp then reads it raw"),
 }
+CONFIG_DEFAULTS["mistral"] = CONFIG_DEFAULTS["llama"]._replace(
+    intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=4096 * 32)
 
 
 class Llama3Rope(NamedTuple):
@@ -2284,26 +2352,6 @@ _LLAMA_BLOCK_TENSORS = {
 }
 
 
-def llama_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
-    """The HF shape (rows first) a Llama tensor must have for the config llama.cpp writes."""
-    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
-    kind = gguf_name.split(".")[-2]
-    return {
-        "token_embd": (p.vocab_size, p.embedding_length),
-        "output": (p.vocab_size, p.embedding_length),
-        "output_norm": (p.embedding_length,),
-        "attn_norm": (p.embedding_length,),
-        "ffn_norm": (p.embedding_length,),
-        "attn_q": (q_rows, p.embedding_length),
-        "attn_k": (kv_rows, p.embedding_length),
-        "attn_v": (kv_rows, p.embedding_length),
-        "attn_output": (p.embedding_length, q_rows),
-        "ffn_gate": (p.feed_forward_length, p.embedding_length),
-        "ffn_up": (p.feed_forward_length, p.embedding_length),
-        "ffn_down": (p.embedding_length, p.feed_forward_length),
-    }[kind]
-
-
 def llama_modify_tensors(gguf_name: str, source: SourceTensor, p: TextParams) -> list[Modified]:
     """LlamaModel.modify_tensors permutes Q and K rows from HF's rotate-half order to GGML's
     interleaved one, per head: Q with the attention heads, K with the KV heads."""
@@ -2332,7 +2380,6 @@ LLAMA = register(Family(
     top_tensors=_LLAMA_TOP_TENSORS,
     block_tensors=_LLAMA_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),      # tied embeddings: llama.cpp writes none
-    shape=llama_shape,
     modify_tensors=llama_modify_tensors,
     generated_tensors=llama_generated_tensors,
     check_builds=(
@@ -2370,59 +2417,27 @@ def _refuse_unstrict_qwen_config(config: dict) -> None:
                           f"does not reproduce: write {json_kinds(types)}")
 
 
-def text_model_rope(config: dict) -> dict:
-    """rope_parameters (empty when absent), or a Refusal for a null rope_theta: the config's to_dict()
-    keeps the null, and TextModel then writes no rope.freq_base."""
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
-        raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
-                      "bankml_convert does not reproduce: write the model's rope_theta")
-    return rope
-
-
-def text_model_heads(config: dict) -> tuple[int, int, int]:
-    """hidden_size, num_attention_heads and num_key_value_heads (the attention heads when absent) with
-    the defaults of the config classes that share them (4096, 32), or a Refusal for a layout not
-    reproduced."""
-    hidden = config_integer(config, "hidden_size", 4096)
-    heads = config_integer(config, "num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                      f"not reproduced")
-    kv_heads = config_integer(config, "num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
-                      f"num_key_value_heads {kv_heads}")
-    return hidden, heads, kv_heads
-
-
 def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
     """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
     Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
     _refuse_unstrict_qwen_config(config)
     _refuse_rope_scaling(config)
-    rope = text_model_rope(config)
+    text_model_rope(config)
     if config.get("classifier_pooling") is not None:
         raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
                       "which bankml_convert does not reproduce")
-    hidden, heads, kv_heads = text_model_heads(config)
+    text = text_params(config, _QWEN_DEFAULTS)
     # Qwen2Config has no head_dim, but keeps one config.json names: TextModel then writes it.
     key_length = None
     if "head_dim" in config or head_dim_default is not None:
         key_length = config_integer(config, "head_dim", head_dim_default)
-    return TextParams(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", 32768),
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 22016),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=key_length or hidden // heads,
-        key_length=key_length,
-        vocab_size=config_integer(config, "vocab_size", 151936),
-    )
+    return text._replace(head_dim=key_length or text.head_dim, key_length=key_length)
+
+
+# Qwen2Config's and Qwen3Config's defaults as bankml_convert has taken them.
+_QWEN_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=32768, hidden_size=4096,
+                              intermediate_size=22016, num_attention_heads=32, num_key_value_heads=None,
+                              rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=151936)
 
 
 def qwen2_params(config: dict) -> TextParams:
@@ -2458,7 +2473,7 @@ def qwen_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
         return (p.head_count if kind == "attn_q" else p.head_count_kv) * p.head_dim,
     if kind in ("attn_q_norm", "attn_k_norm"):
         return p.head_dim,
-    return llama_shape(gguf_name, p)
+    return text_shape(gguf_name, p)
 
 
 def refuse_pooling(model_dir: Path, config: dict) -> None:
@@ -2549,22 +2564,32 @@ QWEN3 = register(QWEN2._replace(
 # (its vision tower and projector dropped).  Then Gemma 2 (Gemma2Model).
 
 class GemmaParams(NamedTuple):
-    """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them."""
-    block_count: int
-    context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rms_norm_eps: float
-    head_dim: int
-    vocab_size: int
+    """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them:
+    TextModel's (Gemma 3: rope_freq_base the full-attention layers' theta; Gemma 2: none), then theirs."""
+    text: TextParams
     sliding_window: Optional[int]               # None: no attention.sliding_window key
-    rope_freq_base: float = 0.0                 # Gemma 3: full-attention layers' theta
     rope_freq_base_swa: float = 0.0             # Gemma 3: sliding-window layers' theta
     rope_linear_factor: Optional[float] = None  # Gemma 3 4B+: rope_type "linear"
     final_logit_softcapping: Optional[float] = None
     attn_logit_softcapping: Optional[float] = None     # Gemma 2 only
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# Gemma3TextConfig's defaults, and Gemma2Config's where they differ.  Both type num_key_value_heads int
+# and have a head_dim of their own (gemma_text), so the heads are not checked against the hidden size.
+_GEMMA3_DEFAULTS = TextDefaults(num_hidden_layers=26, max_position_embeddings=131072, hidden_size=2304,
+                                intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
+                                rope_theta=None, rms_norm_eps=1e-6, vocab_size=262208, null_key_value_heads=4,
+                                uneven_heads=None)
+_GEMMA2_DEFAULTS = _GEMMA3_DEFAULTS._replace(max_position_embeddings=8192, vocab_size=256000)
+
+
+def gemma_text(config: dict, defaults: TextDefaults) -> TextParams:
+    """TextModel's part of a Gemma config: head_dim the config's own (256 by default)."""
+    text = text_params(config, defaults)
+    return text._replace(head_dim=config_integer(config, "head_dim", 256))
 
 
 def _gemma3_rope(config: dict) -> tuple[dict, dict]:
@@ -2604,24 +2629,12 @@ def gemma3_params(config: dict) -> GemmaParams:
         raise Refusal("config.json sets attn_logit_softcapping for Gemma 3; llama.cpp's converter stops on it")
     full, sliding = _gemma3_rope(config)
     factor = full.get("factor") if full.get("rope_type") == "linear" else None
-    heads = config_integer(config, "num_attention_heads", 8)
-    kv_heads = config_integer(config, "num_key_value_heads", 4)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    text = gemma_text(config, _GEMMA3_DEFAULTS)
     softcap = config.get("final_logit_softcapping")
     return GemmaParams(
-        block_count=config_integer(config, "num_hidden_layers", 26),
-        context_length=config_integer(config, "max_position_embeddings", 131072),
-        embedding_length=config_integer(config, "hidden_size", 2304),
-        feed_forward_length=config_integer(config, "intermediate_size", 9216),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=config_integer(config, "head_dim", 256),
-        vocab_size=config_integer(config, "vocab_size", 262208),
+        text._replace(rope_freq_base=config_number(full, "rope_theta", 1_000_000.0)),
         # Gemma3Model writes no sliding window when every layer is global (sliding_window_pattern 1).
         sliding_window=None if config.get("sliding_window_pattern") == 1 else config_integer(config, "sliding_window", 4096),
-        rope_freq_base=config_number(full, "rope_theta", 1_000_000.0),
         rope_freq_base_swa=config_number(sliding, "rope_theta", 10_000.0),
         rope_linear_factor=None if factor is None else config_number(full, "factor", 1.0),
         final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
@@ -2632,24 +2645,24 @@ def gemma3_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
     """TextModel.set_gguf_parameters' keys (a linear scaling's type and factor before the thetas, the
     sliding layers' theta after them), then Gemma3Model's: the keys it writes again keep their
     places, the softcap and sliding window come after general.file_type."""
-    a = "gemma3"
+    a, t = "gemma3", p.text
     kvs = [
-        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
-        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{a}.block_count", GGUF_UINT32, t.block_count),
+        KV(f"{a}.context_length", GGUF_UINT32, t.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, t.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, t.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, t.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, t.head_count_kv),
     ]
     if p.rope_linear_factor is not None:
         kvs += [KV(f"{a}.rope.scaling.type", GGUF_STRING, "linear"),
                 KV(f"{a}.rope.scaling.factor", GGUF_FLOAT32, p.rope_linear_factor)]
     kvs += [
-        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, t.rope_freq_base),
         KV(f"{a}.rope.freq_base_swa", GGUF_FLOAT32, p.rope_freq_base_swa),
-        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
-        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
-        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, t.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, t.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, t.head_dim),
         KV("general.file_type", GGUF_UINT32, file_type),
     ]
     if p.final_logit_softcapping is not None:
@@ -2693,8 +2706,8 @@ def gemma_shape(gguf_name: str, p: GemmaParams) -> tuple[int, ...]:
     """The HF shape (rows first) a Gemma tensor must have: Llama's, Qwen3's per-head q/k norms, and
     the post norms of the hidden size."""
     if gguf_name.split(".")[-2] in ("post_attention_norm", "post_ffw_norm"):
-        return p.embedding_length,
-    return qwen_shape(gguf_name, p)
+        return p.text.embedding_length,
+    return qwen_shape(gguf_name, p.text)
 
 
 def gemma_modify_tensors(gguf_name: str, source: SourceTensor, p: GemmaParams) -> list[Modified]:
@@ -2785,20 +2798,8 @@ def gemma2_params(config: dict) -> GemmaParams:
         if key in config and config[key] is None:
             raise Refusal(f"config.json: {key} is null; llama.cpp's Gemma 2 converter writes it as a number "
                           f"and stops on null: write the model's value")
-    heads = config_integer(config, "num_attention_heads", 8)
-    kv_heads = config_integer(config, "num_key_value_heads", 4)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     return GemmaParams(
-        block_count=config_integer(config, "num_hidden_layers", 26),
-        context_length=config_integer(config, "max_position_embeddings", 8192),
-        embedding_length=config_integer(config, "hidden_size", 2304),
-        feed_forward_length=config_integer(config, "intermediate_size", 9216),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=config_integer(config, "head_dim", 256),
-        vocab_size=config_integer(config, "vocab_size", 256000),
+        gemma_text(config, _GEMMA2_DEFAULTS),
         sliding_window=config_integer(config, "sliding_window", 4096),
         attn_logit_softcapping=config_number(config, "attn_logit_softcapping", 50.0),
         final_logit_softcapping=config_number(config, "final_logit_softcapping", 30.0),
@@ -2807,17 +2808,17 @@ def gemma2_params(config: dict) -> GemmaParams:
 
 def gemma2_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
     """Gemma2Model.set_gguf_parameters (no TextModel keys, no rope.freq_base), in its order."""
-    a = "gemma2"
+    a, t = "gemma2", p.text
     return [
-        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
-        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
-        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
-        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
-        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.context_length", GGUF_UINT32, t.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, t.embedding_length),
+        KV(f"{a}.block_count", GGUF_UINT32, t.block_count),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, t.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, t.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, t.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, t.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, t.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, t.head_dim),
         KV("general.file_type", GGUF_UINT32, file_type),
         KV(f"{a}.attn_logit_softcapping", GGUF_FLOAT32, p.attn_logit_softcapping),
         KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping),
@@ -2854,24 +2855,16 @@ GEMMA2 = register(Family(
 # ffn_gate_inp stays F32 (_F32_MATRICES).
 
 class MoeParams(NamedTuple):
-    """TextParams' fields in their order, then the experts' (TextModel reads the counts, the Qwen MoE
-    classes the widths)."""
-    block_count: int
-    context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rope_freq_base: float
-    rms_norm_eps: float
-    head_dim: int
-    vocab_size: int
-    key_length: Optional[int] = None
-    rope_llama3: Optional[Llama3Rope] = None
-    expert_count: int = 0
-    expert_used_count: int = 0
-    expert_feed_forward_length: int = 0     # one expert's width (Mixtral: intermediate_size)
+    """TextModel's hyperparameters, then the experts' (TextModel reads the counts, the Qwen MoE classes
+    the widths)."""
+    text: TextParams
+    expert_count: int
+    expert_used_count: int
+    expert_feed_forward_length: int         # one expert's width (Mixtral: intermediate_size)
     expert_shared_feed_forward_length: Optional[int] = None     # Qwen2-MoE's shared expert
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
 
 
 def _require_config_keys(config: dict, keys: tuple[str, ...], config_class: str) -> None:
@@ -2886,7 +2879,7 @@ def _require_config_keys(config: dict, keys: tuple[str, ...], config_class: str)
 def moe_text_model_kvs(arch: str, p: MoeParams, file_type: int) -> list[KV]:
     """TextModel.set_gguf_parameters' keys with the expert counts after the RMS epsilon, before
     key/value_length and general.file_type (base.py:1517-1522)."""
-    kvs = text_model_kvs(arch, p, file_type)
+    kvs = text_model_kvs(arch, p.text, file_type)
     at = next(i for i, kv in enumerate(kvs) if kv.key.endswith(".attention.layer_norm_rms_epsilon")) + 1
     return kvs[:at] + [KV(f"{arch}.expert_count", GGUF_UINT32, p.expert_count),
                        KV(f"{arch}.expert_used_count", GGUF_UINT32, p.expert_used_count)] + kvs[at:]
@@ -2895,7 +2888,7 @@ def moe_text_model_kvs(arch: str, p: MoeParams, file_type: int) -> list[KV]:
 def moe_shape(gguf_name: str, p: MoeParams) -> tuple[int, ...]:
     """The HF shape (rows first) of an MoE tensor: the stacked experts (experts first), the router,
     Qwen2-MoE's shared expert and its gate; the rest as Qwen's (Llama's)."""
-    e, n_embd, ff, sff = p.expert_count, p.embedding_length, p.expert_feed_forward_length, \
+    e, n_embd, ff, sff = p.expert_count, p.text.embedding_length, p.expert_feed_forward_length, \
         p.expert_shared_feed_forward_length
     shapes = {
         "ffn_gate_inp": (e, n_embd),
@@ -2907,7 +2900,7 @@ def moe_shape(gguf_name: str, p: MoeParams) -> tuple[int, ...]:
         "ffn_down_shexp": (n_embd, sff),
         "ffn_gate_inp_shexp": (1, n_embd),
     }
-    return shapes.get(gguf_name.split(".")[-2]) or qwen_shape(gguf_name, p)
+    return shapes.get(gguf_name.split(".")[-2]) or qwen_shape(gguf_name, p.text)
 
 
 def stacked_expert(gguf_name: str, source: SourceTensor, ranks: tuple[str, ...], count: int) -> Modified:
@@ -2931,7 +2924,7 @@ def mixtral_params(config: dict) -> MoeParams:
         _require_config_keys(config, ("rope_theta",), "MixtralConfig")
     text = llama_params(config)
     head_dim = config.get("head_dim")
-    return MoeParams(*text._replace(key_length=None if head_dim is None else text.head_dim),
+    return MoeParams(text._replace(key_length=None if head_dim is None else text.head_dim),
                      expert_count=config_integer(config, "num_local_experts"),
                      expert_used_count=config_integer(config, "num_experts_per_tok"),
                      expert_feed_forward_length=text.feed_forward_length)
@@ -2939,8 +2932,8 @@ def mixtral_params(config: dict) -> MoeParams:
 
 def mixtral_hparam_kvs(p: MoeParams, file_type: int) -> list[KV]:
     return moe_text_model_kvs("llama", p, file_type) + [
-        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
-        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+        KV("llama.vocab_size", GGUF_UINT32, p.text.vocab_size),
+        KV("llama.rope.dimension_count", GGUF_UINT32, p.text.head_dim),
     ]
 
 
@@ -2952,7 +2945,7 @@ def mixtral_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) -
     stacked w1, w2, w3 (gate, down, up)."""
     if gguf_name.split(".")[-2] in _MIXTRAL_EXPERT_RANKS:
         return [stacked_expert(gguf_name, source, _MIXTRAL_EXPERT_RANKS, p.expert_count)]
-    return llama_modify_tensors(gguf_name, source, p)
+    return llama_modify_tensors(gguf_name, source, p.text)
 
 
 _MIXTRAL_BLOCK_TENSORS = {
@@ -2972,6 +2965,7 @@ MIXTRAL = register(LLAMA._replace(
     block_tensors=_MIXTRAL_BLOCK_TENSORS,
     shape=moe_shape,
     modify_tensors=mixtral_modify_tensors,
+    generated_tensors=lambda p: llama_generated_tensors(p.text),
     accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
     block_outputs=tuple(dict.fromkeys(_MIXTRAL_BLOCK_TENSORS.values())),
     check_builds=(),        # no tokenizer measured under model_type mixtral
@@ -2999,7 +2993,7 @@ _QWEN_MOE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_
 
 def qwen_moe_params(config: dict, text: TextParams) -> MoeParams:
     shared = config.get("shared_expert_intermediate_size")
-    return MoeParams(*text, expert_count=config_integer(config, "num_experts"),
+    return MoeParams(text, expert_count=config_integer(config, "num_experts"),
                      expert_used_count=config_integer(config, "num_experts_per_tok"),
                      expert_feed_forward_length=config_integer(config, "moe_intermediate_size"),
                      expert_shared_feed_forward_length=None if shared is None else
@@ -3057,7 +3051,7 @@ def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) 
         n_ff2 = source.shape[-2] if len(source.shape) == 3 else 1
         if len(source.shape) != 3 or n_ff2 % 2 or source.shape[0] != p.expert_count:
             raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
-                          f"{[p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length]}")
+                          f"{[p.expert_count, 2 * p.expert_feed_forward_length, p.text.embedding_length]}")
         block, n_ff = gguf_name.split(".")[1], n_ff2 // 2
         return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, e, rank * n_ff, n_ff),
                          stacked=Stacked(source.name, rank, 2, e, p.expert_count))
@@ -3136,23 +3130,24 @@ QWEN3MOE = register(QWEN2MOE._replace(
 # SentencePiece vocabulary (phi3_vocab, under "Tokenizers").
 
 class Phi3Params(NamedTuple):
-    """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them."""
-    block_count: int
-    context_length: int
+    """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them: TextModel's (head_dim
+    hidden_size / heads, whatever the config says), then its own."""
+    text: TextParams
     original_context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rms_norm_eps: float
     rope_dimension_count: int
-    rope_freq_base: float
     sliding_window: int
-    vocab_size: int
-    head_dim: int
     long_factors: tuple[float, ...] = ()    # LongRoPE: rope_factors_long.weight (none: no scaling)
     short_factors: tuple[float, ...] = ()
     attn_factor: Optional[float] = None     # LongRoPE: rope.scaling.attn_factor
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# Phi3Config's defaults (its rope_theta read by phi3_params, with the rope parameters).
+_PHI3_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=4096, hidden_size=3072,
+                              intermediate_size=8192, num_attention_heads=32, num_key_value_heads=None,
+                              rope_theta=None, rms_norm_eps=1e-5, vocab_size=32064)
 
 
 # The keys Phi3Config (transformers 5.18, @strict) types exactly: another type makes AutoConfig raise, and
@@ -3213,20 +3208,14 @@ def phi3_params(config: dict) -> Phi3Params:
                           f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
                           f"does not reproduce: write {json_kinds(types)}")
     rope = _phi3_rope(config)
-    hidden = config_integer(config, "hidden_size", 3072)
-    heads = config_integer(config, "num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                      f"not reproduced")
-    kv_heads = config_integer(config, "num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    text = text_params(config, _PHI3_DEFAULTS)
+    hidden, heads = text.embedding_length, text.head_count
     if rope.get("rope_theta", 0) is None or "rope_theta" in config and config["rope_theta"] is None:
         raise Refusal("config.json: rope_theta is null; llama.cpp's Phi-3 converter stops on it: write the "
                       "model's rope_theta")
     theta = config_number(rope, "rope_theta", config_number(config, "rope_theta", 10000.0))
     rotary = config_number(rope, "partial_rotary_factor", config_number(config, "partial_rotary_factor", 1.0))
-    context = config_integer(config, "max_position_embeddings", 4096)
+    context = text.context_length
     original = config_integer(config, "original_max_position_embeddings", 4096)
     if rope.get("original_max_position_embeddings", original) != original:
         raise Refusal("config.json: rope_scaling's original_max_position_embeddings differs from the top-level "
@@ -3252,20 +3241,11 @@ def phi3_params(config: dict) -> Phi3Params:
         attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
     sliding_window = config.get("sliding_window")
     return Phi3Params(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=context,
+        text._replace(rope_freq_base=theta),
         original_context_length=original,
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 8192),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
         rope_dimension_count=rope_dims,
-        rope_freq_base=theta,
         # phi.py:169-173: a null window is written 0 (what tells Phi-4 from the other Phi-3 models).
         sliding_window=0 if sliding_window is None else config_integer(config, "sliding_window", minimum=0),
-        vocab_size=config_integer(config, "vocab_size", 32064),
-        head_dim=hidden // heads,
         long_factors=long_factors,
         short_factors=short_factors,
         attn_factor=attn_factor,
@@ -3274,18 +3254,18 @@ def phi3_params(config: dict) -> Phi3Params:
 
 def phi3_hparam_kvs(p: Phi3Params, file_type: int) -> list[KV]:
     """Phi3MiniModel.set_gguf_parameters (no TextModel keys), in its order."""
-    a = "phi3"
+    a, t = "phi3", p.text
     return [
-        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.context_length", GGUF_UINT32, t.context_length),
         KV(f"{a}.rope.scaling.original_context_length", GGUF_UINT32, p.original_context_length),
-        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
-        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.embedding_length", GGUF_UINT32, t.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, t.feed_forward_length),
+        KV(f"{a}.block_count", GGUF_UINT32, t.block_count),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, t.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, t.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, t.rms_norm_eps),
         KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.rope_dimension_count),
-        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, t.rope_freq_base),
         KV("general.file_type", GGUF_UINT32, file_type),
         KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
     ]
@@ -3320,19 +3300,13 @@ _PHI3_BLOCK_TENSORS = {
 
 def phi3_shape(gguf_name: str, p: Phi3Params) -> tuple[int, ...]:
     """The HF shape (rows first) of a Phi-3 tensor: Q, K and V rows stacked in attn_qkv, gate and up
-    rows in ffn_up."""
-    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
-    return {
-        "token_embd": (p.vocab_size, p.embedding_length),
-        "output": (p.vocab_size, p.embedding_length),
-        "output_norm": (p.embedding_length,),
-        "attn_norm": (p.embedding_length,),
-        "ffn_norm": (p.embedding_length,),
-        "attn_qkv": (q_rows + 2 * kv_rows, p.embedding_length),
-        "attn_output": (p.embedding_length, q_rows),
-        "ffn_up": (2 * p.feed_forward_length, p.embedding_length),
-        "ffn_down": (p.embedding_length, p.feed_forward_length),
-    }[gguf_name.split(".")[-2]]
+    rows in ffn_up; the rest as text_shape's."""
+    t, kind = p.text, gguf_name.split(".")[-2]
+    if kind == "attn_qkv":
+        return (t.head_count + 2 * t.head_count_kv) * t.head_dim, t.embedding_length
+    if kind == "ffn_up":
+        return 2 * t.feed_forward_length, t.embedding_length
+    return text_shape(gguf_name, t)
 
 
 PHI3 = register(Family(
@@ -3426,14 +3400,8 @@ class GraniteParams(NamedTuple):
     text: TextParams
     scales: tuple[Optional[float], ...]     # in _GRANITE_SCALES' order
 
-    # What the shared code reads of every family's params.
-    @property
-    def vocab_size(self) -> int:
-        return self.text.vocab_size
-
-    @property
-    def block_count(self) -> int:
-        return self.text.block_count
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
 
 
 def granite_scale(config: dict, key: str) -> Optional[float]:
@@ -3490,7 +3458,7 @@ GRANITE = register(LLAMA._replace(
     params=granite_params,
     hparam_kvs=granite_hparam_kvs,
     vocab_kvs=lambda p, v, tokenizer_kvs: llama_vocab_kvs(p.text, v, tokenizer_kvs),
-    shape=lambda gguf_name, p: llama_shape(gguf_name, p.text),
+    shape=lambda gguf_name, p: text_shape(gguf_name, p.text),
     modify_tensors=lambda gguf_name, source, p: llama_modify_tensors(gguf_name, source, p.text),
     generated_tensors=lambda p: llama_generated_tensors(p.text),
     filter_tensors=granite_filter_tensors,
@@ -3513,20 +3481,14 @@ def olmo2_params(config: dict) -> TextParams:
         raise Refusal("config.json: head_dim in an OLMo 2 config; Olmo2Config has none, and what llama.cpp "
                       "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
     _refuse_rope_scaling(config)
-    rope = text_model_rope(config)
-    hidden, heads, kv_heads = text_model_heads(config)
-    return TextParams(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", 2048),
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 11008),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
-        head_dim=hidden // heads,
-        vocab_size=config_integer(config, "vocab_size", 50304),
-    )
+    text_model_rope(config)
+    return text_params(config, _OLMO2_DEFAULTS)
+
+
+# Olmo2Config's defaults.
+_OLMO2_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=2048, hidden_size=4096,
+                               intermediate_size=11008, num_attention_heads=32, num_key_value_heads=None,
+                               rope_theta=10000.0, rms_norm_eps=1e-5, vocab_size=50304)
 
 
 def olmo2_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
@@ -3561,7 +3523,7 @@ def olmo2_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
         return p.head_count * p.head_dim,
     if kind == "attn_k_norm":
         return p.head_count_kv * p.head_dim,
-    return llama_shape(gguf_name, p)
+    return text_shape(gguf_name, p)
 
 
 OLMO2 = register(Family(

@@ -1037,7 +1037,6 @@ FUSED = bc.Family(
     top_tensors=bc._LLAMA_TOP_TENSORS,
     block_tensors=_FUSED_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),
-    shape=bc.llama_shape,
     modify_tensors=fused_modify_tensors,
     early_kvs=lambda p: [FUSED_ATTN_FACTOR],
     vocab_paths=("gpt2",),
