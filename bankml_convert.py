@@ -46,11 +46,41 @@ touch; tool: around the conversion):
   ggml's MNIST files           tool   the legacy GGML and mnist-fc GGUF writers and readers
   Command line                 tool   argument parsing, messages, exit codes, the progress bar
 
-To add a model family, write (as llama.cpp writes a ModelBase subclass): its params, keys and
-vocabulary order, its tensor names and shapes, and where it differs from a 1:1 copy its
-filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and early_kvs;
-then its entry, registered where it is written: NAME = register(Family(...)) ("Model families" says
-which field is which hook).
+The families (FAMILIES, each one block under its sub-banner in "Model families"): the architectures
+it takes, the hooks it sets beyond its params, keys and tensor names (the rest are TextModel's), and
+the vocabulary paths its set_vocab tries, in order:
+
+    Llama      LlamaForCausalLM, MistralForCausalLM
+               hooks: modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    Qwen2      Qwen2ForCausalLM
+               hooks: shape refuse_directory; vocabulary: sentencepiece, gpt2
+    Qwen3      Qwen3ForCausalLM
+               hooks: shape refuse_directory; vocabulary: sentencepiece, gpt2
+    Gemma 3    Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory; vocabulary: sentencepiece, gpt2
+    Gemma 2    Gemma2ForCausalLM
+               hooks: shape filter_tensors modify_tensors; vocabulary: sentencepiece
+    Mixtral    MixtralForCausalLM
+               hooks: shape modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    Qwen2-MoE  Qwen2MoeForCausalLM
+               hooks: shape modify_tensors; vocabulary: gpt2
+    Qwen3-MoE  Qwen3MoeForCausalLM
+               hooks: shape modify_tensors; vocabulary: gpt2
+    Phi-3      Phi3ForCausalLM
+               hooks: shape generated_tensors early_kvs; vocabulary: phi3_sentencepiece, gpt2
+    SmolLM3    SmolLM3ForCausalLM
+               hooks: modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    Granite    GraniteForCausalLM
+               hooks: shape filter_tensors modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    OLMo 2     Olmo2ForCausalLM
+               hooks: shape; vocabulary: gpt2
+
+To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
+(text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
+under its model_type (check_builds), its tensor names and shapes, and where it differs from a 1:1
+copy its filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and
+early_kvs; then its entry, registered where it is written: NAME = register(Family(...)) ("Model
+families" says which field is which hook), and its rows in the table above.
 A new tokenizer kind is one TOKENIZER_KINDS entry plus its functions; a new output type, one
 OUT_TYPES entry plus its kernels.
 Library use::
@@ -1789,18 +1819,23 @@ def load_generation_config(model_dir: Path) -> dict:
 # between families; the rest of the file reaches a family only through its entry.
 # ---------------------------------------------------------------------------------------------
 # A Family mirrors llama.cpp's ModelBase/TextModel class hook for hook, each field defaulting to what
-# the base class does.  To add a family, write:
-#   - params: config.json (after hparams' text_config merge) -> its hyperparameters, with its
-#     transformers config class's defaults, or a Refusal; accepted_config_keys for the shared
-#     refusals' keys its class reads itself;
+# the base class does.  A family is one block under its own sub-banner; to add one, write there:
+#   - params: config.json (after hparams' text_config merge) -> its hyperparameters: text_params with
+#     its transformers config class's TextDefaults, in a record of its own holding that TextParams as
+#     text where it reads more; or a Refusal; accepted_config_keys for the shared refusals' keys its
+#     class reads itself;
 #   - hparam_kvs (set_gguf_parameters) and vocab_kvs (set_vocab's keys around its path), in order;
-#   - vocab_paths: the vocabulary paths its set_vocab tries, in its order (TOKENIZER_KINDS' names);
-#   - its tensor names (top_tensors, block_tensors), shape, and, where it differs from a 1:1 copy,
-#     filter_tensors and modify_tensors (Modified tensors: row slices of the source, Q/K permutation,
-#     the +1 of a norm), generated_tensors and early_kvs;
+#   - vocab_paths: the vocabulary paths its set_vocab tries, in its order (TOKENIZER_KINDS' names), and
+#     check_builds: for a BPE tokenizer.json, each (tokenizer_class, model_type) measured with
+#     `oracle.py chkhsh` and the CHECK_PIPELINES entry that replays it (a new pipeline is the Vocabulary's);
+#   - its tensor names (top_tensors, block_tensors), shape where text_shape's do not cover them, and,
+#     where it differs from a 1:1 copy, filter_tensors and modify_tensors (Modified tensors: row slices
+#     of the source, Q/K permutation, the +1 of a norm), generated_tensors and early_kvs;
 # then its entry, registered where it is written: NAME = register(Family(...)), as llama.cpp's
-# @ModelBase.register decorates its class.
+# @ModelBase.register decorates its class; and its rows in the module docstring's family table.
 # Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
+
+# --- The seam: Family, the registry, and TextModel's part every family shares ---------------------
 
 def no_generated_tensors(params: Any) -> list[GeneratedTensor]:
     """ModelBase.generate_extra_tensors: nothing, unless a family yields its own."""
@@ -2104,6 +2139,7 @@ def text_model_kvs(arch: str, p: TextParams, file_type: int) -> list[KV]:
     return kvs + [KV("general.file_type", GGUF_UINT32, file_type)]
 
 
+# --- Llama ----------------------------------------------------------------------------------------
 # Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2, TinyLlama, Llama 2, every plain LlamaForCausalLM,
 # and MistralForCausalLM (llama.cpp registers it for the same class).
 
@@ -2390,7 +2426,8 @@ LLAMA = register(Family(
     ),
 ))
 
-# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
+# --- Qwen2 ----------------------------------------------------------------------------------------
+# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model); Qwen3 (its Qwen3Model, a Qwen2Model subclass) below.
 
 # The keys a Qwen config's dataclass types exactly (transformers 5.18's @strict Qwen2Config/Qwen3Config):
 # a null or another type makes AutoConfig raise, and llama.cpp then reads config.json as written,
@@ -2506,6 +2543,9 @@ QWEN2 = register(Family(
 ))
 
 
+# --- Qwen3 ----------------------------------------------------------------------------------------
+# Qwen3 (llama.cpp's Qwen3Model, a Qwen2Model subclass).
+
 def qwen3_params(config: dict) -> TextParams:
     if config.get("attention_bias"):
         raise Refusal("config.json sets attention_bias: true; llama.cpp then writes q/k/v/o biases for a Qwen3 "
@@ -2560,8 +2600,10 @@ QWEN3 = register(QWEN2._replace(
     check_builds=(CheckBuild("Qwen2Tokenizer", "qwen3", "qwen2", "Qwen3 tokenizer, Qwen3 config"),),
 ))
 
+# --- Gemma 3 --------------------------------------------------------------------------------------
 # Gemma 3 (llama.cpp's Gemma3Model): Gemma3ForCausalLM, and the text part of Gemma3ForConditionalGeneration
-# (its vision tower and projector dropped).  Then Gemma 2 (Gemma2Model).
+# (its vision tower and projector dropped).  Gemma 2 (Gemma2Model) below shares its record, vocabulary keys,
+# tensor names, shapes and +1.
 
 class GemmaParams(NamedTuple):
     """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them:
@@ -2791,6 +2833,9 @@ GEMMA3 = register(Family(
 ))
 
 
+# --- Gemma 2 --------------------------------------------------------------------------------------
+# Gemma 2 (llama.cpp's Gemma2Model): Gemma2ForCausalLM, Gemma 3's record and tensors with its own keys.
+
 def gemma2_params(config: dict) -> GemmaParams:
     """The Gemma 2 hyperparameters of config.json, with Gemma2Config's defaults, or a Refusal for what
     llama.cpp's Gemma2Model would stop on (a null softcap or sliding window: it writes them unguarded)."""
@@ -2850,6 +2895,7 @@ GEMMA2 = register(Family(
 ))
 
 
+# --- Mixtures of experts: what Mixtral, Qwen2-MoE and Qwen3-MoE share -----------------------------
 # Mixtures of experts: Mixtral (llama.cpp's LlamaModel), Qwen2-MoE (its Qwen2MoeModel) and Qwen3-MoE
 # (its Qwen3MoeModel).  Each layer's experts become three stacked tensors (Modified.stacked), its router
 # ffn_gate_inp stays F32 (_F32_MATRICES).
@@ -2912,6 +2958,7 @@ def stacked_expert(gguf_name: str, source: SourceTensor, ranks: tuple[str, ...],
                                                        index, count))
 
 
+# --- Mixtral --------------------------------------------------------------------------------------
 # Mixtral (MixtralForCausalLM, on llama.cpp's LlamaModel): Llama's attention, w1/w2/w3 experts.
 
 def mixtral_params(config: dict) -> MoeParams:
@@ -2972,6 +3019,7 @@ MIXTRAL = register(LLAMA._replace(
 ))
 
 
+# --- Qwen2-MoE and Qwen3-MoE ----------------------------------------------------------------------
 # Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): Qwen's attention, the experts
 # as separate matrices or (a transformers 5 save) already stacked.
 
@@ -3125,9 +3173,10 @@ QWEN3MOE = register(QWEN2MOE._replace(
 ))
 
 
+# --- Phi-3 ----------------------------------------------------------------------------------------
 # Phi-3 / Phi-3.5-mini (llama.cpp's Phi3MiniModel, conversion/phi.py:39-211): fused qkv_proj and gate_up_proj
 # written as they are (no split, no permutation), its own keys, LongRoPE's factor tensors, and its own
-# SentencePiece vocabulary (phi3_vocab, under "Tokenizers").
+# SentencePiece vocabulary (the phi3_sentencepiece kind, under "Vocabulary").
 
 class Phi3Params(NamedTuple):
     """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them: TextModel's (head_dim
@@ -3330,6 +3379,7 @@ PHI3 = register(Family(
 ))
 
 
+# --- SmolLM3 --------------------------------------------------------------------------------------
 # SmolLM3 (llama.cpp's SmolLM3Model): LlamaModel under arch smollm3 (llama.py:425-428), nothing else.
 
 # The keys SmolLM3Config has defaults for that are not measured against llama.cpp: a SmolLM3 config.json
@@ -3387,6 +3437,7 @@ SMOLLM3 = register(LLAMA._replace(
 ))
 
 
+# --- Granite --------------------------------------------------------------------------------------
 # Granite 3.x dense (llama.cpp's GraniteModel, a LlamaModel): GraniteForCausalLM.
 
 # GraniteConfig's multipliers -> the GGUF key (after the arch) GraniteModel.set_gguf_parameters writes for
@@ -3466,6 +3517,7 @@ GRANITE = register(LLAMA._replace(
 ))
 
 
+# --- OLMo 2 ---------------------------------------------------------------------------------------
 # OLMo 2 (llama.cpp's Olmo2Model): Olmo2ForCausalLM, on TextModel's generic path, not LlamaModel's.
 
 def olmo2_params(config: dict) -> TextParams:

@@ -1077,6 +1077,24 @@ def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
     return {t.name: data[t.file_offset:t.file_offset + t.nbytes] for t in g.tensors}
 
 
+# The hooks the docstring's family table names where a family sets its own (params, keys and tensor
+# names are every family's own).
+FAMILY_TABLE_HOOKS = ("shape", "filter_tensors", "modify_tensors", "generated_tensors", "early_kvs", "hparams",
+                      "refuse_directory")
+
+
+def family_table() -> str:
+    """The module docstring's family table as the registry gives it: per family, in registration order,
+    its architectures, then the hooks it does not take from Family's defaults and its vocabulary paths."""
+    defaults = bc.Family._field_defaults
+    rows = []
+    for family in {id(f): f for f in bc.FAMILIES.values()}.values():
+        hooks = [h for h in FAMILY_TABLE_HOOKS if getattr(family, h) is not defaults[h]]
+        rows += [f"    {family.name:<10} {', '.join(family.architectures)}",
+                 f"    {'':<10} hooks: {' '.join(hooks) or '-'}; vocabulary: {', '.join(family.vocab_paths)}"]
+    return "\n".join(rows)
+
+
 class Seams(Workspace):
     def test_the_api_is_declared_and_holds_what_the_readme_imports(self):
         readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -1097,6 +1115,9 @@ class Seams(Workspace):
         mapped = re.findall(r"^  (\S.*?\S)\s{2,}(?:core|speed|memory|trust|tool)\s", bc.__doc__, re.MULTILINE)
         self.assertGreater(len(sections), 10)
         self.assertEqual(mapped, sections)
+
+    def test_the_docstring_family_table_is_the_registry(self):
+        self.assertIn("\n" + family_table() + "\n\n", bc.__doc__)
 
     def test_the_tests_sections_follow_the_products(self):
         lines = Path(__file__).read_text(encoding="utf-8").splitlines()
