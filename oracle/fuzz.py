@@ -73,7 +73,7 @@ runs PyYAML and gguf-py beside the reader on generated documents.
 
 --tokenizer-model fuzzes the SentencePiece reader: mutants of a real tokenizer.model (protobuf-aware
 edits of pieces, types, scores, wire types, lengths, trainer/normalizer specs, plus byte damage)
-go through sentencepiece_pieces, every K-th also through convert() in a tiny model directory; the
+go through read_tokenizer_model, every K-th also through convert() in a tiny model directory; the
 last line is ``fuzz --tokenizer-model: N inputs (M also converted), C crashes, P partial outputs,
 A read, R refused``.  oracle/spm_oracle.py runs the same mutants through sentencepiece itself.
 """
@@ -3138,7 +3138,7 @@ def run_gguf_replay(args) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # --tokenizer-model: mutated SentencePiece tokenizer.model files (issue 13).  Every mutant goes
-# through bankml_convert's reader (sentencepiece_pieces) and every --convert-every'th one, placed
+# through bankml_convert's reader (read_tokenizer_model) and every --convert-every'th one, placed
 # in a tiny SentencePiece model directory, through convert(): each must return or refuse in one
 # line, never raise anything else, hang or leave a partial output.  The mutants start from the
 # real Llama 2 (TinyLlama) tokenizer.model, the synthetic Mistral v0.3 one and a 600-piece cut of
@@ -3441,10 +3441,10 @@ def run_file_campaign(args, campaign: FileCampaign, bases: dict[str, bytes]) -> 
 def run_spm_campaign(args) -> int:
     bases = spm_bases()
     for name, data in bases.items():
-        assert bc.sentencepiece_pieces(data), name          # every base is read
+        assert bc.checked_pieces(*bc.parsed_pieces(data)), name          # every base is read
     return run_file_campaign(args, FileCampaign(
         "--tokenizer-model", "tokenizer.model", SPM_CASE, spm_mutant,
-        lambda d: bc.sentencepiece_pieces((d / "tokenizer.model").read_bytes()),
+        lambda d: bc.read_tokenizer_model(d / "tokenizer.model"),
         lambda detail: re.sub(r"\d+", "N", detail.split(":")[1] if ":" in detail else detail)[:70]), bases)
 
 

@@ -62,7 +62,8 @@ def main() -> int:
     for index in range(args.start, args.start + args.inputs):
         _, data, mutations = fuzz.spm_mutant(args.seed, index, bases)
         try:
-            ours = [(x.piece, f32_bits(x.score), bc.spm_token_type(x.type)) for x in bc.sentencepiece_pieces(data)]
+            pieces = bc.checked_pieces(*bc.parsed_pieces(data))
+            ours = [(x.piece, f32_bits(x.score), bc.spm_token_type(x.type)) for x in pieces]
         except bc.Refusal:
             ours = None
         theirs = sentencepiece_view(data)
