@@ -3417,16 +3417,20 @@ _SMOLLM3_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "n
 _SMOLLM3_NOPE_STEP = 4
 
 
-def smollm3_nope_layers(config: dict, layers: int) -> list[int]:
-    """no_rope_layers as SmolLM3Config fills it: 1 for a layer with RoPE, 0 for a NoPE layer; when
-    absent, every no_rope_layer_interval-th layer (4 by default) is NoPE."""
+def smollm3_nope_is_every_4th(config: dict, layers: int) -> bool:
+    """Whether SmolLM3Config's no_rope_layers (1 for a layer with RoPE, 0 for a NoPE layer; when absent,
+    every no_rope_layer_interval-th layer, 4 by default, is NoPE) is the runtime's every-4th pattern.
+    Decided without a list as long as num_hidden_layers, a number from the config that no bytes back:
+    a given list is compared only once its length is the layer count."""
     given = config.get("no_rope_layers")
     if given is None:
         interval = config_integer(config, "no_rope_layer_interval", 4)
-        return [int((i + 1) % interval != 0) for i in range(layers)]
+        # The multiples of interval and of 4 up to the layer count are the same layers exactly when
+        # the two are equal or neither has a multiple there.
+        return interval == _SMOLLM3_NOPE_STEP or layers < min(interval, _SMOLLM3_NOPE_STEP)
     if not isinstance(given, list) or any(v not in (0, 1) or type(v) is not int for v in given):
         raise Refusal("config.json: no_rope_layers must be a list of 0 and 1")
-    return given
+    return len(given) == layers and all(v == int((i + 1) % _SMOLLM3_NOPE_STEP != 0) for i, v in enumerate(given))
 
 
 def smollm3_params(config: dict) -> TextParams:
@@ -3442,8 +3446,7 @@ def smollm3_params(config: dict) -> TextParams:
                       "then writes is not measured: remove it if it is hidden_size / num_attention_heads")
     _refuse_rope_scaling(config)
     params = llama_params(config)._replace(key_length=None)     # SmolLM3Config's to_dict() has no head_dim
-    expected = [int((i + 1) % _SMOLLM3_NOPE_STEP != 0) for i in range(params.block_count)]
-    if smollm3_nope_layers(config, params.block_count) != expected:
+    if not smollm3_nope_is_every_4th(config, params.block_count):
         raise Refusal(f"config.json: NoPE layers (no_rope_layers / no_rope_layer_interval) other than every "
                       f"{_SMOLLM3_NOPE_STEP}th: llama.cpp writes no NoPE pattern and its runtime assumes every "
                       f"{_SMOLLM3_NOPE_STEP}th layer, so the GGUF would run wrong; not converted")

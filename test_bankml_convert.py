@@ -64,6 +64,15 @@ def end_a_stray_worker() -> None:
         os._exit(70)
 
 
+def run_in_1_gib(*args) -> subprocess.CompletedProcess:
+    """The command line in a child that may have 1 GiB of address space: a count from the config that
+    buys memory before it is checked against the tensors fails there as out of memory (exit 3)."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "import bankml_convert as bc; sys.exit(bc.main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
 def cli(*args) -> Result:
     """main(args) in-process: its exit code (argparse's SystemExit included), stdout and stderr.
     Every worker a conversion forked must have been reaped by the time main returns."""
@@ -1947,10 +1956,7 @@ class MoeRefusals(Workspace):
             for name, dtype, shape, data in tensors if name != down])
         edit_json(d / "model.safetensors.index.json", lambda index: index["weight_map"].pop(down))
         out = self.out_dir() / "x.gguf"
-        code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
-                "import bankml_convert as bc; sys.exit(bc.main(sys.argv[1:]))")
-        p = subprocess.run([sys.executable, "-c", code, str(d), "-o", str(out)], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+        p = run_in_1_gib(d, "-o", out)
         self.assertEqual((p.returncode, p.stdout, p.stderr), (2, "", (
             f"bankml convert: refuse: tensor {fused!r} has shape [10000000, 64, 0], but config.json implies "
             f"[10000000, 64, 32]\n")))
@@ -2214,6 +2220,15 @@ class SmolLM3Refusals(Workspace):
         d = self.case("smollm3-3b-shape")
         edit_json(d / "config.json", lambda c: c.update(no_rope_layers=[1, 1, 1, 0, 1]))
         self.assertRefuses(d, self.NOPE)
+
+    def test_a_layer_count_no_tensors_back_is_refused_before_a_list_as_long(self):
+        # The every-4th check had built two lists of num_hidden_layers entries before any tensor was
+        # looked at: 2**31 - 1 layers took the 1 GiB child out of memory.
+        d = self.case("smollm3-3b-shape")
+        edit_json(d / "config.json", lambda c: (c.pop("no_rope_layers"), c.update(num_hidden_layers=2**31 - 1)))
+        p = run_in_1_gib(d, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual((p.returncode, p.stdout), (2, ""))
+        self.assertIn("the model has no tensor blk.4.attn_norm.weight", p.stderr)
 
     def test_a_smollm3_config_without_rope_theta_is_refused(self):
         d = self.case("smollm3-3b-shape")
