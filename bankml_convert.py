@@ -82,6 +82,7 @@ if __name__ == "__main__":
 import argparse
 import bisect
 import datetime
+import errno
 import fnmatch
 import gc
 import hashlib
@@ -9219,8 +9220,7 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
         if f.resolve() == target:
             raise Refusal(f"the {role} {out} is one of the inputs ({f.name})")
     for other in others:
-        if target in (other.resolve(), other.with_name(other.name + ".part").resolve()) or \
-                other.resolve() == out.with_name(out.name + ".part").resolve():
+        if target in (other.resolve(), part_path(other).resolve()) or other.resolve() == part_path(out).resolve():
             raise Refusal(f"the {role} {out} and {other} would be the same file; name two files")
 
 
@@ -9229,12 +9229,22 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 # TARGET.part beside its target and renamed into place with the others once all are whole.
 # ---------------------------------------------------------------------------------------------
 # The guarantees the README states, kept here and nowhere else:
-# - A .part is created exclusively and never through a link (O_EXCL|O_NOFOLLOW), and locked (flock)
-#   for as long as its run lives; a .part whose lock is free is a dead run's leftover and is replaced.
+# - A .part is never seen unlocked: its file is made without a name (O_TMPFILE) or under a private
+#   temporary name, locked (flock), and only then linked to its .part name -- a link, which fails
+#   rather than replace anything already there, and never follows a link planted at the name.  The
+#   lock lasts as long as its run, so a .part whose lock is free is a dead run's leftover and is
+#   replaced, saying so in one line.  A run killed between the steps leaves nothing (O_TMPFILE) or a
+#   temporary file of a name of its own (.HASH-RANDOM.part, HASH naming the .part), which later runs
+#   writing the same target treat exactly as a dead run's .part.
+# - TARGET.part is the .part's name where it fits the directory's longest name (NAME_MAX); a target
+#   whose name is already that long gets a shortened one that begins like it and ends in a hash of it
+#   (part_path), found the same way by every run.
 # - Before the renames, every input is still the file that was read: the same device and inode
 #   behind its name, the same size, mtime and ctime as before the run read it (ctime cannot be set
 #   back by any program, so a write hidden by utime() still shows).  Then the data is flushed
-#   (fsync), the files are renamed in order -- OUT first, its pin last -- and their directories flushed.
+#   (fsync), each .part given the permission bits (and, where allowed, the owner and group) of the
+#   file it replaces, the files renamed in order -- OUT first, its pin last -- and their directories
+#   flushed.
 # - A run that stops before the renames removes its .parts and leaves every old file as it was;
 #   once the renames are done it has succeeded.
 
@@ -9244,6 +9254,45 @@ except ImportError:     # not POSIX: no locks, so no .part is ever taken for a d
     fcntl = None        # type: ignore[assignment]
 
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# A file made in a directory without a name, linked in later (Linux 3.11+, most local file systems).
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+_PART = ".part"
+_HASHED_PART_TAIL = 1 + 16 + len(_PART)       # "~" + 16 hex digits + ".part"
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name directory takes, in bytes (255 where the system does not say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _name_hash(name: str) -> str:
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+
+
+def part_path(target: Path) -> Path:
+    """Where target is written before it is renamed into place: TARGET.part, or, for a name too long
+    to take the suffix, the longest beginning of it that fits, "~", a hash of the whole name, ".part"."""
+    name = target.name
+    limit = _name_max(target.parent if str(target.parent) else Path("."))
+    if len(os.fsencode(name)) + len(_PART) <= limit:
+        return target.with_name(name + _PART)
+    keep = name
+    while keep and len(os.fsencode(keep)) + _HASHED_PART_TAIL > limit:
+        keep = keep[:-1]
+    return target.with_name(f"{keep}~{_name_hash(name)}{_PART}")
+
+
+def _temporary_prefix(part: Path) -> str:
+    """The beginning of the private names a .part's file is made under before it is linked to part."""
+    return f".{_name_hash(part.name)}-"
+
+
+def _is_temporary_of(name: str, prefix: str) -> bool:
+    rest = name[len(prefix):-len(_PART)] if name.startswith(prefix) and name.endswith(_PART) else ""
+    return len(rest) == 16 and all(c in "0123456789abcdef" for c in rest)
 
 
 class Identity(NamedTuple):
@@ -9349,8 +9398,9 @@ class Commit:
             self.abort()
 
     def create(self, target: Path) -> int:
-        """A new, empty TARGET.part, locked for this run; its descriptor (closed by commit or abort)."""
-        part = target.with_name(target.name + ".part")
+        """A new, empty TARGET.part (part_path), locked for this run before any other run can see it;
+        its descriptor (closed by commit or abort)."""
+        part = part_path(target)
         # Held until the .part is recorded: an interrupt between its creation and the record would
         # leave it behind.
         mask = _hold_interrupts()
@@ -9363,23 +9413,88 @@ class Commit:
         return fd
 
     def _create_locked(self, part: Path, target: Path) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW
-        for _ in range(2):
+        fd = _anonymous_locked_file(part) if fcntl is not None else None
+        if fd is not None:
             try:
-                fd = os.open(part, flags, 0o644)
+                self._link_in(part, target, lambda: _link_descriptor(fd, part))
+                return fd
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in _NO_DESCRIPTOR_LINK:
+                    raise output_error(part, e) from None
+            except BaseException:
+                os.close(fd)
+                raise
+        if fcntl is not None:
+            fd = self._create_through_temporary(part, target)
+            if fd is not None:
+                return fd
+        return self._create_then_lock(part, target)
+
+    def _create_through_temporary(self, part: Path, target: Path) -> int | None:
+        """The .part made under a private name, locked, then linked to part and the name removed, for
+        systems and file systems without O_TMPFILE; None on one without hard links.  A dead run's
+        temporary file is removed first."""
+        prefix = _temporary_prefix(part)
+        try:
+            names = os.listdir(part.parent if str(part.parent) else ".")
+        except OSError:
+            names = []      # a directory one may write but not list: its leftovers cannot be seen
+        for name in names:
+            if _is_temporary_of(name, prefix):
+                self._remove_dead_part(part.with_name(name), target)
+        for _ in range(3):
+            temp = part.with_name(prefix + os.urandom(8).hex() + _PART)
+            try:
+                fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644)
+            except OSError as e:
+                raise output_error(part, e) from None
+            try:
+                # Only a run taking this file for a dead one's can hold its lock, for as long as it
+                # takes to remove it; the link below then finds no file and a new one is made.
+                _lock(fd)
+                self._link_in(part, target, lambda: os.link(temp, part, follow_symlinks=False))
+                _unlink_quietly(temp)
+                return fd
+            except OSError as e:
+                os.close(fd)
+                _unlink_quietly(temp)
+                if e.errno in _NO_HARD_LINKS:
+                    return None
+                if e.errno != errno.ENOENT:
+                    raise output_error(part, e) from None
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(temp)
+                raise
+        raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
+
+    def _create_then_lock(self, part: Path, target: Path) -> int:
+        """The .part created, then locked: where there are neither O_TMPFILE nor hard links (FAT),
+        the one case in which another run starting in between can take it for a dead run's."""
+        for _ in range(3):
+            try:
+                fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644)
             except FileExistsError:
-                if self._remove_dead_part(part, target):
-                    continue
-                raise Refusal(f"{part} is being written by another conversion that is still running "
-                              f"(it holds the file's lock): wait for it, or write {target.name} elsewhere") from None
+                if not self._remove_dead_part(part, target):    # without locks it refuses
+                    raise _live_writer(part, target) from None
+                continue
             except OSError as e:
                 raise output_error(part, e) from None
             if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    pass    # a file system without locks: the .part is still exclusively ours
+                _lock(fd)
             return fd
+        raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
+
+    def _link_in(self, part: Path, target: Path, link: Callable[[], None]) -> None:
+        """link() the locked file to part, replacing a dead run's .part; a Refusal if a live run holds
+        it or it keeps coming back."""
+        for _ in range(3):
+            try:
+                return link()
+            except FileExistsError:
+                if not self._remove_dead_part(part, target):
+                    raise _live_writer(part, target) from None
         raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
 
     def _remove_dead_part(self, part: Path, target: Path) -> bool:
@@ -9414,7 +9529,12 @@ class Commit:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
                 return True     # replaced meanwhile: look again
-            os.unlink(part)
+            try:
+                os.unlink(part)
+            except FileNotFoundError:
+                return True
+            except OSError as e:
+                raise output_error(part, e) from None
         finally:
             os.close(fd)
         if self._notice:
@@ -9483,6 +9603,62 @@ class Commit:
             except OSError:
                 pass
         self._parts = []
+
+
+def _lock(fd: int) -> None:
+    """Lock a file no other run can see yet (or only a run taking it for a dead one's, for an instant)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass    # a file system without locks: the .part is still exclusively ours (made anew, linked)
+
+
+# What linking an O_TMPFILE file by its descriptor fails with where it cannot be done here (no /proc,
+# a file system that refuses): the private temporary name is used instead.
+_NO_DESCRIPTOR_LINK = frozenset(getattr(errno, name) for name in
+                                ("ENOENT", "EXDEV", "EPERM", "EOPNOTSUPP", "EINVAL", "ENOSYS", "EISDIR"))
+
+
+def _anonymous_locked_file(part: Path) -> int | None:
+    """A new file, locked, in part's directory without a name yet; None where the system or the
+    file system cannot make one (then the private temporary name is used)."""
+    if not _O_TMPFILE or not hasattr(os, "O_PATH"):
+        return None
+    try:
+        fd = os.open(part.parent if str(part.parent) else ".", _O_TMPFILE | os.O_RDWR, 0o644)
+    except OSError as e:
+        if e.errno in _NO_DESCRIPTOR_LINK:      # EISDIR: a kernel older than O_TMPFILE
+            return None
+        raise output_error(part, e) from None
+    _lock(fd)
+    return fd
+
+
+def _link_descriptor(fd: int, part: Path) -> None:
+    """Give the O_TMPFILE file fd the name part; FileExistsError if part exists, which stays as it was."""
+    directory = os.open(part.parent if str(part.parent) else ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        # linkat with AT_SYMLINK_FOLLOW through /proc, the unprivileged way: a dst_dir_fd makes
+        # Python call linkat, not link(), which would link the /proc entry itself.
+        os.link(f"/proc/self/fd/{fd}", part.name, dst_dir_fd=directory, follow_symlinks=True)
+    finally:
+        os.close(directory)
+
+
+# What link() fails with on a file system without hard links.
+_NO_HARD_LINKS = frozenset(getattr(errno, name) for name in ("EPERM", "EOPNOTSUPP", "ENOSYS", "EMLINK"))
+
+
+def _live_writer(part: Path, target: Path) -> Refusal:
+    return Refusal(f"{part} is being written by another conversion that is still running "
+                   f"(it holds the file's lock): wait for it, or write {target.name} elsewhere")
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _fsync_directory(directory: str) -> None:

@@ -4649,6 +4649,74 @@ class HostileInputs(Workspace):
                         os.kill(pid, 0)
 
 
+# --- The .part files (issue 35): seen only once locked, found again by every run, fitting any legal name.
+
+class PartFiles(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="bankml-part-")
+        self.addCleanup(self._tmp.cleanup)
+        self.dir = Path(self._tmp.name)
+
+    # Both ways a .part is made: O_TMPFILE where it works, the private temporary name where it does not.
+    WAYS = (("O_TMPFILE", {"_O_TMPFILE": bc._O_TMPFILE}), ("temporary name", {"_O_TMPFILE": 0}))
+
+    def test_a_part_is_locked_before_its_name_exists(self):
+        # A .part seen unlocked is a dead run's to any other run: its name must not exist until it is locked.
+        flock = bc.fcntl.flock
+        for way, patch in self.WAYS:
+            with self.subTest(way=way):
+                out = self.dir / f"{way}.gguf"
+                seen = []
+
+                def recording(fd, op):
+                    if op & bc.fcntl.LOCK_EX and not seen:
+                        seen.append(os.path.lexists(bc.part_path(out)))
+                    return flock(fd, op)
+                with mock.patch.multiple(bc, **patch), mock.patch.object(bc.fcntl, "flock", recording):
+                    with bc.Commit() as commit:
+                        commit.create(out)
+                        self.assertEqual(entries(self.dir), [f"{way}.gguf.part"])
+                self.assertEqual(seen, [False])
+                self.assertEqual(entries(self.dir), [])
+
+    def test_a_live_runs_part_is_refused_at_every_step(self):
+        for way, patch in self.WAYS:
+            with self.subTest(way=way), mock.patch.multiple(bc, **patch):
+                out = self.dir / "live.gguf"
+                with bc.Commit() as first:
+                    first.create(out)
+                    with self.assertRaisesRegex(bc.Refusal, r"live\.gguf\.part is being written by another "
+                                                            r"conversion that is still running"):
+                        with bc.Commit() as second:
+                            second.create(out)
+                    self.assertEqual(entries(self.dir), ["live.gguf.part"])
+
+    def test_a_dead_runs_temporary_file_is_removed_saying_so(self):
+        out = self.dir / "out.gguf"
+        leftover = self.dir / (bc._temporary_prefix(bc.part_path(out)) + "0123456789abcdef.part")
+        leftover.write_bytes(b"killed between its creation and its link")
+        other = self.dir / (bc._temporary_prefix(bc.part_path(self.dir / "other.gguf")) + "0123456789abcdef.part")
+        other.write_bytes(b"another target's: left alone")
+        said = []
+        with mock.patch.object(bc, "_O_TMPFILE", 0), bc.Commit(said.append) as commit:
+            os.write(commit.create(out), b"new")
+            commit.commit()
+        self.assertEqual(said, [f"removed {leftover}, left behind by a conversion that is no longer running"])
+        self.assertEqual(entries(self.dir), sorted(["out.gguf", other.name]))
+
+    def test_a_name_too_long_for_its_suffix_gets_a_shortened_part_name(self):
+        out = self.dir / ("é" * 125 + ".gguf")       # 255 bytes, the longest name most file systems take
+        part = bc.part_path(out)
+        self.assertLessEqual(len(os.fsencode(part.name)), 255)
+        self.assertTrue(part.name.startswith("é" * 100) and part.name.endswith(".part"), part.name)
+        self.assertNotEqual(part, bc.part_path(self.dir / ("é" * 125 + ".GGUF")))
+        with bc.Commit() as commit:
+            os.write(commit.create(out), b"whole")
+            self.assertEqual(entries(self.dir), [part.name])
+            commit.commit()
+        self.assertEqual(out.read_bytes(), b"whole")
+
+
 # --- Trust at the edges: the unprivileged scenarios of the fault suite (oracle/faults.py; make faults
 # --- runs every one, the root-only ones too), each the tool run as a user runs it -- a hostile current
 # --- directory, outputs that are not OUT, all-or-nothing commits, inputs changed mid-run, a dead run's
