@@ -338,9 +338,14 @@ MAX_JSON_BYTES = 64 << 20
 
 def read_json(path: Path) -> object:
     """The parsed JSON of a file; a Refusal naming the file and position if it is not JSON."""
+    import stat
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        # Non-blocking, so a FIFO put in the file's place is refused rather than waited on.
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise Refusal(f"{path.name} is {file_kind(st.st_mode)}, not a file")
+            size = st.st_size
             if size > MAX_JSON_BYTES:
                 raise Refusal(f"{path.name} is {size:,} bytes; a model's JSON files are at most "
                               f"{MAX_JSON_BYTES >> 20} MiB here, so this is not one")
@@ -542,6 +547,20 @@ def path_problem(path: Path) -> str:
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
     return "can be read"
+
+
+def input_problem(directory: Path, names: Iterable[str]) -> str | None:
+    """Why one of names in directory, present at all (a link to nothing, a loop of links, a FIFO, a
+    device, a file one may not read), cannot be read as the file the reader takes it for; None if
+    each is absent or can be.  Asked once, before anything is read: the readers' own checks take any
+    of these for an absent file (Path.is_file), which would make the refusal name the wrong problem."""
+    for name in names:
+        path = directory / name
+        if os.path.lexists(path):
+            problem = path_problem(path)
+            if problem != "can be read":
+                return f"{name} {problem}: it is read when present; make it a file that can be read, or remove it"
+    return None
 
 
 def _is_plain_file_name(name: str) -> bool:
@@ -1488,7 +1507,7 @@ class Plan(NamedTuple):
 
 def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
-    problem = model_dir_problem(model_dir)
+    problem = model_dir_problem(model_dir) or input_problem(model_dir, _SMALL_INPUTS)
     if problem:
         raise Refusal(problem)
     out_type(options.outtype)       # an unknown type is refused before anything is read
@@ -10714,8 +10733,9 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
     or a Refusal; the keys in its order: general.architecture, the adapter's general.type and
     adapter.type (set_type), the naming keys from the adapter directory, adapter.lora.alpha, the
     quantization version; no vocabulary, no general.file_type, no size label."""
-    for d in (adapter_dir, base_dir):
-        problem = model_dir_problem(d)
+    for d, names in ((adapter_dir, (ADAPTER_CONFIG,) + ADAPTER_WEIGHTS + _ADAPTER_METADATA_FILES),
+                     (base_dir, ("config.json",))):
+        problem = model_dir_problem(d) or input_problem(d, names)
         if problem:
             raise Refusal(problem)
     if options.outtype == "auto":

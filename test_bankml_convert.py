@@ -237,6 +237,56 @@ class SafetensorsHeaders(unittest.TestCase):
         self.assertEqual(t.nbytes, 0)
 
 
+# --- An input present but not a readable file (issue 35): named for what it is, never taken for absent.
+
+class InputsThatAreNotReadableFiles(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="bankml-inputs-")
+        self.addCleanup(self._tmp.cleanup)
+        self.dir = Path(self._tmp.name)
+
+    def problem(self, name: str) -> str | None:
+        return bc.input_problem(self.dir, ("config.json", name))
+
+    def test_absent_inputs_and_readable_files_are_no_problem(self):
+        (self.dir / "config.json").write_text("{}")
+        self.assertIsNone(self.problem("tokenizer.json"))
+
+    def test_a_loop_of_links_is_named_a_loop(self):
+        (self.dir / "tokenizer.json").symlink_to("tokenizer.json")
+        self.assertEqual(self.problem("tokenizer.json"), "tokenizer.json is a loop of symbolic links: it is read "
+                                                         "when present; make it a file that can be read, or remove it")
+
+    def test_a_link_to_nothing_is_named_so(self):
+        (self.dir / "tokenizer.json").symlink_to("blobs/gone")
+        self.assertRegex(self.problem("tokenizer.json"), r"\Atokenizer\.json is a symbolic link to nothing: ")
+
+    def test_a_fifo_and_a_device_are_named_for_what_they_are(self):
+        os.mkfifo(self.dir / "tokenizer_config.json")
+        (self.dir / "generation_config.json").symlink_to("/dev/zero")
+        self.assertRegex(self.problem("tokenizer_config.json"), r"\Atokenizer_config\.json is a FIFO, not a file: ")
+        self.assertRegex(self.problem("generation_config.json"),
+                         r"\Ageneration_config\.json is a character device, not a file: ")
+
+    def test_a_file_that_cannot_be_opened_says_why(self):
+        # Root opens a mode-000 file; the fault suite's messages.input_never_readable runs it as nobody.
+        (self.dir / "generation_config.json").write_text("{}")
+        real_open = os.open
+
+        def denied(path, *args, **kwargs):
+            if os.fspath(path).endswith("generation_config.json"):
+                raise PermissionError(13, "Permission denied")
+            return real_open(path, *args, **kwargs)
+        with mock.patch.object(bc.os, "open", denied):
+            self.assertRegex(self.problem("generation_config.json"),
+                             r"\Ageneration_config\.json cannot be read \(Permission denied\): ")
+
+    def test_read_json_refuses_a_fifo_without_waiting_for_a_writer(self):
+        os.mkfifo(self.dir / "tokenizer_config.json")
+        with self.assertRaisesRegex(bc.Refusal, r"\Atokenizer_config\.json is a FIFO, not a file\Z"):
+            bc.read_json(self.dir / "tokenizer_config.json")
+
+
 # =============================================================================================
 # Reading PyTorch checkpoints: torch.save files as torch reads them, hand-built and hostile ones, .bin directories.
 # =============================================================================================
@@ -4543,6 +4593,13 @@ class HostileInputs(Workspace):
         else:
             reason = f"{d} is not a directory"
         self.assertRefuses(d, reason)
+
+    def test_an_input_that_is_not_a_readable_file_is_refused_naming_it(self):
+        d = self.case("bf16")
+        (d / "tokenizer_config.json").unlink()
+        os.mkfifo(d / "tokenizer_config.json")
+        self.assertRefuses(d, "tokenizer_config.json is a FIFO, not a file: it is read when present; make it a "
+                              "file that can be read, or remove it")
 
     def test_a_tensor_in_two_shards_is_refused(self):
         d = self.case("sharded-3")
