@@ -15,7 +15,8 @@ scenario group per class of the issue's "Found" list:
   read      the pin names what was read: an input changed while converting is exit 3, nothing replaced
   stale     a dead writer's .part is replaced with one line saying so; a live writer's is refused
   machine   the machine's faults exit 3 in one line, input faults exit 2, never a traceback
-  messages  messages name the right problem: symlink loops, missing paths, a file for a directory
+  messages  messages name the right problem: symlink loops, missing paths, a file for a directory, an
+            input that is a FIFO, a device or never readable
 
 Every scenario checks, besides its own contract: the exit code; no "Traceback" on stderr; one
 non-empty stderr line when the exit code is not 0; no new *.part anywhere in its directory; every
@@ -1526,10 +1527,10 @@ def non_utf8(ctx: Ctx) -> str:
 LOOP = r"(loop|too many levels of symbolic links)"
 
 
-def message_case(ctx: Ctx, model: Path, expect: str, must_not: Optional[str] = None) -> str:
+def message_case(ctx: Ctx, model: Path, expect: str, must_not: Optional[str] = None, **run) -> str:
     out = ctx.tmp / "out.gguf"
     before = snapshot(ctx.tmp)
-    ran = ctx.run([model, "-o", out])
+    ran = ctx.run([model, "-o", out], **run)
     problems = ctx.judge(ran, before, codes=2, expect=expect)
     if must_not and re.search(must_not, ran.err, re.I):
         problems.append(f"the message says /{must_not}/")
@@ -1565,6 +1566,43 @@ def single_loop(ctx: Ctx) -> str:
     os.unlink(model / "model.safetensors")
     os.symlink("model.safetensors", model / "model.safetensors")
     return message_case(ctx, model, LOOP, r"missing|index")
+
+
+@scenario("messages", "tokenizer_json_symlink_loop", fast=True)
+def tokenizer_loop(ctx: Ctx) -> str:
+    model = ctx.model()
+    os.unlink(model / "tokenizer.json")
+    os.symlink("tokenizer.json", model / "tokenizer.json")
+    return message_case(ctx, model, r"tokenizer\.json.*" + LOOP, r"no tokenizer\.json")
+
+
+@scenario("messages", "tokenizer_config_fifo", fast=True)
+def tokenizer_config_fifo(ctx: Ctx) -> str:
+    model = ctx.model()
+    os.unlink(model / "tokenizer_config.json")
+    os.mkfifo(model / "tokenizer_config.json")
+    return message_case(ctx, model, r"tokenizer_config\.json is a FIFO", r"tokenizer_class")
+
+
+@scenario("messages", "tokenizer_config_dev_zero", fast=True)
+def tokenizer_config_zero(ctx: Ctx) -> str:
+    model = ctx.model()
+    os.unlink(model / "tokenizer_config.json")
+    os.symlink("/dev/zero", model / "tokenizer_config.json")
+    return message_case(ctx, model, r"tokenizer_config\.json is a character device", r"tokenizer_class")
+
+
+@scenario("messages", "input_never_readable")
+def never_readable(ctx: Ctx) -> str:
+    """generation_config.json mode 000 from the start (the tool run as nobody when root): the input's
+    problem, exit 2 naming the file and the reason -- not exit 3 "could no longer be read"."""
+    model = ctx.model()
+    run = unprivileged_run(ctx)
+    if run:
+        ctx.chown_tree()
+    (model / "generation_config.json").chmod(0)
+    return message_case(ctx, model, r"generation_config\.json cannot be read \(Permission denied\)",
+                        r"no longer|fault of this machine", **run)
 
 
 @scenario("messages", "missing_path", fast=True)
