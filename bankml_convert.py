@@ -9566,6 +9566,7 @@ class Commit:
         with every .part removed; one after it is a ConversionFailed saying what was replaced."""
         for p in self._parts:
             os.fsync(p.fd)
+            _take_permissions_of(p.target, p.fd)
         if check is not None:
             check()
         for p in self._parts:
@@ -9622,6 +9623,29 @@ class Commit:
             except OSError:
                 pass
         self._parts = []
+
+
+def _take_permissions_of(target: Path, fd: int) -> None:
+    """Give the .part fd the permission bits, owner and group of the file it is to replace, so that
+    a conversion replacing a mode-600 file (or one a group shares) does not widen or narrow who may
+    read it.  The owner is kept where this user may set it (root; the group, for a member of it) and
+    left as this run's where not (EPERM).  Set-id and sticky bits are not carried over: the new file
+    is another program's writing, and a GGUF is not run."""
+    import stat
+    try:
+        st = os.stat(target)
+    except OSError:
+        return      # nothing to replace: the .part keeps the mode it was made with (0644 less umask)
+    if not stat.S_ISREG(st.st_mode):
+        return
+    try:
+        os.fchown(fd, st.st_uid, st.st_gid)
+    except OSError:
+        try:
+            os.fchown(fd, -1, st.st_gid)
+        except OSError:
+            pass
+    os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
 
 
 def _lock(fd: int) -> None:
@@ -13410,10 +13434,27 @@ def _guarded_conversion(args: argparse.Namespace, command: str,
     else:
         # Still under the handler that ignores interrupts once done: the run has succeeded, and a
         # Ctrl-C while its result is printed must not report it as interrupted.
-        return _print_conversion(args, report, started, command)
+        try:
+            return _print_conversion(args, report, started, command)
+        except BrokenPipeError:
+            raise       # a reader that stopped early (| head): main stops quietly, as for every command
+        except (OSError, ValueError) as e:
+            return _result_unprinted(command, report, args.fork, e)
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def _result_unprinted(command: str, report: Report, pin: str | None, e: Exception) -> int:
+    """A conversion whose files are in place but whose result line could not be printed (stdout on a
+    full device, a closed descriptor): said on stderr with the sha256 the line would have given, and
+    exit 3 -- a script reading the line must not take its absence for a success, nor the run for one
+    that wrote nothing."""
+    _drop_stdout()
+    pinned = f" and pinned in {pin}" if pin else ""
+    _say(one_line(f"bankml {command}: {report.out} was written{pinned} (sha256 {report.sha256}), but the result "
+                  f"could not be printed to standard output ({getattr(e, 'strerror', None) or e})"))
+    return _EXIT_FAILED
 
 
 def _print_conversion(args: argparse.Namespace, report: Report, started: float, command: str = "convert") -> int:

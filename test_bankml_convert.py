@@ -22,6 +22,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -4761,6 +4762,25 @@ class PartFiles(unittest.TestCase):
         self.assertEqual(said, [f"removed {leftover}, left behind by a conversion that is no longer running"])
         self.assertEqual(entries(self.dir), sorted(["out.gguf", other.name]))
 
+    def test_a_replaced_file_keeps_its_permission_bits(self):
+        out = self.dir / "private.gguf"
+        out.write_bytes(b"old")
+        out.chmod(0o640)
+        with bc.Commit() as commit:
+            os.write(commit.create(out), b"new")
+            commit.commit()
+        self.assertEqual((out.read_bytes(), stat.S_IMODE(out.stat().st_mode)), (b"new", 0o640))
+
+    @unittest.skipUnless(hasattr(os, "geteuid") and os.geteuid() == 0, "only root gives a file to another owner")
+    def test_a_replaced_file_keeps_its_owner_where_it_may(self):
+        out = self.dir / "theirs.gguf"
+        out.write_bytes(b"old")
+        os.chown(out, 65534, 65534)
+        with bc.Commit() as commit:
+            os.write(commit.create(out), b"new")
+            commit.commit()
+        self.assertEqual((out.stat().st_uid, out.stat().st_gid), (65534, 65534))
+
     def test_a_name_too_long_for_its_suffix_gets_a_shortened_part_name(self):
         out = self.dir / ("é" * 125 + ".gguf")       # 255 bytes, the longest name most file systems take
         part = bc.part_path(out)
@@ -6883,6 +6903,20 @@ class CommandLine(Workspace):
                                                       "to standard output (it is closed)\n"), p.stderr)
                 else:
                     self.assertEqual(p.stdout, f"{GOLDEN['bf16']['sha256']}  {out}\n")
+
+    def test_a_result_that_cannot_be_printed_after_the_commit_says_the_output_was_written(self):
+        # stdout on a full device: the files are in place, only the sha256 line is lost; exit 3 (a script
+        # reading the line must not take its absence for a success) with the line's sha256 on stderr.
+        d = self.case("bf16")
+        out, pin = self.out_dir() / "full.gguf", self.tmp / "full.json"
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([*TOOL, str(d), "-o", str(out), "--fork", str(pin)], stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertEqual(p.stderr, f"bankml convert: {out} was written and pinned in {pin} (sha256 "
+                                   f"{GOLDEN['bf16']['sha256']}), but the result could not be printed to standard "
+                                   f"output (No space left on device)\n")
+        self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
 
     def test_a_dead_run_s_part_file_is_replaced_with_one_line_saying_so(self):
         out = self.out_dir() / "stale.gguf"

@@ -57,7 +57,7 @@ The contract asserted where the issue leaves a choice:
   tokenizer.json swapped once the output's .part exists   the vocabulary may be read after that,
                  so exit 0 is right if the pin names the file read (the new one); else exit 3.
   stdout is /dev/full   exit 3 in one line (a lost sha256 line is not a success); old OUT kept,
-                 or the message does not claim it was.
+                 or, once OUT is in place, the line says it was written and gives its sha256.
   a fork limit   RLIMIT_NPROC 1 for the uid nobody forbids threads as well as forks: the fallback
                  must need neither, and write the same bytes as an unlimited run (exit 0).
   Ctrl-C early   exit 130 in one line for every SIGINT that lands once the tool's code runs; one
@@ -1487,7 +1487,7 @@ def sigint_ignored(ctx: Ctx) -> str:
 @scenario("machine", "stdout_dev_full", fast=True)
 def stdout_full(ctx: Ctx) -> str:
     """stdout is /dev/full: exit 3 in one line, no traceback (a lost sha256 line is not a success);
-    old OUT kept -- or, if OUT was already committed, a message that does not claim otherwise."""
+    old OUT kept -- or, if OUT was already committed, a message saying it was written, with its sha256."""
     model = ctx.model()
     out = ctx.tmp / "out.gguf"
     ctx.old_files(out)
@@ -1497,8 +1497,10 @@ def stdout_full(ctx: Ctx) -> str:
         ran = ctx.finish(p)
     problems = ctx.judge(ran, before, codes=3, ignore=[out])
     replaced = entry_state(str(out)) != before["out.gguf"]
-    if ran.rc != 0 and replaced and re.search(r"nothing|refuse|unchanged|kept", ran.err, re.I):
+    if ran.rc != 0 and replaced and re.search(r"nothing|refuse|unchanged|kept|failed", ran.err, re.I):
         problems.append("OUT was replaced but the message says otherwise")
+    if ran.rc != 0 and replaced and not (re.search(r"\bwas written\b", ran.err) and sha256_file(out) in ran.err):
+        problems.append("OUT was replaced but the message does not say so with its sha256")
     return verdict(problems, f"OUT {'replaced' if replaced else 'kept'}; {run_summary(ran)}", ran)
 
 
