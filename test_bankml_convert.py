@@ -4794,6 +4794,42 @@ class PartFiles(unittest.TestCase):
         self.assertEqual(out.read_bytes(), b"whole")
 
 
+# --- The fuzz campaign's reading of the stale-.part rule (oracle/fuzz.py stale_part_findings): a dead
+# --- run's .part removed with one line is the rule at work, not a partial output; a live one is left alone.
+
+class FuzzCampaignStaleParts(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import fuzz     # imported here: building its tables takes a moment the other tests need not wait
+        cls.fuzz = fuzz
+        cls.root = Path(tempfile.gettempdir()) / "campaign"
+
+    def findings(self, before: dict, after: dict, notices: list[str], live: tuple = ()):
+        return self.fuzz.stale_part_findings(before, after, self.root, notices,
+                                             [str(self.root / rel) for rel in live])
+
+    PART = {"r/out/model.gguf.part": ("file", 14, 1, "")}
+
+    def notice(self, rel: str) -> str:
+        return f"removed {self.root / rel}, left behind by a conversion that is no longer running"
+
+    def test_a_dead_runs_part_replaced_with_one_line_is_accounted_for(self):
+        self.assertEqual(self.findings(self.PART, {}, [self.notice("r/out/model.gguf.part")]),
+                         ({"r/out/model.gguf.part"}, []))
+
+    def test_a_part_removed_without_its_line_is_a_finding(self):
+        self.assertEqual(self.findings(self.PART, {}, [])[1],
+                         ["a dead run's .part removed with 0 lines saying so: r/out/model.gguf.part"])
+
+    def test_a_line_about_a_part_still_there_is_a_finding(self):
+        self.assertEqual(self.findings(self.PART, self.PART, [self.notice("r/out/model.gguf.part")])[1],
+                         [f"a notice about a .part that was not removed: {self.root / 'r/out/model.gguf.part'}"])
+
+    def test_a_live_runs_part_changed_is_a_finding(self):
+        self.assertEqual(self.findings(self.PART, {}, [], live=("r/out/model.gguf.part",)),
+                         (set(), ["a live run's .part changed: r/out/model.gguf.part"]))
+
+
 # --- Trust at the edges: the unprivileged scenarios of the fault suite (oracle/faults.py; make faults
 # --- runs every one, the root-only ones too), each the tool run as a user runs it -- a hostile current
 # --- directory, outputs that are not OUT, all-or-nothing commits, inputs changed mid-run, a dead run's
