@@ -9400,6 +9400,11 @@ def _release_interrupts(mask) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+# How many commits have put their files in place in this process: the command line's interrupt
+# handler takes a change of it for the run's success, which no interrupt may turn into a failure.
+_commits = [0]
+
+
 class Commit:
     """The files one run writes: create() makes each TARGET.part, commit() renames them all into
     place, abort() (or leaving the with block by an exception) removes them."""
@@ -9593,6 +9598,7 @@ class Commit:
                         f"({e.strerror or e}); it is left as it was", bug=False, outcome="partly written") from None
                 renamed.append(p.target)
             self.committed = True
+            _commits[0] += 1
             for directory in {os.path.dirname(os.path.abspath(p.target)) for p in self._parts}:
                 _fsync_directory(directory)
             self._close()
@@ -13407,9 +13413,12 @@ def _guarded_conversion(args: argparse.Namespace, command: str,
     # Once the outputs are in place the run has succeeded: an interrupt after that is not reported
     # as a failure that left nothing behind.
     done: list[bool] = []
+    commits = _commits[0]
 
     def interrupted(signum, frame):
-        if not done:
+        # From the renames on (a Commit done), not only once the body has returned: an interrupt
+        # between the two had reported files in place as "nothing was written".
+        if not done and _commits[0] == commits:
             raise _Interrupted(signum)
     # Restored afterwards, so that main() called from a program leaves its handlers as they were.
     saved = _catch_interrupts(interrupted)
@@ -13441,8 +13450,40 @@ def _guarded_conversion(args: argparse.Namespace, command: str,
         except (OSError, ValueError) as e:
             return _result_unprinted(command, report, args.fork, e)
     finally:
+        if done:
+            _defer_interrupts()
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+# The signal mask from before a successful conversion's interrupts were held (_defer_interrupts).
+_deferred_mask: list = []
+
+
+def _defer_interrupts() -> None:
+    """Hold the interrupt signals from the moment a conversion that has succeeded gives back the
+    handlers it replaced: one arriving then would raise KeyboardInterrupt into whatever runs next --
+    main's handler, which would report a run that wrote its files as interrupted (exit 130), or a
+    weakref callback, where Python prints it as an ignored exception.  Run as a program, they stay
+    held until the process ends (os._exit), which drops them; main() ends the hold for a caller."""
+    if not _deferred_mask:
+        _deferred_mask.append(_hold_interrupts())
+
+
+def _end_deferred_interrupts() -> None:
+    """For a program that called main(): drop the interrupts that came during the hold (the
+    conversion had succeeded) and give back the signal mask."""
+    import signal
+    if not _deferred_mask:
+        return
+    mask = _deferred_mask.pop()
+    if mask is None:
+        return
+    pending = set(signal.sigpending()) & set(_interrupt_signals())
+    while pending:
+        pending.discard(signal.sigtimedwait(pending, 0).si_signo if hasattr(signal, "sigtimedwait") else
+                        pending.pop())
+    _release_interrupts(mask)
 
 
 def _result_unprinted(command: str, report: Report, pin: str | None, e: Exception) -> int:
@@ -13667,6 +13708,9 @@ def main(argv: list[str] | None = None) -> int:
             failure = unexpected_failure(e)
             _say(f"bankml {command}: failed: {failure.what}")
         return _EXIT_FAILED
+    finally:
+        if __name__ != "__main__":      # run as the program, os._exit ends the hold
+            _end_deferred_interrupts()
 
 
 def _open_standard_descriptors() -> bool:

@@ -6954,6 +6954,35 @@ class CommandLine(Workspace):
                                    f"output (No space left on device)\n")
         self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
 
+    def test_an_interrupt_right_after_the_renames_leaves_it_a_success(self):
+        # Between the commit and the conversion's return the handler still raised: "interrupted by
+        # signal 2; nothing was written", exit 130, with OUT and the pin replaced (atomic.signal_after_*).
+        out, pin = self.out_dir() / "renamed.gguf", self.tmp / "renamed.json"
+        commit = bc.Commit.commit
+
+        def interrupted_once_renamed(self, check=None):
+            commit(self, check)
+            os.kill(os.getpid(), signal.SIGINT)
+        with mock.patch.object(bc.Commit, "commit", interrupted_once_renamed):
+            r = cli(self.case("bf16"), "-o", out, "--fork", pin, "--quiet")
+        self.assertEqual((r.code, r.out, r.err), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
+
+    def test_an_interrupt_once_the_conversion_has_succeeded_leaves_it_a_success(self):
+        # SIGINT the moment the conversion gives back the handlers it replaced: it had raised
+        # KeyboardInterrupt into main (exit 130, "interrupted", with OUT and the pin replaced) or into
+        # a weakref callback (Python's "Exception ignored" traceback, fault suite atomic.signal_after_*).
+        out = self.out_dir() / "done.gguf"
+        convert = bc._convert
+
+        def interrupted_at_the_end(args):
+            code = convert(args)
+            os.kill(os.getpid(), signal.SIGINT)
+            return code
+        with mock.patch.object(bc, "_convert", interrupted_at_the_end):
+            r = cli(self.case("bf16"), "-o", out, "--quiet")
+        self.assertEqual((r.code, r.out, r.err), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
+        self.assertEqual(signal.pthread_sigmask(signal.SIG_BLOCK, []), set())     # the hold is over
+
     def test_a_dead_run_s_part_file_is_replaced_with_one_line_saying_so(self):
         out = self.out_dir() / "stale.gguf"
         part = out.with_name("stale.gguf.part")
