@@ -905,6 +905,43 @@ def pin_dir_unwritable(ctx: Ctx) -> str:
 SCENARIOS[-1] = SCENARIOS[-1]._replace(fast=not is_root())
 
 
+@scenario("atomic", "replaced_files_keep_their_mode_and_owner", fast=True)
+def kept_mode(ctx: Ctx) -> str:
+    """OUT mode 0600 and the pin mode 0640 (owned by nobody when root): replaced by a plain run, each
+    new file has its old permission bits, and its old owner where the user may set it (root)."""
+    model = ctx.model()
+    out, pin = ctx.tmp / "out.gguf", ctx.tmp / "pin.json"
+    ctx.old_files(out, pin)
+    out.chmod(0o600)
+    pin.chmod(0o640)
+    owner = (NOBODY, NOBODY) if is_root() else (os.getuid(), os.getgid())
+    for p in (out, pin):
+        os.chown(p, *owner)
+    before = snapshot(ctx.tmp)
+    ran = ctx.run([model, "-o", out, "--fork", pin])
+    problems = ctx.judge(ran, before, codes=0, out=out, pin=pin, model=model)
+    for p, mode in ((out, 0o600), (pin, 0o640)):
+        st = os.stat(p)
+        if stat.S_IMODE(st.st_mode) != mode:
+            problems.append(f"{p.name}: mode {stat.S_IMODE(st.st_mode):o}, was {mode:o}")
+        if (st.st_uid, st.st_gid) != owner:
+            problems.append(f"{p.name}: owner {st.st_uid}:{st.st_gid}, was {owner[0]}:{owner[1]}")
+    return verdict(problems, f"modes 600 and 640, owner {owner[0]}:{owner[1]} kept; {run_summary(ran)}", ran)
+
+
+@scenario("atomic", "longest_output_name", fast=True)
+def longest_name(ctx: Ctx) -> str:
+    """OUT named with the most bytes a name may have (NAME_MAX, 255 here), an old file there: replaced
+    (its .part needs a shortened name), no .part left."""
+    model = ctx.model()
+    limit = os.pathconf(ctx.tmp, "PC_NAME_MAX")
+    out = ctx.tmp / ("o" * (limit - len(".gguf")) + ".gguf")
+    ctx.old_files(out)
+    before = snapshot(ctx.tmp)
+    ran = ctx.run([model, "-o", out])
+    return verdict(ctx.judge(ran, before, codes=0, out=out, model=model), f"{limit}-byte name; {run_summary(ran)}", ran)
+
+
 @scenario("atomic", "pin_directory_removed_late", fast=True)
 def pin_dir_removed(ctx: Ctx) -> str:
     """The pin's directory removed while the output is being written (the run stopped the moment its
