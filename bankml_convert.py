@@ -9651,7 +9651,10 @@ def _take_permissions_of(target: Path, fd: int) -> None:
             os.fchown(fd, -1, st.st_gid)
         except OSError:
             pass
-    os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
+    try:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
+    except OSError:
+        pass    # a file system without Unix modes (FAT): there was none to keep
 
 
 def _lock(fd: int) -> None:
