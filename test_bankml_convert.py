@@ -4749,6 +4749,19 @@ class PartFiles(unittest.TestCase):
                             second.create(out)
                     self.assertEqual(entries(self.dir), ["live.gguf.part"])
 
+    def test_without_o_tmpfile_or_hard_links_the_part_is_created_then_locked(self):
+        # FAT: neither way to name a locked file exists; the .part is still made, and no temporary is left.
+        out = self.dir / "fat.gguf"
+
+        def no_hard_links(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+        with mock.patch.object(bc, "_O_TMPFILE", 0), mock.patch.object(bc.os, "link", no_hard_links):
+            with bc.Commit() as commit:
+                os.write(commit.create(out), b"whole")
+                self.assertEqual(entries(self.dir), ["fat.gguf.part"])
+                commit.commit()
+        self.assertEqual((entries(self.dir), out.read_bytes()), (["fat.gguf"], b"whole"))
+
     def test_a_dead_runs_temporary_file_is_removed_saying_so(self):
         out = self.dir / "out.gguf"
         leftover = self.dir / (bc._temporary_prefix(bc.part_path(out)) + "0123456789abcdef.part")
