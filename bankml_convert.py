@@ -114,6 +114,7 @@ if __name__ == "__main__":
 import argparse
 import bisect
 import datetime
+import errno
 import fnmatch
 import gc
 import hashlib
@@ -372,9 +373,14 @@ MAX_JSON_BYTES = 64 << 20
 
 def read_json(path: Path) -> object:
     """The parsed JSON of a file; a Refusal naming the file and position if it is not JSON."""
+    import stat
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        # Non-blocking, so a FIFO put in the file's place is refused rather than waited on.
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise Refusal(f"{path.name} is {file_kind(st.st_mode)}, not a file")
+            size = st.st_size
             if size > MAX_JSON_BYTES:
                 raise Refusal(f"{path.name} is {size:,} bytes; a model's JSON files are at most "
                               f"{MAX_JSON_BYTES >> 20} MiB here, so this is not one")
@@ -597,6 +603,20 @@ def path_problem(path: Path) -> str:
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
     return "can be read"
+
+
+def input_problem(directory: Path, names: Iterable[str]) -> str | None:
+    """Why one of names in directory, present at all (a link to nothing, a loop of links, a FIFO, a
+    device, a file one may not read), cannot be read as the file the reader takes it for; None if
+    each is absent or can be.  Asked once, before anything is read: the readers' own checks take any
+    of these for an absent file (Path.is_file), which would make the refusal name the wrong problem."""
+    for name in names:
+        path = directory / name
+        if os.path.lexists(path):
+            problem = path_problem(path)
+            if problem != "can be read":
+                return f"{name} {problem}: it is read when present; make it a file that can be read, or remove it"
+    return None
 
 
 def _is_plain_file_name(name: str) -> bool:
@@ -1543,7 +1563,7 @@ class Plan(NamedTuple):
 
 def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
-    problem = model_dir_problem(model_dir)
+    problem = model_dir_problem(model_dir) or input_problem(model_dir, _SMALL_INPUTS)
     if problem:
         raise Refusal(problem)
     out_type(options.outtype)       # an unknown type is refused before anything is read
@@ -9308,10 +9328,9 @@ class HashingWriter:
 # be read as an input the next time; checked before anything is written.
 # ---------------------------------------------------------------------------------------------
 
-# The longest file name Linux's file systems take (NAME_MAX, in bytes).  A derived name must fit with
-# the ".part" of the temporary file it is first written as.
+# The longest file name Linux's file systems take (NAME_MAX, in bytes); a derived name longer is refused
+# (its temporary file is named to fit: part_path).
 NAME_MAX = 255
-_PART_SUFFIX = ".part"
 
 
 def safe_file_name(derived: str, what: str) -> str:
@@ -9338,12 +9357,11 @@ def _derived_name_problem(name: str) -> Optional[str]:
     if odd is not None:     # NUL, line breaks, terminal escapes, bidirectional overrides, lone surrogates
         return f"holds the character U+{ord(odd):04X}, which a file name shown on a terminal must not"
     try:
-        size = len(os.fsencode(name + _PART_SUFFIX))
+        size = len(os.fsencode(name))
     except UnicodeEncodeError:
         return "cannot be written as a file name with this system's file name encoding"
-    if size > NAME_MAX:
-        return (f"is {size - len(_PART_SUFFIX):,} bytes long; with the {_PART_SUFFIX} of its temporary file "
-                f"it is more than the {NAME_MAX} bytes a file name may have")
+    if size > NAME_MAX:     # its temporary file fits whatever its length (part_path)
+        return f"is {size:,} bytes long, more than the {NAME_MAX} bytes a file name may have"
     return None
 
 
@@ -9427,8 +9445,7 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
                       f"the next conversion of {model_dir} would take it for an input; name it otherwise or put it "
                       f"elsewhere")
     for other in others:
-        if target in (other.resolve(), other.with_name(other.name + ".part").resolve()) or \
-                other.resolve() == out.with_name(out.name + ".part").resolve():
+        if target in (other.resolve(), part_path(other).resolve()) or other.resolve() == part_path(out).resolve():
             raise Refusal(f"the {role} {out} and {other} would be the same file; name two files")
 
 
@@ -9437,12 +9454,22 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 # TARGET.part beside its target and renamed into place with the others once all are whole.
 # ---------------------------------------------------------------------------------------------
 # The guarantees the README states, kept here and nowhere else:
-# - A .part is created exclusively and never through a link (O_EXCL|O_NOFOLLOW), and locked (flock)
-#   for as long as its run lives; a .part whose lock is free is a dead run's leftover and is replaced.
+# - A .part is never seen unlocked: its file is made without a name (O_TMPFILE) or under a private
+#   temporary name, locked (flock), and only then linked to its .part name -- a link, which fails
+#   rather than replace anything already there, and never follows a link planted at the name.  The
+#   lock lasts as long as its run, so a .part whose lock is free is a dead run's leftover and is
+#   replaced, saying so in one line.  A run killed between the steps leaves nothing (O_TMPFILE) or a
+#   temporary file of a name of its own (.HASH-RANDOM.part, HASH naming the .part), which later runs
+#   writing the same target treat exactly as a dead run's .part.
+# - TARGET.part is the .part's name where it fits the directory's longest name (NAME_MAX); a target
+#   whose name is already that long gets a shortened one that begins like it and ends in a hash of it
+#   (part_path), found the same way by every run.
 # - Before the renames, every input is still the file that was read: the same device and inode
 #   behind its name, the same size, mtime and ctime as before the run read it (ctime cannot be set
 #   back by any program, so a write hidden by utime() still shows).  Then the data is flushed
-#   (fsync), the files are renamed in order -- OUT first, its pin last -- and their directories flushed.
+#   (fsync), each .part given the permission bits (and, where allowed, the owner and group) of the
+#   file it replaces, the files renamed in order -- OUT first, its pin last -- and their directories
+#   flushed.
 # - A run that stops before the renames removes its .parts and leaves every old file as it was;
 #   once the renames are done it has succeeded.
 
@@ -9452,6 +9479,45 @@ except ImportError:     # not POSIX: no locks, so no .part is ever taken for a d
     fcntl = None        # type: ignore[assignment]
 
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# A file made in a directory without a name, linked in later (Linux 3.11+, most local file systems).
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+_PART = ".part"
+_HASHED_PART_TAIL = 1 + 16 + len(_PART)       # "~" + 16 hex digits + ".part"
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name directory takes, in bytes (255 where the system does not say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _name_hash(name: str) -> str:
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+
+
+def part_path(target: Path) -> Path:
+    """Where target is written before it is renamed into place: TARGET.part, or, for a name too long
+    to take the suffix, the longest beginning of it that fits, "~", a hash of the whole name, ".part"."""
+    name = target.name
+    limit = _name_max(target.parent if str(target.parent) else Path("."))
+    if len(os.fsencode(name)) + len(_PART) <= limit:
+        return target.with_name(name + _PART)
+    keep = name
+    while keep and len(os.fsencode(keep)) + _HASHED_PART_TAIL > limit:
+        keep = keep[:-1]
+    return target.with_name(f"{keep}~{_name_hash(name)}{_PART}")
+
+
+def _temporary_prefix(part: Path) -> str:
+    """The beginning of the private names a .part's file is made under before it is linked to part."""
+    return f".{_name_hash(part.name)}-"
+
+
+def _is_temporary_of(name: str, prefix: str) -> bool:
+    rest = name[len(prefix):-len(_PART)] if name.startswith(prefix) and name.endswith(_PART) else ""
+    return len(rest) == 16 and all(c in "0123456789abcdef" for c in rest)
 
 
 class Identity(NamedTuple):
@@ -9540,6 +9606,11 @@ def _release_interrupts(mask) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+# How many commits have put their files in place in this process: the command line's interrupt
+# handler takes a change of it for the run's success, which no interrupt may turn into a failure.
+_commits = [0]
+
+
 class Commit:
     """The files one run writes: create() makes each TARGET.part, commit() renames them all into
     place, abort() (or leaving the with block by an exception) removes them."""
@@ -9557,8 +9628,9 @@ class Commit:
             self.abort()
 
     def create(self, target: Path) -> int:
-        """A new, empty TARGET.part, locked for this run; its descriptor (closed by commit or abort)."""
-        part = target.with_name(target.name + ".part")
+        """A new, empty TARGET.part (part_path), locked for this run before any other run can see it;
+        its descriptor (closed by commit or abort)."""
+        part = part_path(target)
         # Held until the .part is recorded: an interrupt between its creation and the record would
         # leave it behind.
         mask = _hold_interrupts()
@@ -9571,23 +9643,88 @@ class Commit:
         return fd
 
     def _create_locked(self, part: Path, target: Path) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW
-        for _ in range(2):
+        fd = _anonymous_locked_file(part) if fcntl is not None else None
+        if fd is not None:
             try:
-                fd = os.open(part, flags, 0o644)
+                self._link_in(part, target, lambda: _link_descriptor(fd, part))
+                return fd
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in _NO_DESCRIPTOR_LINK:
+                    raise output_error(part, e) from None
+            except BaseException:
+                os.close(fd)
+                raise
+        if fcntl is not None:
+            fd = self._create_through_temporary(part, target)
+            if fd is not None:
+                return fd
+        return self._create_then_lock(part, target)
+
+    def _create_through_temporary(self, part: Path, target: Path) -> int | None:
+        """The .part made under a private name, locked, then linked to part and the name removed, for
+        systems and file systems without O_TMPFILE; None on one without hard links.  A dead run's
+        temporary file is removed first."""
+        prefix = _temporary_prefix(part)
+        try:
+            names = os.listdir(part.parent if str(part.parent) else ".")
+        except OSError:
+            names = []      # a directory one may write but not list: its leftovers cannot be seen
+        for name in names:
+            if _is_temporary_of(name, prefix):
+                self._remove_dead_part(part.with_name(name), target)
+        for _ in range(3):
+            temp = part.with_name(prefix + os.urandom(8).hex() + _PART)
+            try:
+                fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644)
+            except OSError as e:
+                raise output_error(part, e) from None
+            try:
+                # Only a run taking this file for a dead one's can hold its lock, for as long as it
+                # takes to remove it; the link below then finds no file and a new one is made.
+                _lock(fd)
+                self._link_in(part, target, lambda: os.link(temp, part, follow_symlinks=False))
+                _unlink_quietly(temp)
+                return fd
+            except OSError as e:
+                os.close(fd)
+                _unlink_quietly(temp)
+                if e.errno in _NO_HARD_LINKS:
+                    return None
+                if e.errno != errno.ENOENT:
+                    raise output_error(part, e) from None
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(temp)
+                raise
+        raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
+
+    def _create_then_lock(self, part: Path, target: Path) -> int:
+        """The .part created, then locked: where there are neither O_TMPFILE nor hard links (FAT),
+        the one case in which another run starting in between can take it for a dead run's."""
+        for _ in range(3):
+            try:
+                fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644)
             except FileExistsError:
-                if self._remove_dead_part(part, target):
-                    continue
-                raise Refusal(f"{part} is being written by another conversion that is still running "
-                              f"(it holds the file's lock): wait for it, or write {target.name} elsewhere") from None
+                if not self._remove_dead_part(part, target):    # without locks it refuses
+                    raise _live_writer(part, target) from None
+                continue
             except OSError as e:
                 raise output_error(part, e) from None
             if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    pass    # a file system without locks: the .part is still exclusively ours
+                _lock(fd)
             return fd
+        raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
+
+    def _link_in(self, part: Path, target: Path, link: Callable[[], None]) -> None:
+        """link() the locked file to part, replacing a dead run's .part; a Refusal if a live run holds
+        it or it keeps coming back."""
+        for _ in range(3):
+            try:
+                return link()
+            except FileExistsError:
+                if not self._remove_dead_part(part, target):
+                    raise _live_writer(part, target) from None
         raise Refusal(f"{part} keeps being made again by another program: write {target.name} elsewhere")
 
     def _remove_dead_part(self, part: Path, target: Path) -> bool:
@@ -9622,7 +9759,12 @@ class Commit:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
                 return True     # replaced meanwhile: look again
-            os.unlink(part)
+            try:
+                os.unlink(part)
+            except FileNotFoundError:
+                return True
+            except OSError as e:
+                raise output_error(part, e) from None
         finally:
             os.close(fd)
         if self._notice:
@@ -9635,6 +9777,7 @@ class Commit:
         with every .part removed; one after it is a ConversionFailed saying what was replaced."""
         for p in self._parts:
             os.fsync(p.fd)
+            _take_permissions_of(p.target, p.fd)
         if check is not None:
             check()
         for p in self._parts:
@@ -9661,6 +9804,7 @@ class Commit:
                         f"({e.strerror or e}); it is left as it was", bug=False, outcome="partly written") from None
                 renamed.append(p.target)
             self.committed = True
+            _commits[0] += 1
             for directory in {os.path.dirname(os.path.abspath(p.target)) for p in self._parts}:
                 _fsync_directory(directory)
             self._close()
@@ -9691,6 +9835,88 @@ class Commit:
             except OSError:
                 pass
         self._parts = []
+
+
+def _take_permissions_of(target: Path, fd: int) -> None:
+    """Give the .part fd the permission bits, owner and group of the file it is to replace, so that
+    a conversion replacing a mode-600 file (or one a group shares) does not widen or narrow who may
+    read it.  The owner is kept where this user may set it (root; the group, for a member of it) and
+    left as this run's where not (EPERM).  Set-id and sticky bits are not carried over: the new file
+    is another program's writing, and a GGUF is not run."""
+    import stat
+    try:
+        st = os.stat(target)
+    except OSError:
+        return      # nothing to replace: the .part keeps the mode it was made with (0644 less umask)
+    if not stat.S_ISREG(st.st_mode):
+        return
+    try:
+        os.fchown(fd, st.st_uid, st.st_gid)
+    except OSError:
+        try:
+            os.fchown(fd, -1, st.st_gid)
+        except OSError:
+            pass
+    try:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
+    except OSError:
+        pass    # a file system without Unix modes (FAT): there was none to keep
+
+
+def _lock(fd: int) -> None:
+    """Lock a file no other run can see yet (or only a run taking it for a dead one's, for an instant)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass    # a file system without locks: the .part is still exclusively ours (made anew, linked)
+
+
+# What linking an O_TMPFILE file by its descriptor fails with where it cannot be done here (no /proc,
+# a file system that refuses): the private temporary name is used instead.
+_NO_DESCRIPTOR_LINK = frozenset(getattr(errno, name) for name in
+                                ("ENOENT", "EXDEV", "EPERM", "EOPNOTSUPP", "EINVAL", "ENOSYS", "EISDIR"))
+
+
+def _anonymous_locked_file(part: Path) -> int | None:
+    """A new file, locked, in part's directory without a name yet; None where the system or the
+    file system cannot make one (then the private temporary name is used)."""
+    if not _O_TMPFILE or not hasattr(os, "O_PATH"):
+        return None
+    try:
+        fd = os.open(part.parent if str(part.parent) else ".", _O_TMPFILE | os.O_RDWR, 0o644)
+    except OSError as e:
+        if e.errno in _NO_DESCRIPTOR_LINK:      # EISDIR: a kernel older than O_TMPFILE
+            return None
+        raise output_error(part, e) from None
+    _lock(fd)
+    return fd
+
+
+def _link_descriptor(fd: int, part: Path) -> None:
+    """Give the O_TMPFILE file fd the name part; FileExistsError if part exists, which stays as it was."""
+    directory = os.open(part.parent if str(part.parent) else ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        # linkat with AT_SYMLINK_FOLLOW through /proc, the unprivileged way: a dst_dir_fd makes
+        # Python call linkat, not link(), which would link the /proc entry itself.
+        os.link(f"/proc/self/fd/{fd}", part.name, dst_dir_fd=directory, follow_symlinks=True)
+    finally:
+        os.close(directory)
+
+
+# What link() fails with on a file system without hard links.
+_NO_HARD_LINKS = frozenset(getattr(errno, name) for name in ("EPERM", "EOPNOTSUPP", "ENOSYS", "EMLINK"))
+
+
+def _live_writer(part: Path, target: Path) -> Refusal:
+    return Refusal(f"{part} is being written by another conversion that is still running "
+                   f"(it holds the file's lock): wait for it, or write {target.name} elsewhere")
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _fsync_directory(directory: str) -> None:
@@ -10786,8 +11012,9 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
     or a Refusal; the keys in its order: general.architecture, the adapter's general.type and
     adapter.type (set_type), the naming keys from the adapter directory, adapter.lora.alpha, the
     quantization version; no vocabulary, no general.file_type, no size label."""
-    for d in (adapter_dir, base_dir):
-        problem = model_dir_problem(d)
+    for d, names in ((adapter_dir, (ADAPTER_CONFIG,) + ADAPTER_WEIGHTS + _ADAPTER_METADATA_FILES),
+                     (base_dir, ("config.json",))):
+        problem = model_dir_problem(d) or input_problem(d, names)
         if problem:
             raise Refusal(problem)
     if options.outtype == "auto":
@@ -13449,9 +13676,12 @@ def _guarded_conversion(args: argparse.Namespace, command: str,
     # Once the outputs are in place the run has succeeded: an interrupt after that is not reported
     # as a failure that left nothing behind.
     done: list[bool] = []
+    commits = _commits[0]
 
     def interrupted(signum, frame):
-        if not done:
+        # From the renames on (a Commit done), not only once the body has returned: an interrupt
+        # between the two had reported files in place as "nothing was written".
+        if not done and _commits[0] == commits:
             raise _Interrupted(signum)
     # Restored afterwards, so that main() called from a program leaves its handlers as they were.
     saved = _catch_interrupts(interrupted)
@@ -13476,10 +13706,59 @@ def _guarded_conversion(args: argparse.Namespace, command: str,
     else:
         # Still under the handler that ignores interrupts once done: the run has succeeded, and a
         # Ctrl-C while its result is printed must not report it as interrupted.
-        return _print_conversion(args, report, started, command)
+        try:
+            return _print_conversion(args, report, started, command)
+        except BrokenPipeError:
+            raise       # a reader that stopped early (| head): main stops quietly, as for every command
+        except (OSError, ValueError) as e:
+            return _result_unprinted(command, report, args.fork, e)
     finally:
+        if done:
+            _defer_interrupts()
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+# The signal mask from before a successful conversion's interrupts were held (_defer_interrupts).
+_deferred_mask: list = []
+
+
+def _defer_interrupts() -> None:
+    """Hold the interrupt signals from the moment a conversion that has succeeded gives back the
+    handlers it replaced: one arriving then would raise KeyboardInterrupt into whatever runs next --
+    main's handler, which would report a run that wrote its files as interrupted (exit 130), or a
+    weakref callback, where Python prints it as an ignored exception.  Run as a program, they stay
+    held until the process ends (os._exit), which drops them; main() ends the hold for a caller."""
+    if not _deferred_mask:
+        _deferred_mask.append(_hold_interrupts())
+
+
+def _end_deferred_interrupts() -> None:
+    """For a program that called main(): drop the interrupts that came during the hold (the
+    conversion had succeeded) and give back the signal mask."""
+    import signal
+    if not _deferred_mask:
+        return
+    mask = _deferred_mask.pop()
+    if mask is None:
+        return
+    pending = set(signal.sigpending()) & set(_interrupt_signals())
+    while pending:
+        pending.discard(signal.sigtimedwait(pending, 0).si_signo if hasattr(signal, "sigtimedwait") else
+                        pending.pop())
+    _release_interrupts(mask)
+
+
+def _result_unprinted(command: str, report: Report, pin: str | None, e: Exception) -> int:
+    """A conversion whose files are in place but whose result line could not be printed (stdout on a
+    full device, a closed descriptor): said on stderr with the sha256 the line would have given, and
+    exit 3 -- a script reading the line must not take its absence for a success, nor the run for one
+    that wrote nothing."""
+    _drop_stdout()
+    pinned = f" and pinned in {pin}" if pin else ""
+    _say(one_line(f"bankml {command}: {report.out} was written{pinned} (sha256 {report.sha256}), but the result "
+                  f"could not be printed to standard output ({getattr(e, 'strerror', None) or e})"))
+    return _EXIT_FAILED
 
 
 def _print_conversion(args: argparse.Namespace, report: Report, started: float, command: str = "convert") -> int:
@@ -13691,6 +13970,9 @@ def main(argv: list[str] | None = None) -> int:
             failure = unexpected_failure(e)
             _say(f"bankml {command}: failed: {failure.what}")
         return _EXIT_FAILED
+    finally:
+        if __name__ != "__main__":      # run as the program, os._exit ends the hold
+            _end_deferred_interrupts()
 
 
 def _open_standard_descriptors() -> bool:

@@ -22,6 +22,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -244,6 +245,56 @@ class SafetensorsHeaders(unittest.TestCase):
         header = b'{"a":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]}}'
         (t,) = bc.read_safetensors_header(self.write(header))
         self.assertEqual(t.nbytes, 0)
+
+
+# --- An input present but not a readable file (issue 35): named for what it is, never taken for absent.
+
+class InputsThatAreNotReadableFiles(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="bankml-inputs-")
+        self.addCleanup(self._tmp.cleanup)
+        self.dir = Path(self._tmp.name)
+
+    def problem(self, name: str) -> str | None:
+        return bc.input_problem(self.dir, ("config.json", name))
+
+    def test_absent_inputs_and_readable_files_are_no_problem(self):
+        (self.dir / "config.json").write_text("{}")
+        self.assertIsNone(self.problem("tokenizer.json"))
+
+    def test_a_loop_of_links_is_named_a_loop(self):
+        (self.dir / "tokenizer.json").symlink_to("tokenizer.json")
+        self.assertEqual(self.problem("tokenizer.json"), "tokenizer.json is a loop of symbolic links: it is read "
+                                                         "when present; make it a file that can be read, or remove it")
+
+    def test_a_link_to_nothing_is_named_so(self):
+        (self.dir / "tokenizer.json").symlink_to("blobs/gone")
+        self.assertRegex(self.problem("tokenizer.json"), r"\Atokenizer\.json is a symbolic link to nothing: ")
+
+    def test_a_fifo_and_a_device_are_named_for_what_they_are(self):
+        os.mkfifo(self.dir / "tokenizer_config.json")
+        (self.dir / "generation_config.json").symlink_to("/dev/zero")
+        self.assertRegex(self.problem("tokenizer_config.json"), r"\Atokenizer_config\.json is a FIFO, not a file: ")
+        self.assertRegex(self.problem("generation_config.json"),
+                         r"\Ageneration_config\.json is a character device, not a file: ")
+
+    def test_a_file_that_cannot_be_opened_says_why(self):
+        # Root opens a mode-000 file; the fault suite's messages.input_never_readable runs it as nobody.
+        (self.dir / "generation_config.json").write_text("{}")
+        real_open = os.open
+
+        def denied(path, *args, **kwargs):
+            if os.fspath(path).endswith("generation_config.json"):
+                raise PermissionError(13, "Permission denied")
+            return real_open(path, *args, **kwargs)
+        with mock.patch.object(bc.os, "open", denied):
+            self.assertRegex(self.problem("generation_config.json"),
+                             r"\Ageneration_config\.json cannot be read \(Permission denied\): ")
+
+    def test_read_json_refuses_a_fifo_without_waiting_for_a_writer(self):
+        os.mkfifo(self.dir / "tokenizer_config.json")
+        with self.assertRaisesRegex(bc.Refusal, r"\Atokenizer_config\.json is a FIFO, not a file\Z"):
+            bc.read_json(self.dir / "tokenizer_config.json")
 
 
 # =============================================================================================
@@ -4753,10 +4804,10 @@ class SafeFileNames(unittest.TestCase):
                 self.assertIn(f"holds the character U+{ord(c):04X}", reason)
                 self.assertTrue(reason.isprintable(), reason)
 
-    def test_a_name_too_long_with_its_part_suffix_is_refused(self):
-        # 255 bytes is the limit, and the temporary file adds ".part".
-        self.assertEqual(bc.safe_file_name("é" * 125, "the name"), "é" * 125)      # 250 bytes
-        self.assertIn("is 252 bytes long", self.refusal("é" * 126))
+    def test_a_name_longer_than_a_file_name_may_be_is_refused(self):
+        # 255 bytes is the limit; the temporary file takes a shortened name where ".part" would not fit.
+        self.assertEqual(bc.safe_file_name("é" * 127 + "x", "the name"), "é" * 127 + "x")      # 255 bytes
+        self.assertIn("is 256 bytes long", self.refusal("é" * 128))
         self.assertIn("is 300 bytes long", self.refusal("x" * 300))
 
     def test_the_refusal_names_the_way_out_and_shows_a_long_name_cut(self):
@@ -4946,6 +4997,13 @@ class HostileInputs(Workspace):
             reason = f"{d} is not a directory"
         self.assertRefuses(d, reason)
 
+    def test_an_input_that_is_not_a_readable_file_is_refused_naming_it(self):
+        d = self.case("bf16")
+        (d / "tokenizer_config.json").unlink()
+        os.mkfifo(d / "tokenizer_config.json")
+        self.assertRefuses(d, "tokenizer_config.json is a FIFO, not a file: it is read when present; make it a "
+                              "file that can be read, or remove it")
+
     def test_a_tensor_in_two_shards_is_refused(self):
         d = self.case("sharded-3")
         shutil.copy(d / "model-00003-of-00003.safetensors", d / "model-00004-of-00004.safetensors")
@@ -5049,6 +5107,142 @@ class HostileInputs(Workspace):
                 for pid in workers:     # each was killed and reaped before the process ended
                     with self.assertRaises(ProcessLookupError):
                         os.kill(pid, 0)
+
+
+# --- The .part files (issue 35): seen only once locked, found again by every run, fitting any legal name.
+
+class PartFiles(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="bankml-part-")
+        self.addCleanup(self._tmp.cleanup)
+        self.dir = Path(self._tmp.name)
+
+    # Both ways a .part is made: O_TMPFILE where it works, the private temporary name where it does not.
+    WAYS = (("O_TMPFILE", {"_O_TMPFILE": bc._O_TMPFILE}), ("temporary name", {"_O_TMPFILE": 0}))
+
+    def test_a_part_is_locked_before_its_name_exists(self):
+        # A .part seen unlocked is a dead run's to any other run: its name must not exist until it is locked.
+        flock = bc.fcntl.flock
+        for way, patch in self.WAYS:
+            with self.subTest(way=way):
+                out = self.dir / f"{way}.gguf"
+                seen = []
+
+                def recording(fd, op):
+                    if op & bc.fcntl.LOCK_EX and not seen:
+                        seen.append(os.path.lexists(bc.part_path(out)))
+                    return flock(fd, op)
+                with mock.patch.multiple(bc, **patch), mock.patch.object(bc.fcntl, "flock", recording):
+                    with bc.Commit() as commit:
+                        commit.create(out)
+                        self.assertEqual(entries(self.dir), [f"{way}.gguf.part"])
+                self.assertEqual(seen, [False])
+                self.assertEqual(entries(self.dir), [])
+
+    def test_a_live_runs_part_is_refused_at_every_step(self):
+        for way, patch in self.WAYS:
+            with self.subTest(way=way), mock.patch.multiple(bc, **patch):
+                out = self.dir / "live.gguf"
+                with bc.Commit() as first:
+                    first.create(out)
+                    with self.assertRaisesRegex(bc.Refusal, r"live\.gguf\.part is being written by another "
+                                                            r"conversion that is still running"):
+                        with bc.Commit() as second:
+                            second.create(out)
+                    self.assertEqual(entries(self.dir), ["live.gguf.part"])
+
+    def test_without_o_tmpfile_or_hard_links_the_part_is_created_then_locked(self):
+        # FAT: neither way to name a locked file exists; the .part is still made, and no temporary is left.
+        out = self.dir / "fat.gguf"
+
+        def no_hard_links(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+        with mock.patch.object(bc, "_O_TMPFILE", 0), mock.patch.object(bc.os, "link", no_hard_links):
+            with bc.Commit() as commit:
+                os.write(commit.create(out), b"whole")
+                self.assertEqual(entries(self.dir), ["fat.gguf.part"])
+                commit.commit()
+        self.assertEqual((entries(self.dir), out.read_bytes()), (["fat.gguf"], b"whole"))
+
+    def test_a_dead_runs_temporary_file_is_removed_saying_so(self):
+        out = self.dir / "out.gguf"
+        leftover = self.dir / (bc._temporary_prefix(bc.part_path(out)) + "0123456789abcdef.part")
+        leftover.write_bytes(b"killed between its creation and its link")
+        other = self.dir / (bc._temporary_prefix(bc.part_path(self.dir / "other.gguf")) + "0123456789abcdef.part")
+        other.write_bytes(b"another target's: left alone")
+        said = []
+        with mock.patch.object(bc, "_O_TMPFILE", 0), bc.Commit(said.append) as commit:
+            os.write(commit.create(out), b"new")
+            commit.commit()
+        self.assertEqual(said, [f"removed {leftover}, left behind by a conversion that is no longer running"])
+        self.assertEqual(entries(self.dir), sorted(["out.gguf", other.name]))
+
+    def test_a_replaced_file_keeps_its_permission_bits(self):
+        out = self.dir / "private.gguf"
+        out.write_bytes(b"old")
+        out.chmod(0o640)
+        with bc.Commit() as commit:
+            os.write(commit.create(out), b"new")
+            commit.commit()
+        self.assertEqual((out.read_bytes(), stat.S_IMODE(out.stat().st_mode)), (b"new", 0o640))
+
+    @unittest.skipUnless(hasattr(os, "geteuid") and os.geteuid() == 0, "only root gives a file to another owner")
+    def test_a_replaced_file_keeps_its_owner_where_it_may(self):
+        out = self.dir / "theirs.gguf"
+        out.write_bytes(b"old")
+        os.chown(out, 65534, 65534)
+        with bc.Commit() as commit:
+            os.write(commit.create(out), b"new")
+            commit.commit()
+        self.assertEqual((out.stat().st_uid, out.stat().st_gid), (65534, 65534))
+
+    def test_a_name_too_long_for_its_suffix_gets_a_shortened_part_name(self):
+        out = self.dir / ("é" * 125 + ".gguf")       # 255 bytes, the longest name most file systems take
+        part = bc.part_path(out)
+        self.assertLessEqual(len(os.fsencode(part.name)), 255)
+        self.assertTrue(part.name.startswith("é" * 100) and part.name.endswith(".part"), part.name)
+        self.assertNotEqual(part, bc.part_path(self.dir / ("é" * 125 + ".GGUF")))
+        with bc.Commit() as commit:
+            os.write(commit.create(out), b"whole")
+            self.assertEqual(entries(self.dir), [part.name])
+            commit.commit()
+        self.assertEqual(out.read_bytes(), b"whole")
+
+
+# --- The fuzz campaign's reading of the stale-.part rule (oracle/fuzz.py stale_part_findings): a dead
+# --- run's .part removed with one line is the rule at work, not a partial output; a live one is left alone.
+
+class FuzzCampaignStaleParts(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import fuzz     # imported here: building its tables takes a moment the other tests need not wait
+        cls.fuzz = fuzz
+        cls.root = Path(tempfile.gettempdir()) / "campaign"
+
+    def findings(self, before: dict, after: dict, notices: list[str], live: tuple = ()):
+        return self.fuzz.stale_part_findings(before, after, self.root, notices,
+                                             [str(self.root / rel) for rel in live])
+
+    PART = {"r/out/model.gguf.part": ("file", 14, 1, "")}
+
+    def notice(self, rel: str) -> str:
+        return f"removed {self.root / rel}, left behind by a conversion that is no longer running"
+
+    def test_a_dead_runs_part_replaced_with_one_line_is_accounted_for(self):
+        self.assertEqual(self.findings(self.PART, {}, [self.notice("r/out/model.gguf.part")]),
+                         ({"r/out/model.gguf.part"}, []))
+
+    def test_a_part_removed_without_its_line_is_a_finding(self):
+        self.assertEqual(self.findings(self.PART, {}, [])[1],
+                         ["a dead run's .part removed with 0 lines saying so: r/out/model.gguf.part"])
+
+    def test_a_line_about_a_part_still_there_is_a_finding(self):
+        self.assertEqual(self.findings(self.PART, self.PART, [self.notice("r/out/model.gguf.part")])[1],
+                         [f"a notice about a .part that was not removed: {self.root / 'r/out/model.gguf.part'}"])
+
+    def test_a_live_runs_part_changed_is_a_finding(self):
+        self.assertEqual(self.findings(self.PART, {}, [], live=("r/out/model.gguf.part",)),
+                         (set(), ["a live run's .part changed: r/out/model.gguf.part"]))
 
 
 # --- Trust at the edges: the unprivileged scenarios of the fault suite (oracle/faults.py; make faults
@@ -7231,6 +7425,49 @@ class CommandLine(Workspace):
                                                       "to standard output (it is closed)\n"), p.stderr)
                 else:
                     self.assertEqual(p.stdout, f"{GOLDEN['bf16']['sha256']}  {out}\n")
+
+    def test_a_result_that_cannot_be_printed_after_the_commit_says_the_output_was_written(self):
+        # stdout on a full device: the files are in place, only the sha256 line is lost; exit 3 (a script
+        # reading the line must not take its absence for a success) with the line's sha256 on stderr.
+        d = self.case("bf16")
+        out, pin = self.out_dir() / "full.gguf", self.tmp / "full.json"
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([*TOOL, str(d), "-o", str(out), "--fork", str(pin)], stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertEqual(p.stderr, f"bankml convert: {out} was written and pinned in {pin} (sha256 "
+                                   f"{GOLDEN['bf16']['sha256']}), but the result could not be printed to standard "
+                                   f"output (No space left on device)\n")
+        self.assertEqual(sha256_file(out), GOLDEN["bf16"]["sha256"])
+
+    def test_an_interrupt_right_after_the_renames_leaves_it_a_success(self):
+        # Between the commit and the conversion's return the handler still raised: "interrupted by
+        # signal 2; nothing was written", exit 130, with OUT and the pin replaced (atomic.signal_after_*).
+        out, pin = self.out_dir() / "renamed.gguf", self.tmp / "renamed.json"
+        commit = bc.Commit.commit
+
+        def interrupted_once_renamed(self, check=None):
+            commit(self, check)
+            os.kill(os.getpid(), signal.SIGINT)
+        with mock.patch.object(bc.Commit, "commit", interrupted_once_renamed):
+            r = cli(self.case("bf16"), "-o", out, "--fork", pin, "--quiet")
+        self.assertEqual((r.code, r.out, r.err), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
+
+    def test_an_interrupt_once_the_conversion_has_succeeded_leaves_it_a_success(self):
+        # SIGINT the moment the conversion gives back the handlers it replaced: it had raised
+        # KeyboardInterrupt into main (exit 130, "interrupted", with OUT and the pin replaced) or into
+        # a weakref callback (Python's "Exception ignored" traceback, fault suite atomic.signal_after_*).
+        out = self.out_dir() / "done.gguf"
+        convert = bc._convert
+
+        def interrupted_at_the_end(args):
+            code = convert(args)
+            os.kill(os.getpid(), signal.SIGINT)
+            return code
+        with mock.patch.object(bc, "_convert", interrupted_at_the_end):
+            r = cli(self.case("bf16"), "-o", out, "--quiet")
+        self.assertEqual((r.code, r.out, r.err), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n", ""))
+        self.assertEqual(signal.pthread_sigmask(signal.SIG_BLOCK, []), set())     # the hold is over
 
     def test_a_dead_run_s_part_file_is_replaced_with_one_line_saying_so(self):
         out = self.out_dir() / "stale.gguf"

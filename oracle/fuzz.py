@@ -16,7 +16,11 @@ this process (bankml_convert is imported once) and classified:
            --timeout, or a MemoryError past --memory-mb.
 
 A partial output is any input that leaves the work directory different from before in anything
-but the output file of a success (a .part, an output after a refusal, a changed input).  Among the
+but the output file of a success (a .part, an output after a refusal, a changed input) -- except
+what the stale-.part rule does on purpose: a dead run's .part (one planted by the "output .part
+already exists" mutation, its lock free) removed with exactly one notice naming it.  A finding is
+also a .part removed without that one line, a notice about a .part that is still there, and a
+live run's .part (planted with its lock held by this process) changed in any way.  Among the
 mutations: hostile naming fields in README.md with the output then named from them as `-o DIR` names
 it (a crash too: a derived name that leaves its folder, holds a control character or is written under
 another name), and, on the Qwen3-MoE bases, expert tensors with a zero dimension, expert counts unlike
@@ -1087,8 +1091,12 @@ def mutate_names(ctx: Ctx) -> Optional[str]:
         put(ctx.out, b"old output")
         return "output file already exists"
     if op == "part-exists":
-        put(ctx.out.with_name(ctx.out.name + ".part"), b"someone else's")
-        return "output .part already exists"
+        part = bc.part_path(ctx.out)
+        put(part, b"someone else's")
+        if rng.random() < 0.5:
+            hold_live_part(part)
+            return "output .part already exists, a live run's (its lock held)"
+        return "output .part already exists, a dead run's"
     remove(ctx.out)
     if op == "out-is-dir":
         ctx.out.mkdir()
@@ -1139,6 +1147,7 @@ MUTATORS: tuple[tuple[Callable[[Ctx], Optional[str]], int], ...] = (
 def build_input(seed: str, index: int, bases: dict[str, Path], run: Path,
                 only: Optional[int] = None) -> tuple[Ctx, str, list[str]]:
     """Input `index` of `seed` under run/ (emptied first): (context, base name, mutation descriptions)."""
+    release_live_parts()       # an input built and never run (a replay of one mutation) holds none
     if run.exists():
         shutil.rmtree(run)
     (run / "out").mkdir(parents=True)
@@ -1212,6 +1221,51 @@ def crash_fields(exc: BaseException) -> dict:
                 traceback="".join(traceback.format_exception(exc))[-4000:])
 
 
+# The .part files planted by the "output .part already exists" mutation that a live run holds: their
+# locked descriptors, kept open (in this process, the one that converts) until the input is judged.
+LIVE_PARTS: dict[str, int] = {}
+
+
+def hold_live_part(part: Path) -> None:
+    import fcntl
+    fd = os.open(part, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    LIVE_PARTS[os.path.abspath(part)] = fd
+
+
+def release_live_parts() -> list[str]:
+    held = list(LIVE_PARTS)
+    for fd in LIVE_PARTS.values():
+        os.close(fd)
+    LIVE_PARTS.clear()
+    return held
+
+
+STALE_NOTICE = re.compile(r"removed (.*), left behind by a conversion that is no longer running", re.S)
+
+
+def stale_part_findings(before: dict, after: dict, root: Path, notices: list[str], live: list[str]) -> tuple[set, list]:
+    """What the stale-.part rule promises, checked: a .part that was there before the run and is gone
+    after it was a dead run's, and exactly one notice names it; a live run's (its lock held) is left
+    as it was.  The names it accounts for (not partial outputs), and its findings."""
+    said = Counter(os.path.abspath(m.group(1)) for m in map(STALE_NOTICE.fullmatch, notices) if m)
+    accounted, findings = set(), []
+    for rel in sorted(set(before) - set(after)):
+        path = os.path.abspath(root / rel)
+        if not rel.endswith(".part") or path in live:
+            continue
+        accounted.add(rel)
+        if said[path] != 1:
+            findings.append(f"a dead run's .part removed with {said[path]} lines saying so: {rel}")
+    for path in live:
+        rel = os.path.relpath(path, root)
+        if before.get(rel) != after.get(rel):
+            findings.append(f"a live run's .part changed: {rel}")
+    findings += [f"a notice about a .part that was not removed: {p}" for p in said
+                 if os.path.relpath(p, root) not in accounted]
+    return accounted, findings
+
+
 def leftovers(before: dict, after: dict, allowed: set[str]) -> list[str]:
     changed = []
     for rel in sorted(set(before) | set(after)):
@@ -1250,7 +1304,8 @@ def check_derived_name(ctx: Ctx, options, written: Path) -> None:
 def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, timeout: float) -> Outcome:
     # The run directory's parent is the working directory: relative writes land there too.
     before = tree_fingerprint(run.parent)
-    options = bc.Options(outtype=ctx.outtype, model_name=ctx.model_name)
+    notices: list[str] = []
+    options = bc.Options(outtype=ctx.outtype, model_name=ctx.model_name, notice=notices.append)
     result: Outcome
     start = time.perf_counter()
     signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -1277,8 +1332,12 @@ def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, 
         signal.setitimer(signal.ITIMER_REAL, 0)
         result = Outcome(index, "crash", base, mutations, 0.0, **crash_fields(e))
     result.seconds = time.perf_counter() - start
+    live = release_live_parts()
     after = tree_fingerprint(run.parent)
-    allowed: set[str] = set()
+    # A dead run's .part replaced, with one line saying so, is the stale-.part rule at work, not a
+    # partial output; a live one must be left alone.
+    allowed, findings = stale_part_findings(before, after, run.parent, notices, live)
+    result.leftovers += findings
     if result.kind == "success":
         rel = os.path.relpath(os.path.abspath(report.out), run.parent)
         allowed.add(rel)
