@@ -828,6 +828,8 @@ def mutate_moe_shapes(ctx: Ctx) -> Optional[str]:
     expert count unlike the tensors', a huge count behind zero-byte stacked tensors reached first, an
     expert numbered past the count.  None for a base without experts."""
     rng = ctx.rng
+    if not (ctx.dir / "config.json").is_file():    # an earlier mutation's FIFO would block the read forever
+        return None
     config = json.loads((ctx.dir / "config.json").read_bytes())
     if not isinstance(config, dict) or not isinstance(config.get("num_experts"), int):
         return None
