@@ -28,13 +28,16 @@ example:
 # mismatch; then gguf-py's name heuristics against bankml's over every id in oracle/names_ids.txt,
 # PyYAML's and gguf-py's model-card reading against bankml's (oracle/fixtures/cards/, 0 silent differences),
 # llama.cpp's pre-tokenizer hash (chkhsh) of every tokenizer fixture against bankml's, and bankml's
-# inspect against gguf-py's GGUFReader on the full-size output.
+# inspect against gguf-py's GGUFReader on the full-size output; then llama.cpp's own runtime (built
+# from the same source by setup_reference.sh, about six minutes the first time) loads every recorded
+# output and generates a few tokens, so a file the reference writes but llama.cpp cannot run is found.
 oracle:
 	$(PYTHON) oracle/oracle.py compare all
 	$(PYTHON) oracle/oracle.py names
 	$(PYTHON) oracle/oracle.py cards
 	$(PYTHON) oracle/oracle.py chkhsh
 	$(PYTHON) oracle/oracle.py inspect
+	$(PYTHON) oracle/oracle.py load all
 
 # Times bankml_convert against llama.cpp's converter (when oracle/.ref is set up) and a cp+sha256sum
 # floor on every issue's full-size case (oracle/bench.py's SUITE: SmolLM2-135M-Instruct in every type,

@@ -11,6 +11,9 @@ model directories and compare the files sha256 for sha256.
     python3 oracle/oracle.py chkhsh [DIR ...]    # llama.cpp's pre-tokenizer hash and name beside bankml's
                                                  # (default: every tokenizer case; --record saves them)
     python3 oracle/oracle.py inspect [RUN ...]   # bankml's inspect vs gguf-py's reader (default: full size)
+    python3 oracle/oracle.py load [RUN ...|all] [--tokens N] [--timeout S] [--keep]
+                                                 # llama.cpp's runtime loads each recorded output and
+                                                 # generates (oracle/runtime_oracle.py)
     python3 oracle/oracle.py list
 
 Standard library only; the reference runs in its own venv (oracle/setup_reference.sh, called here
@@ -118,9 +121,11 @@ def sha256_of(path: Path) -> str:
 
 
 def reference_dir() -> Path:
-    out = subprocess.run(["bash", str(HERE / "setup_reference.sh")], check=True,
-                         capture_output=True, text=True).stdout.strip().splitlines()
-    return Path(out[-1])
+    p = subprocess.run(["bash", str(HERE / "setup_reference.sh")], capture_output=True, text=True)
+    if p.returncode != 0:   # its own message says what is missing (a compiler, a registry), not a traceback
+        sys.stderr.write(p.stderr[-3000:])
+        raise SystemExit("oracle/setup_reference.sh failed")
+    return Path(p.stdout.strip().splitlines()[-1])
 
 
 def reference_python() -> Path:
@@ -409,7 +414,7 @@ def print_diff(a: Path, b: Path) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("record", "compare", "names", "cards", "chkhsh", "inspect", "list"))
+    p.add_argument("command", choices=("record", "compare", "names", "cards", "chkhsh", "inspect", "load", "list"))
     p.add_argument("runs", nargs="*", help="run names (default: all but the full-size one; 'all' for every "
                    "run); directories for chkhsh")
     p.add_argument("--recorded", action="store_true",
@@ -419,6 +424,9 @@ def main(argv: list[str]) -> int:
                    "cards: PyYAML's to oracle/recorded/cards.json")
     if argv[:1] == ["cards"]:       # its own options (--random, --mutants, ...) go to cards_oracle.py
         return run_in_reference("cards", argv[1:])
+    if argv[:1] == ["load"]:        # and load's (--tokens, --timeout, --keep) to runtime_oracle.py
+        import runtime_oracle
+        return runtime_oracle.main(argv[1:])
     args = p.parse_intermixed_args(argv)
     if args.command == "chkhsh":
         return chkhsh_table(args.runs, args.record)

@@ -24,4 +24,42 @@ fi
 # the reference still works and those cases say what is missing.
 BANKML_REF_DIR=$ref bash "$here/fetch_gemma_tokenizers.sh" >/dev/null \
   || echo "setup_reference.sh: the Gemma tokenizers were not fetched (oracle/fetch_gemma_tokenizers.sh)" >&2
+# llama.cpp's own runtime from the same vendored source (oracle/runtime_oracle.py loads every recorded
+# output with it): llama-simple for a model, llama-completion for a model with a LoRA adapter (llama-simple
+# takes no --lora), llama-mtmd-cli for a model with its projector. GGML_NATIVE=OFF: a native build died
+# with "Illegal instruction" in Q8_0 matmuls on the shared 2-core machines (the compiler's -march=native
+# is not what the CPU the job lands on runs). Static, so the binaries need nothing from the build tree.
+# About six minutes on two idle cores. Needs a C++17 compiler (g++: `apt-get install g++`, the only piece
+# PyPI cannot give); cmake and ninja are taken from PATH, else pip-installed into the reference's venv.
+# Skipped when the stamp names this source, these flags and the sha256 of the binaries on disk.
+src=$ref/llama_cpp_python-0.3.36/vendor/llama.cpp
+rt=$ref/runtime
+rt_targets="llama-simple llama-completion llama-mtmd-cli"
+rt_flags="-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF"
+rt_config="sdist $sdist_sha targets $rt_targets flags $rt_flags"
+runtime_current() {
+  [ -f "$rt/stamp" ] && [ "$(head -n 1 "$rt/stamp")" = "$rt_config" ] \
+    && tail -n +2 "$rt/stamp" | (cd "$rt/build/bin" && sha256sum -c --quiet - >/dev/null 2>&1)
+}
+if ! runtime_current; then
+  if ! command -v c++ >/dev/null 2>&1; then
+    echo "setup_reference.sh: no C++ compiler to build llama.cpp's runtime; install one: apt-get install g++" >&2
+    exit 1
+  fi
+  export PATH="$PATH:$ref/venv/bin"
+  if ! command -v cmake >/dev/null 2>&1 || ! command -v ninja >/dev/null 2>&1; then
+    "$ref/venv/bin/pip" install -q 'cmake>=3.14,<4' ninja
+  fi
+  rm -rf "$rt"
+  mkdir -p "$rt"
+  # shellcheck disable=SC2086  # the flags are words on purpose
+  nice -n 10 cmake -S "$src" -B "$rt/build" $rt_flags >"$rt/configure.log" 2>&1 \
+    || { echo "setup_reference.sh: configuring llama.cpp's runtime failed; see $rt/configure.log" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  nice -n 10 cmake --build "$rt/build" --target $rt_targets >"$rt/build.log" 2>&1 \
+    || { echo "setup_reference.sh: building llama.cpp's runtime failed; see $rt/build.log" >&2; exit 1; }
+  { echo "$rt_config"; (cd "$rt/build/bin" && sha256sum $rt_targets); } >"$rt/stamp.part"
+  mv "$rt/stamp.part" "$rt/stamp"
+fi
 echo "$ref/llama_cpp_python-0.3.36/vendor/llama.cpp"
