@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -75,6 +75,9 @@ the vocabulary paths its set_vocab tries, in order:
                hooks: shape filter_tensors modify_tensors generated_tensors; vocabulary: sentencepiece, llama_hf, gpt2
     OLMo 2     Olmo2ForCausalLM
                hooks: shape; vocabulary: gpt2
+    Qwen3.5    Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory without_nextn lora_refusal;
+               vocabulary: gpt2
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -114,6 +117,7 @@ if __name__ == "__main__":
 import argparse
 import bisect
 import datetime
+import decimal
 import errno
 import fnmatch
 import gc
@@ -1511,6 +1515,7 @@ class Options(NamedTuple):
     workers: int | None = None      # processes converting in parallel; None: one per core where safe
     progress: Any = None            # called as progress(bytes_done, bytes_total, tensor_name)
     hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
+    no_nextn: bool = False          # llama.cpp's --no-nextn: a model's MTP layers neither counted nor written
     notice: Any = None              # called with a line for the user (a dead run's .part replaced)
 
 
@@ -1574,6 +1579,11 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     written = read_json_object(config_path)
     family = family_of(written)
     config = family.hparams(written)
+    if options.no_nextn:
+        if family.without_nextn is None:
+            raise Refusal(f"--no-nextn: a {family.name} model has no MTP layers to leave out (llama.cpp's "
+                          f"converter stops on the flag for it): convert without it")
+        config = family.without_nextn(config)
     refuse_config(config, family.accepted_config_keys)
     params = family.params(config)
     family.refuse_directory(model_dir, config)
@@ -1609,7 +1619,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
                          options.model_name, *counts, card):
         kv.set(g.key, g.vtype, g.value, g.array)
     for h in family.hparam_kvs(params, out.file_type):
-        kv.set(h.key, h.vtype, h.value)
+        kv.set(h.key, h.vtype, h.value, h.array)
     kv.uint32("general.quantization_version", 2)
     for t in family.vocab_kvs(params, vocab, tokenizer.kvs(vocab)):
         kv.set(t.key, t.vtype, t.value, t.array)
@@ -1933,6 +1943,13 @@ class Modified(NamedTuple):
     permute_heads: int = 0      # Q/K rows from HF's rotate-half order to GGML's, per head (LlamaModel.permute)
     add_one: bool = False       # value + 1 in the source's float width (Gemma's norms)
     stacked: Optional[Stacked] = None   # one source of a stacked tensor (a layer's experts)
+    neg_exp: bool = False       # -exp(value) of a BF16 source, as float32 (neg_exp_bf16_bits: Qwen3.5's A_log)
+    # the source's rows in another order: runs of its rows (source_rows), written one after the other
+    # (Qwen3.5's V heads tiled); () for the rows as they are
+    rows: tuple[SourceTensor, ...] = ()
+    # each row's columns in another order: (first column, count) runs written one after the other
+    # (Qwen3.5's out_proj, whose columns are V heads); () for the columns as they are
+    columns: tuple[tuple[int, int], ...] = ()
 
 
 def unmodified(gguf_name: str, source: SourceTensor, params: Any) -> list[Modified]:
@@ -2050,6 +2067,11 @@ class Family(NamedTuple):
     # modify_tensors cuts token_embd to the tokenizer's length (Gemma3Model): an adapter's LoRA on it
     # is refused, as that cut needs the base's tokenizer
     embedding_cut_by_tokenizer: bool = False
+    # --no-nextn (llama.cpp's no_mtp): config.json -> the hparams without the MTP layers; None: a family
+    # without them, where llama.cpp stops on the flag ("not supported for ...")
+    without_nextn: Optional[Callable[[dict], dict]] = None
+    # why a LoRA adapter on this family is refused, where the adapter path would not reproduce it; None: taken
+    lora_refusal: Optional[str] = None
 
 
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
@@ -3643,6 +3665,334 @@ OLMO2 = register(Family(
     # rope to HF's rotate-half order (OLMo 1's OlmoModel permutes, olmo.py:30-39; Olmo2Model does not).
     vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
     check_builds=(CheckBuild("GPT2Tokenizer", "olmo2", "gpt2", "SmolLM2 tokenizer, OLMo 2 config"),),
+))
+
+
+# --- Qwen3.5 --------------------------------------------------------------------------------------
+# Qwen3.5 dense (llama.cpp's Qwen3_5TextModel: Qwen3NextModel's linear attention with the V heads
+# reordered, its MTP block, MRoPE sections): Qwen3_5ForCausalLM, and the text part of
+# Qwen3_5ForConditionalGeneration (its vision tower dropped).  Every 4th layer (layer_types) is gated
+# full attention; the others are gated linear attention (Gated DeltaNet): in_proj_qkv/z/a/b, a short
+# convolution, A_log, dt_bias, a gated norm and out_proj.  A_log's -exp is computed for BF16 sources
+# only (neg_exp_bf16_bits, proven on all 65,536 patterns).
+
+class Qwen35Params(NamedTuple):
+    """The hyperparameters Qwen3_5TextModel writes, as Qwen3_5TextConfig fills them: TextModel's (its
+    block_count counting the MTP layers), then the linear attention's."""
+    text: TextParams
+    layers: int                         # num_hidden_layers: the decoder layers, without the MTP ones
+    mtp_layers: int                     # the MTP layers written after them (0 with --no-nextn)
+    recurrent: tuple[bool, ...]         # per decoder layer: linear attention (layer_types)
+    conv_kernel: int
+    key_head_dim: int
+    value_head_dim: int
+    key_heads: int
+    value_heads: int
+    full_attention_interval: int
+    rope_dimension_count: int
+    mrope_section: Optional[tuple[int, ...]]    # rope_parameters' (padded to 4); None: the default, last
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# Qwen3_5TextConfig's defaults (transformers 5.18).
+_QWEN35_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=32768, hidden_size=4096,
+                                intermediate_size=12288, num_attention_heads=16, num_key_value_heads=4,
+                                rope_theta=None, rms_norm_eps=1e-6, vocab_size=248320, uneven_heads=None)
+# _Qwen35MRopeMixin's sections where rope_parameters has none.
+_QWEN35_DEFAULT_MROPE = (11, 11, 10, 0)
+# The config key --no-nextn sets (qwen35_without_nextn): a name no config.json of the Hub holds.
+_NO_NEXTN = "bankml:no_nextn"
+
+
+def qwen35_without_nextn(config: dict) -> dict:
+    """--no-nextn (llama.cpp's no_mtp): the MTP layers neither counted nor written."""
+    if _NO_NEXTN in config:
+        raise Refusal(f"config.json has the key {_NO_NEXTN!r}, which bankml_convert uses for --no-nextn: remove it")
+    return {**config, _NO_NEXTN: True}
+
+
+def qwen35_params(config: dict) -> Qwen35Params:
+    """The Qwen3.5 hyperparameters of config.json (after text_config is merged), with Qwen3_5TextConfig's
+    defaults, or a Refusal for anything llama.cpp would treat otherwise."""
+    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if key in config:
+            raise Refusal(f"config.json has {key} in a dense Qwen3.5 model; llama.cpp then writes expert keys, "
+                          f"which bankml_convert does not reproduce")
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; llama.cpp's Qwen3.5 has no q/k/v biases to map")
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
+        raise Refusal("config.json: Qwen3.5's rope_parameters must be an object of rope_type default with a "
+                      "rope_theta (as the released models ship); other rope settings are not reproduced")
+    text_model_rope(config)
+    text = text_params(config, _QWEN35_DEFAULTS)
+    head_dim = config_integer(config, "head_dim", 256)
+    factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
+    if type(factor) not in (int, float) or not 0 < factor <= 1:
+        raise Refusal(f"config.json: partial_rotary_factor is {factor!r}; expected a number in (0, 1]")
+    section = rope.get("mrope_section")
+    if section is not None:
+        if not isinstance(section, list) or len(section) > 4 or any(type(s) is not int or not 0 <= s < 2**31
+                                                                  for s in section):
+            raise Refusal(f"config.json: mrope_section is {section!r}; expected up to 4 whole numbers")
+        section = tuple(section) + (0,) * (4 - len(section))
+    layers = text.block_count
+    types = config.get("layer_types")
+    if types is None:
+        # Qwen3_5TextConfig derives them from full_attention_interval (and drops that key).
+        interval = config_integer(config, "full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+        written_interval = 4
+    else:
+        written_interval = config_integer(config, "full_attention_interval", 4)
+    if not isinstance(types, list) or len(types) != layers or \
+            any(t not in ("linear_attention", "full_attention") for t in types):
+        raise Refusal(f"config.json: layer_types must list linear_attention or full_attention for each of the "
+                      f"{layers} layers (llama.cpp stops on another length)")
+    no_nextn = bool(config.get(_NO_NEXTN))
+    mtp = 0 if no_nextn else config_integer(config, "mtp_num_hidden_layers", 0, minimum=0)
+    if not no_nextn and mtp == 0:
+        raise Refusal("config.json declares no mtp_num_hidden_layers: llama.cpp then counts the MTP layers from "
+                      "the mtp.* tensors (and stops where there are none), which bankml_convert does not "
+                      "reproduce: convert with --no-nextn (no MTP layer), as llama.cpp does with it")
+    if mtp > 1:
+        raise Refusal(f"config.json: mtp_num_hidden_layers is {mtp}; one MTP layer (the released models') is "
+                      f"reproduced: convert with --no-nextn to leave them out")
+    key_heads = config_integer(config, "linear_num_key_heads", 16)
+    value_heads = config_integer(config, "linear_num_value_heads", 32)
+    if value_heads % key_heads:
+        raise Refusal(f"config.json: linear_num_value_heads {value_heads} is not a multiple of "
+                      f"linear_num_key_heads {key_heads}")
+    kernel = config_integer(config, "linear_conv_kernel_dim", 4)
+    if kernel == 1:
+        raise Refusal("config.json: linear_conv_kernel_dim 1: llama.cpp's squeeze then leaves a 1-D ssm_conv1d, "
+                      "which bankml_convert does not reproduce")
+    return Qwen35Params(
+        text._replace(block_count=layers + mtp, head_dim=head_dim, key_length=head_dim,
+                      rope_freq_base=config_number(rope, "rope_theta", 10000.0)),
+        layers=layers, mtp_layers=mtp, recurrent=tuple(t == "linear_attention" for t in types),
+        conv_kernel=kernel, key_head_dim=config_integer(config, "linear_key_head_dim", 128),
+        value_head_dim=config_integer(config, "linear_value_head_dim", 128), key_heads=key_heads,
+        value_heads=value_heads, full_attention_interval=written_interval,
+        rope_dimension_count=int(head_dim * factor), mrope_section=section)
+
+
+def qwen35_hparam_kvs(p: Qwen35Params, file_type: int) -> list[KV]:
+    """TextModel's keys (rope_parameters' MRoPE sections before rope.freq_base), then, as
+    _QwenMtpMixin and Qwen3NextModel add them, the MTP layer count and the linear attention's keys;
+    _Qwen35MRopeMixin's default sections last where the config has none."""
+    a = "qwen35"
+    kvs = text_model_kvs(a, p.text, file_type)
+    if p.mrope_section is not None:
+        at = next(i for i, kv in enumerate(kvs) if kv.key == f"{a}.rope.freq_base")
+        kvs.insert(at, KV(f"{a}.rope.dimension_sections", GGUF_INT32, list(p.mrope_section), array=True))
+    if p.mtp_layers:
+        kvs.append(KV(f"{a}.nextn_predict_layers", GGUF_UINT32, p.mtp_layers))
+    kvs += [
+        KV(f"{a}.ssm.conv_kernel", GGUF_UINT32, p.conv_kernel),
+        KV(f"{a}.ssm.state_size", GGUF_UINT32, p.key_head_dim),
+        KV(f"{a}.ssm.group_count", GGUF_UINT32, p.key_heads),
+        KV(f"{a}.ssm.time_step_rank", GGUF_UINT32, p.value_heads),
+        KV(f"{a}.ssm.inner_size", GGUF_UINT32, p.value_head_dim * p.value_heads),
+        KV(f"{a}.attention.recurrent_layers", GGUF_BOOL, list(p.recurrent) + [False] * p.mtp_layers, array=True),
+        KV(f"{a}.full_attention_interval", GGUF_UINT32, p.full_attention_interval),
+        KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.rope_dimension_count),
+    ]
+    if p.mrope_section is None:
+        kvs.append(KV(f"{a}.rope.dimension_sections", GGUF_INT32, list(_QWEN35_DEFAULT_MROPE), array=True))
+    return kvs
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.QWEN35: a full-attention layer's names (Qwen3's, the
+# post-attention norm ATTN_POST_NORM), a linear-attention layer's (dt_bias is renamed dt_proj.bias by
+# modify_tensors before the map), and the MTP block's, whose placeholders qwen35_modify_tensors puts
+# in the MTP layer's block.
+_QWEN35_COMMON = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_QWEN35_FULL = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+_QWEN35_LINEAR = {
+    "linear_attn.A_log": "ssm_a",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+}
+_QWEN35_BLOCK_TENSORS = {**_QWEN35_COMMON, **_QWEN35_FULL, **_QWEN35_LINEAR}
+_QWEN35_MTP_TENSORS = {
+    "mtp.fc.weight": "nextn.eh_proj.weight",
+    "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+    "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight",
+    "mtp.norm.weight": "nextn.shared_head_norm.weight",
+    **{f"mtp.layers.0.{hf}": f"mtp.{name}" for hf, name in {**_QWEN35_COMMON, **_QWEN35_FULL}.items()},
+}
+_QWEN35_TOP_TENSORS = {**_LLAMA_TOP_TENSORS, **_QWEN35_MTP_TENSORS}
+
+# TextModel.filter_tensors' multimodal names (base.py:1390-1399): dropped from every text model.
+_MULTIMODAL_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
+                        "sound_projection.", "speech_embeddings.")
+_MULTIMODAL_PARTS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.",
+                     "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
+                     "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector.")
+
+
+def qwen35_filter_tensors(hf_name: str) -> Optional[str]:
+    """_QwenMtpMixin.filter_tensors: TextModel's (the vision tower dropped, "language_model." taken out
+    of the name), then model.mtp.* read as mtp.*."""
+    if hf_name.startswith(_MULTIMODAL_PREFIXES) or any(part in hf_name for part in _MULTIMODAL_PARTS):
+        return None
+    name = hf_name.replace("language_model.", "")
+    if name.startswith("model.mtp."):
+        name = name[len("model."):]
+    return dropped_buffers(name)
+
+
+def qwen35_kind(gguf_name: str) -> str:
+    """What a Qwen3.5 GGUF name names, without its block and suffix: blk.0.ssm_a -> ssm_a,
+    blk.4.nextn.enorm.weight -> enorm, output_norm.weight -> output_norm."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        parts = parts[2:]
+    return parts[1] if parts[0] == "nextn" and len(parts) > 1 else parts[0]
+
+
+def qwen35_shape(gguf_name: str, p: Qwen35Params) -> tuple[int, ...]:
+    """The HF shape (rows first) a Qwen3.5 tensor must have (ssm_conv1d's as squeezed)."""
+    t = p.text
+    kind = qwen35_kind(gguf_name)
+    key, value = p.key_heads * p.key_head_dim, p.value_heads * p.value_head_dim
+    h = t.embedding_length
+    shapes = {
+        "ssm_a": (p.value_heads,), "ssm_dt": (p.value_heads,), "ssm_conv1d": (2 * key + value, p.conv_kernel),
+        "ssm_alpha": (p.value_heads, h), "ssm_beta": (p.value_heads, h), "attn_qkv": (2 * key + value, h),
+        "attn_gate": (value, h), "ssm_norm": (p.value_head_dim,), "ssm_out": (h, value),
+        "post_attention_norm": (h,), "attn_q_norm": (t.head_dim,), "attn_k_norm": (t.head_dim,),
+        # Qwen3.5's full attention is gated: q_proj holds the queries and their gate.
+        "attn_q": (2 * t.head_count * t.head_dim, h), "attn_output": (h, t.head_count * t.head_dim),
+        "eh_proj": (h, 2 * h), "enorm": (h,), "hnorm": (h,), "shared_head_norm": (h,),
+    }
+    return shapes[kind] if kind in shapes else text_shape(gguf_name, t)
+
+
+def v_heads_tiled(source: SourceTensor, first: int, p: Qwen35Params, head_rows: int) -> tuple[SourceTensor, ...]:
+    """_LinearAttentionVReorderBase._reorder_v_heads on the rows from `first` on: the V heads, stored
+    grouped by key head (k0: v0..v{r-1}, k1: ...), as runs of rows in tiled order (v0 of every key
+    head, then v1 of every key head, ...); the rows before first kept as one run."""
+    per_key = p.value_heads // p.key_heads
+    runs = [source_rows(source, 0, first)] if first else []
+    runs += [source_rows(source, first + (k * per_key + v) * head_rows, head_rows)
+             for v in range(per_key) for k in range(p.key_heads)]
+    return tuple(runs)
+
+
+def qwen35_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwen35Params) -> list[Modified]:
+    """_LinearAttentionVReorderBase then Qwen3NextModel.modify_tensors: the V heads of the linear attention
+    reordered (with more value heads than key heads), A_log as -exp(A_log) (BF16 sources only),
+    conv1d squeezed, every norm but the linear attention's gated one + 1; the MTP block's tensors
+    into the block after the decoder layers, or left out (--no-nextn)."""
+    if gguf_name.startswith(("nextn.", "mtp.")):
+        if not p.mtp_layers:
+            return []
+        rest = gguf_name.split(".", 1)[1] if gguf_name.startswith("mtp.") else gguf_name
+        gguf_name = f"blk.{p.layers}.{rest}"
+    kind = qwen35_kind(gguf_name)
+    add_one = gguf_name.endswith("norm.weight") and kind != "ssm_norm"
+    if kind == "ssm_conv1d":
+        if len(source.shape) != 3 or source.shape[1] != 1:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; a Qwen3.5 conv1d weight is "
+                          f"[channels, 1, kernel]")
+        source = source._replace(shape=(source.shape[0], source.shape[2]))
+    neg_exp = kind == "ssm_a"
+    if neg_exp and source.dtype != "BF16":
+        raise Refusal(f"tensor {source.name!r} is {source.dtype}: llama.cpp's -exp(A_log) is reproduced from "
+                      f"BF16 weights only (proven on every BF16 value; torch's float32 and float16 exp are not "
+                      f"correctly rounded): save the model in bfloat16")
+    rows: tuple[SourceTensor, ...] = ()
+    if p.value_heads != p.key_heads and kind in _QWEN35_V_ROWS and source.shape == qwen35_shape(gguf_name, p):
+        first, head_rows = _QWEN35_V_ROWS[kind](p)
+        # a 1-D tensor's values are its rows here (out_len counts its runs' rows)
+        whole = source if len(source.shape) > 1 else source._replace(shape=source.shape + (1,))
+        rows = v_heads_tiled(whole, first, p, head_rows)
+    columns: tuple[tuple[int, int], ...] = ()
+    if p.value_heads != p.key_heads and kind == "ssm_out":
+        per_key = p.value_heads // p.key_heads
+        d = p.value_head_dim
+        columns = tuple(((k * per_key + v) * d, d) for v in range(per_key) for k in range(p.key_heads))
+    return [Modified(gguf_name, source, add_one=add_one, neg_exp=neg_exp, rows=rows, columns=columns)]
+
+
+# The tensors whose rows the V reorder moves: (the first V row, rows per V head).
+_QWEN35_V_ROWS = {
+    "attn_qkv": lambda p: (2 * p.key_heads * p.key_head_dim, p.value_head_dim),
+    "ssm_conv1d": lambda p: (2 * p.key_heads * p.key_head_dim, p.value_head_dim),
+    "attn_gate": lambda p: (0, p.value_head_dim),
+    "ssm_alpha": lambda p: (0, 1),
+    "ssm_beta": lambda p: (0, 1),
+    "ssm_a": lambda p: (0, 1),
+    "ssm_dt": lambda p: (0, 1),
+}
+
+
+def refuse_qwen35_directory(model_dir: Path, config: dict) -> None:
+    """The MTP layer config.json declares must have its mtp.* weights: transformers drops them when it
+    saves a fine-tune, and llama.cpp then writes a block count with no tensors behind its last block, a
+    file llama.cpp's runtime refuses to load."""
+    if config.get(_NO_NEXTN) or not config.get("mtp_num_hidden_layers"):
+        return
+    sources, _ = index_tensors(model_dir)
+    if not any(qwen35_filter_tensors(t.name) is not None and qwen35_filter_tensors(t.name).startswith("mtp.")
+               for t in sources):
+        raise Refusal(f"config.json declares mtp_num_hidden_layers {config['mtp_num_hidden_layers']} but the "
+                      f"checkpoint has no mtp.* weights (transformers leaves them out when it saves a model): "
+                      f"llama.cpp would count the MTP layer and write no tensors for it, a file its runtime "
+                      f"refuses to load: convert with --no-nextn (no MTP layer), as llama.cpp does with it")
+
+
+QWEN35 = register(Family(
+    name="Qwen3.5",
+    architectures=("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
+    model_types=("qwen3_5_text", "qwen3_5"),
+    gguf_arch="qwen35",
+    params=qwen35_params,
+    hparam_kvs=qwen35_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,
+    top_tensors=_QWEN35_TOP_TENSORS,
+    block_tensors=_QWEN35_BLOCK_TENSORS,
+    # tied embeddings (0.8B-4B); the MTP placeholders are renamed into their block
+    optional_tensors=frozenset({"output.weight", *_QWEN35_MTP_TENSORS.values()}),
+    shape=qwen35_shape,
+    modify_tensors=qwen35_modify_tensors,
+    hparams=merged_text_config,
+    # Qwen3NextModel reads partial_rotary_factor itself (the rope dimension count)
+    accepted_config_keys=frozenset({"text_config", "partial_rotary_factor"}),
+    vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
+    filter_tensors=qwen35_filter_tensors,
+    refuse_directory=refuse_qwen35_directory,
+    # every block, the MTP layer's too, has these; a layer's mixer is checked by its type (qwen35_check_layers)
+    block_outputs=tuple(_QWEN35_COMMON.values()),
+    check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
+                       for model_type in ("qwen3_5_text", "qwen3_5")),
+    model_type_tokenizer="Qwen2Tokenizer",
+    without_nextn=qwen35_without_nextn,
+    lora_refusal="LoRA adapters on Qwen3.5 (the V-head reorder of the linear attention's A and B matrices) "
+                 "are not reproduced yet: merge the adapter into the model and convert the merged model",
 ))
 
 
@@ -7729,8 +8079,8 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 
 
 # Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
-# as llama_model_quantize does): the MoE routers, which the families here have.
-_F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"])
+# as llama_model_quantize does): the MoE routers and Qwen3.5's short convolution, which the families here have.
+_F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"], ["ssm_conv1d", "weight"])
 
 
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
@@ -7780,7 +8130,9 @@ class PlannedTensor(NamedTuple):
     dims: tuple[int, ...]
     permute_heads: int      # 0, or the head count of llama.cpp's rotate-half -> GGML row permutation
     add_one: bool = False   # value + 1 in the source's float width (plus_one) before the conversion
-    parts: tuple[SourceTensor, ...] = ()    # a stacked tensor's sources, in order; () for one source
+    parts: tuple[SourceTensor, ...] = ()    # a stacked tensor's sources, or runs of reordered rows, in order
+    neg_exp: bool = False   # -exp(value) of a BF16 source, as float32 (neg_exp_bf16_bits)
+    columns: tuple[tuple[int, int], ...] = ()   # each row's columns as (first, count) runs, in order
 
     @property
     def nbytes(self) -> int:
@@ -7839,7 +8191,8 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                 raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
                               f"implies {list(want)}")
             plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
-                                      tuple(reversed(m.source.shape)), m.permute_heads, m.add_one))
+                                      tuple(reversed(m.source.shape)), m.permute_heads, m.add_one,
+                                      parts=m.rows, neg_exp=m.neg_exp, columns=m.columns))
     for waiting in groups.values():
         # llama.cpp's prepare_tensors raises "Unprocessed experts" (llama.py:356-360, qwen.py:147-156).
         got = sorted(m.source.name for m in waiting.values())
@@ -7905,9 +8258,12 @@ def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: i
             raise Refusal(f"two tensors of the checkpoint become {t.name}; llama.cpp keeps one of them by "
                           f"its own order, which bankml_convert does not reproduce")
         seen.add(t.name)
-    names = seen - family.optional_tensors
     top = [n for n in family.top_tensors.values() if n not in family.optional_tensors]
     block = family.block_outputs or tuple(family.block_tensors.values())
+    # Only the names every model has count: a hybrid family's blocks hold more (its block_outputs
+    # are the names all its blocks share).
+    needed_top, needed_block = set(top), set(block)
+    names = [n for n in seen if n in needed_top or n.split(".", 2)[-1] in needed_block and n.startswith("blk.")]
     n_missing = len(top) + len(block) * block_count - len(names)
     if n_missing:
         needed = itertools.chain(top, (f"blk.{b}.{n}" for b in range(block_count) for n in block))
@@ -8313,6 +8669,69 @@ def _float_from_bits(bits: int) -> float:
 
 def _bits_from_float32(x: float) -> int:
     return _Q_U32.unpack(_F32.pack(x))[0]
+
+
+# --- -exp of a BF16 value (Qwen3.5's A_log -> -exp(A_log)): torch widens the BF16 tensor to float32 and
+# --- computes exp in float32, which is not correctly rounded; its results on every BF16 pattern are
+# --- the correctly rounded rule below except at the patterns this table lists (BF16 bits -> the
+# --- float32 bits torch gives).  Provenance: `python3 oracle/neg_exp_oracle.py --record` (torch 2.13 of
+# --- the reference venv, the same on ATEN_CPU_CAPABILITY avx512, avx2 and default, on a 65,536-value
+# --- tensor and on 1-value tensors), recorded in oracle/recorded/neg_exp.json with the sha256 of the
+# --- whole table, which test_bankml_convert.py checks this function against.
+_NEG_EXP_BF16_EXCEPTIONS: dict[int, int] = {
+    0x3380: 0xbf800000, 0x3ad9: 0xbf80364b, 0x3b49: 0xbf8064a8, 0x3b4e: 0xbf80672a, 0x3b61: 0xbf8070b2,
+    0x3df0: 0xbf8fea0e, 0x3e43: 0xbf9ad9b8, 0x3ec1: 0xbfba9a5f, 0x3ed7: 0xbfc2cbbe, 0x3f7a: 0xc029f0a5,
+    0x3fb6: 0xc084a2e6, 0x404c: 0xc1c1d280, 0x4070: 0xc22a1596, 0x4079: 0xc243c40f, 0x407f: 0xc25701ba,
+    0x40ac: 0xc357f09c, 0x40e1: 0xc48d6e35, 0x40e5: 0xc4a04303, 0x4226: 0xdd6a3d77, 0x425d: 0xe7513937,
+    0x4279: 0xec60105a, 0x428f: 0xf30e4a5e, 0xbae9: 0xbf7f8b9b, 0xbafa: 0xbf7f831f, 0xbafe: 0xbf7f8120,
+    0xbb03: 0xbf7f7d22, 0xbb17: 0xbf7f692d, 0xbb1c: 0xbf7f6430, 0xbb24: 0xbf7f5c35, 0xbb33: 0xbf7f4d3e,
+    0xbb3a: 0xbf7f4643, 0xbb55: 0xbf7f2b58, 0xbc0d: 0xbf7dce6b, 0xbc42: 0xbf7cfc94, 0xbc69: 0xbf7c6298,
+    0xbc9d: 0xbf7b23f5, 0xbc9e: 0xbf7b1c1c, 0xbcc5: 0xbf79eacd, 0xbd0e: 0xbf7746ef, 0xbd11: 0xbf771895,
+    0xbd95: 0xbf6e0951, 0xbdc2: 0xbf68dcf7, 0xbe0d: 0xbf5f11b9, 0xbf52: 0xbee16e39, 0xbf67: 0xbecfad25,
+}
+
+# Below this, exp rounds to +0.0 in float32 (exp(-104) < 2**-150, half the smallest subnormal); above
+# this, to infinity (exp(89) > float32's largest finite value).
+_EXP_F32_ZERO_BELOW, _EXP_F32_INF_ABOVE = -104.0, 89.0
+
+
+def exp_f32_correctly_rounded(x: float) -> float:
+    """exp(x) rounded once to the nearest float32 (ties to even), for x a finite float32 value.
+
+    decimal's exp is correctly rounded to its 60 digits, float() of that to float64; the float64
+    then rounds to the float32 the exact value rounds to unless it is itself a float32 midpoint
+    (the exact value may sit just off it on either side), which is then settled against the exact
+    value.  exp of a non-zero rational is never a midpoint, so a tie never happens."""
+    if x < _EXP_F32_ZERO_BELOW:
+        return 0.0
+    if x > _EXP_F32_INF_ABOVE:
+        return math.inf
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        exact = decimal.Decimal(x).exp()
+    d = float(exact)
+    try:
+        f = _F32.unpack(_F32.pack(d))[0]
+    except OverflowError:
+        return math.inf
+    if f != d:
+        # exp is positive: d lies between f and the float32 one step from f towards it, g.
+        g = _float_from_bits(_bits_from_float32(f) + (1 if d > f else -1))
+        if d == (f + g) / 2:
+            f = g if (exact > decimal.Decimal(d)) == (g > f) else f
+    return f
+
+
+def neg_exp_bf16_bits(bits: int) -> int:
+    """The float32 bits of llama.cpp's -torch.exp(x) for the BF16 value with these 16 bits (Qwen3.5's
+    ssm_a): minus the correctly rounded float32 exp, except where torch is measured to differ.  A NaN
+    comes out quieted with its sign flipped, as torch makes it."""
+    if bits in _NEG_EXP_BF16_EXCEPTIONS:
+        return _NEG_EXP_BF16_EXCEPTIONS[bits]
+    wide = bits << 16
+    if wide & 0x7FFFFFFF > 0x7F800000:
+        return (wide | 0x00400000) ^ 0x80000000
+    return _bits_from_float32(-exp_f32_correctly_rounded(_float_from_bits(wide)))
 
 
 def rounded_to_f32(x: float) -> float:
@@ -8992,7 +9411,8 @@ class Job(NamedTuple):
 
     @property
     def out_len(self) -> int:
-        rows = _row_count(self.tensor.source)
+        # the rows of all its sources: a 1-D tensor's reordered runs are rows of one value each
+        rows = sum(_row_count(s) for s in self.tensor.sources)
         return self.tensor.nbytes * self.rows // rows if rows else 0
 
 
@@ -9049,9 +9469,36 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
                  for r in permuted_rows(rows_per_head, 1)]
         data = b"".join(data[o:o + row_bytes] for o in order)
     dtype = source.dtype
+    if t.columns:
+        data = reordered_columns(data, _row_bytes(source), _DTYPE_BYTES[dtype], t.columns)
     if t.add_one:
         data, dtype = plus_one(data, dtype)
+    if t.neg_exp:
+        data, dtype = neg_exp(data, dtype)
     yield from converted_pieces(data, dtype, t.ggml_type)
+
+
+_DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4}
+
+
+def reordered_columns(data, row_bytes: int, value_bytes: int, runs: tuple[tuple[int, int], ...]) -> bytes:
+    """Each row of data with its columns taken as the (first, count) runs say, one after the other."""
+    cuts = [(first * value_bytes, (first + count) * value_bytes) for first, count in runs]
+    return b"".join(data[row + a:row + b] for row in range(0, len(data), row_bytes) for a, b in cuts)
+
+
+def neg_exp(data, dtype: str) -> tuple[bytes, str]:
+    """-torch.exp(data) as llama.cpp computes it on a BF16 tensor widened to float32 (neg_exp_bf16_bits),
+    and the dtype of the result; other dtypes are refused when planned (qwen35_modify_tensors)."""
+    if dtype != "BF16":
+        raise Refusal(f"a {dtype} A_log: llama.cpp's -exp on it is not reproduced")
+    values = array("H", bytes(data))
+    if sys.byteorder != "little":
+        values.byteswap()
+    out = array("I", (neg_exp_bf16_bits(v) for v in values))
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out.tobytes(), "F32"
 
 
 # The float width torch adds in: prepare_tensors turns every source but F16 and F32 into float32
@@ -10742,7 +11189,9 @@ def fork_json(report: Report, source: str) -> str:
         # file can be made again with the same command.
         "options": {"outtype": report.outtype or report.options.outtype,
                     "model_name": report.options.model_name,
-                    "ignore_model_card": report.options.ignore_model_card},
+                    "ignore_model_card": report.options.ignore_model_card,
+                    # only where given, so that the pins of every other model stay as they were
+                    **({"no_nextn": True} if report.options.no_nextn else {})},
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
     if report.base:
@@ -11034,6 +11483,8 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
         raise Refusal(f"--base {base_dir}: {no_config_reason(base_dir)} (only the base model's config.json is read)")
     written = read_json_object(base_config)
     family = family_of(written)
+    if family.lora_refusal is not None:
+        raise Refusal(f"--base {base_dir} is a {family.name} model: {family.lora_refusal}")
     config = family.hparams(written)
     refuse_config(config, family.accepted_config_keys)
     params = family.params(config)
@@ -12622,6 +13073,8 @@ def _remaking_command(options: object, source: str, out_name: str, pin_name: str
         words += ["--model-name", options["model_name"]]
     if options["ignore_model_card"]:
         words.append("--ignore-model-card")
+    if options.get("no_nextn") is True:
+        words.append("--no-nextn")
     return shlex.join(words)
 
 
@@ -13149,6 +13602,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-name", metavar="NAME", help="general.name instead of the heuristics' (llama.cpp's flag)")
     p.add_argument("--ignore-model-card", action="store_true",
                    help="leave README.md's model card out, the way past a card it refuses (the result then differs from llama.cpp's)")
+    p.add_argument("--no-nextn", "--no-mtp", dest="no_nextn", action="store_true",
+                   help="leave a Qwen3.5 model's MTP (next-token prediction) layers out, as llama.cpp's flag does")
 
 
 class _UsageError(Exception):
@@ -13224,6 +13679,9 @@ _LLAMA_CPP_REFUSED = {
                         "machine (huggingface-cli download ORG/NAME --local-dir NAME), copy the folder, and "
                         "convert the folder"),
     "--mmproj": (False, "writes a vision projector, which bankml_convert does not convert"),
+    "--mtp": (False, "writes only a Qwen3.5 model's MTP layers as a draft model, which bankml_convert does not "
+                     "reproduce: convert the whole model (its MTP layer is written in it), or use llama.cpp's "
+                     "convert_hf_to_gguf.py --mtp"),
     "--mistral-format": (False, "reads Mistral's own layout, which is not reproduced: convert the model's "
                                 "Hugging Face-format files (config.json, model*.safetensors)"),
 }
@@ -13381,7 +13839,7 @@ def _options(args: argparse.Namespace) -> Options:
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
     return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
-                   progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice)
+                   no_nextn=bool(getattr(args, "no_nextn", False)), progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice)
 
 
 def _notice(line: str) -> None:

@@ -2394,6 +2394,135 @@ class Olmo2Refusals(Workspace):
                               "which bankml_convert does not reproduce")
 
 
+
+# --- Qwen3.5 (issue 36): the hybrid layers' keys and tensors, the V-head reorder, the MTP block and
+# --- --no-nextn, A_log's -exp.  Bytes pinned by the golden runs qwen3.5-0.8b-*; the real Qwen3.5 tokenizer
+# --- is not available offline: the cases take Qwen3's (llama.cpp names it qwen2 there too).
+
+QWEN35_TEXT, QWEN35_VREORDER, QWEN35_NO_MTP = "qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-no-mtp"
+NO_NEXTN_WAY_OUT = "convert with --no-nextn (no MTP layer), as llama.cpp does with it"
+
+
+class Qwen35KeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def tensor(self, plan: bc.Plan, name: str) -> bc.PlannedTensor:
+        return next(t for t in plan.tensors if t.name == name)
+
+    def test_qwen35_writes_textmodels_keys_then_the_mtp_and_linear_attentions(self):
+        keys = [k.key[len("qwen35."):] for k in self.plan(self.case(QWEN35_TEXT)).kvs if k.key.startswith("qwen35.")]
+        self.assertEqual(keys, [
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.dimension_sections", "rope.freq_base",
+            "attention.layer_norm_rms_epsilon", "attention.key_length", "attention.value_length",
+            "nextn_predict_layers", "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank",
+            "ssm.inner_size", "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count"])
+
+    def test_the_mtp_layer_is_a_block_after_the_decoder_layers_and_not_recurrent(self):
+        kvs = {k.key: k.value for k in self.plan(self.case(QWEN35_TEXT)).kvs}
+        self.assertEqual((kvs["qwen35.block_count"], kvs["qwen35.nextn_predict_layers"]), (5, 1))
+        self.assertEqual(kvs["qwen35.attention.recurrent_layers"], [True, True, True, False, False])
+
+    def test_without_mrope_section_the_default_sections_come_last(self):
+        d = self.case(QWEN35_TEXT)
+        edit_json(d / "config.json", lambda c: c["rope_parameters"].pop("mrope_section"))
+        kvs = self.plan(d).kvs
+        qwen = [k for k in kvs if k.key.startswith("qwen35.")]
+        self.assertEqual((qwen[-1].key, qwen[-1].value), ("qwen35.rope.dimension_sections", [11, 11, 10, 0]))
+
+    def test_the_mtp_tensors_are_the_blocks_after_the_decoder_layers(self):
+        names = [t.name for t in self.plan(self.case(QWEN35_TEXT)).tensors if t.name.startswith("blk.4.")]
+        for name in ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight",
+                     "nextn.shared_head_norm.weight", "attn_q.weight", "attn_norm.weight"):
+            self.assertIn(f"blk.4.{name}", names)
+
+    def test_norms_but_the_gated_one_are_shifted_by_one(self):
+        plan = self.plan(self.case(QWEN35_TEXT))
+        shifted = {re.sub(r"^blk\.\d+\.", "", t.name) for t in plan.tensors if t.add_one}
+        self.assertEqual(shifted, {"attn_norm.weight", "post_attention_norm.weight", "attn_q_norm.weight",
+                                   "attn_k_norm.weight", "output_norm.weight", "nextn.enorm.weight",
+                                   "nextn.hnorm.weight", "nextn.shared_head_norm.weight"})
+
+    def test_ssm_conv1d_is_squeezed_and_kept_f32_and_ssm_a_is_minus_exp(self):
+        plan = self.plan(self.case(QWEN35_TEXT), outtype="q8_0")
+        conv, a = self.tensor(plan, "blk.0.ssm_conv1d.weight"), self.tensor(plan, "blk.0.ssm_a")
+        self.assertEqual((conv.ggml_type, conv.dims), (bc.GGML_F32, (4, 96)))
+        self.assertEqual((a.ggml_type, a.neg_exp), (bc.GGML_F32, True))
+
+    def test_value_heads_are_tiled_when_there_are_more_than_key_heads(self):
+        # 2 key heads, 4 value heads of 16 rows: grouped k0(v0 v1) k1(v0 v1) -> tiled v0(k0 k1) v1(k0 k1)
+        plan = self.plan(self.case(QWEN35_VREORDER))
+        gate = self.tensor(plan, "blk.0.attn_gate.weight")
+        row = gate.source.nbytes // gate.source.shape[0]
+        self.assertEqual([(p.start - gate.source.start) // row for p in gate.parts], [0, 32, 16, 48])
+        qkv = self.tensor(plan, "blk.0.attn_qkv.weight")
+        self.assertEqual([p.shape[0] for p in qkv.parts], [64, 16, 16, 16, 16])
+        self.assertEqual(self.tensor(plan, "blk.0.ssm_out.weight").columns, ((0, 16), (32, 16), (16, 16), (48, 16)))
+        self.assertEqual(len(self.tensor(plan, "blk.0.ssm_a").parts), 4)
+
+    def test_equal_key_and_value_heads_reorder_nothing(self):
+        plan = self.plan(self.case(QWEN35_TEXT))
+        self.assertEqual({(t.parts, t.columns) for t in plan.tensors}, {((), ())})
+
+    def test_no_nextn_leaves_the_mtp_layer_out(self):
+        plan = self.plan(self.case(QWEN35_TEXT), no_nextn=True)
+        kvs = {k.key: k.value for k in plan.kvs}
+        self.assertEqual(kvs["qwen35.block_count"], 4)
+        self.assertNotIn("qwen35.nextn_predict_layers", kvs)
+        self.assertFalse([t for t in plan.tensors if t.name.startswith("blk.4.")])
+
+    def test_no_nextn_on_the_command_line_is_the_golden_run(self):
+        out = self.out_dir() / "no-mtp.gguf"
+        p = self.run_tool(self.case(QWEN35_NO_MTP), "-o", out, "--no-nextn")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(sha256_file(out), GOLDEN["qwen3.5-0.8b-no-mtp-f16-no-nextn"]["sha256"])
+
+
+class Qwen35Refusals(Workspace):
+    def test_a_declared_mtp_layer_without_its_weights_is_refused_naming_no_nextn(self):
+        self.assertRefuses(self.case(QWEN35_NO_MTP), re.compile(r"config\.json declares mtp_num_hidden_layers 1 but "
+                                                                 r"the checkpoint has no mtp\.\* weights .*" +
+                                                                 re.escape(NO_NEXTN_WAY_OUT)))
+
+    def test_no_mtp_layer_count_is_refused_naming_no_nextn(self):
+        d = self.case(QWEN35_NO_MTP)
+        edit_json(d / "config.json", lambda c: c.pop("mtp_num_hidden_layers"))
+        self.assertRefuses(d, re.compile(r"config\.json declares no mtp_num_hidden_layers.*" + re.escape(NO_NEXTN_WAY_OUT)))
+
+    def test_no_nextn_is_refused_for_a_family_without_mtp_layers(self):
+        self.assertRefuses(self.case("bf16"), re.compile(r"--no-nextn: a Llama model has no MTP layers.*"), "--no-nextn")
+
+    def test_the_mtp_draft_export_is_refused(self):
+        self.assertRefuses(self.case(QWEN35_TEXT), re.compile(r"--mtp writes only a Qwen3\.5 model's MTP layers.*"),
+                           "--mtp")
+
+    def test_an_a_log_that_is_not_bf16_is_refused(self):
+        d = self.case("qwen3.5-0.8b-text")
+        retype_tensor(d / "model.safetensors", "model.layers.0.linear_attn.A_log", "F16")
+        self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.linear_attn\.A_log' is F16: .*save the model "
+                                         r"in bfloat16"))
+
+    def test_a_lora_adapter_on_qwen35_is_refused(self):
+        base = self.out_dir()
+        shutil.copy(self.case(QWEN35_TEXT) / "config.json", base / "config.json")
+        with self.assertRaisesRegex(bc.Refusal, "is a Qwen3.5 model: LoRA adapters on Qwen3.5"):
+            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
+                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
+
+
+def retype_tensor(path: Path, name: str, dtype: str) -> None:
+    """A safetensors file with one 16-bit tensor's dtype renamed (same bytes, same header length)."""
+    data = bytearray(path.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    old = header[name]["dtype"]
+    header[name]["dtype"] = dtype
+    text = json.dumps(header, separators=(",", ":")).encode()
+    data[8:8 + n] = text.ljust(n, b" ")     # "F16" is shorter than "BF16": the header keeps its length
+    path.write_bytes(bytes(data))
+
+
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
 
 ROPE_SCALING_REFUSED = ("config.json: rope_scaling asks for rope scaling ({}); llama.cpp writes rope factors for it "
@@ -4137,6 +4266,30 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# --- -exp of a BF16 value (Qwen3.5's A_log): all 65,536 patterns against torch's table, recorded by
+# --- oracle/neg_exp_oracle.py --record (the same on every CPU capability and on 1-value tensors).
+
+NEG_EXP_RECORD = json.loads((ORACLE / "recorded" / "neg_exp.json").read_text(encoding="utf-8"))
+
+
+class NegExpOfBf16(unittest.TestCase):
+    def test_every_bf16_pattern_is_torchs_result(self):
+        table = struct.pack("<65536I", *(bc.neg_exp_bf16_bits(i) for i in range(65536)))
+        self.assertEqual(sha256(table), NEG_EXP_RECORD["table_sha256"])
+
+    def test_the_embedded_exceptions_are_the_recorded_ones(self):
+        self.assertEqual({f"{k:04x}": f"{v:08x}" for k, v in bc._NEG_EXP_BF16_EXCEPTIONS.items()},
+                         NEG_EXP_RECORD["exceptions"])
+
+    def test_infinities_nans_and_overflow(self):
+        self.assertEqual([bc.neg_exp_bf16_bits(b) for b in (0x7F80, 0xFF80, 0x7FC0, 0xFF81, 0x42B2, 0xC2D0, 0x0000)],
+                         [0xFF800000, 0x80000000, 0xFFC00000, 0x7FC10000, 0xFF800000, 0x80000000, 0xBF800000])
+
+    def test_neg_exp_of_a_buffer_is_float32(self):
+        self.assertEqual(bc.neg_exp(struct.pack("<2H", 0x0000, 0x3F80), "BF16"),
+                         (struct.pack("<2I", 0xBF800000, bc.neg_exp_bf16_bits(0x3F80)), "F32"))
+
+
 # --- The kernels' F32 sample, rebuilt from the definition recorded with it.
 # --- Owns nothing but the recipe; test_kernels_f32_sample_rebuilds_to_the_recorded_input guards it.
 
@@ -5736,7 +5889,8 @@ class OutputIsLlamaCppsBytes(Workspace):
                          "re-run `python3 oracle/oracle.py record`")
         args = run["args"]
         options = bc.Options(outtype=args[args.index("--outtype") + 1] if "--outtype" in args else "f16",
-                             model_name=args[args.index("--model-name") + 1] if "--model-name" in args else None)
+                             model_name=args[args.index("--model-name") + 1] if "--model-name" in args else None,
+                             no_nextn="--no-nextn" in args)
         out = self.tmp / f"{run_name}.gguf"
         if run["refused_by_bankml"]:
             with self.assertRaises(bc.Refusal):
@@ -5770,6 +5924,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "smollm3-3b-shape",                                             # SmolLM3: Llama under arch smollm3
     "granite-3.3-2b-shape",                                         # Granite: its four scales
     "olmo-2-1b-shape",                                              # OLMo 2: TextModel's path, post norms
+    "qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape",  # Qwen3.5: F32 ssm_conv1d, ssm_a
 })
 
 

@@ -536,7 +536,51 @@ QWEN1_5_MOE_A2_7B = "Qwen1.5-MoE-A2.7B"
 # The Granite and OLMo 2 tokenizers are not available offline: their cases take SmolLM2's Apache-2.0
 # GPT2Tokenizer (49,152 tokens; the larger vocab_size pads with [PAD] tokens as llama.cpp does).
 SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
+# - Qwen3.5 (issue 36): Qwen3.5-0.8B's config.json (Qwen3_5ForConditionalGeneration: text_config with the
+#   hybrid layer pattern, every 4th layer full attention, MRoPE sections [11, 11, 10], partial rotary 0.25,
+#   one MTP layer; a vision_config) with the keys and values as Qwen's Hub configs for the 0.8B-9B sizes
+#   publish them -- written from those published values, not copied from a file seen offline, so it is the
+#   shape of the real file, not its bytes; and the same text part as a Qwen3_5ForCausalLM config
+#   (model_type qwen3_5_text), as a text-only fine-tune saves it.  The real Qwen3.5 tokenizer is not
+#   available offline: the cases take Qwen3's (llama.cpp then names its pre-tokenizer qwen2).
+QWEN3_5_0_8B = "Qwen3.5-0.8B"
+QWEN3_5_0_8B_TEXT = "Qwen3.5-0.8B-text"
+_QWEN3_5_TEXT = {
+    "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": None,
+    "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": 4, "head_dim": 256,
+    "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3584,
+    "layer_types": ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(24)],
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16, "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32",
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_5_text",
+    "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False, "num_attention_heads": 8,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "pad_token_id": None, "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                        "rope_theta": 10000000, "rope_type": "default"},
+    "tie_word_embeddings": True, "use_cache": True, "vocab_size": 248320}
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    QWEN3_5_0_8B: {
+        "config.json": {
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 248056, "model_type": "qwen3_5",
+            "text_config": _QWEN3_5_TEXT, "tie_word_embeddings": True, "transformers_version": "4.57.0.dev0",
+            "video_token_id": 248057,
+            "vision_config": {"deepstack_visual_indexes": [], "depth": 12, "hidden_act": "gelu_pytorch_tanh",
+                              "hidden_size": 768, "in_channels": 3, "initializer_range": 0.02,
+                              "intermediate_size": 3072, "model_type": "qwen3_5", "num_heads": 12,
+                              "num_position_embeddings": 2304, "out_hidden_size": 1024, "patch_size": 16,
+                              "spatial_merge_size": 2, "temporal_patch_size": 2},
+            "vision_end_token_id": 248054, "vision_start_token_id": 248053},
+        "generation_config.json": {"bos_token_id": 248044, "do_sample": True, "eos_token_id": [248046, 248044],
+                                   "pad_token_id": 248044, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                                   "transformers_version": "4.57.0.dev0"},
+    },
+    QWEN3_5_0_8B_TEXT: {
+        "config.json": {**_QWEN3_5_TEXT, "architectures": ["Qwen3_5ForCausalLM"], "transformers_version": "4.57.0.dev0"},
+        "generation_config.json": {"bos_token_id": 248044, "do_sample": True, "eos_token_id": [248046, 248044],
+                                   "pad_token_id": 248044, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                                   "transformers_version": "4.57.0.dev0"},
+    },
     SMOLLM3_3B: {
         "config.json": {
             "architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -753,6 +797,9 @@ class Case:
     weights: str = "safetensors"
     card: Optional[str] = None                 # key of MODEL_CARDS: README.md with YAML front matter
     fused_experts: bool = False                # MoE: each layer's experts stacked, as transformers 5 saves them
+    # keys set in the text model's config after the dims (text_config's in a multimodal wrapper)
+    text_updates: tuple[tuple[str, object], ...] = ()
+    mtp_weights: bool = True                   # Qwen3.5: the mtp.* tensors mtp_num_hidden_layers declares
 
     @property
     def directory_name(self) -> str:
@@ -1000,6 +1047,31 @@ FAMILY_CASES: tuple[Case, ...] = (
          dims=OLMO2_TINY, tied=False, dirname="olmo-2-0425-1b-f32",
          description="the OLMo 2 1B shape from F32 weights, as on the Hub"),
 )
+# Qwen3.5 (issue 36): Qwen3.5-0.8B's config shrunk to 4 layers (three linear-attention layers, then a full
+# one, as every 4th is), hidden 64, 2 attention heads of head_dim 32 (the q_proj doubled for the output
+# gate), linear attention of 2 key heads and 4 value heads of 16 (the V reorder) or 2 and 2, one MTP layer;
+# Qwen3's tokenizer and vocabulary size (the real one is not available offline).
+QWEN35_TINY = Dims(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=2,
+                   num_key_value_heads=1, vocab_size=151936, max_position_embeddings=262144)
+_QWEN35_LINEAR = (("layer_types", ["linear_attention"] * 3 + ["full_attention"]), ("linear_key_head_dim", 16),
+                  ("linear_value_head_dim", 16), ("linear_num_key_heads", 2), ("linear_num_value_heads", 4))
+_QWEN35_EVEN = _QWEN35_LINEAR + (("linear_num_value_heads", 2),)
+QWEN35_CASES: tuple[Case, ...] = (
+    Case("qwen3.5-0.8b-text", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_EVEN, dirname="qwen3.5-0.8b-text",
+         description="Qwen3.5-0.8B's text config as Qwen3_5ForCausalLM, 2 key and 2 value heads, MTP weights "
+                     "present, BF16, Qwen3 tokenizer"),
+    Case("qwen3.5-0.8b-vreorder", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, dirname="qwen3.5-0.8b-vreorder",
+         description="as qwen3.5-0.8b-text with 2 key heads and 4 value heads (the V heads reordered)"),
+    Case("qwen3.5-0.8b-shape", tokenizer="qwen3", config_from=QWEN3_5_0_8B, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, dirname="qwen3.5-0.8b",
+         description="Qwen3.5-0.8B's Qwen3_5ForConditionalGeneration config (text_config), vision tensors "
+                     "present, MTP weights present, BF16, Qwen3 tokenizer"),
+    Case("qwen3.5-0.8b-no-mtp", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, mtp_weights=False, dirname="qwen3.5-0.8b-no-mtp",
+         description="a transformers-saved Qwen3_5ForCausalLM: mtp_num_hidden_layers 1 kept, no mtp.* weights"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1131,6 +1203,7 @@ CASES: tuple[Case, ...] = (
     *PHI3_CASES,
     *GEMMA_REAL_TOKENIZER_CASES,
     *FAMILY_CASES,
+    *QWEN35_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1289,6 +1362,7 @@ def case_config(case: Case) -> dict:
         config["vision_config"].update(VISION_TINY)
         if case.head_dim is not None:
             config["text_config"]["head_dim"] = case.head_dim
+        config["text_config"].update(case.text_updates)
         config.update(torch_dtype=TORCH_DTYPE[case.dtype])
         config.update(case.config_updates)
         return config
@@ -1307,6 +1381,7 @@ def case_config(case: Case) -> dict:
         config["head_dim"] = case.head_dim
     if case.name_or_path is not None:
         config["_name_or_path"] = case.name_or_path
+    config.update(case.text_updates)
     config.update(case.config_updates)
     return config
 
@@ -1898,6 +1973,59 @@ def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
+def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool) -> list[TensorSpec]:
+    """Qwen3_5ForCausalLM's state_dict (Qwen3_5ForConditionalGeneration's: the text model under
+    model.language_model., a vision tower under model.visual.) in module order: each layer its
+    linear-attention (Qwen3_5GatedDeltaNet) or gated full attention, the MLP, the two norms; then the
+    mtp.* block when mtp_weights (the released checkpoints hold it; transformers drops it on save)."""
+    wrapper = "text_config" in config
+    text = config["text_config"] if wrapper else config
+    h, hd = dims.hidden_size, text["head_dim"]
+    heads, kv = dims.num_attention_heads, dims.num_key_value_heads
+    nk, nv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    kd, vd = text["linear_key_head_dim"], text["linear_value_head_dim"]
+    conv = 2 * nk * kd + nv * vd
+
+    def full_attention(p: str) -> list[TensorSpec]:
+        # Qwen3_5Attention: q_proj holds the queries and their output gate (2 * heads * head_dim rows).
+        return [TensorSpec(p + "self_attn.q_proj.weight", (2 * heads * hd, h)),
+                TensorSpec(p + "self_attn.k_proj.weight", (kv * hd, h)),
+                TensorSpec(p + "self_attn.v_proj.weight", (kv * hd, h)),
+                TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd)),
+                *qk_norm_specs(p, hd, hd)]
+
+    def layer(p: str, kind: str) -> list[TensorSpec]:
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            mixer = [TensorSpec(a + "dt_bias", (nv,)), TensorSpec(a + "A_log", (nv,)),
+                     TensorSpec(a + "conv1d.weight", (conv, 1, text["linear_conv_kernel_dim"])),
+                     TensorSpec(a + "norm.weight", (vd,)), TensorSpec(a + "out_proj.weight", (h, nv * vd)),
+                     TensorSpec(a + "in_proj_qkv.weight", (conv, h)), TensorSpec(a + "in_proj_z.weight", (nv * vd, h)),
+                     TensorSpec(a + "in_proj_b.weight", (nv, h)), TensorSpec(a + "in_proj_a.weight", (nv, h))]
+        else:
+            mixer = full_attention(p)
+        return mixer + mlp_specs(p + "mlp.", h, dims.intermediate_size) + norm_specs(
+            p, h, "input_layernorm", "post_attention_layernorm")
+
+    kinds = iter(text["layer_types"])
+    specs = causal_lm_specs(dims, text.get("tie_word_embeddings", True), lambda p: layer(p, next(kinds)),
+                            "model.language_model." if wrapper else "model.")
+    if wrapper:
+        v = "model.visual."
+        specs += [TensorSpec(v + "patch_embed.proj.weight", (32, 3, 2, 4, 4)),
+                  TensorSpec(v + "blocks.0.attn.qkv.weight", (96, 32)), TensorSpec(v + "blocks.0.norm1.weight", (32,)),
+                  TensorSpec(v + "merger.linear_fc1.weight", (64, 128))]
+    if mtp_weights:
+        for i in range(text.get("mtp_num_hidden_layers", 0)):
+            p = f"mtp.layers.{i}."
+            specs += full_attention(p) + mlp_specs(p + "mlp.", h, dims.intermediate_size) + norm_specs(
+                p, h, "input_layernorm", "post_attention_layernorm")
+        if text.get("mtp_num_hidden_layers", 0):
+            specs += [TensorSpec("mtp.fc.weight", (h, 2 * h)),
+                      *norm_specs("mtp.", h, "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")]
+    return specs
+
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
@@ -1911,6 +2039,8 @@ def case_entries(case: Case) -> list[Entry]:
                                    config["model_type"], config.get("vision_config"))
     elif config.get("model_type") == "olmo2":
         specs = olmo2_tensor_specs(dims, tied)
+    elif config.get("model_type") in ("qwen3_5", "qwen3_5_text"):
+        specs = qwen35_tensor_specs(dims, config, case.mtp_weights)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

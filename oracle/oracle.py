@@ -61,7 +61,9 @@ class Run:
 
 OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 # Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
-REFUSED_CASES = frozenset({"smollm3-nope-every-3rd"})
+# Qwen3.5 without its MTP weights: llama.cpp counts the MTP layer it declares and writes no tensors for
+# it, a file llama.cpp's runtime refuses to load (bankml asks for --no-nextn).
+REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp"})
 RUNS: tuple[Run, ...] = tuple(
     [Run(c.name, c.name, ("--outtype", "f16"), refused=c.name in REFUSED_CASES) for c in make_models.CASES]
     + [Run("model-name", "bf16", ("--outtype", "f16", "--model-name", "mindx-gen39 merged"))]
@@ -108,7 +110,14 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("smollm3-3b-shape", "smollm3-3b-f32", "granite-3.3-2b-shape", "granite-3.3-2b-f32",
                     "olmo-2-1b-shape", "olmo-2-1b-f32")
-       for t in OTHER_OUTTYPES])
+       for t in OTHER_OUTTYPES]
+    # Qwen3.5 dense (issue 36): every output type for the text model (2 key and 2 value heads), the V
+    # reorder (2 and 4) and the multimodal wrapper, MTP weights present; without them, --no-nextn.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape")
+       for t in OTHER_OUTTYPES]
+    + [Run(f"qwen3.5-0.8b-no-mtp-{t}-no-nextn", "qwen3.5-0.8b-no-mtp", ("--outtype", t, "--no-nextn"))
+       for t in ("f16", "q8_0")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
