@@ -11388,7 +11388,7 @@ def _refuse_other_operations(m: Modified, base_name: str) -> None:
 
 
 def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Family, p: Any,
-                 out: OutType) -> list[PlannedTensor]:
+                 out: OutType, tied: bool = False) -> list[PlannedTensor]:
     """The adapter's GGUF tensors in llama.cpp's order: plain tensors through the family's plan, then
     <name>.lora_a and <name>.lora_b of each pair (:501-526), lora_B's rows modified as the base
     tensor's, token_embd's lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types
@@ -11418,6 +11418,14 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
         if embedding and family.embedding_cut_by_tokenizer:
             raise Refusal(f"a LoRA on {family.name}'s embedding: llama.cpp's converter cuts it by the base's "
                           f"tokenizer, which is not reproduced for adapters: {_MERGE_WAY_OUT}")
+        if embedding and tied:
+            # The runtime finds an adapter's pairs by tensor name, and a tied model's output head is
+            # token_embd.weight again: the embedding's pair, its lora_a transposed for the row lookup,
+            # is applied to the head too, where it does not fit (GGML_ASSERT(ggml_can_mul_mat) in
+            # build_lora_mm, at the first decode: python3 oracle/oracle.py load lora-smollm2-lora-embed-bf16-f16).
+            raise Refusal(f"a LoRA on the embedding of a base whose output head is tied to it (--base's config.json "
+                          f"does not set tie_word_embeddings: false): llama.cpp's runtime applies the pair to "
+                          f"the head too, where it does not fit, and stops on the first token: {_MERGE_WAY_OUT}")
         for m in family.modify_tensors(name, b, p):
             _refuse_other_operations(m, pair.base_name)
             rows, cols = family.shape(m.name, p)
@@ -11491,7 +11499,7 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
     weights = adapter_weights_path(adapter_dir)
     sources = part_tensors(weights)
     plain, pairs = adapter_tensors(sources, family)
-    tensors = lora_tensors(plain, pairs, family, params, out)
+    tensors = lora_tensors(plain, pairs, family, params, out, tied=config.get("tie_word_embeddings") is not False)
     _refuse_another_file_order(weights, sources)
     card = model_card(adapter_dir, options._replace(ignore_model_card=False))
     n_params = lora_parameter_count(tensors)
