@@ -1159,7 +1159,7 @@ def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
 # The hooks the docstring's family table names where a family sets its own (params, keys and tensor
 # names are every family's own).
 FAMILY_TABLE_HOOKS = ("shape", "filter_tensors", "modify_tensors", "generated_tensors", "early_kvs", "hparams",
-                      "refuse_directory")
+                      "refuse_directory", "without_nextn", "lora_refusal")
 
 
 def family_table() -> str:
@@ -1169,8 +1169,10 @@ def family_table() -> str:
     rows = []
     for family in {id(f): f for f in bc.FAMILIES.values()}.values():
         hooks = [h for h in FAMILY_TABLE_HOOKS if getattr(family, h) is not defaults[h]]
-        rows += [f"    {family.name:<10} {', '.join(family.architectures)}",
-                 f"    {'':<10} hooks: {' '.join(hooks) or '-'}; vocabulary: {', '.join(family.vocab_paths)}"]
+        hooks_line = f"    {'':<10} hooks: {' '.join(hooks) or '-'}; vocabulary: {', '.join(family.vocab_paths)}"
+        if len(hooks_line) > 120:   # the docstring's width: the vocabulary on a line of its own
+            hooks_line = hooks_line.replace("; vocabulary: ", f";\n    {'':<10} vocabulary: ")
+        rows += [f"    {family.name:<10} {', '.join(family.architectures)}", hooks_line]
     return "\n".join(rows)
 
 
