@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -78,6 +78,8 @@ the vocabulary paths its set_vocab tries, in order:
     Qwen3.5    Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
                hooks: shape filter_tensors modify_tensors hparams refuse_directory without_nextn lora_refusal;
                vocabulary: gpt2
+    LFM2       Lfm2ForCausalLM, LFM2ForCausalLM
+               hooks: shape filter_tensors modify_tensors; vocabulary: gpt2
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -3993,6 +3995,217 @@ QWEN35 = register(Family(
     without_nextn=qwen35_without_nextn,
     lora_refusal="LoRA adapters on Qwen3.5 (the V-head reorder of the linear attention's A and B matrices) "
                  "are not reproduced yet: merge the adapter into the model and convert the merged model",
+))
+
+
+# --- LFM2 -----------------------------------------------------------------------------------------
+# LFM2 dense (llama.cpp's LFM2Model): Lfm2ForCausalLM, LFM2ForCausalLM -- Liquid's on-device models.
+# Its layers are short-convolution layers (a gated depthwise conv of conv_L_cache taps: in_proj, conv,
+# out_proj) between full-attention layers (q/k norms per head), as layer_types (or the older
+# full_attn_idxs) says; every layer has the SwiGLU feed-forward (w1, w3, w2), whose width llama.cpp
+# recomputes as Lfm2MLP does.  The final norm is model.embedding_norm (token_embd_norm).  On
+# TextModel's generic path: the gpt2 vocabulary, nothing permuted.  LFM2's MoE (Lfm2MoeForCausalLM),
+# ColBERT and VL variants are other classes, not registered here.
+
+class Lfm2Params(NamedTuple):
+    """The hyperparameters LFM2Model writes, as Lfm2Config fills them: TextModel's (feed_forward_length the
+    recomputed width), the full-attention layers and the convolution's taps."""
+    text: TextParams
+    # the full-attention layers (None: every layer); the others are short convolutions
+    attention_layers: Optional[frozenset[int]]
+    conv_cache: int                     # conv_L_cache: the convolution's taps
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# Lfm2Config's defaults (transformers 5.18).
+_LFM2_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=128000, hidden_size=2560,
+                              intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+                              rope_theta=1000000.0, rms_norm_eps=1e-5, vocab_size=65536)
+# Lfm2Config's fields that take no null (a strict dataclass: transformers rejects the config, and
+# llama.cpp then reads config.json without the class's defaults, which is not reproduced).
+_LFM2_NOT_NULL = ("block_ffn_dim_multiplier", "block_multiple_of", "block_auto_adjust_ff_dim", "conv_L_cache",
+                  "conv_bias", "norm_eps", "num_key_value_heads", "num_attention_heads", "hidden_size",
+                  "num_hidden_layers", "vocab_size", "intermediate_size", "max_position_embeddings")
+
+
+def lfm2_feed_forward_length(config: dict) -> int:
+    """The feed-forward width LFM2Model writes (and Lfm2MLP builds): block_ff_dim (Lfm2Config moves it
+    into intermediate_size), with block_auto_adjust_ff_dim two thirds of it (truncated), times
+    block_ffn_dim_multiplier (truncated), rounded up to a multiple of block_multiple_of -- in Python
+    floats, as both compute it; or a Refusal for values Lfm2Config rejects or llama.cpp stops on."""
+    ff = config_integer(config, "block_ff_dim", config_integer(config, "intermediate_size", 12288))
+    adjust = config.get("block_auto_adjust_ff_dim", True)
+    if type(adjust) is not bool:
+        raise Refusal(f"config.json: block_auto_adjust_ff_dim is {adjust!r}; Lfm2Config takes true or false")
+    if not adjust:
+        return ff
+    multiplier = config.get("block_ffn_dim_multiplier", 1.0)
+    if type(multiplier) not in (int, float) or not 0 < multiplier < 2**31:
+        raise Refusal(f"config.json: block_ffn_dim_multiplier is {multiplier!r}; expected a positive number")
+    multiple_of = config_integer(config, "block_multiple_of", 256)
+    ff = int(multiplier * int(2 * ff / 3))
+    ff = multiple_of * ((ff + multiple_of - 1) // multiple_of)
+    if not 1 <= ff < 2**31:
+        raise Refusal(f"config.json: the feed-forward width LFM2 computes from block_ff_dim is {ff}; expected a "
+                      f"whole number from 1 to {2**31 - 1}")
+    return ff
+
+
+def lfm2_attention_layers(config: dict, layers: int) -> Optional[frozenset[int]]:
+    """The full-attention layers: layer_types' full_attention entries (the rest conv), or without
+    layer_types full_attn_idxs' (Lfm2Config derives layer_types from it), or None for every layer (neither).
+    A Refusal for another layer type or length (transformers rejects the length; llama.cpp writes a
+    head count per entry)."""
+    types = config.get("layer_types")
+    if types is None:
+        idxs = config.get("full_attn_idxs")
+        if idxs is None:
+            return None     # a set as large as num_hidden_layers would be made before the tensors check it
+        if not isinstance(idxs, list) or any(type(i) is not int for i in idxs):
+            raise Refusal(f"config.json: full_attn_idxs is {idxs!r}; expected a list of layer numbers")
+        return frozenset(i for i in idxs if 0 <= i < layers)
+    if not isinstance(types, list) or len(types) != layers or any(t not in ("conv", "full_attention") for t in types):
+        raise Refusal(f"config.json: layer_types must list conv or full_attention for each of the {layers} layers "
+                      f"(transformers rejects another length; another type is not an LFM2 layer llama.cpp runs)")
+    return frozenset(i for i, t in enumerate(types) if t == "full_attention")
+
+
+def lfm2_is_attention(p: Lfm2Params, layer: int) -> bool:
+    return p.attention_layers is None or layer in p.attention_layers
+
+
+def lfm2_params(config: dict) -> Lfm2Params:
+    """The LFM2 hyperparameters of config.json, with Lfm2Config's defaults, or a Refusal for what
+    Lfm2Config rejects or LFM2Model would write otherwise (rope scaling, a head_dim key, conv biases)."""
+    for key in _LFM2_NOT_NULL:
+        if key in config and config[key] is None:
+            raise Refusal(f"config.json: {key} is null; transformers' Lfm2Config rejects it: write a value")
+    if "head_dim" in config:
+        raise Refusal("config.json: head_dim in an LFM2 config; Lfm2Config has none, and llama.cpp then writes "
+                      "key and value lengths that are not measured: remove it if it is hidden_size / "
+                      "num_attention_heads")
+    if config.get("conv_bias", False) is not False:
+        raise Refusal("config.json sets conv_bias: llama.cpp maps the short convolution's biases, but its LFM2 "
+                      "runtime has none and cannot load the file")
+    _refuse_rope_scaling(config)
+    text_model_rope(config)
+    text = text_params(config, _LFM2_DEFAULTS)
+    return Lfm2Params(
+        text._replace(feed_forward_length=lfm2_feed_forward_length(config),
+                      rms_norm_eps=config_number(config, "norm_eps", 1e-5)),
+        attention_layers=lfm2_attention_layers(config, text.block_count),
+        conv_cache=config_integer(config, "conv_L_cache", 3))
+
+
+def lfm2_hparam_kvs(p: Lfm2Params, file_type: int) -> list[KV]:
+    """TextModel's keys, the KV heads one per layer (0 for a convolution layer), rms epsilon norm_eps; then
+    vocab_size and the convolution's taps.  (LFM2Model writes the epsilon and the feed-forward width
+    again after them; gguf-py keeps each key's first place, with the later value.)"""
+    a = "lfm2"
+    heads_kv = [p.text.head_count_kv if lfm2_is_attention(p, i) else 0 for i in range(p.text.block_count)]
+    kvs = [KV(kv.key, GGUF_INT32, heads_kv, array=True) if kv.key == f"{a}.attention.head_count_kv" else kv
+           for kv in text_model_kvs(a, p.text, file_type)]
+    return kvs + [KV(f"{a}.vocab_size", GGUF_UINT32, p.text.vocab_size),
+                  KV(f"{a}.shortconv.l_cache", GGUF_UINT32, p.conv_cache)]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.LFM2: the final norm is TOKEN_EMBD_NORM, the layer's input norm
+# operator_norm ATTN_NORM; the q/k norms are q_layernorm/k_layernorm (persimmon's names).
+_LFM2_TOP_TENSORS = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.embedding_norm.weight": "token_embd_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LFM2_COMMON = {
+    "operator_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+}
+_LFM2_ATTENTION = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+}
+_LFM2_CONV = {
+    "conv.conv.weight": "shortconv.conv.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+}
+_LFM2_BLOCK_TENSORS = {**_LFM2_COMMON, **_LFM2_ATTENTION, **_LFM2_CONV}
+# ConformerAudioModel.is_audio_tensor: LFM2-Audio's parts, dropped before the text model sees a name.
+_LFM2_AUDIO_PARTS = ("audio", "codebook", "conformer", "depth_embedding", "depthformer", "depth_linear")
+
+
+def lfm2_filter_tensors(hf_name: str) -> Optional[str]:
+    """LFM2Model.filter_tensors: the audio parts dropped, LFM2-Audio's "lfm." read as "model.", then
+    TextModel's (the multimodal names dropped)."""
+    if any(part in hf_name for part in _LFM2_AUDIO_PARTS):
+        return None
+    name = hf_name.replace("lfm.", "model.")
+    if name.startswith(_MULTIMODAL_PREFIXES) or any(part in name for part in _MULTIMODAL_PARTS):
+        return None
+    return dropped_buffers(name)
+
+
+def lfm2_shape(gguf_name: str, p: Lfm2Params) -> tuple[int, ...]:
+    """The HF shape (rows first) an LFM2 tensor must have (shortconv.conv's as squeezed)."""
+    t, h = p.text, p.text.embedding_length
+    kind = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
+    shapes = {
+        "token_embd_norm.weight": (h,),
+        "attn_q_norm.weight": (t.head_dim,), "attn_k_norm.weight": (t.head_dim,),
+        "shortconv.conv.weight": (h, p.conv_cache), "shortconv.in_proj.weight": (3 * h, h),
+        "shortconv.out_proj.weight": (h, h),
+    }
+    return shapes[kind] if kind in shapes else text_shape(gguf_name, t)
+
+
+def lfm2_modify_tensors(gguf_name: str, source: SourceTensor, p: Lfm2Params) -> list[Modified]:
+    """LFM2Model.modify_tensors: the convolution's [channels, 1, taps] squeezed to [channels, taps], the
+    rest as it is; a Refusal for a mixer tensor in a layer of the other type (llama.cpp writes it, and
+    its runtime refuses a file with a tensor its layer does not have)."""
+    if gguf_name.startswith("blk."):
+        _, block, kind = gguf_name.split(".", 2)
+        mixer = "an attention" if kind in _LFM2_ATTENTION.values() else \
+            "a convolution" if kind in _LFM2_CONV.values() else None
+        layer = "an attention" if lfm2_is_attention(p, int(block)) else "a convolution"
+        if mixer is not None and mixer != layer:
+            raise Refusal(f"tensor {source.name!r} is {mixer} tensor in layer {block}, which config.json makes "
+                          f"{layer} layer; llama.cpp writes it, and its runtime cannot load that file")
+    if gguf_name.endswith("shortconv.conv.weight"):
+        if len(source.shape) != 3 or source.shape[1] != 1:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; an LFM2 conv weight is "
+                          f"[channels, 1, taps]")
+        source = source._replace(shape=(source.shape[0], source.shape[2]))
+    return [Modified(gguf_name, source)]
+
+
+LFM2 = register(Family(
+    name="LFM2",
+    architectures=("Lfm2ForCausalLM", "LFM2ForCausalLM"),
+    model_types=("lfm2",),
+    gguf_arch="lfm2",
+    params=lfm2_params,
+    hparam_kvs=lfm2_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # TextModel.set_vocab's keys as they are
+    top_tensors=_LFM2_TOP_TENSORS,
+    block_tensors=_LFM2_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight"}),      # tied (tie_embedding), as the released models are
+    shape=lfm2_shape,
+    modify_tensors=lfm2_modify_tensors,
+    accepted_config_keys=frozenset({"norm_eps"}),       # LFM2Model reads it as the rms epsilon
+    vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
+    filter_tensors=lfm2_filter_tensors,
+    # every layer has these; its mixer's tensors are checked against its type (lfm2_modify_tensors)
+    block_outputs=tuple(_LFM2_COMMON.values()),
+    check_builds=(CheckBuild("GPT2Tokenizer", "lfm2", "gpt2", "SmolLM2 tokenizer, LFM2 config"),),
 ))
 
 
@@ -8079,8 +8292,9 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 
 
 # Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
-# as llama_model_quantize does): the MoE routers and Qwen3.5's short convolution, which the families here have.
-_F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"], ["ssm_conv1d", "weight"])
+# as llama_model_quantize does): the MoE routers and Qwen3.5's and LFM2's short convolutions, which the families here have.
+_F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"], ["ssm_conv1d", "weight"],
+                 ["shortconv", "conv", "weight"])
 
 
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
@@ -8092,7 +8306,7 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
         return out.vector_type
-    if gguf_name.split(".")[-2:] in _F32_MATRICES:
+    if any(gguf_name.split(".")[-len(m):] == m for m in _F32_MATRICES):
         return GGML_F32
     if hf_shape[-1] % GGML_TYPES[out.matrix_type].block:
         return out.partial_rows_type

@@ -2513,6 +2513,115 @@ class Qwen35Refusals(Workspace):
                                                              if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
+# --- LFM2 (issue 36): short-convolution layers between attention layers.  Bytes pinned by the golden runs
+# --- lfm2-350m-*; LFM2's tokenizer (LFM Open License) is not shipped: the cases take SmolLM2's Apache-2.0
+# --- GPT2Tokenizer (llama.cpp names it smollm there too; vocab_size 65,536 pads it).
+
+LFM2_CASE = "lfm2-350m-shape"
+
+
+class Lfm2KeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def test_lfm2_writes_textmodels_keys_then_vocab_size_and_the_convolutions_taps(self):
+        keys = [k.key for k in self.plan(self.case(LFM2_CASE)).kvs if k.key.startswith("lfm2.")]
+        self.assertEqual(keys, [f"lfm2.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "vocab_size",
+            "shortconv.l_cache")])
+
+    def test_kv_heads_are_written_per_layer_zero_for_a_convolution(self):
+        kvs = {k.key: k for k in self.plan(self.case(LFM2_CASE)).kvs}
+        heads = kvs["lfm2.attention.head_count_kv"]
+        self.assertEqual((heads.vtype, heads.array, heads.value), (bc.GGUF_INT32, True, [0, 0, 1, 0, 0, 1]))
+
+    def test_kv_heads_follow_full_attn_idxs_without_layer_types(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: (c.pop("layer_types"), c.update(full_attn_idxs=[2, 5, 9])))
+        kvs = {k.key: k.value for k in self.plan(d).kvs}
+        self.assertEqual(kvs["lfm2.attention.head_count_kv"], [0, 0, 1, 0, 0, 1])
+
+    def test_the_feed_forward_width_is_recomputed_as_lfm2s_mlp_builds_it(self):
+        # block_ff_dim 320 -> int(2 * 320 / 3) = 213 -> times 1.0 -> rounded up to 256
+        self.assertEqual(bc.lfm2_feed_forward_length({"block_ff_dim": 320}), 256)
+        self.assertEqual(bc.lfm2_feed_forward_length({"block_ff_dim": 6656}), 4608)     # LFM2-350M's
+        self.assertEqual(bc.lfm2_feed_forward_length({"intermediate_size": 6656}), 4608)
+        self.assertEqual(bc.lfm2_feed_forward_length({"block_ff_dim": 320, "block_auto_adjust_ff_dim": False}), 320)
+        self.assertEqual(bc.lfm2_feed_forward_length({"block_ff_dim": 320, "block_ffn_dim_multiplier": 1.5,
+                                                      "block_multiple_of": 64}), 320)    # int(1.5 * 213) = 319
+        self.assertEqual(bc.lfm2_feed_forward_length({"block_ff_dim": 300, "block_multiple_of": 1}), 200)
+
+    def test_the_rms_epsilon_is_norm_eps(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c.update(norm_eps=1e-6))
+        kvs = {k.key: k.value for k in self.plan(d).kvs}
+        self.assertEqual(kvs["lfm2.attention.layer_norm_rms_epsilon"], 1e-6)
+
+    def test_the_convolution_is_squeezed_and_kept_f32_and_its_final_norm_is_token_embd_norm(self):
+        plan = self.plan(self.case(LFM2_CASE), outtype="q8_0")
+        tensors = {t.name: t for t in plan.tensors}
+        conv = tensors["blk.0.shortconv.conv.weight"]
+        self.assertEqual((conv.ggml_type, conv.dims), (bc.GGML_F32, (3, 128)))
+        self.assertIn("token_embd_norm.weight", tensors)
+        self.assertNotIn("output.weight", tensors)
+        self.assertEqual({t.permute_heads for t in plan.tensors}, {0})
+
+    def test_attention_and_convolution_layers_hold_their_own_mixers(self):
+        names = {t.name for t in self.plan(self.case(LFM2_CASE)).tensors}
+        self.assertIn("blk.2.attn_q_norm.weight", names)
+        self.assertFalse({n for n in names if n.startswith("blk.2.shortconv")})
+        self.assertFalse({n for n in names if n.startswith("blk.0.attn_q")})
+
+
+class Lfm2Refusals(Workspace):
+    def test_layer_types_of_another_length_are_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c["layer_types"].pop())
+        self.assertRefuses(d, re.compile(r"config\.json: layer_types must list conv or full_attention for each of "
+                                         r"the 6 layers.*"))
+
+    def test_an_unknown_layer_type_is_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c["layer_types"].__setitem__(0, "sliding_attention"))
+        self.assertRefuses(d, re.compile(r"config\.json: layer_types must list conv or full_attention.*"))
+
+    def test_a_mixer_tensor_of_the_other_layer_type_is_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c["layer_types"].__setitem__(0, "full_attention"))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.conv\..*' is a convolution tensor in layer 0, "
+                                         r"which config\.json makes an attention layer; llama\.cpp writes it.*"))
+
+    def test_a_null_multiplier_is_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c.update(block_ffn_dim_multiplier=None))
+        self.assertRefuses(d, "config.json: block_ffn_dim_multiplier is null; transformers' Lfm2Config rejects it: "
+                              "write a value")
+
+    def test_a_zero_multiple_is_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c.update(block_multiple_of=0))
+        self.assertRefuses(d, "config.json: block_multiple_of is 0; expected a whole number from 1 to 2147483647")
+
+    def test_conv_biases_are_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "config.json", lambda c: c.update(conv_bias=True))
+        self.assertRefuses(d, re.compile(r"config\.json sets conv_bias: .*cannot load the file"))
+
+    def test_a_tokenizer_class_not_measured_under_lfm2_is_refused(self):
+        d = self.case(LFM2_CASE)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assertRefuses(d, re.compile(r"tokenizer_class 'PreTrainedTokenizerFast' with config\.json model_type "
+                                         r"'lfm2': how transformers builds this tokenizer .* was not confirmed.*"))
+
+    def test_the_moe_colbert_and_vl_architectures_are_not_taken(self):
+        for arch in ("Lfm2MoeForCausalLM", "Lfm2Model", "Lfm2VlForConditionalGeneration"):
+            with self.subTest(arch):
+                d = self.case(LFM2_CASE)
+                edit_json(d / "config.json", lambda c: c.update(architectures=[arch]))
+                self.assertRefuses(d, re.compile(rf"architecture '{arch}' is not .*"))
+
+
 def retype_tensor(path: Path, name: str, dtype: str) -> None:
     """A safetensors file with one 16-bit tensor's dtype renamed (same bytes, same header length)."""
     data = bytearray(path.read_bytes())
@@ -5927,6 +6036,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "granite-3.3-2b-shape",                                         # Granite: its four scales
     "olmo-2-1b-shape",                                              # OLMo 2: TextModel's path, post norms
     "qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape",  # Qwen3.5: F32 ssm_conv1d, ssm_a
+    "lfm2-350m-shape", "lfm2-350m-f32",                             # LFM2: F32 shortconv.conv, from BF16 and F32
 })
 
 

@@ -559,7 +559,29 @@ _QWEN3_5_TEXT = {
     "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
                         "rope_theta": 10000000, "rope_type": "default"},
     "tie_word_embeddings": True, "use_cache": True, "vocab_size": 248320}
+# - LFM2 (issue 36): LFM2-350M's config.json (Lfm2ForCausalLM: 16 layers, short convolutions with attention at
+#   layers 2, 5, 8, 10, 12, 14, block_ff_dim 6656 recomputed to 4608, tied) with the keys and values as Liquid's
+#   Hub config publishes them -- written from those published values, not copied from a file seen offline.
+#   LFM2's tokenizer (LFM Open License) is not shipped: the cases take SmolLM2's Apache-2.0 GPT2Tokenizer
+#   (49,152 tokens; vocab_size 65,536 pads with [PAD] tokens as llama.cpp does).
+LFM2_350M = "LFM2-350M"
+_LFM2_350M_TYPES = ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    LFM2_350M: {
+        "config.json": {
+            "architectures": ["Lfm2ForCausalLM"], "block_auto_adjust_ff_dim": True, "block_dim": 1024,
+            "block_ff_dim": 6656, "block_ffn_dim_multiplier": 1.0, "block_mlp_init_scale": 1.0,
+            "block_multiple_of": 256, "block_norm_eps": 1e-05, "block_out_init_scale": 1.0,
+            "block_use_swiglu": True, "block_use_xavier_init": True, "bos_token_id": 1, "conv_L_cache": 3,
+            "conv_bias": False, "conv_dim": 1024, "conv_dim_out": 1024, "conv_use_xavier_init": True,
+            "eos_token_id": 7, "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 6656,
+            "layer_types": _LFM2_350M_TYPES, "max_position_embeddings": 128000, "model_type": "lfm2",
+            "norm_eps": 1e-05, "num_attention_heads": 16, "num_heads": 16, "num_hidden_layers": 16,
+            "num_key_value_heads": 8, "pad_token_id": 0, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
+            "transformers_version": "4.54.0.dev0", "use_cache": True, "use_pos_enc": True, "vocab_size": 65536},
+        "generation_config.json": {"bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
+                                   "transformers_version": "4.54.0.dev0"},
+    },
     QWEN3_5_0_8B: {
         "config.json": {
             "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 248056, "model_type": "qwen3_5",
@@ -1072,6 +1094,22 @@ QWEN35_CASES: tuple[Case, ...] = (
          text_updates=_QWEN35_LINEAR, mtp_weights=False, dirname="qwen3.5-0.8b-no-mtp",
          description="a transformers-saved Qwen3_5ForCausalLM: mtp_num_hidden_layers 1 kept, no mtp.* weights"),
 )
+# LFM2 (issue 36): LFM2-350M's config shrunk to its first 6 layers (conv conv attention conv conv attention,
+# the real pattern's start), hidden 128, 2 heads of the real head_dim 64 over 1 KV head, block_ff_dim 320
+# (recomputed as 2/3, rounded up to 256); SmolLM2's tokenizer, the real vocabulary size.
+LFM2_TINY = Dims(hidden_size=128, intermediate_size=320, num_hidden_layers=6, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=65536, max_position_embeddings=128000)
+_LFM2_TINY_LAYERS = (("layer_types", _LFM2_350M_TYPES[:6]), ("block_ff_dim", 320), ("num_heads", 2),
+                     ("block_dim", 128), ("conv_dim", 128), ("conv_dim_out", 128))
+LFM2_CASES: tuple[Case, ...] = (
+    Case("lfm2-350m-shape", tokenizer="smollm2-135m-instruct", config_from=LFM2_350M, dims=LFM2_TINY,
+         text_updates=_LFM2_TINY_LAYERS, dirname="lfm2-350m",
+         description="LFM2-350M's config (short convolutions between attention layers, tied), BF16; SmolLM2's "
+                     "tokenizer stands in for LFM2's (not shipped)"),
+    Case("lfm2-350m-f32", dtype="F32", tokenizer="smollm2-135m-instruct", config_from=LFM2_350M, dims=LFM2_TINY,
+         text_updates=_LFM2_TINY_LAYERS, dirname="lfm2-350m-f32",
+         description="the LFM2-350M shape from F32 weights"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1204,6 +1242,7 @@ CASES: tuple[Case, ...] = (
     *GEMMA_REAL_TOKENIZER_CASES,
     *FAMILY_CASES,
     *QWEN35_CASES,
+    *LFM2_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -2026,6 +2065,36 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool) -> list[Ten
     return specs
 
 
+def lfm2_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+    """Lfm2ForCausalLM's state_dict in module order: each layer its attention (Lfm2Attention: q/k/v,
+    out_proj, per-head q/k layernorms) or short convolution (Lfm2ShortConv: conv [h, 1, taps], in_proj,
+    out_proj), the feed-forward w1, w3, w2 at the width Lfm2MLP recomputes, operator_norm and ffn_norm;
+    the final embedding_norm after the layers; tied (no lm_head)."""
+    h, hd = dims.hidden_size, dims.hidden_size // dims.num_attention_heads
+    ff = int(config["block_ffn_dim_multiplier"] * int(2 * config["block_ff_dim"] / 3))
+    ff = config["block_multiple_of"] * ((ff + config["block_multiple_of"] - 1) // config["block_multiple_of"])
+    kinds = iter(config["layer_types"])
+
+    def layer(p: str) -> list[TensorSpec]:
+        if next(kinds) == "full_attention":
+            a = p + "self_attn."
+            mixer = [TensorSpec(a + "q_proj.weight", (dims.num_attention_heads * hd, h)),
+                     TensorSpec(a + "k_proj.weight", (dims.num_key_value_heads * hd, h)),
+                     TensorSpec(a + "v_proj.weight", (dims.num_key_value_heads * hd, h)),
+                     TensorSpec(a + "out_proj.weight", (h, dims.num_attention_heads * hd)),
+                     TensorSpec(a + "q_layernorm.weight", (hd,)), TensorSpec(a + "k_layernorm.weight", (hd,))]
+        else:
+            mixer = [TensorSpec(p + "conv.conv.weight", (h, 1, config["conv_L_cache"])),
+                     TensorSpec(p + "conv.in_proj.weight", (3 * h, h)), TensorSpec(p + "conv.out_proj.weight", (h, h))]
+        return mixer + mlp_specs(p + "feed_forward.", h, ff, ("w1", "w3", "w2")) + norm_specs(
+            p, h, "operator_norm", "ffn_norm")
+
+    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab_size, h))]
+    for i in range(dims.num_hidden_layers):
+        specs += layer(f"model.layers.{i}.")
+    return specs + [TensorSpec("model.embedding_norm.weight", (h,))]
+
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
@@ -2039,6 +2108,8 @@ def case_entries(case: Case) -> list[Entry]:
                                    config["model_type"], config.get("vision_config"))
     elif config.get("model_type") == "olmo2":
         specs = olmo2_tensor_specs(dims, tied)
+    elif config.get("model_type") == "lfm2":
+        specs = lfm2_tensor_specs(dims, config)
     elif config.get("model_type") in ("qwen3_5", "qwen3_5_text"):
         specs = qwen35_tensor_specs(dims, config, case.mtp_weights)
     else:

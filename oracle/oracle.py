@@ -123,7 +123,10 @@ RUNS: tuple[Run, ...] = tuple(
        for case in ("qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape")
        for t in OTHER_OUTTYPES]
     + [Run(f"qwen3.5-0.8b-no-mtp-{t}-no-nextn", "qwen3.5-0.8b-no-mtp", ("--outtype", t, "--no-nextn"))
-       for t in ("f16", "q8_0")])
+       for t in ("f16", "q8_0")]
+    # LFM2 (issue 36): every output type from BF16 and F32 weights.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("lfm2-350m-shape", "lfm2-350m-f32") for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
