@@ -156,12 +156,16 @@ __all__ = ["convert", "convert_lora", "Options", "Report", "InputFile", "Refusal
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
 
 
-def one_line(message: str) -> str:
+def one_line(message: str, as_json: bool = False) -> str:
     """A message as one printable line: names and values quoted from hostile files may hold line
     breaks or terminal escapes, which are shown escaped instead.  A line that prints as itself is
-    returned as it is (a listing of a large vocabulary passes every line through here)."""
+    returned as it is (a listing of a large vocabulary passes every line through here).  as_json:
+    message is one line of JSON, and what does not print (C1 controls such as U+009B, a terminal's CSI,
+    or U+202E) becomes a JSON escape inside its string, so the line still parses to the same value."""
     if message.isprintable():
         return message
+    if as_json:
+        return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in message)
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
@@ -13425,12 +13429,12 @@ def report_json(report: Report, seconds: float, fork: Optional[Path] = None, com
     })
     if report.base:
         doc["base"] = report.base
-    return json.dumps(doc, ensure_ascii=False)
+    return one_line(json.dumps(doc, ensure_ascii=False), as_json=True)
 
 
 def refusal_json(reason: str, command: str = "convert") -> str:
     """A refusal as one line of JSON (RESULT_SCHEMA's shape); the exit code is 2 as for every refusal."""
-    return json.dumps(result_json(command, 2, None, {"refusal": reason}), ensure_ascii=False)
+    return one_line(json.dumps(result_json(command, 2, None, {"refusal": reason}), ensure_ascii=False), as_json=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -13769,8 +13773,8 @@ def named_file_json(path) -> dict:
 
 def failure_json(failure: ConversionFailed, command: str = "convert") -> str:
     """A failed conversion as one line of JSON, as refusal_json is a refusal; the exit code is 3."""
-    return json.dumps(result_json(command, _EXIT_FAILED, None, {"failure": failure.what, "bug": failure.bug}),
-                      ensure_ascii=False)
+    return one_line(json.dumps(result_json(command, _EXIT_FAILED, None, {"failure": failure.what, "bug": failure.bug}),
+                               ensure_ascii=False), as_json=True)
 
 
 def _conversion_failed(failure: ConversionFailed, as_json: bool = False, command: str = "convert") -> int:
@@ -14184,7 +14188,7 @@ def _print_lines(lines: list[str]) -> None:
 
 
 def _print_json(doc: dict) -> None:
-    print(json.dumps(doc, ensure_ascii=False))
+    print(one_line(json.dumps(doc, ensure_ascii=False), as_json=True))
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -14447,7 +14451,7 @@ def _print_conversion(args: argparse.Namespace, report: Report, started: float, 
         doc = json.loads(report_json(report, time.monotonic() - started, Path(args.fork) if args.fork else None, command))
         if unapplied:
             doc["adapter_not_applied"] = unapplied
-        print(json.dumps(doc, ensure_ascii=False))
+        _print_json(doc)
     else:
         _print_sha256_line(report.sha256, report.out)
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary

@@ -7856,6 +7856,15 @@ class JsonSchema(AroundWorkspace):
         self.assertEqual((doc["out"], doc["sha256"], doc["bytes"]), (str(out), sha256_file(out), out.stat().st_size))
         self.assertGreaterEqual(doc["timings"]["seconds"], 0)
 
+    def test_text_from_an_input_that_does_not_print_is_a_json_escape(self):
+        # general.name from the card, with a C1 CSI (a terminal's escape in one character) and U+202E.
+        d = self.example()
+        (d / "README.md").write_text("---\nname: \"A\\x9b31mB\\u202eC\"\n---\n", encoding="utf-8")
+        r = cli(d, "-o", self.out_dir() / "x.gguf", "--json")
+        self.assertTrue(r.out.rstrip("\n").isprintable(), repr(r.out))
+        self.assertIn("\\u009b31mB\\u202eC", r.out)
+        self.assertEqual(self.assertResult(r, "convert", 0)["general.name"], "A\x9b31mB\u202eC")
+
     def test_a_dry_run_writes_no_output_and_lists_its_inputs_unhashed(self):
         doc = self.assertResult(cli(EXAMPLE, "-o", self.out_dir() / "x.gguf", "--dry-run", "--json"), "convert", 0)
         self.assertEqual((doc["outputs"], doc["outtype"], doc["inputs"][0]["sha256"]), ([], "f16", None))
