@@ -1125,6 +1125,10 @@ QWEN35_MOE_CASES: tuple[Case, ...] = (
          head_dim=32, text_updates=_QWEN35_MOE, dense_ffn=False, shards=2, dirname="qwen3.5-moe-text-experts",
          description="Qwen3.5-35B-A3B's text config as Qwen3_5MoeForCausalLM, one matrix per expert (the MTP "
                      "layer's too), two shards, MTP weights present"),
+    Case("qwen3.5-moe-text-ffn", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_MOE, fused_experts=True, shards=3, tied=False, dirname="qwen3.5-moe-text-ffn",
+         description="Qwen3.5-35B-A3B's text config with an intermediate_size (llama.cpp then writes "
+                     "feed_forward_length), experts stacked across three shards, untied, MTP weights present"),
     Case("qwen3.5-moe-no-mtp", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B_TEXT, dims=QWEN35_TINY, head_dim=32,
          text_updates=_QWEN35_MOE, dense_ffn=False, fused_experts=True, mtp_weights=False,
          dirname="qwen3.5-moe-no-mtp",

@@ -129,7 +129,11 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("qwen3.5-35b-a3b-shape", "qwen3.5-moe-text-experts") for t in OTHER_OUTTYPES]
     + [Run(f"qwen3.5-moe-no-mtp-{t}-no-nextn", "qwen3.5-moe-no-mtp", ("--outtype", t, "--no-nextn"))
-       for t in ("f16", "q8_0")])
+       for t in ("f16", "q8_0")]
+    # ... and the per-expert MTP layer left out with --no-nextn; an intermediate_size beside the experts
+    # (feed_forward_length written), the stacked experts across shards.
+    + [Run("qwen3.5-moe-text-experts-f16-no-nextn", "qwen3.5-moe-text-experts", ("--outtype", "f16", "--no-nextn"))]
+    + [Run("qwen3.5-moe-text-ffn-q8_0", "qwen3.5-moe-text-ffn", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
