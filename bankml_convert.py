@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -76,6 +76,9 @@ the vocabulary paths its set_vocab tries, in order:
     OLMo 2     Olmo2ForCausalLM
                hooks: shape; vocabulary: gpt2
     Qwen3.5    Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory without_nextn lora_refusal;
+               vocabulary: gpt2
+    Qwen3.5-MoE Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration
                hooks: shape filter_tensors modify_tensors hparams refuse_directory without_nextn lora_refusal;
                vocabulary: gpt2
     LFM2       Lfm2ForCausalLM, LFM2ForCausalLM
@@ -3999,6 +4002,123 @@ QWEN35 = register(Family(
     without_nextn=qwen35_without_nextn,
     lora_refusal="LoRA adapters on Qwen3.5 (the V-head reorder of the linear attention's A and B matrices) "
                  "are not reproduced yet: merge the adapter into the model and convert the merged model",
+))
+
+
+# --- Qwen3.5-MoE ----------------------------------------------------------------------------------
+# Qwen3.5-MoE (llama.cpp's Qwen3_5MoeTextModel: Qwen3.5's hybrid layers, A_log, V reorder, MTP block and
+# MRoPE, over Qwen2MoeModel's experts): Qwen3_5MoeForCausalLM, and the text part of
+# Qwen3_5MoeForConditionalGeneration (Qwen3.5-35B-A3B).  Every layer's MLP, the MTP layer's too, is a
+# mixture: a router, the experts stacked (as Qwen ships them, gate_up_proj and down_proj, or one matrix
+# per expert, stacked while streaming as Qwen2-MoE's), a shared expert and its sigmoid gate.  The dense
+# block's functions do the hybrid part, the Qwen MoE block's the experts.
+
+class Qwen35MoeParams(NamedTuple):
+    """Qwen3_5MoeTextModel's hyperparameters: the hybrid layers' (Qwen35Params) and the experts'
+    (MoeParams), both over one TextParams."""
+    text: TextParams
+    hybrid: Qwen35Params
+    moe: MoeParams
+    feed_forward: bool      # config.json names an intermediate_size (Qwen3_5MoeTextConfig has none)
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# The keys the sizes depend on whose Qwen3_5MoeTextConfig defaults are not carried here (hidden 2048, 40
+# layers and 2 KV heads differ from Qwen3_5TextConfig's, which qwen35_params would take).
+_QWEN35_MOE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                    "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "shared_expert_intermediate_size")
+
+
+def qwen35moe_params(config: dict) -> Qwen35MoeParams:
+    """Qwen3.5's hyperparameters (qwen35_params, the expert widths aside) with the experts' and the shared
+    expert's, or a Refusal."""
+    _require_config_keys(config, _QWEN35_MOE_KEYS, "Qwen3_5MoeTextConfig")
+    hybrid = qwen35_params({k: v for k, v in config.items()
+                            if k not in ("moe_intermediate_size", "shared_expert_intermediate_size")})
+    moe = qwen_moe_params(config, hybrid.text)
+    if moe.expert_used_count > moe.expert_count:
+        raise Refusal(f"config.json: num_experts_per_tok {moe.expert_used_count} is more than num_experts "
+                      f"{moe.expert_count}; llama.cpp's runtime refuses such a file")
+    return Qwen35MoeParams(hybrid.text, hybrid, moe, config.get("intermediate_size") is not None)
+
+
+def qwen35moe_hparam_kvs(p: Qwen35MoeParams, file_type: int) -> list[KV]:
+    """Qwen3.5's keys under qwen35moe (feed_forward_length only where config.json has an
+    intermediate_size: TextModel finds none in Qwen3_5MoeTextConfig), the expert counts after the RMS
+    epsilon (TextModel's), the experts' widths after general.file_type (Qwen2MoeModel's, before the MTP
+    and linear-attention keys its subclasses add)."""
+    a = "qwen35moe"
+    kvs = [kv._replace(key=a + kv.key[len("qwen35"):]) if kv.key.startswith("qwen35.") else kv
+           for kv in qwen35_hparam_kvs(p.hybrid, file_type)
+           if p.feed_forward or kv.key != "qwen35.feed_forward_length"]
+    at = next(i for i, kv in enumerate(kvs) if kv.key == f"{a}.attention.layer_norm_rms_epsilon") + 1
+    kvs[at:at] = [KV(f"{a}.expert_count", GGUF_UINT32, p.moe.expert_count),
+                  KV(f"{a}.expert_used_count", GGUF_UINT32, p.moe.expert_used_count)]
+    at = next(i for i, kv in enumerate(kvs) if kv.key == "general.file_type") + 1
+    kvs[at:at] = [KV(f"{a}.expert_feed_forward_length", GGUF_UINT32, p.moe.expert_feed_forward_length),
+                  KV(f"{a}.expert_shared_feed_forward_length", GGUF_UINT32,
+                     p.moe.expert_shared_feed_forward_length)]
+    return kvs
+
+
+# The mixture's GGUF names (moe_shape's), and the stacked tensor modify_tensors splits.
+_QWEN35_MOE_MLP_KINDS = frozenset({"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp",
+                                   "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"})
+
+
+def qwen35moe_shape(gguf_name: str, p: Qwen35MoeParams) -> tuple[int, ...]:
+    kind = gguf_name.split(".")[-2]
+    return moe_shape(gguf_name, p.moe) if kind in _QWEN35_MOE_MLP_KINDS else qwen35_shape(gguf_name, p.hybrid)
+
+
+def qwen35moe_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwen35MoeParams) -> list[Modified]:
+    """Qwen3.5's modify_tensors (the MTP block into its layer, the linear attention, the norms), then
+    Qwen2MoeModel's on the experts: each expert one source of its layer's stacked tensors, or a stacked
+    gate_up_proj split."""
+    out: list[Modified] = []
+    for m in qwen35_modify_tensors(gguf_name, source, p.hybrid):
+        if m.name.split(".")[-2] in _QWEN_MOE_EXPERT_RANKS + ("ffn_gate_up_exps",):
+            out += qwen_moe_modify_tensors(m.name, m.source, p.moe)
+        else:
+            out.append(m)
+    return out
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.QWEN35MOE: Qwen3.5's with the mixture for the MLP, the MTP
+# layer's too (its experts spelled {x} as the blocks' are).
+_QWEN35_MOE_COMMON = {
+    **{k: v for k, v in _QWEN35_COMMON.items() if not k.startswith("mlp.")},
+    **_QWEN_MOE_EXPERTS,
+    **{k: v for k, v in _QWEN2MOE_BLOCK_TENSORS.items() if k.startswith("mlp.shared_expert")},
+}
+_QWEN35_MOE_BLOCK_TENSORS = {**_QWEN35_MOE_COMMON, **_QWEN35_FULL, **_QWEN35_LINEAR}
+_QWEN35_MOE_MTP_TENSORS = {
+    **{k: v for k, v in _QWEN35_MTP_TENSORS.items() if not k.startswith("mtp.layers.")},
+    **{f"mtp.layers.0.{hf}": f"mtp.{name}" for hf, name in {**_QWEN35_MOE_COMMON, **_QWEN35_FULL}.items()},
+}
+
+QWEN35MOE = register(QWEN35._replace(
+    name="Qwen3.5-MoE",
+    architectures=("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
+    model_types=("qwen3_5_moe_text", "qwen3_5_moe"),
+    gguf_arch="qwen35moe",
+    params=qwen35moe_params,
+    hparam_kvs=qwen35moe_hparam_kvs,
+    top_tensors={**_LLAMA_TOP_TENSORS, **_QWEN35_MOE_MTP_TENSORS},
+    block_tensors=_QWEN35_MOE_BLOCK_TENSORS,
+    optional_tensors=frozenset({"output.weight", *_QWEN35_MOE_MTP_TENSORS.values()}),
+    shape=qwen35moe_shape,
+    modify_tensors=qwen35moe_modify_tensors,
+    accepted_config_keys=frozenset({"text_config", "partial_rotary_factor", "num_experts", "num_experts_per_tok"}),
+    block_outputs=_block_outputs(_QWEN35_MOE_COMMON),
+    check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
+                       for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
+    lora_refusal="LoRA adapters on Qwen3.5-MoE (the V-head reorder of the linear attention's A and B matrices, "
+                 "the stacked experts) are not reproduced yet: merge the adapter into the model and convert the "
+                 "merged model",
 ))
 
 
@@ -8368,9 +8488,11 @@ _EXPERT_NUMBER = re.compile(r"(?<=experts\.)(0|[1-9][0-9]{0,5})(?=\.)")
 
 def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | None:
     """The GGUF name llama.cpp gives an HF tensor of the family, or None if it has none.  Every expert
-    of a layer has its stacked tensor's name ("mlp.experts.{x}.up_proj.weight" in block_tensors)."""
-    if hf_name in family.top_tensors:
-        return family.top_tensors[hf_name]
+    of a layer has its stacked tensor's name ("mlp.experts.{x}.up_proj.weight" in block_tensors; in
+    top_tensors, an MTP layer's)."""
+    top = family.top_tensors.get(hf_name) or family.top_tensors.get(_EXPERT_NUMBER.sub("{x}", hf_name, 1))
+    if top is not None:
+        return top
     m = _BLOCK_NAME.fullmatch(hf_name)
     if not m or int(m.group(1)) >= block_count:
         return None

@@ -2634,6 +2634,105 @@ def retype_tensor(path: Path, name: str, dtype: str) -> None:
     path.write_bytes(bytes(data))
 
 
+# --- Qwen3.5-MoE (issue 36): Qwen3.5's hybrid layers over the Qwen MoE experts, in both layouts, the MTP
+# --- layer's experts too.  Bytes pinned by the golden runs qwen3.5-35b-a3b-shape-* (experts stacked, as Qwen
+# --- ships them), qwen3.5-moe-text-experts-* (one matrix per expert) and qwen3.5-moe-no-mtp-*-no-nextn.
+
+QWEN35_MOE, QWEN35_MOE_EXPERTS, QWEN35_MOE_NO_MTP = \
+    "qwen3.5-35b-a3b-shape", "qwen3.5-moe-text-experts", "qwen3.5-moe-no-mtp"
+
+
+class Qwen35MoeKeysAndTensors(Qwen35KeysAndTensors.__base__):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def tensor(self, plan: bc.Plan, name: str) -> bc.PlannedTensor:
+        return next(t for t in plan.tensors if t.name == name)
+
+    def test_expert_counts_follow_the_epsilon_and_expert_widths_the_file_type(self):
+        kvs = self.plan(self.case(QWEN35_MOE_EXPERTS)).kvs
+        keys = [k.key for k in kvs if k.key.startswith("qwen35moe.") or k.key == "general.file_type"]
+        self.assertEqual([k[len("qwen35moe."):] if k.startswith("qwen35moe.") else k for k in keys], [
+            "block_count", "context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
+            "rope.dimension_sections", "rope.freq_base", "attention.layer_norm_rms_epsilon", "expert_count",
+            "expert_used_count", "attention.key_length", "attention.value_length", "general.file_type",
+            "expert_feed_forward_length", "expert_shared_feed_forward_length", "nextn_predict_layers",
+            "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+            "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count"])
+        values = {k.key: k.value for k in kvs}
+        self.assertEqual([values[f"qwen35moe.{k}"] for k in ("expert_count", "expert_used_count",
+                                                             "expert_feed_forward_length",
+                                                             "expert_shared_feed_forward_length")], [4, 2, 32, 48])
+
+    def test_feed_forward_length_is_written_only_where_config_names_an_intermediate_size(self):
+        d = self.case(QWEN35_MOE_EXPERTS)
+        edit_json(d / "config.json", lambda c: c.update(intermediate_size=96))
+        kvs = {k.key: k.value for k in self.plan(d).kvs}
+        self.assertEqual(kvs["qwen35moe.feed_forward_length"], 96)
+
+    def test_a_stacked_gate_up_proj_is_split_into_gate_and_up_in_every_layer_and_the_mtp_layer(self):
+        plan = self.plan(self.case(QWEN35_MOE))
+        for block in range(5):
+            gate, up = (self.tensor(plan, f"blk.{block}.ffn_{kind}_exps.weight") for kind in ("gate", "up"))
+            self.assertEqual((gate.dims, up.dims), ((64, 32, 4), (64, 32, 4)))
+            row = gate.parts[0].nbytes // 32
+            source_start = gate.parts[0].start
+            self.assertEqual([(p.start - source_start) // row for p in up.parts], [32, 96, 160, 224])
+
+    def test_one_matrix_per_expert_is_stacked_in_every_layer_and_the_mtp_layer(self):
+        plan = self.plan(self.case(QWEN35_MOE_EXPERTS))
+        for block in range(5):
+            down = self.tensor(plan, f"blk.{block}.ffn_down_exps.weight")
+            self.assertEqual((down.dims, len(down.parts)), ((32, 64, 4), 4))
+            self.assertEqual([re.search(r"experts\.(\d+)\.", p.name).group(1) for p in down.parts],
+                             ["0", "1", "2", "3"])
+
+    def test_the_router_and_the_shared_experts_gate_stay_f32(self):
+        plan = self.plan(self.case(QWEN35_MOE), outtype="q8_0")
+        for name in ("blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp_shexp.weight", "blk.4.ffn_gate_inp.weight"):
+            self.assertEqual(self.tensor(plan, name).ggml_type, bc.GGML_F32)
+
+    def test_no_nextn_on_the_command_line_is_the_golden_run(self):
+        out = self.out_dir() / "no-mtp.gguf"
+        p = self.run_tool(self.case(QWEN35_MOE_NO_MTP), "-o", out, "--no-nextn")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(sha256_file(out), GOLDEN["qwen3.5-moe-no-mtp-f16-no-nextn"]["sha256"])
+
+
+class Qwen35MoeRefusals(Workspace):
+    def test_a_declared_mtp_layer_without_its_weights_is_refused_naming_no_nextn(self):
+        self.assertRefuses(self.case(QWEN35_MOE_NO_MTP), re.compile(r"config\.json declares mtp_num_hidden_layers 1 "
+                                                                     r"but the checkpoint has no mtp\.\* weights .*" +
+                                                                     re.escape(NO_NEXTN_WAY_OUT)))
+
+    def test_an_expert_count_the_stacked_tensors_do_not_hold_is_refused_before_splitting(self):
+        # ten million experts: a record per expert would be allocated before any byte is read
+        d = self.case(QWEN35_MOE)
+        edit_json(d / "config.json", lambda c: c["text_config"].update(num_experts=10**7))
+        # (down_proj comes first in the file: its whole shape is checked before its layer's gate_up_proj is split)
+        self.assertRefuses(d, re.compile(r"tensor 'model\.language_model\.layers\.0\.mlp\.experts\.down_proj' has "
+                                         r"shape \[4, 64, 32\], but config\.json implies \[10000000, 64, 32\]"))
+
+    def test_more_experts_used_than_there_are_is_refused(self):
+        d = self.case(QWEN35_MOE_EXPERTS)
+        edit_json(d / "config.json", lambda c: c.update(num_experts_per_tok=5))
+        self.assertRefuses(d, "config.json: num_experts_per_tok 5 is more than num_experts 4; llama.cpp's runtime "
+                              "refuses such a file")
+
+    def test_an_expert_size_config_json_leaves_out_is_refused(self):
+        d = self.case(QWEN35_MOE_EXPERTS)
+        edit_json(d / "config.json", lambda c: c.pop("shared_expert_intermediate_size"))
+        self.assertRefuses(d, "config.json has no shared_expert_intermediate_size; Qwen3_5MoeTextConfig's default "
+                              "for it is not reproduced: write the model's value")
+
+    def test_a_lora_adapter_on_qwen35_moe_is_refused(self):
+        base = self.out_dir()
+        shutil.copy(self.case(QWEN35_MOE_EXPERTS) / "config.json", base / "config.json")
+        with self.assertRaisesRegex(bc.Refusal, "is a Qwen3.5-MoE model: LoRA adapters on Qwen3.5-MoE"):
+            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
+                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
+
+
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
 
 ROPE_SCALING_REFUSED = ("config.json: rope_scaling asks for rope scaling ({}); llama.cpp writes rope factors for it "
@@ -6037,6 +6136,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "olmo-2-1b-shape",                                              # OLMo 2: TextModel's path, post norms
     "qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape",  # Qwen3.5: F32 ssm_conv1d, ssm_a
     "lfm2-350m-shape", "lfm2-350m-f32",                             # LFM2: F32 shortconv.conv, from BF16 and F32
+    "qwen3.5-35b-a3b-shape",                                        # Qwen3.5-MoE: its experts, F32 routers
 })
 
 

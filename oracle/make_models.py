@@ -566,6 +566,24 @@ _QWEN3_5_TEXT = {
 #   (49,152 tokens; vocab_size 65,536 pads with [PAD] tokens as llama.cpp does).
 LFM2_350M = "LFM2-350M"
 _LFM2_350M_TYPES = ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]
+# - Qwen3.5-35B-A3B (issue 36): its config.json (Qwen3_5MoeForConditionalGeneration) as Qwen's Hub config
+#   publishes it -- the text part Qwen3.5-0.8B's keys with the mixture's sizes (hidden 2048, 40 layers, 16
+#   heads and 2 KV heads of 256, 16 key and 32 value heads of 128 in the linear attention, 256 experts of 512,
+#   8 used, a shared expert of 512, no intermediate_size: every layer's MLP is the mixture), the same
+#   MRoPE, MTP and tokenizer ids; its vision tower the 27-block one of the larger Qwen3.5 models.  Written
+#   from those published values, not copied from a file seen offline.
+QWEN3_5_35B_A3B = "Qwen3.5-35B-A3B"
+QWEN3_5_35B_A3B_TEXT = "Qwen3.5-35B-A3B-text"
+_QWEN3_5_MOE_TEXT = {
+    **{k: v for k, v in _QWEN3_5_TEXT.items() if k != "intermediate_size"},
+    "hidden_size": 2048, "layer_types": ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(40)],
+    "linear_num_value_heads": 32, "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512,
+    "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": 40,
+    "num_key_value_heads": 2, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False}
+_QWEN3_5_GENERATION = {"bos_token_id": 248044, "do_sample": True, "eos_token_id": [248046, 248044],
+                       "pad_token_id": 248044, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                       "transformers_version": "4.57.0.dev0"}
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
     LFM2_350M: {
         "config.json": {
@@ -581,6 +599,24 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "transformers_version": "4.54.0.dev0", "use_cache": True, "use_pos_enc": True, "vocab_size": 65536},
         "generation_config.json": {"bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
                                    "transformers_version": "4.54.0.dev0"},
+    },
+    QWEN3_5_35B_A3B: {
+        "config.json": {
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"], "image_token_id": 248056,
+            "model_type": "qwen3_5_moe", "text_config": _QWEN3_5_MOE_TEXT, "tie_word_embeddings": False,
+            "transformers_version": "4.57.0.dev0", "video_token_id": 248057,
+            "vision_config": {"deepstack_visual_indexes": [], "depth": 27, "hidden_act": "gelu_pytorch_tanh",
+                              "hidden_size": 1152, "in_channels": 3, "initializer_range": 0.02,
+                              "intermediate_size": 4304, "model_type": "qwen3_5_moe", "num_heads": 16,
+                              "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16,
+                              "spatial_merge_size": 2, "temporal_patch_size": 2},
+            "vision_end_token_id": 248054, "vision_start_token_id": 248053},
+        "generation_config.json": _QWEN3_5_GENERATION,
+    },
+    QWEN3_5_35B_A3B_TEXT: {
+        "config.json": {**_QWEN3_5_MOE_TEXT, "architectures": ["Qwen3_5MoeForCausalLM"],
+                        "transformers_version": "4.57.0.dev0"},
+        "generation_config.json": _QWEN3_5_GENERATION,
     },
     QWEN3_5_0_8B: {
         "config.json": {
@@ -822,6 +858,7 @@ class Case:
     # keys set in the text model's config after the dims (text_config's in a multimodal wrapper)
     text_updates: tuple[tuple[str, object], ...] = ()
     mtp_weights: bool = True                   # Qwen3.5: the mtp.* tensors mtp_num_hidden_layers declares
+    dense_ffn: bool = True                     # intermediate_size written (Qwen3.5-MoE's config class has none)
 
     @property
     def directory_name(self) -> str:
@@ -1110,6 +1147,32 @@ LFM2_CASES: tuple[Case, ...] = (
          text_updates=_LFM2_TINY_LAYERS, dirname="lfm2-350m-f32",
          description="the LFM2-350M shape from F32 weights"),
 )
+# Qwen3.5-MoE (issue 36): Qwen3.5-35B-A3B's config shrunk as the dense cases (4 layers, hidden 64, 2 key and
+# 4 value heads: the V reorder), 4 experts of 32 with 2 used and a shared expert of 48 (so no two widths
+# agree), the MTP layer's experts too; the experts as Qwen's checkpoints ship them (stacked: gate_up_proj,
+# down_proj) or one matrix each (the layout transformers 5 also reads); without the MTP weights as
+# transformers 5 saves a fine-tune (stacked, no mtp.*), refused, and with --no-nextn.
+_QWEN35_MOE = _QWEN35_LINEAR + (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 32),
+                                ("shared_expert_intermediate_size", 48))
+QWEN35_MOE_CASES: tuple[Case, ...] = (
+    Case("qwen3.5-35b-a3b-shape", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_MOE, dense_ffn=False, fused_experts=True, dirname="qwen3.5-35b-a3b",
+         description="Qwen3.5-35B-A3B's Qwen3_5MoeForConditionalGeneration config (text_config), experts stacked "
+                     "as released, vision tensors and MTP weights present, BF16, Qwen3 tokenizer"),
+    Case("qwen3.5-moe-text-experts", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B_TEXT, dims=QWEN35_TINY,
+         head_dim=32, text_updates=_QWEN35_MOE, dense_ffn=False, shards=2, dirname="qwen3.5-moe-text-experts",
+         description="Qwen3.5-35B-A3B's text config as Qwen3_5MoeForCausalLM, one matrix per expert (the MTP "
+                     "layer's too), two shards, MTP weights present"),
+    Case("qwen3.5-moe-text-ffn", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_MOE, fused_experts=True, shards=3, tied=False, dirname="qwen3.5-moe-text-ffn",
+         description="Qwen3.5-35B-A3B's text config with an intermediate_size (llama.cpp then writes "
+                     "feed_forward_length), experts stacked across three shards, untied, MTP weights present"),
+    Case("qwen3.5-moe-no-mtp", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_MOE, dense_ffn=False, fused_experts=True, mtp_weights=False,
+         dirname="qwen3.5-moe-no-mtp",
+         description="a transformers-saved Qwen3_5MoeForCausalLM: experts stacked, mtp_num_hidden_layers 1 kept, "
+                     "no mtp.* weights"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1243,6 +1306,7 @@ CASES: tuple[Case, ...] = (
     *FAMILY_CASES,
     *QWEN35_CASES,
     *LFM2_CASES,
+    *QWEN35_MOE_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1402,6 +1466,8 @@ def case_config(case: Case) -> dict:
         if case.head_dim is not None:
             config["text_config"]["head_dim"] = case.head_dim
         config["text_config"].update(case.text_updates)
+        if not case.dense_ffn:
+            del config["text_config"]["intermediate_size"]
         config.update(torch_dtype=TORCH_DTYPE[case.dtype])
         config.update(case.config_updates)
         return config
@@ -1422,6 +1488,8 @@ def case_config(case: Case) -> dict:
         config["_name_or_path"] = case.name_or_path
     config.update(case.text_updates)
     config.update(case.config_updates)
+    if not case.dense_ffn:
+        del config["intermediate_size"]
     return config
 
 
@@ -2012,11 +2080,12 @@ def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
-def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool) -> list[TensorSpec]:
+def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool = False) -> list[TensorSpec]:
     """Qwen3_5ForCausalLM's state_dict (Qwen3_5ForConditionalGeneration's: the text model under
     model.language_model., a vision tower under model.visual.) in module order: each layer its
     linear-attention (Qwen3_5GatedDeltaNet) or gated full attention, the MLP, the two norms; then the
-    mtp.* block when mtp_weights (the released checkpoints hold it; transformers drops it on save)."""
+    mtp.* block when mtp_weights (the released checkpoints hold it; transformers drops it on save).
+    Qwen3.5-MoE's (num_experts) has the mixture for the MLP, its experts stacked where fused."""
     wrapper = "text_config" in config
     text = config["text_config"] if wrapper else config
     h, hd = dims.hidden_size, text["head_dim"]
@@ -2043,8 +2112,19 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool) -> list[Ten
                      TensorSpec(a + "in_proj_b.weight", (nv, h)), TensorSpec(a + "in_proj_a.weight", (nv, h))]
         else:
             mixer = full_attention(p)
-        return mixer + mlp_specs(p + "mlp.", h, dims.intermediate_size) + norm_specs(
-            p, h, "input_layernorm", "post_attention_layernorm")
+        return mixer + mlp(p + "mlp.") + norm_specs(p, h, "input_layernorm", "post_attention_layernorm")
+
+    def mlp(p: str) -> list[TensorSpec]:
+        if "num_experts" not in text:
+            return mlp_specs(p, h, dims.intermediate_size)
+        # Qwen3_5MoeSparseMoeBlock: the router, the experts, the shared expert and its gate.
+        e, ff = text["num_experts"], text["moe_intermediate_size"]
+        experts = [TensorSpec(p + "experts.gate_up_proj", (e, 2 * ff, h)),
+                   TensorSpec(p + "experts.down_proj", (e, h, ff))] if fused else \
+            [s for x in range(e) for s in mlp_specs(f"{p}experts.{x}.", h, ff)]
+        return ([TensorSpec(p + "gate.weight", (e, h))] + experts
+                + mlp_specs(p + "shared_expert.", h, text["shared_expert_intermediate_size"])
+                + [TensorSpec(p + "shared_expert_gate.weight", (1, h))])
 
     kinds = iter(text["layer_types"])
     specs = causal_lm_specs(dims, text.get("tie_word_embeddings", True), lambda p: layer(p, next(kinds)),
@@ -2057,7 +2137,7 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool) -> list[Ten
     if mtp_weights:
         for i in range(text.get("mtp_num_hidden_layers", 0)):
             p = f"mtp.layers.{i}."
-            specs += full_attention(p) + mlp_specs(p + "mlp.", h, dims.intermediate_size) + norm_specs(
+            specs += full_attention(p) + mlp(p + "mlp.") + norm_specs(
                 p, h, "input_layernorm", "post_attention_layernorm")
         if text.get("mtp_num_hidden_layers", 0):
             specs += [TensorSpec("mtp.fc.weight", (h, 2 * h)),
@@ -2110,8 +2190,8 @@ def case_entries(case: Case) -> list[Entry]:
         specs = olmo2_tensor_specs(dims, tied)
     elif config.get("model_type") == "lfm2":
         specs = lfm2_tensor_specs(dims, config)
-    elif config.get("model_type") in ("qwen3_5", "qwen3_5_text"):
-        specs = qwen35_tensor_specs(dims, config, case.mtp_weights)
+    elif config.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
+        specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

@@ -63,7 +63,7 @@ OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 # Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
 # Qwen3.5 without its MTP weights: llama.cpp counts the MTP layer it declares and writes no tensors for
 # it, a file llama.cpp's runtime refuses to load (bankml asks for --no-nextn).
-REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp"})
+REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwen3.5-moe-no-mtp"})
 # Adapters llama.cpp converts and bankml_convert must refuse: a LoRA on the embedding of a base with tied
 # embeddings, which llama.cpp's runtime also applies to the output head, where it aborts (oracle.py load).
 REFUSED_ADAPTERS = frozenset({"smollm2-lora-embed-bf16"})
@@ -126,7 +126,17 @@ RUNS: tuple[Run, ...] = tuple(
        for t in ("f16", "q8_0")]
     # LFM2 (issue 36): every output type from BF16 and F32 weights.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("lfm2-350m-shape", "lfm2-350m-f32") for t in OTHER_OUTTYPES])
+       for case in ("lfm2-350m-shape", "lfm2-350m-f32") for t in OTHER_OUTTYPES]
+    # Qwen3.5-MoE (issue 36): every output type for the released layout (experts stacked, the wrapper) and
+    # one matrix per expert (the text model); without the MTP weights, --no-nextn.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("qwen3.5-35b-a3b-shape", "qwen3.5-moe-text-experts") for t in OTHER_OUTTYPES]
+    + [Run(f"qwen3.5-moe-no-mtp-{t}-no-nextn", "qwen3.5-moe-no-mtp", ("--outtype", t, "--no-nextn"))
+       for t in ("f16", "q8_0")]
+    # ... and the per-expert MTP layer left out with --no-nextn; an intermediate_size beside the experts
+    # (feed_forward_length written), the stacked experts across shards.
+    + [Run("qwen3.5-moe-text-experts-f16-no-nextn", "qwen3.5-moe-text-experts", ("--outtype", "f16", "--no-nextn"))]
+    + [Run("qwen3.5-moe-text-ffn-q8_0", "qwen3.5-moe-text-ffn", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
