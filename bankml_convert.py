@@ -3691,7 +3691,10 @@ class Qwen35Params(NamedTuple):
     text: TextParams
     layers: int                         # num_hidden_layers: the decoder layers, without the MTP ones
     mtp_layers: int                     # the MTP layers written after them (0 with --no-nextn)
-    recurrent: tuple[bool, ...]         # per decoder layer: linear attention (layer_types)
+    # per decoder layer, linear attention (layer_types); () where config.json has none and the interval
+    # makes them (qwen35_recurrent), so no list as long as a layer count no tensor has backed yet is made
+    recurrent: tuple[bool, ...]
+    layer_interval: int                 # full_attention_interval as Qwen3_5TextConfig derives layer_types from it
     conv_kernel: int
     key_head_dim: int
     value_head_dim: int
@@ -3749,17 +3752,17 @@ def qwen35_params(config: dict) -> Qwen35Params:
         section = tuple(section) + (0,) * (4 - len(section))
     layers = text.block_count
     types = config.get("layer_types")
+    interval = config_integer(config, "full_attention_interval", 4)
     if types is None:
         # Qwen3_5TextConfig derives them from full_attention_interval (and drops that key).
-        interval = config_integer(config, "full_attention_interval", 4)
-        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-        written_interval = 4
+        written_interval, recurrent = 4, ()
     else:
-        written_interval = config_integer(config, "full_attention_interval", 4)
-    if not isinstance(types, list) or len(types) != layers or \
-            any(t not in ("linear_attention", "full_attention") for t in types):
-        raise Refusal(f"config.json: layer_types must list linear_attention or full_attention for each of the "
-                      f"{layers} layers (llama.cpp stops on another length)")
+        written_interval = interval
+        if not isinstance(types, list) or len(types) != layers or \
+                any(t not in ("linear_attention", "full_attention") for t in types):
+            raise Refusal(f"config.json: layer_types must list linear_attention or full_attention for each of the "
+                          f"{layers} layers (llama.cpp stops on another length)")
+        recurrent = tuple(t == "linear_attention" for t in types)
     no_nextn = bool(config.get(_NO_NEXTN))
     mtp = 0 if no_nextn else config_integer(config, "mtp_num_hidden_layers", 0, minimum=0)
     if not no_nextn and mtp == 0:
@@ -3781,11 +3784,19 @@ def qwen35_params(config: dict) -> Qwen35Params:
     return Qwen35Params(
         text._replace(block_count=layers + mtp, head_dim=head_dim, key_length=head_dim,
                       rope_freq_base=config_number(rope, "rope_theta", 10000.0)),
-        layers=layers, mtp_layers=mtp, recurrent=tuple(t == "linear_attention" for t in types),
+        layers=layers, mtp_layers=mtp, recurrent=recurrent, layer_interval=interval,
         conv_kernel=kernel, key_head_dim=config_integer(config, "linear_key_head_dim", 128),
         value_head_dim=config_integer(config, "linear_value_head_dim", 128), key_heads=key_heads,
         value_heads=value_heads, full_attention_interval=written_interval,
         rope_dimension_count=int(head_dim * factor), mrope_section=section)
+
+
+def qwen35_recurrent(p: Qwen35Params) -> list[bool]:
+    """Per decoder layer, whether it is linear attention: layer_types, or as Qwen3_5TextConfig derives them
+    from the interval.  Asked for once the tensors have shown the layers are there."""
+    if p.recurrent:
+        return list(p.recurrent)
+    return [(i + 1) % p.layer_interval != 0 for i in range(p.layers)]
 
 
 def qwen35_hparam_kvs(p: Qwen35Params, file_type: int) -> list[KV]:
@@ -3805,7 +3816,7 @@ def qwen35_hparam_kvs(p: Qwen35Params, file_type: int) -> list[KV]:
         KV(f"{a}.ssm.group_count", GGUF_UINT32, p.key_heads),
         KV(f"{a}.ssm.time_step_rank", GGUF_UINT32, p.value_heads),
         KV(f"{a}.ssm.inner_size", GGUF_UINT32, p.value_head_dim * p.value_heads),
-        KV(f"{a}.attention.recurrent_layers", GGUF_BOOL, list(p.recurrent) + [False] * p.mtp_layers, array=True),
+        KV(f"{a}.attention.recurrent_layers", GGUF_BOOL, qwen35_recurrent(p) + [False] * p.mtp_layers, array=True),
         KV(f"{a}.full_attention_interval", GGUF_UINT32, p.full_attention_interval),
         KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.rope_dimension_count),
     ]

@@ -2426,6 +2426,11 @@ class Qwen35KeysAndTensors(Workspace):
         self.assertEqual((kvs["qwen35.block_count"], kvs["qwen35.nextn_predict_layers"]), (5, 1))
         self.assertEqual(kvs["qwen35.attention.recurrent_layers"], [True, True, True, False, False])
 
+    def test_without_layer_types_the_interval_makes_them_as_qwen3_5textconfig_does(self):
+        d = self.case(QWEN35_TEXT)      # layer_types: three linear layers, then one full, as the interval 4 makes
+        edit_json(d / "config.json", lambda c: (c.pop("layer_types"), c.update(full_attention_interval=4)))
+        self.assertEqual(self.plan(d).kvs, self.plan(self.case(QWEN35_TEXT)).kvs)
+
     def test_without_mrope_section_the_default_sections_come_last(self):
         d = self.case(QWEN35_TEXT)
         edit_json(d / "config.json", lambda c: c["rope_parameters"].pop("mrope_section"))
@@ -2491,6 +2496,14 @@ class Qwen35Refusals(Workspace):
         d = self.case(QWEN35_NO_MTP)
         edit_json(d / "config.json", lambda c: c.pop("mtp_num_hidden_layers"))
         self.assertRefuses(d, re.compile(r"config\.json declares no mtp_num_hidden_layers.*" + re.escape(NO_NEXTN_WAY_OUT)))
+
+    def test_a_layer_count_no_tensors_back_is_refused_before_a_list_as_long(self):
+        # Without layer_types the layers' kinds come from the interval: made only once the tensors are there.
+        d = self.case(QWEN35_TEXT)
+        edit_json(d / "config.json", lambda c: (c.pop("layer_types"), c.update(num_hidden_layers=2**31 - 1)))
+        p = run_in_1_gib(d, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual((p.returncode, p.stdout), (2, ""))
+        self.assertIn("the model has no tensor blk.4.attn_norm.weight", p.stderr)
 
     def test_no_nextn_is_refused_for_a_family_without_mtp_layers(self):
         self.assertRefuses(self.case("bf16"), re.compile(r"--no-nextn: a Llama model has no MTP layers.*"), "--no-nextn")
