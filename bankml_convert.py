@@ -76,13 +76,13 @@ the vocabulary paths its set_vocab tries, in order:
     OLMo 2     Olmo2ForCausalLM
                hooks: shape; vocabulary: gpt2
     Qwen3.5    Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
-               hooks: shape filter_tensors modify_tensors hparams refuse_directory without_nextn lora_refusal;
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_refusal;
                vocabulary: gpt2
     Qwen3.5-MoE Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration
-               hooks: shape filter_tensors modify_tensors hparams refuse_directory without_nextn lora_refusal;
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_refusal;
                vocabulary: gpt2
     LFM2       Lfm2ForCausalLM, LFM2ForCausalLM
-               hooks: shape filter_tensors modify_tensors; vocabulary: gpt2
+               hooks: shape filter_tensors modify_tensors layer_outputs; vocabulary: gpt2
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -2068,6 +2068,9 @@ class Family(NamedTuple):
     filter_tensors: Callable[[str], Optional[str]] = dropped_buffers
     # GGUF names (after "blk.N.") each block must have, where modify_tensors renames; None: block_tensors'
     block_outputs: Optional[tuple[str, ...]] = None
+    # (params, block) -> the GGUF names that block must have beyond block_outputs: a hybrid family's
+    # layers differ by kind (llama.cpp's loader refuses a file missing one); None: block_outputs say all
+    layer_outputs: Optional[Callable[[Any, int], tuple[str, ...]]] = None
     # the tokenizers measured under its model_types (get_vocab_base_pre's chkhsh replayed): none by default
     check_builds: tuple[CheckBuild, ...] = ()
     # the tokenizer class transformers 5.18 builds under its model_types when tokenizer_config.json names a
@@ -3791,12 +3794,16 @@ def qwen35_params(config: dict) -> Qwen35Params:
         rope_dimension_count=int(head_dim * factor), mrope_section=section)
 
 
+def qwen35_is_recurrent(p: Qwen35Params, layer: int) -> bool:
+    """Whether a decoder layer is linear attention: layer_types, or as Qwen3_5TextConfig derives them from
+    the interval."""
+    return p.recurrent[layer] if p.recurrent else (layer + 1) % p.layer_interval != 0
+
+
 def qwen35_recurrent(p: Qwen35Params) -> list[bool]:
-    """Per decoder layer, whether it is linear attention: layer_types, or as Qwen3_5TextConfig derives them
-    from the interval.  Asked for once the tensors have shown the layers are there."""
-    if p.recurrent:
-        return list(p.recurrent)
-    return [(i + 1) % p.layer_interval != 0 for i in range(p.layers)]
+    """Per decoder layer, whether it is linear attention; asked for once the tensors have shown the layers
+    are there."""
+    return [qwen35_is_recurrent(p, i) for i in range(p.layers)]
 
 
 def qwen35_hparam_kvs(p: Qwen35Params, file_type: int) -> list[KV]:
@@ -3856,6 +3863,14 @@ _QWEN35_LINEAR = {
     "linear_attn.out_proj.weight": "ssm_out.weight",
 }
 _QWEN35_BLOCK_TENSORS = {**_QWEN35_COMMON, **_QWEN35_FULL, **_QWEN35_LINEAR}
+
+
+def qwen35_layer_outputs(p: Qwen35Params, block: int) -> tuple[str, ...]:
+    """What a decoder layer needs beyond the names every block has: its kind's mixer (llama.cpp's loader
+    requires each; the MTP layers' own tensors are checked by refuse_qwen35_directory)."""
+    if block >= p.layers:
+        return ()
+    return tuple((_QWEN35_LINEAR if qwen35_is_recurrent(p, block) else _QWEN35_FULL).values())
 _QWEN35_MTP_TENSORS = {
     "mtp.fc.weight": "nextn.eh_proj.weight",
     "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
@@ -4005,8 +4020,9 @@ QWEN35 = register(Family(
     vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
     filter_tensors=qwen35_filter_tensors,
     refuse_directory=refuse_qwen35_directory,
-    # every block, the MTP layer's too, has these; a layer's mixer is checked by its type (qwen35_check_layers)
+    # every block, the MTP layer's too, has these; a decoder layer's mixer by its kind
     block_outputs=tuple(_QWEN35_COMMON.values()),
+    layer_outputs=qwen35_layer_outputs,
     check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
                        for model_type in ("qwen3_5_text", "qwen3_5")),
     model_type_tokenizer="Qwen2Tokenizer",
@@ -4125,6 +4141,7 @@ QWEN35MOE = register(QWEN35._replace(
     modify_tensors=qwen35moe_modify_tensors,
     accepted_config_keys=frozenset({"text_config", "partial_rotary_factor", "num_experts", "num_experts_per_tok"}),
     block_outputs=_block_outputs(_QWEN35_MOE_COMMON),
+    layer_outputs=lambda p, block: qwen35_layer_outputs(p.hybrid, block),
     check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
                        for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
     lora_refusal="LoRA adapters on Qwen3.5-MoE (the V-head reorder of the linear attention's A and B matrices, "
@@ -4338,8 +4355,9 @@ LFM2 = register(Family(
     accepted_config_keys=frozenset({"norm_eps"}),       # LFM2Model reads it as the rms epsilon
     vocab_paths=("gpt2",),      # TextModel.set_vocab: _set_vocab_gpt2 only
     filter_tensors=lfm2_filter_tensors,
-    # every layer has these; its mixer's tensors are checked against its type (lfm2_modify_tensors)
+    # every layer has these; its mixer's tensors by its kind, none of the other kind's (lfm2_modify_tensors)
     block_outputs=tuple(_LFM2_COMMON.values()),
+    layer_outputs=lambda p, block: tuple((_LFM2_ATTENTION if lfm2_is_attention(p, block) else _LFM2_CONV).values()),
     check_builds=(CheckBuild("GPT2Tokenizer", "lfm2", "gpt2", "SmolLM2 tokenizer, LFM2 config"),),
 ))
 
@@ -8551,6 +8569,7 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                       f"llama.cpp stops on them: the checkpoint is incomplete")
     if complete:        # False: an adapter's few tensors
         _refuse_incomplete(plan, family, p.block_count)
+        _refuse_incomplete_layers(plan, family, p)
     generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
                  for g in family.generated_tensors(p)]
     return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
@@ -8622,6 +8641,22 @@ def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: i
         raise Refusal(f"the model has no tensor {first}"
                       f"{f' (and {n_missing - 1} more)' if n_missing > 1 else ''}; "
                       f"the checkpoint is incomplete")
+
+
+def _refuse_incomplete_layers(plan: list[PlannedTensor], family: Family, p: Any) -> None:
+    # Each block's own kind of tensors (a linear-attention layer's ssm_a, a convolution layer's conv):
+    # llama.cpp writes a layer without them, and its loader then stops ("tensor 'blk.0.ssm_a' not found").
+    # Asked once _refuse_incomplete has found every block's shared tensors, so the blocks counted here are
+    # backed by tensors, not only by config.json's count.
+    if family.layer_outputs is None:
+        return
+    names = {t.name for t in plan}
+    for block in range(p.block_count):
+        for name in family.layer_outputs(p, block):
+            if f"blk.{block}.{name}" not in names:
+                raise Refusal(f"the model has no tensor blk.{block}.{name}, which layer {block}'s kind needs; "
+                              f"the checkpoint is incomplete (llama.cpp would write the file, and its loader "
+                              f"then refuses it)")
 
 
 def parameter_count(plan: list[PlannedTensor]) -> int:

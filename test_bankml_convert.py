@@ -1159,7 +1159,7 @@ def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
 # The hooks the docstring's family table names where a family sets its own (params, keys and tensor
 # names are every family's own).
 FAMILY_TABLE_HOOKS = ("shape", "filter_tensors", "modify_tensors", "generated_tensors", "early_kvs", "hparams",
-                      "refuse_directory", "without_nextn", "lora_refusal")
+                      "refuse_directory", "layer_outputs", "without_nextn", "lora_refusal")
 
 
 def family_table() -> str:
@@ -2779,6 +2779,26 @@ class RefusalsFamiliesShare(Workspace):
             ("olmo2 linear", "olmo-2-1b-shape", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}),
              ROPE_SCALING_REFUSED.format("'linear', factor")),
         ])
+
+    def test_a_hybrid_layer_without_its_kinds_tensors_is_refused(self):
+        # llama.cpp writes such a layer, and its loader stops on it ("tensor 'blk.0.ssm_a' not found").
+        rows = (("qwen3.5 linear", QWEN35_TEXT, "model.layers.0.linear_attn.A_log", "blk.0.ssm_a", 0),
+                ("qwen3.5 full", QWEN35_TEXT, "model.layers.3.self_attn.q_norm.weight", "blk.3.attn_q_norm.weight", 3),
+                ("qwen3.5-moe linear", "qwen3.5-moe-text-experts", "model.layers.1.linear_attn.out_proj.weight",
+                 "blk.1.ssm_out.weight", 1),
+                ("lfm2 conv", "lfm2-350m-shape", "model.layers.0.conv.conv.weight", "blk.0.shortconv.conv.weight", 0),
+                ("lfm2 attention", "lfm2-350m-shape", "model.layers.2.self_attn.v_proj.weight", "blk.2.attn_v.weight", 2))
+        for name, case, dropped, missing, layer in rows:
+            with self.subTest(name):
+                d = self.case(case)
+                for f in d.glob("*.safetensors"):
+                    relayout_safetensors(f, lambda ts: [t for t in ts if t[0] != dropped])
+                index = d / "model.safetensors.index.json"
+                if index.exists():
+                    edit_json(index, lambda doc: doc["weight_map"].pop(dropped, None))
+                self.assertRefuses(d, f"the model has no tensor {missing}, which layer {layer}'s kind needs; the "
+                                      f"checkpoint is incomplete (llama.cpp would write the file, and its loader then "
+                                      f"refuses it)")
 
     def test_a_null_rope_theta_is_refused_on_textmodels_path(self):
         null_theta = ("config.json: rope_theta is null; llama.cpp then writes no rope.freq_base, which "
