@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H (dense), and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -4216,15 +4216,17 @@ LFM2 = register(Family(
 
 
 # --- Granite 4.0-H --------------------------------------------------------------------------------
-# Granite 4.0-H dense (llama.cpp's GraniteHybridModel: Mamba2Model's mixer and GraniteMoeModel's attention,
-# feed-forward and multipliers): GraniteMoeHybridForCausalLM without routed experts (granite-4.0-h-micro,
-# h-1b, h-350m).  Its layers are Mamba2 layers (in_proj, a depthwise conv1d, dt_bias, A_log, D, a gated
+# Granite 4.0-H (llama.cpp's GraniteHybridModel: Mamba2Model's mixer and GraniteMoeModel's attention,
+# feed-forward and multipliers): GraniteMoeHybridForCausalLM, dense (granite-4.0-h-micro, h-1b, h-350m) or
+# with routed experts.  Its layers are Mamba2 layers (in_proj, a depthwise conv1d, dt_bias, A_log, D, a gated
 # norm over groups, out_proj) around attention layers (q/k/v/o, permuted as LlamaModel does), as
 # layer_types says; every layer has the shared MLP (a fused input_linear split into gate and up) as its
-# feed-forward.  llama.cpp reads this family's config.json as written (Mamba2Model bypasses AutoConfig), so
-# no GraniteMoeHybridConfig default is taken: the keys it reads must be there.  A_log's -exp is computed for
-# BF16 sources only (neg_exp_bf16_bits).  Refused: the routed experts (granite-4.0-h-tiny's shape), a config
-# with no Mamba layer (llama.cpp then writes arch granite or granitemoe), Bamba.
+# feed-forward -- or, with routed experts (granite-4.0-h-tiny, -small), the router, the experts (a fused
+# input_linear split into stacked gate and up, as Qwen-MoE's transformers 5 layout) and the shared MLP as
+# the shared expert.  llama.cpp reads this family's config.json as written (Mamba2Model bypasses
+# AutoConfig), so no GraniteMoeHybridConfig default is taken: the keys it reads must be there.  A_log's
+# -exp is computed for BF16 sources only (neg_exp_bf16_bits).  Refused: a config with no Mamba layer
+# (llama.cpp then writes arch granite or granitemoe), Bamba.
 
 class Granite4HParams(NamedTuple):
     """The hyperparameters GraniteHybridModel writes: TextModel's (context_length 2**20, as it writes it
@@ -4233,9 +4235,9 @@ class Granite4HParams(NamedTuple):
     text: TextParams
     scales: tuple[Optional[float], ...]     # in _GRANITE_SCALES' order; None: not written
     attention_layers: frozenset[int]        # the rest are Mamba2 layers
-    expert_count: int
+    expert_count: int                       # 0: dense, the shared MLP is the feed-forward
     expert_used_count: int
-    shared_feed_forward_length: int
+    shared_feed_forward_length: int         # the shared MLP's (the shared expert's) width
     conv_kernel: int
     state_size: int
     group_count: int
@@ -4277,8 +4279,8 @@ def granite4h_attention_layers(config: dict, layers: int) -> frozenset[int]:
 
 def granite4h_params(config: dict) -> Granite4HParams:
     """GraniteHybridModel's hyperparameters from config.json as written, or a Refusal for a key it needs
-    missing, what it would write otherwise (aliases, a head_dim, rope), what its runtime would not run
-    as transformers does (rope positions, a shared MLP of another width), and the routed experts."""
+    missing, what it would write otherwise (aliases, a head_dim, rope), and what its runtime would not run
+    as transformers does (rope positions, a dense model's shared MLP of another width)."""
     for key in _GRANITE4H_REQUIRED:
         if config.get(key) is None:
             raise Refusal(f"config.json has no {key}; llama.cpp reads a Granite 4.0-H config as written, "
@@ -4299,10 +4301,6 @@ def granite4h_params(config: dict) -> Granite4HParams:
         raise Refusal("config.json: position_embedding_type rope; llama.cpp writes rope.scaling.finetuned false "
                       "for a hybrid Granite, and its runtime then applies no rope: the GGUF would run wrong")
     experts = config_integer(config, "num_local_experts", minimum=0)
-    if experts:
-        raise Refusal(f"config.json: num_local_experts {experts} (Granite 4.0-H's routed experts, as "
-                      f"granite-4.0-h-tiny); bankml_convert converts the dense Granite 4.0-H only: use "
-                      f"llama.cpp's converter")
     _refuse_rope_scaling(config)
     text_model_rope(config)
     text = text_params({k: v for k, v in config.items() if k != "head_dim"}, _GRANITE4H_DEFAULTS)
@@ -4313,7 +4311,7 @@ def granite4h_params(config: dict) -> Granite4HParams:
         raise Refusal(f"config.json: vocab_size {text.vocab_size} is not a multiple of 8; llama.cpp pads a "
                       f"Granite 4.0-H vocabulary to one, which bankml_convert does not reproduce")
     shared = config_integer(config, "shared_intermediate_size")
-    if shared != text.feed_forward_length:
+    if not experts and shared != text.feed_forward_length:
         raise Refusal(f"config.json: shared_intermediate_size {shared} is not intermediate_size "
                       f"{text.feed_forward_length}; llama.cpp writes the shared MLP as the feed-forward of width "
                       f"intermediate_size, and its runtime cannot load that file")
@@ -4374,6 +4372,12 @@ _GRANITE4H_COMMON = {
     "shared_mlp.input_linear.weight": "ffn_gate_up.weight",
     "shared_mlp.output_linear.weight": "ffn_down.weight",
 }
+# The routed experts (num_local_experts > 0): the shared MLP's tensors are then the shared expert's.
+_GRANITE4H_EXPERTS = {
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.input_linear.weight": "ffn_gate_up_exps.weight",
+    "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
+}
 _GRANITE4H_ATTENTION = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
@@ -4402,6 +4406,13 @@ def granite4h_shape(gguf_name: str, p: Granite4HParams) -> tuple[int, ...]:
         "ssm_conv1d.bias": (conv,), "ssm_dt.bias": (p.ssm_heads,), "ssm_a": (p.ssm_heads, 1),
         "ssm_d": (p.ssm_heads, 1), "ssm_norm.weight": (p.group_count, p.inner_size // p.group_count),
         "ssm_out.weight": (h, p.inner_size),
+        "ffn_gate_inp.weight": (p.expert_count, h),
+        "ffn_gate_exps.weight": (p.expert_count, p.text.feed_forward_length, h),
+        "ffn_up_exps.weight": (p.expert_count, p.text.feed_forward_length, h),
+        "ffn_down_exps.weight": (p.expert_count, h, p.text.feed_forward_length),
+        "ffn_gate_shexp.weight": (p.shared_feed_forward_length, h),
+        "ffn_up_shexp.weight": (p.shared_feed_forward_length, h),
+        "ffn_down_shexp.weight": (h, p.shared_feed_forward_length),
     }
     return shapes[kind] if kind in shapes else text_shape(gguf_name, p.text)
 
@@ -4422,13 +4433,29 @@ def granite4h_modify_tensors(gguf_name: str, source: SourceTensor, p: Granite4HP
     if mixer is not None and mixer != layer:
         raise Refusal(f"tensor {source.name!r} is {mixer} tensor in layer {block}, which config.json makes "
                       f"{layer} layer; llama.cpp writes it, and its runtime cannot load that file")
+    if kind in _GRANITE4H_EXPERTS.values() and not p.expert_count:
+        raise Refusal(f"tensor {source.name!r} is a routed expert's, but config.json's num_local_experts is 0; "
+                      f"llama.cpp writes it, and its runtime cannot load that file")
     if kind == "ffn_gate_up.weight":
         ff, h = p.shared_feed_forward_length, p.text.embedding_length
         if source.shape != (2 * ff, h):
             raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
                           f"{[2 * ff, h]} (gate and up of the shared MLP)")
-        return [Modified(f"blk.{block}.ffn_gate.weight", source_rows(source, 0, ff)),
-                Modified(f"blk.{block}.ffn_up.weight", source_rows(source, ff, ff))]
+        suffix = "_shexp" if p.expert_count else ""
+        return [Modified(f"blk.{block}.ffn_gate{suffix}.weight", source_rows(source, 0, ff)),
+                Modified(f"blk.{block}.ffn_up{suffix}.weight", source_rows(source, ff, ff))]
+    if kind == "ffn_down.weight" and p.expert_count:
+        return [Modified(f"blk.{block}.ffn_down_shexp.weight", source)]
+    if kind == "ffn_gate_up_exps.weight":
+        # The whole shape first: config.json's numbers are all at least 1, so a tensor that has them is
+        # backed by at least expert_count elements before a record per expert is made.
+        e, ff, h = p.expert_count, p.text.feed_forward_length, p.text.embedding_length
+        if source.shape != (e, 2 * ff, h):
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[e, 2 * ff, h]} (gate and up of each expert)")
+        return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, x, rank * ff, ff),
+                         stacked=Stacked(source.name, rank, 2, x, e))
+                for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for x in range(e)]
     if attention:
         return llama_modify_tensors(gguf_name, source, p.text)
     if kind == "ssm_conv1d.weight":
@@ -4470,7 +4497,7 @@ GRANITE4H = register(Family(
     hparam_kvs=granite4h_hparam_kvs,
     vocab_kvs=qwen_vocab_kvs,       # Mamba2Model.set_vocab: the gpt2 path's keys as they are
     top_tensors=_GRANITE4H_TOP_TENSORS,
-    block_tensors={**_GRANITE4H_COMMON, **_GRANITE4H_ATTENTION, **_GRANITE4H_MAMBA},
+    block_tensors={**_GRANITE4H_COMMON, **_GRANITE4H_EXPERTS, **_GRANITE4H_ATTENTION, **_GRANITE4H_MAMBA},
     optional_tensors=frozenset({"output.weight"}),      # tied, as the released models are
     shape=granite4h_shape,
     modify_tensors=granite4h_modify_tensors,
@@ -4480,8 +4507,9 @@ GRANITE4H = register(Family(
     accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
     vocab_paths=("gpt2",),
     filter_tensors=granite_filter_tensors,
-    # every layer has these; its mixer's tensors are checked against its type (granite4h_modify_tensors)
-    block_outputs=("attn_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"),
+    # every layer has these, dense or not; its mixer's tensors are checked against its type
+    # (granite4h_modify_tensors)
+    block_outputs=("attn_norm.weight", "ffn_norm.weight"),
     check_builds=(CheckBuild("GPT2Tokenizer", "granitemoehybrid", "gpt2", "SmolLM2 tokenizer, Granite 4.0-H config"),),
     lora_refusal="LoRA adapters on Granite 4.0-H (the shared MLP's fused input_linear, the Mamba2 projections) "
                  "are not reproduced yet: merge the adapter into the model and convert the merged model",

@@ -2627,6 +2627,7 @@ class Lfm2Refusals(Workspace):
 # --- case takes SmolLM2's Apache-2.0 GPT2Tokenizer (llama.cpp names it smollm there too).
 
 GRANITE4H_CASE = "granite-4.0-h-micro-shape"
+GRANITE4H_MOE_CASE = "granite-4.0-h-tiny-shape"
 
 
 class Granite4HKeysAndTensors(Workspace):
@@ -2675,6 +2676,24 @@ class Granite4HKeysAndTensors(Workspace):
         self.assertFalse(tensors["blk.0.ssm_d"].neg_exp)
         self.assertEqual(tensors["blk.0.ssm_in.weight"].ggml_type, bc.GGML_Q8_0)
 
+    def test_routed_experts_are_stacked_and_the_shared_mlp_is_the_shared_expert(self):
+        plan = self.plan(self.case(GRANITE4H_MOE_CASE), outtype="q8_0")
+        tensors = {t.name: t for t in plan.tensors}
+        block = [n.split(".", 2)[-1] for n in tensors if n.startswith("blk.0.")]
+        # the fused input_linear's halves where it is (block_sparse_moe.* sorts first in the file)
+        self.assertEqual(block[:3], ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"])
+        self.assertEqual({n for n in block if n.startswith("ffn_")} - {"ffn_norm.weight"}, {
+            "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_inp.weight",
+            "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"})
+        self.assertEqual(tensors["blk.0.ffn_gate_exps.weight"].dims, (128, 64, 4))
+        self.assertEqual(len(tensors["blk.0.ffn_up_exps.weight"].parts), 4)
+        self.assertEqual(tensors["blk.0.ffn_gate_inp.weight"].ggml_type, bc.GGML_F32)
+        self.assertEqual(tensors["blk.0.ffn_down_shexp.weight"].dims, (128, 128))
+        kvs = {k.key: k.value for k in plan.kvs}
+        self.assertEqual((kvs["granitehybrid.expert_count"], kvs["granitehybrid.expert_used_count"],
+                          kvs["granitehybrid.feed_forward_length"],
+                          kvs["granitehybrid.expert_shared_feed_forward_length"]), (4, 2, 64, 128))
+
     def test_only_the_attention_layers_q_and_k_are_permuted(self):
         plan = self.plan(self.case(GRANITE4H_CASE))
         permuted = {t.name: t.permute_heads for t in plan.tensors if t.permute_heads}
@@ -2713,10 +2732,12 @@ class Granite4HRefusals(Workspace):
         self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.2\.self_attn\..*' is an attention tensor in "
                                          r"layer 2, which config\.json makes a Mamba2 layer.*"))
 
-    def test_routed_experts_are_refused(self):
-        d = self.case(GRANITE4H_CASE)
-        edit_json(d / "config.json", lambda c: c.update(num_local_experts=4, num_experts_per_tok=2))
-        self.assertRefuses(d, re.compile(r"config\.json: num_local_experts 4 \(Granite 4\.0-H's routed experts.*"))
+    def test_a_routed_experts_tensor_in_a_dense_model_is_refused(self):
+        d = self.case(GRANITE4H_MOE_CASE)
+        edit_json(d / "config.json", lambda c: c.update(num_local_experts=0, num_experts_per_tok=0,
+                                                        intermediate_size=128))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.block_sparse_moe\..*' is a routed expert's, "
+                                         r"but config\.json's num_local_experts is 0; .*cannot load that file"))
 
     def test_rope_positions_are_refused(self):
         d = self.case(GRANITE4H_CASE)
@@ -6193,7 +6214,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "olmo-2-1b-shape",                                              # OLMo 2: TextModel's path, post norms
     "qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape",  # Qwen3.5: F32 ssm_conv1d, ssm_a
     "lfm2-350m-shape", "lfm2-350m-f32",                             # LFM2: F32 shortconv.conv, from BF16 and F32
-    "granite-4.0-h-micro-shape",                                    # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, split MLP
+    "granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape",        # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, experts
 })
 
 

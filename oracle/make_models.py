@@ -572,9 +572,30 @@ _LFM2_350M_TYPES = ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" f
 #   published config -- written from those values, not copied from a file seen offline.  Granite's tokenizer
 #   is not among the fixtures: the cases take SmolLM2's Apache-2.0 GPT2Tokenizer (vocab_size 100,352 pads with
 #   [PAD] tokens as llama.cpp does).
+#   granite-4.0-h-tiny's (the same layers and mixer around 64 routed experts, 6 per token, 512 wide, with a
+#   1024-wide shared expert; hidden 1536) likewise.
 GRANITE_4_H_MICRO = "granite-4.0-h-micro"
+GRANITE_4_H_TINY = "granite-4.0-h-tiny"
 _GRANITE_4_H_TYPES = ["attention" if i % 10 == 5 else "mamba" for i in range(40)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    GRANITE_4_H_TINY: {
+        "config.json": {
+            "architectures": ["GraniteMoeHybridForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "attention_multiplier": 0.0078125, "bos_token_id": 100257, "embedding_multiplier": 12,
+            "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 1536, "init_method": "mup",
+            "initializer_range": 0.1, "intermediate_size": 512, "layer_types": _GRANITE_4_H_TYPES,
+            "logits_scaling": 6, "mamba_chunk_size": 256, "mamba_conv_bias": True, "mamba_d_conv": 4,
+            "mamba_d_head": 64, "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 48,
+            "mamba_proj_bias": False, "max_position_embeddings": 131072, "model_type": "granitemoehybrid",
+            "normalization_function": "rmsnorm", "num_attention_heads": 12, "num_experts_per_tok": 6,
+            "num_hidden_layers": 40, "num_key_value_heads": 4, "num_local_experts": 64, "output_router_logits": False,
+            "pad_token_id": 100256, "position_embedding_type": "nope", "residual_multiplier": 0.22,
+            "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000, "router_aux_loss_coef": 0.0,
+            "shared_intermediate_size": 1024, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "transformers_version": "4.56.0", "use_cache": True, "vocab_size": 100352},
+        "generation_config.json": {"bos_token_id": 100257, "eos_token_id": 100257, "pad_token_id": 100256,
+                                   "transformers_version": "4.56.0"},
+    },
     GRANITE_4_H_MICRO: {
         "config.json": {
             "architectures": ["GraniteMoeHybridForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -1141,15 +1162,24 @@ LFM2_CASES: tuple[Case, ...] = (
 # 4 Mamba2 heads of the real mamba_d_head 64 (mamba_expand 2), the real d_state 128, d_conv 4 and one group; the
 # shared MLP as wide as intermediate_size, as the released configs have it.  SmolLM2's tokenizer, the real
 # vocabulary size.
-GRANITE_4_H_TINY = Dims(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
-                        num_key_value_heads=1, vocab_size=100352, max_position_embeddings=131072)
+GRANITE_4_H_MICRO_DIMS = Dims(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+                              num_key_value_heads=1, vocab_size=100352, max_position_embeddings=131072)
 _GRANITE_4_H_LAYERS = (("layer_types", ["mamba", "mamba", "attention", "mamba"]), ("mamba_n_heads", 4),
                        ("shared_intermediate_size", 256))
+# granite-4.0-h-tiny's shrunk the same way: 4 experts of width 64 (2 per token) and a 128-wide shared expert.
+GRANITE_4_H_TINY_DIMS = Dims(hidden_size=128, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                             num_key_value_heads=1, vocab_size=100352, max_position_embeddings=131072)
+_GRANITE_4_H_MOE_LAYERS = (("layer_types", ["mamba", "mamba", "attention", "mamba"]), ("mamba_n_heads", 4),
+                           ("shared_intermediate_size", 128), ("num_local_experts", 4), ("num_experts_per_tok", 2))
 GRANITE4H_CASES: tuple[Case, ...] = (
     Case("granite-4.0-h-micro-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_MICRO,
-         dims=GRANITE_4_H_TINY, text_updates=_GRANITE_4_H_LAYERS, dirname="granite-4.0-h-micro",
+         dims=GRANITE_4_H_MICRO_DIMS, text_updates=_GRANITE_4_H_LAYERS, dirname="granite-4.0-h-micro",
          description="granite-4.0-h-micro's config (Mamba2 layers around an attention layer, shared MLP, no "
                      "routed experts, tied), BF16; SmolLM2's tokenizer stands in for Granite's (not shipped)"),
+    Case("granite-4.0-h-tiny-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_TINY,
+         dims=GRANITE_4_H_TINY_DIMS, text_updates=_GRANITE_4_H_MOE_LAYERS, dirname="granite-4.0-h-tiny",
+         description="granite-4.0-h-tiny's config (the hybrid layers, routed experts with a shared expert, "
+                     "tied), BF16; SmolLM2's tokenizer"),
 )
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,

@@ -127,9 +127,9 @@ RUNS: tuple[Run, ...] = tuple(
     # LFM2 (issue 36): every output type from BF16 and F32 weights.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("lfm2-350m-shape", "lfm2-350m-f32") for t in OTHER_OUTTYPES]
-    # Granite 4.0-H (issue 36): every output type from BF16 weights.
+    # Granite 4.0-H (issue 36): every output type from BF16 weights, dense and with routed experts.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("granite-4.0-h-micro-shape",) for t in OTHER_OUTTYPES])
+       for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
