@@ -4320,6 +4320,10 @@ def granite4h_params(config: dict) -> Granite4HParams:
     if heads * head != inner:
         raise Refusal(f"config.json: mamba_n_heads {heads} x mamba_d_head {head} is not mamba_expand x "
                       f"hidden_size ({inner}); transformers rejects it")
+    groups = config_integer(config, "mamba_n_groups")
+    if inner % groups:
+        raise Refusal(f"config.json: mamba_n_groups {groups} does not divide the Mamba2 inner size {inner}; "
+                      f"llama.cpp's reshape of the gated norm to one row per group fails")
     conv_kernel = config_integer(config, "mamba_d_conv", minimum=2)     # 1: the squeeze leaves 1-D
     return Granite4HParams(
         text._replace(context_length=2**20),
@@ -4330,7 +4334,7 @@ def granite4h_params(config: dict) -> Granite4HParams:
         shared_feed_forward_length=shared,
         conv_kernel=conv_kernel,
         state_size=config_integer(config, "mamba_d_state"),
-        group_count=config_integer(config, "mamba_n_groups"),
+        group_count=groups,
         inner_size=inner,
         ssm_heads=heads)
 

@@ -2761,6 +2761,12 @@ class Granite4HRefusals(Workspace):
         self.assertRefuses(d, re.compile(r"config\.json: mamba_n_heads 4 x mamba_d_head 32 is not mamba_expand x "
                                          r"hidden_size \(256\); transformers rejects it"))
 
+    def test_groups_that_do_not_divide_the_inner_size_are_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(mamba_n_groups=3))
+        self.assertRefuses(d, re.compile(r"config\.json: mamba_n_groups 3 does not divide the Mamba2 inner size 256; "
+                                         r"llama\.cpp's reshape of the gated norm .* fails"))
+
     def test_another_activation_is_refused(self):
         d = self.case(GRANITE4H_CASE)
         edit_json(d / "config.json", lambda c: c.update(hidden_act="gelu"))

@@ -1176,6 +1176,11 @@ GRANITE4H_CASES: tuple[Case, ...] = (
          dims=GRANITE_4_H_MICRO_DIMS, text_updates=_GRANITE_4_H_LAYERS, dirname="granite-4.0-h-micro",
          description="granite-4.0-h-micro's config (Mamba2 layers around an attention layer, shared MLP, no "
                      "routed experts, tied), BF16; SmolLM2's tokenizer stands in for Granite's (not shipped)"),
+    Case("granite-4.0-h-micro-groups", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_MICRO,
+         dims=GRANITE_4_H_MICRO_DIMS, text_updates=_GRANITE_4_H_LAYERS + (("mamba_n_groups", 2),), tied=False,
+         dirname="granite-4.0-h-micro-groups",
+         description="the granite-4.0-h-micro shape with two Mamba2 groups (the gated norm one row per group) "
+                     "and an untied output head"),
     Case("granite-4.0-h-tiny-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_TINY,
          dims=GRANITE_4_H_TINY_DIMS, text_updates=_GRANITE_4_H_MOE_LAYERS, dirname="granite-4.0-h-tiny",
          description="granite-4.0-h-tiny's config (the hybrid layers, routed experts with a shared expert, "

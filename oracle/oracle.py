@@ -129,7 +129,9 @@ RUNS: tuple[Run, ...] = tuple(
        for case in ("lfm2-350m-shape", "lfm2-350m-f32") for t in OTHER_OUTTYPES]
     # Granite 4.0-H (issue 36): every output type from BF16 weights, dense and with routed experts.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES])
+       for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
+    # ... and two Mamba2 groups with an untied head, in q8_0 too.
+    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
