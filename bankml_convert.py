@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -83,6 +83,8 @@ the vocabulary paths its set_vocab tries, in order:
                vocabulary: gpt2
     LFM2       Lfm2ForCausalLM, LFM2ForCausalLM
                hooks: shape filter_tensors modify_tensors layer_outputs; vocabulary: gpt2
+    Granite 4.0-H GraniteMoeHybridForCausalLM
+               hooks: shape filter_tensors modify_tensors refuse_directory layer_outputs lora_refusal; vocabulary: gpt2
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -4362,6 +4364,327 @@ LFM2 = register(Family(
 ))
 
 
+# --- Granite 4.0-H --------------------------------------------------------------------------------
+# Granite 4.0-H (llama.cpp's GraniteHybridModel: Mamba2Model's mixer and GraniteMoeModel's attention,
+# feed-forward and multipliers): GraniteMoeHybridForCausalLM, dense (granite-4.0-h-micro, h-1b, h-350m) or
+# with routed experts.  Its layers are Mamba2 layers (in_proj, a depthwise conv1d, dt_bias, A_log, D, a gated
+# norm over groups, out_proj) around attention layers (q/k/v/o, permuted as LlamaModel does), as
+# layer_types says; every layer has the shared MLP (a fused input_linear split into gate and up) as its
+# feed-forward -- or, with routed experts (granite-4.0-h-tiny, -small), the router, the experts (a fused
+# input_linear split into stacked gate and up, as Qwen-MoE's transformers 5 layout) and the shared MLP as
+# the shared expert.  llama.cpp reads this family's config.json as written (Mamba2Model bypasses
+# AutoConfig), so no GraniteMoeHybridConfig default is taken: the keys it reads must be there.  A_log's
+# -exp is computed for BF16 sources only (neg_exp_bf16_bits).  Refused: a config with no Mamba layer
+# (llama.cpp then writes arch granite or granitemoe), Bamba.
+
+class Granite4HParams(NamedTuple):
+    """The hyperparameters GraniteHybridModel writes: TextModel's (context_length 2**20, as it writes it
+    last), Granite's multipliers, the expert counts as config.json has them, the shared MLP's width and
+    the Mamba2 mixer's sizes."""
+    text: TextParams
+    scales: tuple[Optional[float], ...]     # in _GRANITE_SCALES' order; None: not written
+    attention_layers: frozenset[int]        # the rest are Mamba2 layers
+    expert_count: int                       # 0: dense, the shared MLP is the feed-forward
+    expert_used_count: int
+    shared_feed_forward_length: int         # the shared MLP's (the shared expert's) width
+    conv_kernel: int
+    state_size: int
+    group_count: int
+    inner_size: int
+    ssm_heads: int
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# The keys GraniteHybridModel reads from config.json as written, which the released configs all have:
+# without one llama.cpp stops, falls back to another spelling or writes keys in another order.
+_GRANITE4H_REQUIRED = ("num_hidden_layers", "max_position_embeddings", "hidden_size", "intermediate_size",
+                       "num_attention_heads", "num_key_value_heads", "rope_theta", "rms_norm_eps", "vocab_size",
+                       "num_local_experts", "num_experts_per_tok", "shared_intermediate_size", "layer_types",
+                       "mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv",
+                       "mamba_expand")
+# Spellings its find_hparam (with the "mamba_" prefix tried after each) would take before the mamba_* keys.
+_GRANITE4H_ALIASES = ("conv_kernel", "d_conv", "state_size", "d_state", "state_dim", "ssm_state_size",
+                      "n_groups", "num_groups", "expand", "num_heads", "d_head", "mamba_head_dim", "d_model",
+                      "mamba_hidden_size", "attn_rotary_emb", "mamba_d_ssm")
+# GraniteMoeHybridConfig's defaults (transformers 5.18), for text_params: never taken, every key is required.
+_GRANITE4H_DEFAULTS = TextDefaults(num_hidden_layers=32, max_position_embeddings=2048, hidden_size=4096,
+                                   intermediate_size=11008, num_attention_heads=32, num_key_value_heads=None,
+                                   rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=32000)
+
+
+def granite4h_attention_layers(config: dict, layers: int) -> frozenset[int]:
+    """layer_types' attention layers, or a Refusal for another length or type, or no Mamba layer."""
+    types = config["layer_types"]
+    if not isinstance(types, list) or len(types) != layers or any(t not in ("mamba", "attention") for t in types):
+        raise Refusal(f"config.json: layer_types must list mamba or attention for each of the {layers} layers "
+                      f"(llama.cpp takes any other entry for a Mamba2 layer)")
+    if "mamba" not in types:
+        raise Refusal("config.json: layer_types has no mamba layer; llama.cpp then converts the model as "
+                      "granite or granitemoe, which bankml_convert does not reproduce for this architecture")
+    return frozenset(i for i, t in enumerate(types) if t == "attention")
+
+
+def granite4h_params(config: dict) -> Granite4HParams:
+    """GraniteHybridModel's hyperparameters from config.json as written, or a Refusal for a key it needs
+    missing, what it would write otherwise (aliases, a head_dim, rope), and what its runtime would not run
+    as transformers does (rope positions, a dense model's shared MLP of another width)."""
+    for key in _GRANITE4H_REQUIRED:
+        if config.get(key) is None:
+            raise Refusal(f"config.json has no {key}; llama.cpp reads a Granite 4.0-H config as written, "
+                          f"without transformers' defaults, and bankml_convert reproduces it with every key "
+                          f"the released models have: write {key}")
+    for key in _GRANITE4H_ALIASES:
+        if key in config:
+            raise Refusal(f"config.json has {key!r}, which llama.cpp would read for the Mamba2 mixer before "
+                          f"the mamba_* keys; bankml_convert does not reproduce that")
+    for key in ("spatial_target_layers", "deepstack_layer_map"):
+        if config.get(key):
+            raise Refusal(f"config.json sets {key}: llama.cpp writes a Granite vision deepstack mapping for it, "
+                          f"which bankml_convert does not reproduce")
+    if config.get("hidden_act", "silu") != "silu":
+        raise Refusal(f"config.json: hidden_act {config['hidden_act']!r}; llama.cpp converts Granite 4.0-H "
+                      f"with silu only")
+    if config.get("position_embedding_type") == "rope":
+        raise Refusal("config.json: position_embedding_type rope; llama.cpp writes rope.scaling.finetuned false "
+                      "for a hybrid Granite, and its runtime then applies no rope: the GGUF would run wrong")
+    experts = config_integer(config, "num_local_experts", minimum=0)
+    _refuse_rope_scaling(config)
+    text_model_rope(config)
+    text = text_params({k: v for k, v in config.items() if k != "head_dim"}, _GRANITE4H_DEFAULTS)
+    if config.get("head_dim") is not None and config["head_dim"] != text.head_dim:
+        raise Refusal(f"config.json: head_dim {config['head_dim']!r} is not hidden_size / num_attention_heads "
+                      f"({text.head_dim}); llama.cpp ignores head_dim for Granite, so its GGUF would run wrong")
+    if text.vocab_size % 8:
+        raise Refusal(f"config.json: vocab_size {text.vocab_size} is not a multiple of 8; llama.cpp pads a "
+                      f"Granite 4.0-H vocabulary to one, which bankml_convert does not reproduce")
+    shared = config_integer(config, "shared_intermediate_size")
+    if not experts and shared != text.feed_forward_length:
+        raise Refusal(f"config.json: shared_intermediate_size {shared} is not intermediate_size "
+                      f"{text.feed_forward_length}; llama.cpp writes the shared MLP as the feed-forward of width "
+                      f"intermediate_size, and its runtime cannot load that file")
+    heads, head, expand = (config_integer(config, k) for k in ("mamba_n_heads", "mamba_d_head", "mamba_expand"))
+    inner = expand * text.embedding_length
+    if heads * head != inner:
+        raise Refusal(f"config.json: mamba_n_heads {heads} x mamba_d_head {head} is not mamba_expand x "
+                      f"hidden_size ({inner}); transformers rejects it")
+    groups = config_integer(config, "mamba_n_groups")
+    if inner % groups:
+        raise Refusal(f"config.json: mamba_n_groups {groups} does not divide the Mamba2 inner size {inner}; "
+                      f"llama.cpp's reshape of the gated norm to one row per group fails")
+    conv_kernel = config_integer(config, "mamba_d_conv", minimum=2)     # 1: the squeeze leaves 1-D
+    return Granite4HParams(
+        text._replace(context_length=2**20),
+        scales=tuple(granite_scale(config, k) if k in config else None for k, _ in _GRANITE_SCALES),
+        attention_layers=granite4h_attention_layers(config, text.block_count),
+        expert_count=experts,
+        expert_used_count=config_integer(config, "num_experts_per_tok", minimum=0),
+        shared_feed_forward_length=shared,
+        conv_kernel=conv_kernel,
+        state_size=config_integer(config, "mamba_d_state"),
+        group_count=groups,
+        inner_size=inner,
+        ssm_heads=heads)
+
+
+def granite4h_hparam_kvs(p: Granite4HParams, file_type: int) -> list[KV]:
+    """TextModel's keys (the KV heads one per layer, 0 for a Mamba2 layer; the expert counts before
+    general.file_type), then LlamaModel's vocab_size and rope dimensions, Granite's multipliers, the shared
+    MLP's width, the Mamba2 sizes and rope.scaling.finetuned false (no rope)."""
+    a = "granitehybrid"
+    heads_kv = [p.text.head_count_kv if i in p.attention_layers else 0 for i in range(p.text.block_count)]
+    kvs = [KV(kv.key, GGUF_INT32, heads_kv, array=True) if kv.key == f"{a}.attention.head_count_kv" else kv
+           for kv in text_model_kvs(a, p.text, file_type)]
+    kvs[-1:-1] = [KV(f"{a}.expert_count", GGUF_UINT32, p.expert_count),
+                  KV(f"{a}.expert_used_count", GGUF_UINT32, p.expert_used_count)]
+    return kvs + [
+        KV(f"{a}.vocab_size", GGUF_UINT32, p.text.vocab_size),
+        KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.text.head_dim),
+        *(KV(f"{a}.{name}", GGUF_FLOAT32, value) for (_, name), value in zip(_GRANITE_SCALES, p.scales) if value),
+        KV(f"{a}.expert_shared_feed_forward_length", GGUF_UINT32, p.shared_feed_forward_length),
+        KV(f"{a}.ssm.conv_kernel", GGUF_UINT32, p.conv_kernel),
+        KV(f"{a}.ssm.state_size", GGUF_UINT32, p.state_size),
+        KV(f"{a}.ssm.group_count", GGUF_UINT32, p.group_count),
+        KV(f"{a}.ssm.inner_size", GGUF_UINT32, p.inner_size),
+        KV(f"{a}.ssm.time_step_rank", GGUF_UINT32, p.ssm_heads),
+        KV(f"{a}.rope.scaling.finetuned", GGUF_BOOL, False),
+    ]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.GRANITE_HYBRID.  shared_mlp.input_linear is gate and up fused
+# (split by granite4h_modify_tensors); Mamba2Model's filter_tensors renames dt_bias to dt_proj.bias.
+_GRANITE4H_TOP_TENSORS = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_GRANITE4H_COMMON = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "shared_mlp.input_linear.weight": "ffn_gate_up.weight",
+    "shared_mlp.output_linear.weight": "ffn_down.weight",
+}
+# The routed experts (num_local_experts > 0): the shared MLP's tensors are then the shared expert's.
+_GRANITE4H_EXPERTS = {
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.input_linear.weight": "ffn_gate_up_exps.weight",
+    "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
+}
+_GRANITE4H_ATTENTION = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+}
+_GRANITE4H_MAMBA = {
+    "mamba.in_proj.weight": "ssm_in.weight",
+    "mamba.conv1d.weight": "ssm_conv1d.weight",
+    "mamba.conv1d.bias": "ssm_conv1d.bias",
+    "mamba.dt_bias": "ssm_dt.bias",
+    "mamba.A_log": "ssm_a",
+    "mamba.D": "ssm_d",
+    "mamba.norm.weight": "ssm_norm.weight",
+    "mamba.out_proj.weight": "ssm_out.weight",
+}
+
+
+def granite4h_layer_outputs(p: Granite4HParams, block: int) -> tuple[str, ...]:
+    """What a layer needs beyond its two norms, as llama.cpp's loader requires them: its mixer's tensors by
+    its kind (a Mamba2 conv1d's bias is optional there), and its feed-forward: the experts and, where it has
+    a width, the shared expert; else the shared MLP as the feed-forward."""
+    if block in p.attention_layers:
+        mixer = tuple(_GRANITE4H_ATTENTION.values())
+    else:
+        mixer = tuple(n for n in _GRANITE4H_MAMBA.values() if n != "ssm_conv1d.bias")
+    if not p.expert_count:
+        return mixer + ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+    shared = ("ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight") \
+        if p.shared_feed_forward_length else ()
+    return mixer + ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight") + shared
+
+
+def granite4h_shape(gguf_name: str, p: Granite4HParams) -> tuple[int, ...]:
+    """The HF shape (rows first) a Granite 4.0-H tensor must have, after modify_tensors (conv1d squeezed,
+    A and D as one column, the gated norm one row per group)."""
+    h, conv = p.text.embedding_length, p.inner_size + 2 * p.group_count * p.state_size
+    kind = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
+    shapes = {
+        "ssm_in.weight": (p.inner_size + conv + p.ssm_heads, h), "ssm_conv1d.weight": (conv, p.conv_kernel),
+        "ssm_conv1d.bias": (conv,), "ssm_dt.bias": (p.ssm_heads,), "ssm_a": (p.ssm_heads, 1),
+        "ssm_d": (p.ssm_heads, 1), "ssm_norm.weight": (p.group_count, p.inner_size // p.group_count),
+        "ssm_out.weight": (h, p.inner_size),
+        "ffn_gate_inp.weight": (p.expert_count, h),
+        "ffn_gate_exps.weight": (p.expert_count, p.text.feed_forward_length, h),
+        "ffn_up_exps.weight": (p.expert_count, p.text.feed_forward_length, h),
+        "ffn_down_exps.weight": (p.expert_count, h, p.text.feed_forward_length),
+        "ffn_gate_shexp.weight": (p.shared_feed_forward_length, h),
+        "ffn_up_shexp.weight": (p.shared_feed_forward_length, h),
+        "ffn_down_shexp.weight": (h, p.shared_feed_forward_length),
+    }
+    return shapes[kind] if kind in shapes else text_shape(gguf_name, p.text)
+
+
+def granite4h_modify_tensors(gguf_name: str, source: SourceTensor, p: Granite4HParams) -> list[Modified]:
+    """GraniteHybridModel.modify_tensors: the shared MLP's input_linear split into gate (its first half of
+    rows) and up; an attention layer's Q/K permuted (LlamaModel); a Mamba2 layer's conv1d squeezed, A_log as
+    -exp(A_log) (BF16 sources only), A and D one column, the gated norm reshaped to one row per group.  A
+    Refusal for a mixer tensor in a layer of the other type (llama.cpp writes it, and its runtime cannot
+    load the file)."""
+    if not gguf_name.startswith("blk."):
+        return [Modified(gguf_name, source)]
+    _, block, kind = gguf_name.split(".", 2)
+    attention = int(block) in p.attention_layers
+    mixer = "an attention" if kind in _GRANITE4H_ATTENTION.values() else \
+        "a Mamba2" if kind in _GRANITE4H_MAMBA.values() else None
+    layer = "an attention" if attention else "a Mamba2"
+    if mixer is not None and mixer != layer:
+        raise Refusal(f"tensor {source.name!r} is {mixer} tensor in layer {block}, which config.json makes "
+                      f"{layer} layer; llama.cpp writes it, and its runtime cannot load that file")
+    if kind in _GRANITE4H_EXPERTS.values() and not p.expert_count:
+        raise Refusal(f"tensor {source.name!r} is a routed expert's, but config.json's num_local_experts is 0; "
+                      f"llama.cpp writes it, and its runtime cannot load that file")
+    if kind == "ffn_gate_up.weight":
+        ff, h = p.shared_feed_forward_length, p.text.embedding_length
+        if source.shape != (2 * ff, h):
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[2 * ff, h]} (gate and up of the shared MLP)")
+        suffix = "_shexp" if p.expert_count else ""
+        return [Modified(f"blk.{block}.ffn_gate{suffix}.weight", source_rows(source, 0, ff)),
+                Modified(f"blk.{block}.ffn_up{suffix}.weight", source_rows(source, ff, ff))]
+    if kind == "ffn_down.weight" and p.expert_count:
+        return [Modified(f"blk.{block}.ffn_down_shexp.weight", source)]
+    if kind == "ffn_gate_up_exps.weight":
+        # The whole shape first: config.json's numbers are all at least 1, so a tensor that has them is
+        # backed by at least expert_count elements before a record per expert is made.
+        e, ff, h = p.expert_count, p.text.feed_forward_length, p.text.embedding_length
+        if source.shape != (e, 2 * ff, h):
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[e, 2 * ff, h]} (gate and up of each expert)")
+        return [Modified(f"blk.{block}.{half}.weight", matrix_rows(source, x, rank * ff, ff),
+                         stacked=Stacked(source.name, rank, 2, x, e))
+                for rank, half in enumerate(("ffn_gate_exps", "ffn_up_exps")) for x in range(e)]
+    if attention:
+        return llama_modify_tensors(gguf_name, source, p.text)
+    if kind == "ssm_conv1d.weight":
+        if len(source.shape) != 3 or source.shape[1] != 1:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; a Mamba2 conv1d weight is "
+                          f"[channels, 1, kernel]")
+        return [Modified(gguf_name, source._replace(shape=(source.shape[0], source.shape[2])))]
+    if kind in ("ssm_a", "ssm_d"):
+        if len(source.shape) != 1:
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; expected one value per "
+                          f"Mamba2 head")
+        if kind == "ssm_a" and source.dtype != "BF16":
+            raise Refusal(f"tensor {source.name!r} is {source.dtype}: llama.cpp's -exp(A_log) is reproduced "
+                          f"from BF16 weights only (proven on every BF16 value; torch's float32 and float16 "
+                          f"exp are not correctly rounded): save the model in bfloat16")
+        return [Modified(gguf_name, source._replace(shape=source.shape + (1,)), neg_exp=kind == "ssm_a")]
+    if kind == "ssm_norm.weight":
+        if source.shape != (p.inner_size,):
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[p.inner_size]}")
+        return [Modified(gguf_name, source._replace(shape=(p.group_count, p.inner_size // p.group_count)))]
+    return [Modified(gguf_name, source)]
+
+
+def refuse_granite4h_directory(model_dir: Path, config: dict) -> None:
+    """Mamba2Model.set_vocab reads a tokenizer.model with SentencePiece before tokenizer.json; Granite
+    4.0-H ships none, and that path is not measured for it."""
+    if (model_dir / "tokenizer.model").is_file():
+        raise Refusal("the directory has a tokenizer.model: llama.cpp reads it with SentencePiece for Granite "
+                      "4.0-H, which bankml_convert does not reproduce (the released models ship tokenizer.json)")
+
+
+GRANITE4H = register(Family(
+    name="Granite 4.0-H",
+    architectures=("GraniteMoeHybridForCausalLM",),
+    model_types=("granitemoehybrid",),
+    gguf_arch="granitehybrid",
+    params=granite4h_params,
+    hparam_kvs=granite4h_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # Mamba2Model.set_vocab: the gpt2 path's keys as they are
+    top_tensors=_GRANITE4H_TOP_TENSORS,
+    block_tensors={**_GRANITE4H_COMMON, **_GRANITE4H_EXPERTS, **_GRANITE4H_ATTENTION, **_GRANITE4H_MAMBA},
+    optional_tensors=frozenset({"output.weight"}),      # tied, as the released models are
+    shape=granite4h_shape,
+    modify_tensors=granite4h_modify_tensors,
+    refuse_directory=refuse_granite4h_directory,
+    # TextModel writes the expert counts as config.json has them (0 here), and the granite multipliers
+    # and mamba_* keys are GraniteHybridModel's own
+    accepted_config_keys=frozenset({"num_local_experts", "num_experts_per_tok"}),
+    vocab_paths=("gpt2",),
+    filter_tensors=granite_filter_tensors,
+    # every layer has these, dense or not; its mixer's and feed-forward's by its kind, none of the other
+    # kind's mixer (granite4h_modify_tensors)
+    block_outputs=("attn_norm.weight", "ffn_norm.weight"),
+    layer_outputs=granite4h_layer_outputs,
+    check_builds=(CheckBuild("GPT2Tokenizer", "granitemoehybrid", "gpt2", "SmolLM2 tokenizer, Granite 4.0-H config"),),
+    lora_refusal="LoRA adapters on Granite 4.0-H (the shared MLP's fused input_linear, the Mamba2 projections) "
+                 "are not reproduced yet: merge the adapter into the model and convert the merged model",
+))
+
+
 # ---------------------------------------------------------------------------------------------
 # Naming: general.name, organization, basename, finetune, version and size label, exactly as
 # gguf-py's metadata.py heuristics derive them from _name_or_path and the directory's name.
@@ -8445,7 +8768,8 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 
 
 # Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
-# as llama_model_quantize does): the MoE routers and Qwen3.5's and LFM2's short convolutions, which the families here have.
+# as llama_model_quantize does): the MoE routers and the short convolutions (Qwen3.5's, LFM2's, Granite 4.0-H's),
+# which the families here have.
 _F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"], ["ssm_conv1d", "weight"],
                  ["shortconv", "conv", "weight"])
 
@@ -8459,7 +8783,10 @@ def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
     """
     if len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
         return out.vector_type
-    if any(gguf_name.split(".")[-len(m):] == m for m in _F32_MATRICES):
+    # prepare_tensors keeps in F32 a tensor whose name ends in neither .weight nor a LoRA half (Mamba2's
+    # ssm_a and ssm_d, one column each)
+    if any(gguf_name.split(".")[-len(m):] == m for m in _F32_MATRICES) or \
+            not gguf_name.endswith((".weight", ".lora_a", ".lora_b")):
         return GGML_F32
     if hf_shape[-1] % GGML_TYPES[out.matrix_type].block:
         return out.partial_rows_type

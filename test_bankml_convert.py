@@ -2635,6 +2635,189 @@ class Lfm2Refusals(Workspace):
                 self.assertRefuses(d, re.compile(rf"architecture '{arch}' is not .*"))
 
 
+# --- Granite 4.0-H (issue 36): Mamba2 layers around attention layers, the shared MLP as the feed-forward.
+# --- Bytes pinned by the golden runs granite-4.0-h-micro-shape-*; Granite's tokenizer is not shipped: the
+# --- case takes SmolLM2's Apache-2.0 GPT2Tokenizer (llama.cpp names it smollm there too).
+
+GRANITE4H_CASE = "granite-4.0-h-micro-shape"
+GRANITE4H_MOE_CASE = "granite-4.0-h-tiny-shape"
+
+
+class Granite4HKeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def test_granite_4_h_writes_textmodels_keys_then_granites_then_the_mamba2_sizes(self):
+        keys = [k.key for k in self.plan(self.case(GRANITE4H_CASE)).kvs if k.key.startswith("granitehybrid.")]
+        self.assertEqual(keys, [f"granitehybrid.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "expert_count",
+            "expert_used_count", "vocab_size", "rope.dimension_count", "attention.scale", "embedding_scale",
+            "residual_scale", "logit_scale", "expert_shared_feed_forward_length", "ssm.conv_kernel",
+            "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank",
+            "rope.scaling.finetuned")])
+
+    def test_kv_heads_are_written_per_layer_zero_for_a_mamba2_layer_and_the_context_is_2_to_the_20(self):
+        kvs = {k.key: k for k in self.plan(self.case(GRANITE4H_CASE)).kvs}
+        heads = kvs["granitehybrid.attention.head_count_kv"]
+        self.assertEqual((heads.vtype, heads.array, heads.value), (bc.GGUF_INT32, True, [0, 0, 1, 0]))
+        self.assertEqual(kvs["granitehybrid.context_length"].value, 2**20)
+        self.assertEqual(kvs["granitehybrid.rope.scaling.finetuned"].value, False)
+
+    def test_a_multiplier_left_out_of_config_json_is_not_written(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.pop("embedding_multiplier"))
+        keys = {k.key for k in self.plan(d).kvs}
+        self.assertNotIn("granitehybrid.embedding_scale", keys)
+        self.assertIn("granitehybrid.residual_scale", keys)
+
+    def test_the_shared_mlp_is_split_into_gate_and_up(self):
+        plan = self.plan(self.case(GRANITE4H_CASE))
+        tensors = {t.name: t for t in plan.tensors}
+        gate, up = tensors["blk.0.ffn_gate.weight"].source, tensors["blk.0.ffn_up.weight"].source
+        self.assertEqual((gate.shape, up.shape), ((256, 128), (256, 128)))
+        self.assertEqual(up.start - gate.start, gate.nbytes)
+
+    def test_the_mamba2_tensors_are_reshaped_and_kept_f32(self):
+        tensors = {t.name: t for t in self.plan(self.case(GRANITE4H_CASE), outtype="q8_0").tensors}
+        for name, dims in (("ssm_a", (1, 4)), ("ssm_d", (1, 4)), ("ssm_conv1d.weight", (4, 512)),
+                           ("ssm_conv1d.bias", (512,)), ("ssm_dt.bias", (4,)), ("ssm_norm.weight", (256, 1))):
+            with self.subTest(name):
+                t = tensors[f"blk.0.{name}"]
+                self.assertEqual((t.ggml_type, t.dims), (bc.GGML_F32, dims))
+        self.assertTrue(tensors["blk.0.ssm_a"].neg_exp)
+        self.assertFalse(tensors["blk.0.ssm_d"].neg_exp)
+        self.assertEqual(tensors["blk.0.ssm_in.weight"].ggml_type, bc.GGML_Q8_0)
+
+    def test_routed_experts_are_stacked_and_the_shared_mlp_is_the_shared_expert(self):
+        plan = self.plan(self.case(GRANITE4H_MOE_CASE), outtype="q8_0")
+        tensors = {t.name: t for t in plan.tensors}
+        block = [n.split(".", 2)[-1] for n in tensors if n.startswith("blk.0.")]
+        # the fused input_linear's halves where it is (block_sparse_moe.* sorts first in the file)
+        self.assertEqual(block[:3], ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"])
+        self.assertEqual({n for n in block if n.startswith("ffn_")} - {"ffn_norm.weight"}, {
+            "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_inp.weight",
+            "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"})
+        self.assertEqual(tensors["blk.0.ffn_gate_exps.weight"].dims, (128, 64, 4))
+        self.assertEqual(len(tensors["blk.0.ffn_up_exps.weight"].parts), 4)
+        self.assertEqual(tensors["blk.0.ffn_gate_inp.weight"].ggml_type, bc.GGML_F32)
+        self.assertEqual(tensors["blk.0.ffn_down_shexp.weight"].dims, (128, 128))
+        kvs = {k.key: k.value for k in plan.kvs}
+        self.assertEqual((kvs["granitehybrid.expert_count"], kvs["granitehybrid.expert_used_count"],
+                          kvs["granitehybrid.feed_forward_length"],
+                          kvs["granitehybrid.expert_shared_feed_forward_length"]), (4, 2, 64, 128))
+
+    def test_only_the_attention_layers_q_and_k_are_permuted(self):
+        plan = self.plan(self.case(GRANITE4H_CASE))
+        permuted = {t.name: t.permute_heads for t in plan.tensors if t.permute_heads}
+        self.assertEqual(permuted, {"blk.2.attn_q.weight": 2, "blk.2.attn_k.weight": 1})
+
+
+class Granite4HRefusals(Workspace):
+    def test_a_key_llama_cpp_reads_as_written_is_required(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.pop("mamba_d_state"))
+        self.assertRefuses(d, re.compile(r"config\.json has no mamba_d_state; llama\.cpp reads a Granite 4\.0-H "
+                                         r"config as written.*"))
+
+    def test_an_alias_of_a_mamba_key_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(d_state=16))
+        self.assertRefuses(d, re.compile(r"config\.json has 'd_state', which llama\.cpp would read for the Mamba2 "
+                                         r"mixer.*"))
+
+    def test_layer_types_of_another_length_or_type_are_refused(self):
+        for edit in (lambda c: c["layer_types"].pop(), lambda c: c["layer_types"].__setitem__(0, "linear_attention")):
+            d = self.case(GRANITE4H_CASE)
+            edit_json(d / "config.json", edit)
+            self.assertRefuses(d, re.compile(r"config\.json: layer_types must list mamba or attention for each of "
+                                             r"the 4 layers.*"))
+
+    def test_a_config_without_mamba_layers_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(layer_types=["attention"] * 4))
+        self.assertRefuses(d, re.compile(r"config\.json: layer_types has no mamba layer; llama\.cpp then converts "
+                                         r"the model as granite or granitemoe.*"))
+
+    def test_a_mixer_tensor_of_the_other_layer_type_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c["layer_types"].__setitem__(2, "mamba"))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.2\.self_attn\..*' is an attention tensor in "
+                                         r"layer 2, which config\.json makes a Mamba2 layer.*"))
+
+    def test_a_routed_experts_tensor_in_a_dense_model_is_refused(self):
+        d = self.case(GRANITE4H_MOE_CASE)
+        edit_json(d / "config.json", lambda c: c.update(num_local_experts=0, num_experts_per_tok=0,
+                                                        intermediate_size=128))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.block_sparse_moe\..*' is a routed expert's, "
+                                         r"but config\.json's num_local_experts is 0; .*cannot load that file"))
+
+    def test_rope_positions_are_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(position_embedding_type="rope"))
+        self.assertRefuses(d, re.compile(r"config\.json: position_embedding_type rope; .*would run wrong"))
+
+    def test_a_shared_mlp_narrower_than_intermediate_size_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(shared_intermediate_size=128))
+        self.assertRefuses(d, re.compile(r"config\.json: shared_intermediate_size 128 is not intermediate_size "
+                                         r"256; .*cannot load that file"))
+
+    def test_a_vocab_size_llama_cpp_would_pad_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(vocab_size=100350))
+        self.assertRefuses(d, re.compile(r"config\.json: vocab_size 100350 is not a multiple of 8; .*"))
+
+    def test_mamba_heads_that_do_not_tile_the_inner_size_are_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(mamba_d_head=32))
+        self.assertRefuses(d, re.compile(r"config\.json: mamba_n_heads 4 x mamba_d_head 32 is not mamba_expand x "
+                                         r"hidden_size \(256\); transformers rejects it"))
+
+    def test_groups_that_do_not_divide_the_inner_size_are_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(mamba_n_groups=3))
+        self.assertRefuses(d, re.compile(r"config\.json: mamba_n_groups 3 does not divide the Mamba2 inner size 256; "
+                                         r"llama\.cpp's reshape of the gated norm .* fails"))
+
+    def test_another_activation_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(hidden_act="gelu"))
+        self.assertRefuses(d, re.compile(r"config\.json: hidden_act 'gelu'; llama\.cpp converts Granite 4\.0-H "
+                                         r"with silu only"))
+
+    def test_an_a_log_not_in_bf16_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        retype_tensor(d / "model.safetensors", "model.layers.0.mamba.A_log", "F16")
+        self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.mamba\.A_log' is F16: llama\.cpp's "
+                                         r"-exp\(A_log\) is reproduced from BF16 weights only.*"))
+
+    def test_a_tokenizer_model_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        (d / "tokenizer.model").write_bytes(b"\x0a\x00")
+        self.assertRefuses(d, re.compile(r"the directory has a tokenizer\.model: llama\.cpp reads it with "
+                                         r"SentencePiece for Granite 4\.0-H.*"))
+
+    def test_a_tokenizer_class_not_measured_under_granitemoehybrid_is_refused(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assertRefuses(d, re.compile(r"tokenizer_class 'PreTrainedTokenizerFast' with config\.json model_type "
+                                         r"'granitemoehybrid': how transformers builds this tokenizer .* was not "
+                                         r"confirmed.*"))
+
+    def test_a_lora_adapter_on_granite_4_h_is_refused(self):
+        base = self.out_dir()
+        shutil.copy(self.case(GRANITE4H_CASE) / "config.json", base / "config.json")
+        with self.assertRaisesRegex(bc.Refusal, "is a Granite 4.0-H model: LoRA adapters on Granite 4.0-H"):
+            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
+                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
+
+    def test_bamba_is_not_taken(self):
+        d = self.case(GRANITE4H_CASE)
+        edit_json(d / "config.json", lambda c: c.update(architectures=["BambaForCausalLM"]))
+        self.assertRefuses(d, re.compile(r"architecture 'BambaForCausalLM' is not .*"))
+
+
 def retype_tensor(path: Path, name: str, dtype: str) -> None:
     """A safetensors file with one 16-bit tensor's dtype renamed (same bytes, same header length)."""
     data = bytearray(path.read_bytes())
@@ -2787,7 +2970,10 @@ class RefusalsFamiliesShare(Workspace):
                 ("qwen3.5-moe linear", "qwen3.5-moe-text-experts", "model.layers.1.linear_attn.out_proj.weight",
                  "blk.1.ssm_out.weight", 1),
                 ("lfm2 conv", "lfm2-350m-shape", "model.layers.0.conv.conv.weight", "blk.0.shortconv.conv.weight", 0),
-                ("lfm2 attention", "lfm2-350m-shape", "model.layers.2.self_attn.v_proj.weight", "blk.2.attn_v.weight", 2))
+                ("lfm2 attention", "lfm2-350m-shape", "model.layers.2.self_attn.v_proj.weight", "blk.2.attn_v.weight", 2),
+                ("granite 4.0-h mamba2", "granite-4.0-h-micro-shape", "model.layers.0.mamba.D", "blk.0.ssm_d", 0),
+                ("granite 4.0-h shared expert", "granite-4.0-h-tiny-shape", "model.layers.1.shared_mlp.output_linear.weight",
+                 "blk.1.ffn_down_shexp.weight", 1))
         for name, case, dropped, missing, layer in rows:
             with self.subTest(name):
                 d = self.case(case)
@@ -6170,6 +6356,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "qwen3.5-0.8b-text", "qwen3.5-0.8b-vreorder", "qwen3.5-0.8b-shape",  # Qwen3.5: F32 ssm_conv1d, ssm_a
     "lfm2-350m-shape", "lfm2-350m-f32",                             # LFM2: F32 shortconv.conv, from BF16 and F32
     "qwen3.5-35b-a3b-shape",                                        # Qwen3.5-MoE: its experts, F32 routers
+    "granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape",        # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, experts
 })
 
 

@@ -584,7 +584,54 @@ _QWEN3_5_MOE_TEXT = {
 _QWEN3_5_GENERATION = {"bos_token_id": 248044, "do_sample": True, "eos_token_id": [248046, 248044],
                        "pad_token_id": 248044, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
                        "transformers_version": "4.57.0.dev0"}
+# - Granite 4.0-H (issue 36): granite-4.0-h-micro's config.json (GraniteMoeHybridForCausalLM: 40 layers, Mamba2
+#   mixers with an attention layer every tenth (9:1), no routed experts (num_local_experts 0), the shared MLP as
+#   the feed-forward, no position embedding, tied, the Granite multipliers) with the keys and values of IBM's
+#   published config -- written from those values, not copied from a file seen offline.  Granite's tokenizer
+#   is not among the fixtures: the cases take SmolLM2's Apache-2.0 GPT2Tokenizer (vocab_size 100,352 pads with
+#   [PAD] tokens as llama.cpp does).
+#   granite-4.0-h-tiny's (the same layers and mixer around 64 routed experts, 6 per token, 512 wide, with a
+#   1024-wide shared expert; hidden 1536) likewise.
+GRANITE_4_H_MICRO = "granite-4.0-h-micro"
+GRANITE_4_H_TINY = "granite-4.0-h-tiny"
+_GRANITE_4_H_TYPES = ["attention" if i % 10 == 5 else "mamba" for i in range(40)]
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
+    GRANITE_4_H_TINY: {
+        "config.json": {
+            "architectures": ["GraniteMoeHybridForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "attention_multiplier": 0.0078125, "bos_token_id": 100257, "embedding_multiplier": 12,
+            "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 1536, "init_method": "mup",
+            "initializer_range": 0.1, "intermediate_size": 512, "layer_types": _GRANITE_4_H_TYPES,
+            "logits_scaling": 6, "mamba_chunk_size": 256, "mamba_conv_bias": True, "mamba_d_conv": 4,
+            "mamba_d_head": 64, "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 48,
+            "mamba_proj_bias": False, "max_position_embeddings": 131072, "model_type": "granitemoehybrid",
+            "normalization_function": "rmsnorm", "num_attention_heads": 12, "num_experts_per_tok": 6,
+            "num_hidden_layers": 40, "num_key_value_heads": 4, "num_local_experts": 64, "output_router_logits": False,
+            "pad_token_id": 100256, "position_embedding_type": "nope", "residual_multiplier": 0.22,
+            "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000, "router_aux_loss_coef": 0.0,
+            "shared_intermediate_size": 1024, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "transformers_version": "4.56.0", "use_cache": True, "vocab_size": 100352},
+        "generation_config.json": {"bos_token_id": 100257, "eos_token_id": 100257, "pad_token_id": 100256,
+                                   "transformers_version": "4.56.0"},
+    },
+    GRANITE_4_H_MICRO: {
+        "config.json": {
+            "architectures": ["GraniteMoeHybridForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "attention_multiplier": 0.0078125, "bos_token_id": 100257, "embedding_multiplier": 12,
+            "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 2048, "init_method": "mup",
+            "initializer_range": 0.1, "intermediate_size": 8192, "layer_types": _GRANITE_4_H_TYPES,
+            "logits_scaling": 8, "mamba_chunk_size": 256, "mamba_conv_bias": True, "mamba_d_conv": 4,
+            "mamba_d_head": 64, "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 64,
+            "mamba_proj_bias": False, "max_position_embeddings": 131072, "model_type": "granitemoehybrid",
+            "normalization_function": "rmsnorm", "num_attention_heads": 32, "num_experts_per_tok": 0,
+            "num_hidden_layers": 40, "num_key_value_heads": 8, "num_local_experts": 0, "output_router_logits": False,
+            "pad_token_id": 100256, "position_embedding_type": "nope", "residual_multiplier": 0.22,
+            "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000, "router_aux_loss_coef": 0.01,
+            "shared_intermediate_size": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "transformers_version": "4.56.0", "use_cache": True, "vocab_size": 100352},
+        "generation_config.json": {"bos_token_id": 100257, "eos_token_id": 100257, "pad_token_id": 100256,
+                                   "transformers_version": "4.56.0"},
+    },
     LFM2_350M: {
         "config.json": {
             "architectures": ["Lfm2ForCausalLM"], "block_auto_adjust_ff_dim": True, "block_dim": 1024,
@@ -1173,6 +1220,35 @@ QWEN35_MOE_CASES: tuple[Case, ...] = (
          description="a transformers-saved Qwen3_5MoeForCausalLM: experts stacked, mtp_num_hidden_layers 1 kept, "
                      "no mtp.* weights"),
 )
+# Granite 4.0-H (issue 36): granite-4.0-h-micro's config shrunk to 4 layers (mamba mamba attention mamba: the
+# 9:1 mix as near as four layers keep it), hidden 128, 2 attention heads of the real head_dim 64 over 1 KV head,
+# 4 Mamba2 heads of the real mamba_d_head 64 (mamba_expand 2), the real d_state 128, d_conv 4 and one group; the
+# shared MLP as wide as intermediate_size, as the released configs have it.  SmolLM2's tokenizer, the real
+# vocabulary size.
+GRANITE_4_H_MICRO_DIMS = Dims(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+                              num_key_value_heads=1, vocab_size=100352, max_position_embeddings=131072)
+_GRANITE_4_H_LAYERS = (("layer_types", ["mamba", "mamba", "attention", "mamba"]), ("mamba_n_heads", 4),
+                       ("shared_intermediate_size", 256))
+# granite-4.0-h-tiny's shrunk the same way: 4 experts of width 64 (2 per token) and a 128-wide shared expert.
+GRANITE_4_H_TINY_DIMS = Dims(hidden_size=128, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                             num_key_value_heads=1, vocab_size=100352, max_position_embeddings=131072)
+_GRANITE_4_H_MOE_LAYERS = (("layer_types", ["mamba", "mamba", "attention", "mamba"]), ("mamba_n_heads", 4),
+                           ("shared_intermediate_size", 128), ("num_local_experts", 4), ("num_experts_per_tok", 2))
+GRANITE4H_CASES: tuple[Case, ...] = (
+    Case("granite-4.0-h-micro-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_MICRO,
+         dims=GRANITE_4_H_MICRO_DIMS, text_updates=_GRANITE_4_H_LAYERS, dirname="granite-4.0-h-micro",
+         description="granite-4.0-h-micro's config (Mamba2 layers around an attention layer, shared MLP, no "
+                     "routed experts, tied), BF16; SmolLM2's tokenizer stands in for Granite's (not shipped)"),
+    Case("granite-4.0-h-micro-groups", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_MICRO,
+         dims=GRANITE_4_H_MICRO_DIMS, text_updates=_GRANITE_4_H_LAYERS + (("mamba_n_groups", 2),), tied=False,
+         dirname="granite-4.0-h-micro-groups",
+         description="the granite-4.0-h-micro shape with two Mamba2 groups (the gated norm one row per group) "
+                     "and an untied output head"),
+    Case("granite-4.0-h-tiny-shape", tokenizer="smollm2-135m-instruct", config_from=GRANITE_4_H_TINY,
+         dims=GRANITE_4_H_TINY_DIMS, text_updates=_GRANITE_4_H_MOE_LAYERS, dirname="granite-4.0-h-tiny",
+         description="granite-4.0-h-tiny's config (the hybrid layers, routed experts with a shared expert, "
+                     "tied), BF16; SmolLM2's tokenizer"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1307,6 +1383,7 @@ CASES: tuple[Case, ...] = (
     *QWEN35_CASES,
     *LFM2_CASES,
     *QWEN35_MOE_CASES,
+    *GRANITE4H_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -2175,6 +2252,39 @@ def lfm2_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     return specs + [TensorSpec("model.embedding_norm.weight", (h,))]
 
 
+def granite4h_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+    """GraniteMoeHybridForCausalLM's state_dict in module order: each layer its two norms, the routed experts
+    (with num_local_experts: router, fused input_linear [experts, 2 ff, h], output_linear), the shared MLP
+    (input_linear [2 shared, h], output_linear), then its mixer -- a Mamba2 layer (conv1d [channels, 1, d_conv]
+    and its bias, in_proj, dt_bias, A_log, the gated norm, D, out_proj) or attention (q/k/v/o); the final norm
+    after the layers; tied (no lm_head)."""
+    h, hd = dims.hidden_size, dims.hidden_size // dims.num_attention_heads
+    inner, heads = config["mamba_expand"] * h, config["mamba_n_heads"]
+    conv = inner + 2 * config["mamba_n_groups"] * config["mamba_d_state"]
+    experts, ff, shared = config["num_local_experts"], dims.intermediate_size, config["shared_intermediate_size"]
+    kinds = iter(config["layer_types"])
+
+    def layer(p: str) -> list[TensorSpec]:
+        specs = norm_specs(p, h, "input_layernorm", "post_attention_layernorm")
+        if experts:
+            specs += [TensorSpec(p + "block_sparse_moe.router.layer.weight", (experts, h)),
+                      TensorSpec(p + "block_sparse_moe.input_linear.weight", (experts, 2 * ff, h)),
+                      TensorSpec(p + "block_sparse_moe.output_linear.weight", (experts, h, ff))]
+        specs += [TensorSpec(p + "shared_mlp.input_linear.weight", (2 * shared, h)),
+                  TensorSpec(p + "shared_mlp.output_linear.weight", (h, shared))]
+        if next(kinds) == "attention":
+            return specs + attention_specs(p, h, dims.num_attention_heads * hd, dims.num_key_value_heads * hd)
+        m = p + "mamba."
+        return specs + [TensorSpec(m + "conv1d.weight", (conv, 1, config["mamba_d_conv"])),
+                        TensorSpec(m + "conv1d.bias", (conv,)),
+                        TensorSpec(m + "in_proj.weight", (inner + conv + heads, h)),
+                        TensorSpec(m + "dt_bias", (heads,)), TensorSpec(m + "A_log", (heads,)),
+                        TensorSpec(m + "norm.weight", (inner,)), TensorSpec(m + "D", (heads,)),
+                        TensorSpec(m + "out_proj.weight", (h, inner))]
+
+    return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
+
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
@@ -2192,6 +2302,8 @@ def case_entries(case: Case) -> list[Entry]:
         specs = lfm2_tensor_specs(dims, config)
     elif config.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
         specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts)
+    elif config.get("model_type") == "granitemoehybrid":
+        specs = granite4h_tensor_specs(dims, config)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

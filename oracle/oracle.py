@@ -136,7 +136,12 @@ RUNS: tuple[Run, ...] = tuple(
     # ... and the per-expert MTP layer left out with --no-nextn; an intermediate_size beside the experts
     # (feed_forward_length written), the stacked experts across shards.
     + [Run("qwen3.5-moe-text-experts-f16-no-nextn", "qwen3.5-moe-text-experts", ("--outtype", "f16", "--no-nextn"))]
-    + [Run("qwen3.5-moe-text-ffn-q8_0", "qwen3.5-moe-text-ffn", ("--outtype", "q8_0"))])
+    + [Run("qwen3.5-moe-text-ffn-q8_0", "qwen3.5-moe-text-ffn", ("--outtype", "q8_0"))]
+    # Granite 4.0-H (issue 36): every output type from BF16 weights, dense and with routed experts.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
+    # ... and two Mamba2 groups with an untied head, in q8_0 too.
+    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
