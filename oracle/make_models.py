@@ -1451,6 +1451,16 @@ BENCH_CASES += (
          description="SmolLM3-3B config, its tokenizer, random BF16 weights in 2 shards (~6.2 GB)"),
 )
 
+# Issue 36's bench: a Qwen3.5-2B-shaped directory -- the 0.8B config above with the 2B's widths (hidden 2048,
+# intermediate 6144 as published; the rest of the 0.8B's keys), the Qwen3 tokenizer padded to the real 248,320
+# rows, random BF16 weights, tied, MTP layer present (~4.5 GB): speed and memory, not bytes.
+BENCH_CASES += (
+    Case("full-qwen3.5-2b", full_size=True, dirname="qwen3.5-2b", seed="full", tokenizer="qwen3",
+         config_from=QWEN3_5_0_8B_TEXT, config_updates=(("hidden_size", 2048), ("intermediate_size", 6144)),
+         description="Qwen3.5-2B-shaped (the 0.8B config at the 2B's widths), Qwen3 tokenizer, random BF16 "
+                     "weights (~4.5 GB)"),
+)
+
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
