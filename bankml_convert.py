@@ -1989,6 +1989,23 @@ def matrix_rows(source: SourceTensor, matrix: int, first: int, count: int) -> So
     return source_rows(source._replace(shape=(source.shape[0] * rows, source.shape[2])), matrix * rows + first, count)
 
 
+def squeezed_conv(source: SourceTensor, expected: str) -> SourceTensor:
+    """A [channels, 1, taps] convolution weight as [channels, taps] (the hybrid families' squeeze: where
+    its bytes are, no value touched), or a Refusal ending in ``expected`` ("a Mamba2 conv1d weight is ...")."""
+    if len(source.shape) != 3 or source.shape[1] != 1:
+        raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; {expected}")
+    return source._replace(shape=(source.shape[0], source.shape[2]))
+
+
+def refuse_unproven_neg_exp(source: SourceTensor) -> None:
+    """A Refusal for an A_log whose -exp is not proven: neg_exp_bf16_bits is checked against torch on every
+    BF16 value only."""
+    if source.dtype != "BF16":
+        raise Refusal(f"tensor {source.name!r} is {source.dtype}: llama.cpp's -exp(A_log) is reproduced from "
+                      f"BF16 weights only (proven on every BF16 value; torch's float32 and float16 exp are not "
+                      f"correctly rounded): save the model in bfloat16")
+
+
 def dropped_buffers(hf_name: str) -> Optional[str]:
     """ModelBase.filter_tensors with prepare_tensors' buffer skip: the old checkpoints' buffers
     dropped (None), every other name kept as it is."""
@@ -3952,15 +3969,10 @@ def qwen35_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwen35Params)
     kind = qwen35_kind(gguf_name)
     add_one = gguf_name.endswith("norm.weight") and kind != "ssm_norm"
     if kind == "ssm_conv1d":
-        if len(source.shape) != 3 or source.shape[1] != 1:
-            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; a Qwen3.5 conv1d weight is "
-                          f"[channels, 1, kernel]")
-        source = source._replace(shape=(source.shape[0], source.shape[2]))
+        source = squeezed_conv(source, "a Qwen3.5 conv1d weight is [channels, 1, kernel]")
     neg_exp = kind == "ssm_a"
-    if neg_exp and source.dtype != "BF16":
-        raise Refusal(f"tensor {source.name!r} is {source.dtype}: llama.cpp's -exp(A_log) is reproduced from "
-                      f"BF16 weights only (proven on every BF16 value; torch's float32 and float16 exp are not "
-                      f"correctly rounded): save the model in bfloat16")
+    if neg_exp:
+        refuse_unproven_neg_exp(source)
     rows: tuple[SourceTensor, ...] = ()
     if p.value_heads != p.key_heads and kind in _QWEN35_V_ROWS and source.shape == qwen35_shape(gguf_name, p):
         first, head_rows = _QWEN35_V_ROWS[kind](p)
@@ -4334,10 +4346,7 @@ def lfm2_modify_tensors(gguf_name: str, source: SourceTensor, p: Lfm2Params) -> 
             raise Refusal(f"tensor {source.name!r} is {mixer} tensor in layer {block}, which config.json makes "
                           f"{layer} layer; llama.cpp writes it, and its runtime cannot load that file")
     if gguf_name.endswith("shortconv.conv.weight"):
-        if len(source.shape) != 3 or source.shape[1] != 1:
-            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; an LFM2 conv weight is "
-                          f"[channels, 1, taps]")
-        source = source._replace(shape=(source.shape[0], source.shape[2]))
+        source = squeezed_conv(source, "an LFM2 conv weight is [channels, 1, taps]")
     return [Modified(gguf_name, source)]
 
 
@@ -4627,18 +4636,13 @@ def granite4h_modify_tensors(gguf_name: str, source: SourceTensor, p: Granite4HP
     if attention:
         return llama_modify_tensors(gguf_name, source, p.text)
     if kind == "ssm_conv1d.weight":
-        if len(source.shape) != 3 or source.shape[1] != 1:
-            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; a Mamba2 conv1d weight is "
-                          f"[channels, 1, kernel]")
-        return [Modified(gguf_name, source._replace(shape=(source.shape[0], source.shape[2])))]
+        return [Modified(gguf_name, squeezed_conv(source, "a Mamba2 conv1d weight is [channels, 1, kernel]"))]
     if kind in ("ssm_a", "ssm_d"):
         if len(source.shape) != 1:
             raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}; expected one value per "
                           f"Mamba2 head")
-        if kind == "ssm_a" and source.dtype != "BF16":
-            raise Refusal(f"tensor {source.name!r} is {source.dtype}: llama.cpp's -exp(A_log) is reproduced "
-                          f"from BF16 weights only (proven on every BF16 value; torch's float32 and float16 "
-                          f"exp are not correctly rounded): save the model in bfloat16")
+        if kind == "ssm_a":
+            refuse_unproven_neg_exp(source)
         return [Modified(gguf_name, source._replace(shape=source.shape + (1,)), neg_exp=kind == "ssm_a")]
     if kind == "ssm_norm.weight":
         if source.shape != (p.inner_size,):
