@@ -6107,16 +6107,26 @@ class GGUFStrings:
 
 
 def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str], tail: list[str],
-                 head: Optional[int] = None) -> GGUFStrings:
-    """The first ``head`` of ``strings`` (all by default), then ``tail``, with the texts of ``laid``
-    (id -> text) in their places: as GGUFStrings made a chunk at a time, counted and checked now."""
+                 head: Optional[int] = None, padded_to: int = 0) -> GGUFStrings:
+    """The first ``head`` of ``strings`` (all by default), then ``tail``, then [PAD{id}] for every id up
+    to ``padded_to``, with the texts of ``laid`` (id -> text) in their places: as GGUFStrings made a
+    chunk at a time, counted and checked now.  The [PAD] names are made a chunk at a time too: a
+    padded vocabulary (Qwen3.5's 248,320 rows over 151,669 tokens) would otherwise hold ~100k strings."""
     order = sorted(laid)
     head = len(strings) if head is None else head
+    pads_from = head + len(tail)
+    padded_to = max(padded_to, pads_from)
 
     def overlaid(chunk: list[str], first: int) -> list[str]:
         for tid in order[bisect.bisect_left(order, first):bisect.bisect_left(order, first + len(chunk))]:
             chunk[tid - first] = laid[tid]
         return chunk
+
+    def tail_chunks() -> Iterator[list[str]]:
+        yield overlaid(list(tail), head)
+        for start in range(pads_from, padded_to, _MERGES_PER_CHUNK):
+            ids = range(start, min(start + _MERGES_PER_CHUNK, padded_to))
+            yield overlaid([f"[PAD{i}]" for i in ids], start)
 
     def chunks() -> Iterator[list[str]]:
         first = 0
@@ -6128,7 +6138,7 @@ def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str],
             chunk = list(chunk)[:head - first]
             yield overlaid(chunk, first)
             first += len(chunk)
-        yield overlaid(list(tail), first)
+        yield from tail_chunks()
     def encoded() -> Iterator[bytes]:
         # The same elements made from the packed UTF-8 as it is: no string decoded and encoded again.
         first = 0
@@ -6140,13 +6150,13 @@ def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str],
                 items[tid - first] = laid[tid].encode("utf-8")
             yield encoded_bytes(items)
             first += len(items)
-        yield encoded_strings(overlaid(list(tail), first))
+        yield from map(encoded_strings, tail_chunks())
     if not isinstance(strings, PackedStrings) or strings.holds_surrogates():
         encoded = None
         made = map(encoded_strings, chunks())
     else:
         made = encoded()
-    count, nbytes = head + len(tail), sum(map(len, made))
+    count, nbytes = padded_to, sum(map(len, made))
     return GGUFStrings.parsed_when_used(chunks, count, nbytes, encoded)
 
 
@@ -7564,8 +7574,7 @@ def token_list(vocab: "Sequence[str] | PackedStrings", added: list[AddedToken], 
             types[t.id] = added_token_type(t)
             if types[t.id] == USER_DEFINED:
                 laid[t.id] = t.content.replace("\u2581", " ")
-    tail = [t.content for t in appended] + [f"[PAD{i}]" for i in range(n, vocab_size)]
-    return laid_strings(vocab, laid, tail), types
+    return laid_strings(vocab, laid, [t.content for t in appended], padded_to=vocab_size), types
 
 
 # --- SpecialVocab: special ids, add flags, chat template ------------------------------------------
@@ -8256,7 +8265,7 @@ class SpmTokens(NamedTuple):
     def tokens(self) -> GGUFStrings:
         """The token texts in id order, as the GGUF array's elements."""
         n, fitting = len(self.scores), min(len(self.pieces), len(self.scores))
-        return laid_strings(self.pieces.texts, self.laid, [f"[PAD{tid}]" for tid in range(fitting, n)], fitting)
+        return laid_strings(self.pieces.texts, self.laid, [], fitting, padded_to=n)
 
 
 def spm_tokens(pieces: SentencePieces, vocab_size: int, legacy_added: Optional[dict],

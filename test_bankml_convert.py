@@ -4557,6 +4557,15 @@ class PackedVocabularies(unittest.TestCase):
         self.assertEqual(list(got), expected)
         self.assertEqual(len(got), len(expected))
 
+    def test_padding_is_named_by_id_and_made_a_chunk_at_a_time(self):
+        # Qwen3.5 pads 151,669 tokens to 248,320 rows: the names are made per chunk, never all at once.
+        n = 3 * bc._MERGES_PER_CHUNK
+        got = bc.laid_strings(bc.PackedStrings.of(["a", "b"]), {3: "laid"}, ["added"], padded_to=n)
+        expected = ["a", "b", "added", "laid"] + [f"[PAD{i}]" for i in range(4, n)]
+        self.assertEqual((len(got), list(got)), (n, expected))
+        self.assertEqual(b"".join(got.encoded()), bc.encoded_strings(expected))
+        self.assertLessEqual(max(map(len, got.encoded())), len(bc.encoded_strings(expected)) // 2)
+
     def test_a_token_with_a_lone_surrogate_is_refused(self):
         with self.assertRaisesRegex(bc.Refusal, "lone surrogate"):
             bc.vocab_merges_hasher(bc.PackedStrings.of(["a", "\ud800"]))
