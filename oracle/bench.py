@@ -146,6 +146,10 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#36", "f16", VS_FLOOR, 1.2), Goal("#36", "q8_0", VS_FLOOR, 2.0),
         Goal("#36", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#36", "q8_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#36", "f16", VS_LLAMA_CPP, None), Goal("#36", "q8_0", VS_LLAMA_CPP, None))),
+    BenchCase("full-qwen3.5-35b-a3b-3-layers", ("f16", "q8_0"), (
+        Goal("#36", "f16", VS_FLOOR, 1.2), Goal("#36", "q8_0", VS_FLOOR, 2.0),
+        Goal("#36", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#36", "q8_0", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#36", "f16", VS_LLAMA_CPP, None), Goal("#36", "q8_0", VS_LLAMA_CPP, None))),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (

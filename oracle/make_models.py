@@ -1459,6 +1459,16 @@ BENCH_CASES += (
          config_from=QWEN3_5_0_8B_TEXT, config_updates=(("hidden_size", 2048), ("intermediate_size", 6144)),
          description="Qwen3.5-2B-shaped (the 0.8B config at the 2B's widths), Qwen3 tokenizer, random BF16 "
                      "weights (~4.5 GB)"),
+    # And Qwen3.5-35B-A3B's text config (256 experts of 512 over hidden 2048, a shared expert, untied) cut to
+    # 3 of its 40 layers -- two linear-attention layers and a full-attention one, so both kinds are measured --
+    # plus its MTP layer (256 experts of its own), the experts stacked as released, in 2 GB shards as Qwen
+    # ships them (~8.6 GB): 1,024 expert matrices per layer through -exp, the V reorder and the stacking.
+    Case("full-qwen3.5-35b-a3b-3-layers", full_size=True, dirname="qwen3.5-35b-a3b-3-layers", seed="full",
+         tokenizer="qwen3", config_from=QWEN3_5_35B_A3B_TEXT, layers=3, fused_experts=True, tied=False,
+         shard_max_bytes=2_000_000_000,
+         config_updates=(("layer_types", ["linear_attention", "linear_attention", "full_attention"]),),
+         description="Qwen3.5-35B-A3B's text config with 3 layers (linear, linear, full) and its MTP layer, "
+                     "experts stacked, Qwen3 tokenizer, random BF16 weights in shards (~8.6 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
@@ -1604,7 +1614,7 @@ def generation_config_bytes(case: Case) -> Optional[bytes]:
 def dims_of(config: dict) -> Dims:
     return Dims(
         hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
+        intermediate_size=config.get("intermediate_size", 0),   # Qwen3.5-MoE's config has none (experts only)
         num_hidden_layers=config["num_hidden_layers"],
         num_attention_heads=config["num_attention_heads"],
         num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
