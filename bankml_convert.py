@@ -105,6 +105,16 @@ from __future__ import annotations
 import os
 import sys
 
+# The whole file keeps Python 3.7's grammar (no walrus, no positional-only parameters) so that this is
+# what an older Python says, instead of a SyntaxError at compile time (test_bankml_convert.py parses the
+# file with feature_version 3.7; .ci/run runs this line under 3.7 where the machine has one).
+if sys.version_info < (3, 8):
+    _NEEDS = "bankml_convert needs Python 3.8 or newer; this is Python %d.%d" % tuple(sys.version_info[:2])
+    if __name__ == "__main__":
+        sys.stderr.write("bankml: " + _NEEDS + "\n")
+        sys.exit(2)
+    raise ImportError(_NEEDS)
+
 # Run as `python -m bankml_convert`, Python puts the current directory first on sys.path, and a
 # downloaded model directory may hold a json.py: this module's own imports must never find it.
 # (`python FILE` puts this file's folder there instead, and -I or -P put nothing.)
@@ -7461,7 +7471,7 @@ def named_special_tokens(tokenizer_config: dict, special_tokens_map: Optional[di
             value = source.get(key)
             values = value.values() if isinstance(value, dict) and "content" not in value else \
                 value if isinstance(value, list) else [value]
-            named += [c for v in values if (c := token_content(v)) is not None]
+            named += [c for c in map(token_content, values) if c is not None]
     # The class's defaults for the keys the files do not set; PreTrainedTokenizerFast and TokenizersBackend
     # have none.
     for key, default in _CLASS_SPECIAL_DEFAULTS.get(tokenizer_config.get("tokenizer_class"), {}).items():
@@ -8527,7 +8537,7 @@ def llama_hf_special_contents(tokenizer_config: dict, special_tokens_map: Option
         if token_content(tokenizer_config.get(key)) is None:
             # LlamaTokenizer would fall back to its own default for it.
             raise Refusal(f"tokenizer_config.json has no {key}; transformers' default for it is not reproduced")
-    named = [c for key in STANDARD_TOKEN_KEYS if (c := token_content(tokenizer_config.get(key))) is not None]
+    named = [c for c in (token_content(tokenizer_config.get(key)) for key in STANDARD_TOKEN_KEYS) if c is not None]
     for key, value in (special_tokens_map or {}).items():
         c = token_content(value)
         if key not in STANDARD_TOKEN_KEYS or (c is not None and c not in named):
@@ -10443,7 +10453,7 @@ class HashingWriter:
         self._thread = start_thread(self._run, "bankml-writer")
 
     def _run(self) -> None:
-        while (chunk := self._queue.get()) is not None:
+        for chunk in iter(self._queue.get, None):
             if self._error is None and not self._stopped:
                 try:
                     self._sha.update(chunk)
@@ -11523,7 +11533,7 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
         data_start = None
         kept: list[tuple[int, list]] = []       # converted before data_start was known
         kept_bytes = 0
-        while (i := _next_job(todo)) is not None:
+        for i in iter(lambda: _next_job(todo), None):
             job = unplaced[i]
             pieces = list(job_pieces(job, source_file(files, job.source), buffer))
             if sum(map(len, pieces)) != job.out_len:
@@ -11778,7 +11788,10 @@ def hash_file(path: Path, cancelled: threading.Event | None = None,
             snapshot.check_unchanged(path, os.fstat(f.fileno()))
         buffer = bytearray(4 * CHUNK_BYTES)
         view = memoryview(buffer)
-        while (n := f.readinto(buffer)) and not (cancelled and cancelled.is_set()):
+        while not (cancelled and cancelled.is_set()):
+            n = f.readinto(buffer)
+            if not n:
+                break
             sha.update(view[:n])
             size += n
             if read:

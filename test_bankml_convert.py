@@ -9,6 +9,7 @@ follow bankml_convert.py's (the map in its docstring), each under a banner of it
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import gc
@@ -8340,6 +8341,21 @@ class ProgressOnEveryLongPath(AroundWorkspace):
         self.assertTrue(held, lines)
         self.assertRisesToTheTotal(seen)
         self.assertEqual(seen[-1][1], self.report.bytes + sum(i.size for i in self.report.inputs))
+
+
+class OlderPythons(unittest.TestCase):
+    """A Python older than 3.8 is told so in one line, not shown a SyntaxError: the file keeps 3.7's grammar
+    (.ci/run also runs the file under 3.7 where the machine has one)."""
+
+    def test_the_file_parses_with_python_3_7s_grammar(self):
+        ast.parse(Path(bc.__file__).read_text(encoding="utf-8"), feature_version=(3, 7))
+
+    def test_the_version_gate_comes_before_anything_else_runs(self):
+        tree = ast.parse(Path(bc.__file__).read_text(encoding="utf-8"))
+        first = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))][:4]
+        self.assertEqual([type(n).__name__ for n in first], ["ImportFrom", "Import", "Import", "If"])
+        self.assertIn("sys.version_info < (3, 8)", ast.get_source_segment(Path(bc.__file__).read_text(
+            encoding="utf-8"), first[3].test))
 
 
 class LlamaCppHabits(Workspace):
