@@ -1592,6 +1592,9 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     problem = model_dir_problem(model_dir) or input_problem(model_dir, _SMALL_INPUTS)
     if problem:
         raise Refusal(problem)
+    refused = quantize_refusal(options.outtype, str(model_dir))     # the advice the command line gives too
+    if refused:
+        raise Refusal(refused)
     out_type(options.outtype)       # an unknown type is refused before anything is read
     card = model_card(model_dir, options)
     config_path = model_dir / "config.json"
@@ -8821,7 +8824,9 @@ _OUT_TYPES_REFUSED = ("tq1_0", "tq2_0")
 
 
 def out_type(name: str, sources: list[SourceTensor] | None = None) -> OutType:
-    """The OutType for an --outtype name ("auto" decided from the sources), or a Refusal."""
+    """The OutType for an --outtype name in any case ("auto" decided from the sources), or a Refusal.
+    (llama.cpp's choices are lower case; users type F16 and Q8_0 too.)"""
+    name = name.lower() if isinstance(name, str) else name
     if name in OUT_TYPES:
         return OUT_TYPES[name]
     if name == "auto":
@@ -12213,7 +12218,7 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
         problem = model_dir_problem(d) or input_problem(d, names)
         if problem:
             raise Refusal(problem)
-    if options.outtype == "auto":
+    if str(options.outtype).lower() == "auto":
         raise Refusal("--outtype auto: llama.cpp's convert_lora_to_gguf.py stops on it (it asks a LoRA pair for "
                       "its dimensions); name the type: f32 (its default), f16, bf16 or q8_0")
     out = out_type(options.outtype)
@@ -15016,11 +15021,12 @@ def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
         if args.outfile is None:
             raise Refusal("--format sllm needs -o OUT.sllm (the tokenizer file is written beside it)")
         if args.outfile.endswith(".gguf"):
-            _notice(f"warning: --format sllm writes the kasahare engine's format, not a GGUF, into {args.outfile}; "
-                    f"name it .sllm")
+            raise Refusal(f"--format sllm writes the kasahare engine's format, not a GGUF: name the output .sllm "
+                          f"instead of {args.outfile}, or leave out --format sllm for a GGUF")
         return
     if args.outfile is not None and args.outfile.endswith(".sllm"):
-        _notice(f"warning: {args.outfile} will be a GGUF; add --format sllm for the kasahare engine's .sllm")
+        raise Refusal(f"{args.outfile} is named as a kasahare .sllm file, but a GGUF would be written: add "
+                      f"--format sllm for the engine's format, or name the output .gguf")
     if args.outfile is None:
         # llama.cpp's default: the model directory, where convert() gives the file its default name.
         problem = model_dir_problem(Path(args.model_dir))

@@ -8432,12 +8432,24 @@ class LlamaCppHabits(Workspace):
         self.assertEqual(r.code, 2)
         self.assertIn("the arguments are the other way round", r.err)
 
-    def test_an_extension_that_is_not_the_format_is_warned_about(self):
+    def test_an_extension_that_is_not_the_format_is_refused(self):
         out = self.out_dir()
-        r = cli(EXAMPLE, "-o", out / "x.sllm")
-        self.assertIn("warning: " + str(out / "x.sllm") + " will be a GGUF; add --format sllm", r.err)
-        r = cli(EXAMPLE, "-o", out / "y.gguf", "--format", "sllm")
-        self.assertIn("warning: --format sllm writes the kasahare engine's format", r.err)
+        self.assertRefuses(EXAMPLE, f"{out / 'x.sllm'} is named as a kasahare .sllm file, but a GGUF would be "
+                                    f"written: add --format sllm for the engine's format, or name the output .gguf",
+                           out=out / "x.sllm")
+        self.assertRefuses(EXAMPLE, f"--format sllm writes the kasahare engine's format, not a GGUF: name the output "
+                                    f".sllm instead of {out / 'y.gguf'}, or leave out --format sllm for a GGUF",
+                           "--format", "sllm", out=out / "y.gguf")
+
+    def test_outtype_is_taken_in_any_case(self):
+        out = self.out_dir() / "x.gguf"
+        r = cli(EXAMPLE, "-o", out, "--outtype", "F16", "--quiet")
+        self.assertEqual((r.code, r.out), (0, f"{GOLDEN['example']['sha256']}  {out}\n"))
+
+    def test_a_quantized_type_from_python_gets_the_same_advice(self):
+        with self.assertRaisesRegex(bc.Refusal, "--outtype q4_K_M is made by llama.cpp's llama-quantize.*"
+                                                "llama-quantize smollm2-tiny-F16.gguf"):
+            bc.convert(EXAMPLE, self.out_dir() / "x.gguf", bc.Options(outtype="q4_K_M"))
 
     def test_a_directory_named_dot_keeps_the_bytes_and_suggests_model_name(self):
         out = self.out_dir() / "dot.gguf"
