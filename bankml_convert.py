@@ -7366,6 +7366,11 @@ def _merges_written(merges: list) -> list[str]:
 
 def refuse_other_paths(d: Path, tokenizer_json: Optional[dict], tokenizer_config: dict) -> None:
     if tokenizer_json is None:
+        if not any(_is_file(d / n) for n in ("vocab.json", "merges.txt", "tekken.json")):
+            # What a trainer leaves when it saves the weights without the tokenizer.
+            raise Refusal(f"no tokenizer files in {d} (tokenizer.json, tokenizer.model or vocab.json): copy "
+                          f"tokenizer.json and tokenizer_config.json (and chat_template.jinja if it has one) from "
+                          f"the base model's folder into it")
         raise Refusal("no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                          "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported")
     if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
@@ -14399,11 +14404,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="print one JSON object on stdout instead of the sha256 line (also for a refusal)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
     p.add_argument("--version", action="version", version=f"bankml_convert {__version__} ({REFERENCE})")
+    p.add_argument("--print-supported-models", action="store_true",
+                   help="list the architectures this tool converts, and exit (llama.cpp's flag; with --json as JSON)")
     same = p.add_argument_group("llama.cpp's flags that change nothing here (accepted so its commands run as they are)")
-    for flag in _LLAMA_CPP_HARMLESS:
-        same.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    same.add_argument("--print-supported-models", action="store_true",
-                      help="list the architectures this tool converts, and exit")
+    for flag, why in _LLAMA_CPP_HARMLESS.items():
+        same.add_argument(flag, action="store_true", help=why)
     for flag, (takes_value, _) in _LLAMA_CPP_REFUSED.items():
         p.add_argument(flag, dest=_refused_dest(flag), help=argparse.SUPPRESS,
                        **({"metavar": "X"} if takes_value else {"action": "store_true"}))
@@ -14412,7 +14417,12 @@ def _parser() -> argparse.ArgumentParser:
 
 # convert_hf_to_gguf.py's flags that change nothing in what this tool writes: its lazy loading, temp
 # file and logging are how it works, not what it writes; without splitting, a first split is moot.
-_LLAMA_CPP_HARMLESS = ("--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split")
+_LLAMA_CPP_HARMLESS = {
+    "--verbose": "llama.cpp's debug logging; the progress bar and summary are this tool's",
+    "--no-lazy": "llama.cpp's eager loading; this tool always streams",
+    "--use-temp-file": "llama.cpp's temporary file for the tensors; this tool writes OUT.part in place",
+    "--no-tensor-first-split": "only matters for split output, which this tool does not write",
+}
 
 # convert_hf_to_gguf.py's flags that would change the output in ways not reproduced: each refused
 # with why and what to do instead.  (flag: (takes a value, the reason and the way out))
@@ -14428,7 +14438,7 @@ _LLAMA_CPP_REFUSED = {
     "--metadata": (True, "metadata overrides from a file are not reproduced: use --model-name for general.name, "
                          "or put the fields in README.md's model card, which is read as llama.cpp reads it"),
     "--remote": (False, "reads a model from the Hugging Face Hub over the network; download it on a connected "
-                        "machine (huggingface-cli download ORG/NAME --local-dir NAME), copy the folder, and "
+                        "machine (hf download ORG/NAME --local-dir NAME), copy the folder, and "
                         "convert the folder"),
     "--mmproj": (False, "writes a vision projector, which bankml_convert does not convert"),
     "--mtp": (False, "writes only a Qwen3.5 model's MTP layers as a draft model, which bankml_convert does not "
@@ -14503,12 +14513,12 @@ def default_output_name(model_dir: Path, options: Options, tp: TensorPlan) -> st
     return f"{name}.gguf"
 
 
-def supported_models_lines() -> list[str]:
-    """--print-supported-models: the config.json architectures converted, by family."""
+def supported_models() -> dict[str, list[str]]:
+    """--print-supported-models: the config.json architectures converted, by GGUF architecture."""
     families: dict[str, list[str]] = {}
     for arch, family in FAMILIES.items():
         families.setdefault(family.gguf_arch, []).append(arch)
-    return [f"{gguf_arch}: {', '.join(archs)}" for gguf_arch, archs in families.items()]
+    return families
 
 
 def _command_parser() -> argparse.ArgumentParser:
@@ -15035,7 +15045,7 @@ def _check_llama_cpp_habits(args: argparse.Namespace) -> None:
         args.outfile = args.model_dir
 
 
-# A Hub id as `huggingface-cli download` takes it: ORG/NAME.
+# A Hub id as `hf download` (huggingface_hub's command, once huggingface-cli) takes it: ORG/NAME.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -15046,7 +15056,7 @@ def input_mistake(model_dir: str) -> Optional[str]:
     if not os.path.lexists(model_dir) and _HUB_ID.fullmatch(model_dir):
         name = model_dir.split("/")[1]
         return (f"{model_dir} does not exist here; it looks like a Hugging Face Hub id: download it on a "
-                f"connected machine with `huggingface-cli download {model_dir} --local-dir {name}`, copy the "
+                f"connected machine with `hf download {model_dir} --local-dir {name}`, copy the "
                 f"folder here and pass it ({name})")
     if os.path.isdir(model_dir) and not os.path.lexists(os.path.join(model_dir, "config.json")):
         try:
@@ -15142,7 +15152,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, cleaned up and reported
     try:
         if command == "convert" and "--print-supported-models" in argv:
-            _print_lines(supported_models_lines())     # llama.cpp's flag, which needs no model either
+            # llama.cpp's flag, which needs no model either
+            if "--json" in argv:
+                print(one_line(json.dumps(result_json("convert", 0, fields={"supported_models": supported_models()}),
+                                          ensure_ascii=False), as_json=True))
+            else:
+                _print_lines([f"{gguf_arch}: {', '.join(archs)}" for gguf_arch, archs in supported_models().items()])
+            return 0
+        if command == "convert" and "--version" in argv and "--json" in argv:
+            print(json.dumps(result_json("convert", 0, fields={"version": __version__, "reference": REFERENCE})))
             return 0
         if command != "convert":
             args = _command_parser().parse_args(argv)

@@ -3489,6 +3489,14 @@ class VocabRefusals(VocabCaseDirs):
         self.assertVocabRefuses(d, "no tokenizer.json: llama.cpp would build the vocabulary through transformers "
                                    "from vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported")
 
+    def test_a_directory_without_any_tokenizer_file_is_told_to_copy_the_base_models(self):
+        d = self.case_dir(INSTRUCT)
+        for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+            (d / name).unlink()
+        self.assertVocabRefuses(d, f"no tokenizer files in {d} (tokenizer.json, tokenizer.model or vocab.json): "
+                                   f"copy tokenizer.json and tokenizer_config.json (and chat_template.jinja if it "
+                                   f"has one) from the base model's folder into it")
+
     def test_non_bpe_model_is_refused(self):
         d = self.case_dir(INSTRUCT)
         edit_json(d / "tokenizer.json", lambda t: t["model"].update(type="WordPiece"))
@@ -8407,6 +8415,26 @@ class LlamaCppHabits(Workspace):
         for arch in bc.FAMILIES:
             self.assertIn(arch, r.out)
 
+    def test_the_file_is_executable_as_the_suggested_commands_run_it(self):
+        # Messages suggest `bankml_convert.py ...`; a clone keeps the mode git records.
+        self.assertTrue(os.stat(bc.__file__).st_mode & stat.S_IXUSR)
+        self.assertTrue(Path(bc.__file__).read_bytes().startswith(b"#!/usr/bin/env python3\n"))
+
+    def test_version_and_supported_models_answer_in_json_when_asked(self):
+        for flag, field in (("--version", "version"), ("--print-supported-models", "supported_models")):
+            with self.subTest(flag=flag):
+                r = cli(flag, "--json")
+                doc = json.loads(r.out)
+                self.assertEqual((r.code, bc.schema_problems(doc), doc["ok"]), (0, [], True))
+                self.assertIn(field, doc)
+        self.assertEqual(json.loads(cli("--print-supported-models", "--json").out)["supported_models"]["qwen35"],
+                         ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"])
+
+    def test_help_lists_the_flags_that_change_nothing_and_only_those_under_that_heading(self):
+        r = cli("--help")
+        group = r.out.split("llama.cpp's flags that change nothing here")[1]
+        self.assertEqual(re.findall(r"^  (--[a-z-]+)", group, re.M), list(bc._LLAMA_CPP_HARMLESS))
+
     def test_quantized_types_point_at_llama_quantize_with_the_command(self):
         self.assertRefuses(EXAMPLE, re.compile(r"--outtype q4_K_M is made by llama.cpp's llama-quantize.*"
                                                r"llama-quantize smollm2-tiny-F16.gguf smollm2-tiny-Q4_K_M.gguf Q4_K_M"),
@@ -8415,7 +8443,8 @@ class LlamaCppHabits(Workspace):
     def test_a_hub_id_says_how_to_download_it(self):
         self.assertRefuses(Path("HuggingFaceTB/SmolLM2-135M-Instruct"),
                            re.compile(r"HuggingFaceTB/SmolLM2-135M-Instruct does not exist here; it looks like a "
-                                      r"Hugging Face Hub id: download it .*huggingface-cli download .*"))
+                                      r"Hugging Face Hub id: download it .*`hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir "
+                                      r"SmolLM2-135M-Instruct`.*"))
 
     def test_a_trainer_folder_names_its_checkpoints(self):
         folder = self.out_dir() / "run"
