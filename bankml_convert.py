@@ -169,6 +169,7 @@ __all__ = ["convert", "convert_lora", "Options", "Report", "InputFile", "Refusal
            "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
 
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
+LORA_REFERENCE = "llama.cpp convert_lora_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"   # an adapter's
 
 
 def one_line(message: str, as_json: bool = False) -> str:
@@ -11930,7 +11931,7 @@ def fork_json(report: Report, source: str) -> str:
         raise ValueError("a pin needs the inputs' sha256: convert with Options(hash_inputs=True)")
     doc = {
         "tool": f"bankml_convert {__version__}",
-        "reference": REFERENCE,
+        "reference": LORA_REFERENCE if report.base else REFERENCE,
         "source": source,
         "output": {"name": report.out.name, "bytes": report.bytes, "sha256": report.sha256},
         "general.name": report.name,
@@ -12270,13 +12271,25 @@ def plan_lora(adapter_dir: Path, base_dir: Path, options: Options) -> Plan:
     name = next((k.value for k in kvs if k.key == "general.name"), "")
     inputs = ([config_path, weights] + [adapter_dir / n for n in _ADAPTER_METADATA_FILES if _is_file(adapter_dir / n)]
               + [base_config])
-    return Plan(kvs, tensors, inputs, n_params, name, Header(kvs, tensors), out)
+    # gguf-py counts an adapter's parameters negative (its "approximate" sign: they add to a model's);
+    # the plan and the report count them as they are.
+    return Plan(kvs, tensors, inputs, abs(n_params), name, Header(kvs, tensors), out)
+
+
+def lora_default_name(plan: Plan) -> str:
+    """The file name convert_lora_to_gguf.py gives its output in a directory (by default the adapter's
+    own): naming_convention of the adapter's general.* keys, the output type, then "LoRA"."""
+    general = {k.key: k.value for k in plan.kvs if k.key.startswith("general.")}
+    return llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
+                                  general.get("general.finetune"), general.get("general.version"),
+                                  general.get("general.size_label"), plan.outtype.label, "LoRA") + ".gguf"
 
 
 def convert_lora(adapter_dir, out, base, options: Options | None = None, pin=None,
                  source: str | None = None) -> Report:
     """Convert a PEFT LoRA adapter directory to the GGUF adapter llama.cpp's convert_lora_to_gguf.py
-    --base BASE would write at out (output type f32 unless options say otherwise, as that script's);
+    --base BASE would write at out (output type f32 unless options say otherwise, as that script's;
+    out a directory, or None for the adapter's own, gets that script's default name there);
     only BASE's config.json is read.  The output and its pin are committed as convert()'s are; the
     pin records the adapter's files and, as its base, the base's config.json."""
     options = options or Options(outtype="f32")
@@ -12284,8 +12297,7 @@ def convert_lora(adapter_dir, out, base, options: Options | None = None, pin=Non
     snapshot = InputSnapshot(adapter_dir)
     snapshot.identity(base / "config.json")
     plan = plan_lora(adapter_dir, base, options)
-    # llama.cpp's convert_lora_to_gguf.py names a default file in a directory its own way; -o is required here.
-    out = templated_output(Path(out), plan.outtype)
+    out = output_file(adapter_dir if out is None else Path(out), plan.outtype, lambda: lora_default_name(plan))
     return write_planned(adapter_dir, out, options, pin, source or str(adapter_dir.resolve()), snapshot,
                          plan.outtype, plan.tensors, plan.inputs, lambda: plan, base=str(base.resolve()))
 
@@ -13913,7 +13925,10 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=N
             checks += [_input_check(Path(base_dir), p, read, "base input") for p in pin.base_inputs]
     except OSError as e:
         raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
-    return [("ok " if held else "FAIL ") + text for held, text in checks], all(h for h, _ in checks)
+    unchecked = [] if base_dir is not None else [
+        f"not checked: base input {p.name} (pinned sha256 {p.sha256}): give --base BASE_DIR to check it"
+        for p in pin.base_inputs]
+    return [("ok " if held else "FAIL ") + text for held, text in checks] + unchecked, all(h for h, _ in checks)
 
 
 # Diffing two GGUF files.
@@ -13956,7 +13971,7 @@ def report_json(report: Report, seconds: float, fork: Optional[Path] = None, com
         "out": str(report.out), "sha256": report.sha256, "bytes": report.bytes,
         "general.name": report.name, "params": report.params,
         "tensor_count": report.tensors, "kv_count": report.kv,
-        "tool": f"bankml_convert {__version__}", "reference": REFERENCE,
+        "tool": f"bankml_convert {__version__}", "reference": LORA_REFERENCE if report.base else REFERENCE,
     })
     if report.base:
         doc["base"] = report.base
@@ -14482,8 +14497,10 @@ def quantize_refusal(outtype: str, model_dir: str) -> Optional[str]:
 
 
 def llama_cpp_default_name(model_name: Optional[str], base_name: Optional[str], finetune: Optional[str],
-                           version: Optional[str], size: Optional[str], output_type: Optional[str]) -> str:
-    """gguf-py's utility.naming_convention (no LoRA, no vocab-only), character for character."""
+                           version: Optional[str], size: Optional[str], output_type: Optional[str],
+                           model_type: Optional[str] = None) -> str:
+    """gguf-py's utility.naming_convention (model_type "LoRA" for an adapter; no vocab-only), character
+    for character."""
     if base_name is not None:
         name = base_name.strip().replace(" ", "-").replace("/", "-")
     elif model_name is not None:
@@ -14494,7 +14511,8 @@ def llama_cpp_default_name(model_name: Optional[str], base_name: Optional[str], 
     finetune = f"-{finetune.strip().replace(' ', '-')}" if finetune is not None else ""
     version = f"-{version.strip().replace(' ', '-')}" if version is not None else ""
     encoding = f"-{output_type.strip().replace(' ', '-').upper()}" if output_type is not None else ""
-    return f"{name}{parameters}{finetune}{version}{encoding}"
+    kind = f"-{model_type}" if model_type is not None else ""
+    return f"{name}{parameters}{finetune}{version}{encoding}{kind}"
 
 
 def default_output_name(model_dir: Path, options: Options, tp: TensorPlan) -> str:
@@ -14583,8 +14601,9 @@ def _command_parser() -> argparse.ArgumentParser:
     lo.add_argument("adapter_dir", metavar="ADAPTER_DIR")
     lo.add_argument("--base", required=True, metavar="BASE_DIR",
                     help="the base model's directory; only its config.json is read")
-    lo.add_argument("-o", "--outfile", required=True, metavar="OUT.gguf",
-                    help="output file; {ftype} is filled in as llama.cpp does")
+    lo.add_argument("-o", "--outfile", metavar="OUT.gguf",
+                    help="output file, or a directory for llama.cpp's default name there (NAME-F32-LoRA.gguf; "
+                         "the adapter's directory without -o); {ftype} is filled in as llama.cpp does")
     lo.add_argument("--outtype", default="f32", metavar="TYPE",
                     help=f"{', '.join(OUT_TYPES)} (f32 is the default, as convert_lora_to_gguf.py's)")
     lo.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
@@ -14866,7 +14885,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _lora(args: argparse.Namespace) -> int:
     def body(started: float, done: list) -> Report:
         show = not args.quiet and sys.stderr.isatty()
-        options = Options(outtype=args.outtype, progress=_progress_bar() if show else None,
+        options = Options(outtype=args.outtype, progress=_progress_bar("bankml lora: ") if show else None,
                           hash_inputs=bool(args.fork or args.json), notice=_notice)
         return convert_lora(args.adapter_dir, args.outfile, args.base, options, pin=args.fork, source=args.source)
     return _guarded_conversion(args, "lora", body)
@@ -14995,7 +15014,7 @@ def _print_conversion(args: argparse.Namespace, report: Report, started: float, 
         # Said even with --quiet: the file is not what a user who left the adapter there may think.
         _notice(unapplied)
     if not args.quiet:
-        _say(_summary(report))
+        _say(_summary(report, command))
         for note in (after_conversion_notes(Path(args.model_dir), report.name) if command == "convert" else []):
             _notice(note)
     return 0
@@ -15247,8 +15266,8 @@ class _Interrupted(BaseException):
     def __init__(self, signum: int):
         self.signum = signum
 
-def _summary(r: Report) -> str:
-    return (f"bankml convert: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, "
+def _summary(r: Report, command: str = "convert") -> str:
+    return (f"bankml {command}: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, "
             f"{r.params:,} parameters, {r.bytes:,} bytes -> {r.out}")
 
 def _exit(status: int) -> None:

@@ -6595,6 +6595,39 @@ class LoraCommand(LoraWorkspace):
                                     f"which converts with its base model's config.json: bankml_convert.py lora "
                                     f"{adapter} --base BASE_DIR -o OUT.gguf")
 
+    def test_without_o_the_adapter_gets_llama_cpps_default_name_in_its_own_directory(self):
+        # The names convert_lora_to_gguf.py (oracle/.ref) gave, without --outfile and with --outfile DIR
+        # --outtype q8_0, for this adapter (2026-12-06); the bytes were the recorded runs'.
+        base, adapter = self.base(), self.adapter("smollm2-lora-r32-qv")
+        r = cli("lora", adapter, "--base", base, "--quiet")
+        out = adapter / "smollm2-r32-qv-F32-LoRA.gguf"
+        self.assertEqual((r.code, r.out), (0, f"{LORA_RUNS['lora-smollm2-lora-r32-qv-f32']['sha256']}  {out}\n"), r.err)
+        folder = self.out_dir()
+        r = cli("lora", adapter, "--base", base, "-o", folder, "--outtype", "q8_0", "--quiet")
+        out = folder / "smollm2-r32-qv-Q8_0-LoRA.gguf"
+        self.assertEqual((r.code, r.out), (0, f"{LORA_RUNS['lora-smollm2-lora-r32-qv-q8_0']['sha256']}  {out}\n"), r.err)
+
+    def test_the_summary_says_lora_and_counts_the_adapters_parameters(self):
+        out = self.out_dir() / "adapter.gguf"
+        r = cli("lora", self.adapter("smollm2-lora-r32-qv"), "--base", self.base(), "-o", out)
+        self.assertRegex(r.err, r"^bankml lora: 'Smollm2 Lora R32 Qv': 8 tensors, 13 metadata keys, 12,288 parameters, ")
+
+    def test_the_pin_and_json_name_convert_lora_to_gguf_as_the_reference(self):
+        out = self.out_dir() / "adapter.gguf"
+        r = cli("lora", self.adapter(), "--base", self.base(), "-o", out, "--fork", out.with_name("a.json"), "--json")
+        for doc in (json.loads(r.out), json.loads(out.with_name("a.json").read_text(encoding="utf-8"))):
+            self.assertEqual(doc["reference"], bc.LORA_REFERENCE)
+        self.assertIn("convert_lora_to_gguf.py", bc.LORA_REFERENCE)
+
+    def test_verify_without_base_says_the_base_config_was_not_checked(self):
+        base, adapter = self.base(), self.adapter()
+        out = self.out_dir() / "adapter.gguf"
+        bc.convert_lora(adapter, out, base, pin=out.with_name("adapter.json"))
+        r = cli("verify", out, out.with_name("adapter.json"), "--inputs", adapter)
+        self.assertEqual(r.code, 0, r.out + r.err)
+        self.assertIn(f"not checked: base input config.json (pinned sha256 {sha256_file(base / 'config.json')}): "
+                      f"give --base BASE_DIR to check it", r.out)
+
     def test_a_pins_remaking_command_is_the_lora_command(self):
         base, adapter = self.base(), self.adapter()
         out = self.out_dir() / "adapter.gguf"
