@@ -133,6 +133,7 @@ if __name__ == "__main__":
 
 import argparse
 import bisect
+import collections
 import datetime
 import decimal
 import errno
@@ -14576,6 +14577,8 @@ def _command_parser() -> argparse.ArgumentParser:
     d.add_argument("a", metavar="A.gguf")
     d.add_argument("b", metavar="B.gguf")
     d.add_argument("--json", action="store_true", help="one JSON object on stdout: the differences")
+    d.add_argument("--stat", action="store_true", help="only how many differences there are, of which kind")
+    d.add_argument("-q", "--quiet", action="store_true", help="print nothing: the exit code says it (0 identical, 1 not)")
     g = sub.add_parser("ggml", help="ggml's MNIST file from a state dict (.pt, .bin or .safetensors)",
                        description="Write the legacy GGML file ggml's examples/mnist/convert-h5-to-ggml.py "
                                    "wrote from a state dict (magic; per tensor, squeezed: n_dims, dims "
@@ -14753,6 +14756,9 @@ def _inspect(args: argparse.Namespace) -> int:
             result = inspect_ggml_json(path) if args.json else inspect_ggml_lines(path)
         elif path.is_dir() or (path.suffix == ".safetensors" and not _looks_like_gguf(path)) or is_torch_checkpoint(path):
             result = inspect_dir_json(path, _options(args)) if args.json else inspect_dir_lines(path, _options(args))
+        elif _starts_with(path, b"{"):
+            pin = read_pin(path)        # a FORK.json given where a GGUF was meant: shown, not "bad magic"
+            result = {"pin": pin_json(pin)} if args.json else pin_lines(path, pin)
         else:
             result = inspect_gguf_json(path, args.full) if args.json else inspect_gguf_lines(path, args.full)
     except (GGUFError, Refusal, OSError) as e:
@@ -14762,6 +14768,23 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         _print_lines(result)
     return 0
+
+
+def pin_json(pin: Pin) -> dict:
+    """A pin's promises, for inspect --json."""
+    files = lambda fs: [{"name": f.name, "bytes": f.size, "sha256": f.sha256} for f in fs]
+    return {"output": files([pin.output])[0], "inputs": files(pin.inputs), "base_inputs": files(pin.base_inputs),
+            "beside": files(pin.companions), "source": pin.source, "command": pin.command}
+
+
+def pin_lines(path: Path, pin: Pin) -> list[str]:
+    """inspect of a pin: what it promises, one file a line, and the command that makes the output again."""
+    def line(role: str, f: InputFile) -> str:
+        return f"{role:<11} {f.name}  {f.size:,} bytes  sha256 {f.sha256}"
+    return ([f"{path.name}: a pin (FORK.json) written by bankml_convert; `verify OUT {path.name}` checks it",
+             line("output", pin.output)] + [line("beside", f) for f in pin.companions]
+            + [line("input", f) for f in pin.inputs] + [line("base input", f) for f in pin.base_inputs]
+            + [f"source: {pin.source}"] + ([f"made by: {pin.command}"] if pin.command else []))
 
 
 def _starts_with(path, prefix: bytes) -> bool:
@@ -14830,8 +14853,17 @@ def _diff(args: argparse.Namespace) -> int:
         _print_json(result_json("diff", code, None, {"inputs": [named_file_json(args.a), named_file_json(args.b)],
                                                        "identical": code == 0 and not lines, "differences": lines}))
         return code
-    _print_lines(lines or ["identical"])
+    if args.quiet:
+        return code
+    _print_lines(diff_stat_lines(lines) if args.stat and lines else lines or ["identical"])
     return code
+
+
+def diff_stat_lines(lines: list[str]) -> list[str]:
+    """diff --stat: the differences counted by what differs (kv, tensor, ...), for two files that differ
+    everywhere (an f16 and a q8_0 of one model)."""
+    kinds = collections.Counter(line.split(" ", 1)[0].rstrip(":") for line in lines)
+    return [f"{len(lines)} differences: " + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())]
 
 
 def _ggml(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ follow bankml_convert.py's (the map in its docstring), each under a banner of it
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -7614,6 +7615,17 @@ class InspectCommand(AroundWorkspace):
         self.assertEqual(len(tensor_lines), self.report.tensors)
         self.assertTrue(any("general.name = 'Smollm2 Tiny'" in l for l in kv_lines))
 
+    def test_inspect_of_a_pin_shows_what_it_promises(self):
+        r = cli("inspect", self.pin)
+        self.assertEqual(r.code, 0, r.err)
+        lines = r.out.splitlines()
+        self.assertEqual(lines[0], f"{self.pin.name}: a pin (FORK.json) written by bankml_convert; "
+                                   f"`verify OUT {self.pin.name}` checks it")
+        self.assertEqual(lines[1], f"output      {self.gguf.name}  {self.report.bytes:,} bytes  sha256 {self.report.sha256}")
+        self.assertEqual(len([l for l in lines if l.startswith("input ")]), len(self.report.inputs))
+        doc = json.loads(cli("inspect", self.pin, "--json").out)
+        self.assertEqual(doc["pin"]["output"]["sha256"], self.report.sha256)
+
     def test_inspect_json_is_one_object_with_every_key_and_tensor(self):
         r = cli("inspect", self.gguf, "--json")
         self.assertEqual(r.code, 0, r.err)
@@ -7673,8 +7685,10 @@ class InspectCommand(AroundWorkspace):
         self.assertEqual(embed["shape"], [49152, 32])
 
     def test_inspect_of_a_file_that_is_not_gguf_is_one_line_and_exit_2(self):
-        self.assertOneLineError(cli("inspect", self.pin), "inspect",
-                                f"{self.pin}: bad magic b'{{\\n  ', expected b'GGUF' (at byte 0)")
+        other = self.tmp / "notes.txt"
+        other.write_text("notes\n", encoding="utf-8")
+        self.assertOneLineError(cli("inspect", other), "inspect",
+                                f"{other}: bad magic b'note', expected b'GGUF' (at byte 0)")
 
     def test_inspect_of_a_missing_file_is_one_line_and_exit_2(self):
         self.assertOneLineError(cli("inspect", self.tmp / "nothing.gguf"), "inspect",
@@ -7787,6 +7801,16 @@ class DiffCommand(AroundWorkspace):
         self.assertEqual(r.code, 1, r)
         self.assertIn("tensor 'token_embd.weight'", r.out)
         self.assertIn(f"file byte {at}", r.out)
+
+    def test_stat_counts_the_differences_by_kind_and_quiet_says_nothing(self):
+        other = self.tmp / "q8.gguf"
+        bc.convert(EXAMPLE, other, bc.Options(outtype="q8_0"))
+        full = cli("diff", self.gguf, other).out.splitlines()
+        r = cli("diff", self.gguf, other, "--stat")
+        # general.file_type, where the tensor data starts, and the rest the tensors' (their types, their data)
+        self.assertEqual((r.code, r.out), (1, f"{len(full)} differences: {len(full) - 2} tensor, 1 header, 1 kv\n"))
+        self.assertEqual(cli("diff", self.gguf, other, "-q")[:2], (1, ""))
+        self.assertEqual(cli("diff", self.gguf, self.copy_of_output(), "-q")[:2], (0, ""))
 
     def test_a_file_that_is_not_gguf_exits_2(self):
         r = cli("diff", self.gguf, self.pin)
