@@ -10112,6 +10112,40 @@ def _pieces(view: memoryview, step: int, fast) -> Iterator:
         yield fast(view[start:start + step].tobytes())
 
 
+# --- Values that became infinite: F16's largest finite value is 65,504, and llama.cpp's F16 default
+# --- turns a larger weight into +-inf without a word.  Counted so the command line can say so.
+
+# An infinity's bit patterns, per type: (little-endian values as array typecode, +inf, -inf).
+_INFINITIES = {"F16": ("H", 0x7C00, 0xFC00), "BF16": ("H", 0x7F80, 0xFF80), "F32": ("I", 0x7F800000, 0xFF800000)}
+_GGML_FLOAT_NAMES = {GGML_F16: "F16", GGML_BF16: "BF16", GGML_F32: "F32"}
+
+
+def infinity_count(data, dtype: str) -> int:
+    """How many of data's little-endian dtype values are +inf or -inf.  A byte screen first (an
+    infinity's top byte is 0x7c/0xfc, 0x7f/0xff): weights almost never come near, and then only the
+    screen runs."""
+    code, pos, neg = _INFINITIES[dtype]
+    width = 2 if code == "H" else 4
+    view = memoryview(data).cast("B")
+    top = bytes(view[width - 1::width])
+    if not (top.count(pos >> (8 * width - 8)) or top.count(neg >> (8 * width - 8))):
+        return 0
+    values = array(code, view.tobytes())
+    if not _LITTLE_ENDIAN_HOST:
+        values.byteswap()
+    return values.count(pos) + values.count(neg)
+
+
+def infinities_made(out_pieces: Iterable, ggml_type: int, source, source_dtype: str) -> int:
+    """How many values a conversion made infinite: the output's infinities (F16 or BF16 data) less the
+    source's, which were infinite already.  0 for every other output type."""
+    dtype = _GGML_FLOAT_NAMES.get(ggml_type)
+    if dtype not in ("F16", "BF16"):
+        return 0
+    made = sum(infinity_count(p, dtype) for p in out_pieces)
+    return made - infinity_count(source, source_dtype) if made else 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Tensor data: each planned tensor's bytes in its output type, produced in bounded chunks
 # read through one reused buffer, Q/K rows reordered as llama.cpp's permute does.

@@ -5367,6 +5367,39 @@ class Q8_0Products(unittest.TestCase):
             self.assertEqual(bc._int8_of_products(data[cut:] + data[:cut]), want[shift:] + want[:shift], shift)
 
 
+class InfinitiesMade(unittest.TestCase):
+    """Values a conversion made +-inf are counted (llama.cpp's F16 default does it without a word)."""
+
+    def test_every_16_bit_pattern_is_an_infinity_exactly_when_it_is_one(self):
+        data = struct.pack("<65536H", *range(65536))
+        for dtype, infinities in (("F16", (0x7C00, 0xFC00)), ("BF16", (0x7F80, 0xFF80))):
+            self.assertEqual(bc.infinity_count(data, dtype), 2)
+            for pattern in infinities:
+                self.assertEqual(bc.infinity_count(struct.pack("<3H", 0, pattern, 0x3C00), dtype), 1, hex(pattern))
+
+    def test_a_screen_hit_that_is_no_infinity_counts_none(self):
+        # top bytes of an infinity, other low bytes: the largest finite values, NaNs
+        self.assertEqual(bc.infinity_count(struct.pack("<4H", 0x7BFF, 0x7C01, 0xFC10, 0x7D00), "F16"), 0)
+        self.assertEqual(bc.infinity_count(struct.pack("<2I", 0x7F7FFFFF, 0x7F800001), "F32"), 0)
+
+    def test_weights_past_f16s_range_are_counted_and_the_sources_infinities_are_not(self):
+        source = struct.pack("<6f", 1.0, 65504.0, 65520.0, -1e6, float("inf"), float("-inf"))
+        out = bc.converted_bytes(source, "F32", bc.GGML_F16)
+        self.assertEqual(bc.infinity_count(out, "F16"), 4)
+        self.assertEqual(bc.infinities_made([out[:4], out[4:]], bc.GGML_F16, source, "F32"), 2)
+
+    def test_bf16_to_f16_overflows_are_counted(self):
+        source = struct.pack("<3H", 0x4780, 0xC780, 0x477F)     # 65536, -65536, 65280 (finite in F16)
+        out = bc.converted_bytes(source, "BF16", bc.GGML_F16)
+        self.assertEqual(bc.infinities_made([out], bc.GGML_F16, source, "BF16"), 2)
+
+    def test_only_f16_and_bf16_outputs_are_counted(self):
+        source = struct.pack("<32f", *([1e6] * 32))
+        for ggml_type in (bc.GGML_F32, bc.GGML_Q8_0):
+            self.assertEqual(bc.infinities_made([bc.converted_bytes(source, "F32", ggml_type)], ggml_type, source,
+                                                "F32"), 0)
+
+
 # =============================================================================================
 # The output path: names derived from the model made one safe file name or refused, outputs named as inputs refused.
 # =============================================================================================
