@@ -1625,6 +1625,9 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
     Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
             seed=9),
+    # Phi-4-mini (issue 37): attention and MLP, through its fused projections, on the grouped-query shape.
+    Adapter("phi-4-mini-lora-r8", "phi-4-mini-gqa", targets=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+            seed=10),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
