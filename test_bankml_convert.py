@@ -3714,6 +3714,21 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
         self.assertEqual(bc.llama_cpp_pre(hashlib.sha256(str(ids).encode()).hexdigest()), recorded["pre"])
         self.assertEqual(recorded["pre"], "gpt-4o")
 
+    def test_phi4_mini_tokenizer_gives_the_gpt_4o_ids_through_its_own_o200k_pipeline(self):
+        # Under model_type phi3 transformers loads tokenizer.json as written whatever the class (the reference
+        # recorded TokenizersBackend for GPT2Tokenizer): Xenova/gpt-4o's Split, the byte map, merges applied.
+        name = "tokenizer-gpt4o-3.7.2+phi4_mini"
+        recorded = CHKHSH_RECORD["cases"][name]
+        try:
+            d, used = vocab_oracle.assemble(name, self.tmp, roots=[make_models.NPM_FIXTURES])
+        except FileNotFoundError as e:
+            self.skipTest(f"{e} is absent: fetched with the reference, run `{make_models.FETCH_GPT4O_TOKENIZER}`")
+        self.assertEqual([u[1:] for u in used], recorded["files"])
+        tj, tc, config = self.files(d)
+        ids = bc.check_ids(bc.check_build(tj, tc, config), tj, bc.json_added_tokens(tj))
+        self.assertEqual((str(ids), recorded["tokenizer_class"]), (recorded["ids"], "TokenizersBackend"))
+        self.assertEqual(bc.llama_cpp_pre(hashlib.sha256(str(ids).encode()).hexdigest()), "gpt-4o")
+
     def test_an_added_token_in_the_check_text_is_one_id_before_bpe(self):
         name = "SmolLM2-135M-Instruct+digits_token"
         self.assertIn(49152, json.loads(CHKHSH_RECORD["cases"][name]["ids"]))

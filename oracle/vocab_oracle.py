@@ -164,6 +164,9 @@ EDITS: dict[str, Callable[[Path], None]] = {
         architectures=["Olmo2ForCausalLM"], model_type="olmo2")),
     # gpt-oss's tokenizer ships beside a gpt_oss config; the class is the files' own (PreTrainedTokenizerFast).
     "gpt_oss_config": lambda d: write_config(d, {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}),
+    # Phi-4-mini's tokenizer files, made by make_models from Xenova/gpt-4o's, beside a phi3 config.
+    "phi4_mini": lambda d: (_make_models().phi4_mini_tokenizer(d), write_config(
+        d, {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3"})),
     # SmolLM3-3B's tokenizer, derived by make_models from Llama 3's (no BOS in its template), under its config.
     "smollm3": lambda d: (_make_models().smollm3_tokenizer(d), write_config(
         d, {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"})),
@@ -212,6 +215,7 @@ CASES: dict[str, Case] = {
 L3 = "Llama-3.2-1B-Instruct"
 Q3 = "Qwen3-tokenizer"
 GPTOSS = "tokenizer-gptoss-3.7.2"     # make_models.GPTOSS_NPM
+GPT4O = "tokenizer-gpt4o-3.7.2"       # make_models.GPT4O_NPM
 _LLAMA3 = tuple((L3, f) for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"))
 CHKHSH_CASES: dict[str, Case] = {
     **{name: case for name, case in CASES.items() if not name.startswith("TinyLlama")},
@@ -232,6 +236,8 @@ CHKHSH_CASES: dict[str, Case] = {
         "tokenizer.json", "tokenizer_config.json")), "gemma_shape"),
     # gpt-oss-20b's o200k tokenizer (fetched into the reference's npm folder: oracle/fetch_gptoss_tokenizer.sh).
     GPTOSS + "+gpt_oss_config": Case(((GPTOSS, "tokenizer.json"), (GPTOSS, "tokenizer_config.json")), "gpt_oss_config"),
+    # Phi-4-mini's o200k tokenizer, made from Xenova/gpt-4o's (fetched: oracle/fetch_gpt4o_tokenizer.sh).
+    GPT4O + "+phi4_mini": Case(((GPT4O, "tokenizer.json"),), "phi4_mini"),
 }
 
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
