@@ -6296,26 +6296,35 @@ def _placeholders_at_model(parsed: object, nonce: str) -> bool:
 
 
 def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
-    """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
-    (as in every file transformers writes), else the dict json.loads makes of the object."""
+    """model.vocab from its runs: a TokenIds when its ids rise in file order from 0 and no token repeats
+    (as in every file transformers writes; o200k's skip a few ids, held as the [PAD{id}] get_vocab_base
+    writes there), else the dict json.loads makes of the object."""
     tokens = PackedStrings()
+    gaps: list[int] = []
     # Filled as the runs are parsed, unless a token holds its separator (then made again at the end).
     members: Optional[PackedSet] = PackedSet(len(runs.runs) * _MERGES_PER_CHUNK, _SET_SEPARATORS[0])
     repeated = None
     for run in runs.parsed("{", "}"):
-        if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
-            break
         texts = list(run)
-        tokens.append_chunk(texts)
+        ids = list(run.values())
+        if ids != list(range(len(tokens), len(tokens) + len(run))):
+            held = _with_pad_tokens(texts, ids, len(tokens))
+            if held is None:
+                break
+            gaps += (len(tokens) + i for i, text in enumerate(held) if text is None)
+            tokens.append_chunk([text if text is not None else f"[PAD{len(tokens) + i}]" for i, text in
+                                 enumerate(held)])
+        else:
+            tokens.append_chunk(texts)
         if members is not None and not members.can_hold(texts):
             members = None
         if members is not None and members.add_new(texts) is not None:
             break
     else:
-        if members is None:
+        if members is None and not gaps:
             members, repeated = PackedSet.of(tokens)
-        if repeated is None:
-            return TokenIds(tokens, members)
+        if members is not None and repeated is None:
+            return TokenIds(tokens, members, frozenset(gaps))
     del tokens
     # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
     # and takes its last value.
@@ -6325,36 +6334,52 @@ def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
     return vocab
 
 
+def _with_pad_tokens(texts: list[str], ids: list, first: int) -> Optional[list]:
+    """A run's tokens placed at their ids from ``first`` on, None at each id between them that no token
+    takes; None for a run whose ids are not integers rising from ``first``, or that skips more ids than
+    it holds tokens (a vocabulary with holes that large is read whole, and vocab_with_gaps judges it)."""
+    if not (all(type(i) is int for i in ids) and ids[0] >= first
+            and all(a < b for a, b in zip(ids, ids[1:])) and ids[-1] - first < 2 * len(ids)):
+        return None
+    held: list = [None] * (ids[-1] - first + 1)
+    for text, tid in zip(texts, ids):
+        held[tid - first] = text
+    return held
+
+
 class TokenIds:
     """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
     standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
     answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
     tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
-    text's tokens are looked up in check_text_vocab's table)."""
+    text's tokens are looked up in check_text_vocab's table).  The ids no token takes (``gaps``) hold
+    [PAD{id}] in ``tokens`` and are no member of the dict it stands for."""
 
-    __slots__ = ("tokens", "members")
+    __slots__ = ("tokens", "members", "gaps")
 
-    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset") -> None:
-        self.tokens, self.members = tokens, members
+    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset",
+                 gaps: frozenset[int] = frozenset()) -> None:
+        self.tokens, self.members, self.gaps = tokens, members, gaps
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) - len(self.gaps)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.tokens)
+        return (t for t, _ in self.items())
 
-    def values(self) -> range:
-        return range(len(self.tokens))
+    def values(self) -> "range | list[int]":
+        return range(len(self.tokens)) if not self.gaps else [i for _, i in self.items()]
 
     def items(self) -> Iterator[tuple[str, int]]:
-        return zip(self.tokens, itertools.count())
+        pairs = zip(self.tokens, itertools.count())
+        return pairs if not self.gaps else ((t, i) for t, i in pairs if i not in self.gaps)
 
     def __contains__(self, token: object) -> bool:
         return isinstance(token, str) and token in self.members
 
     def __getitem__(self, token: str) -> int:
         if token in self:
-            for tid, t in enumerate(self.tokens):
+            for t, tid in self.items():
                 if t == token:
                     return tid
         raise KeyError(token)
@@ -7151,7 +7176,8 @@ def check_text_vocab(vocab: "dict | TokenIds", symbols: Optional[str] = None) ->
     for raw in vocab.tokens.utf8_chunks():
         tokens = raw.split(_PACK_SEP)
         maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_SIX, tokens)))
-        found.update((tokens[i].decode("utf-8"), first + i) for i in maybe if symbols.find(tokens[i]) >= 0)
+        found.update((tokens[i].decode("utf-8"), first + i) for i in maybe
+                     if symbols.find(tokens[i]) >= 0 and first + i not in vocab.gaps)
         first += len(tokens)
     return found
 
@@ -7320,7 +7346,7 @@ def vocab_with_gaps(tokenizer_json: dict) -> "tuple[list[str] | PackedStrings, f
     200,000-200,017, which llama.cpp writes UNUSED)."""
     vocab = tokenizer_json["model"].get("vocab")
     if isinstance(vocab, TokenIds):
-        return vocab.tokens, frozenset()
+        return vocab.tokens, vocab.gaps
     if not isinstance(vocab, dict):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
     if set(map(type, vocab.values())) <= {int} and list(vocab.values()) == list(range(len(vocab))):

@@ -4447,11 +4447,24 @@ class LeanTokenizerJson(unittest.TestCase):
         with self.assertRaises(KeyError):
             ids["t"]
 
+    def test_a_vocab_whose_ids_rise_with_holes_is_held_as_its_tokens_with_pad_tokens_between(self):
+        # o200k's: its ids skip 199,998 and 200,000-200,017; the holes hold get_vocab_base's [PAD{id}]
+        n = 2 * bc._MERGES_PER_CHUNK
+        vocab = {f"t{i}": i for i in range(n) if i not in (5, n - 3, n - 2)}
+        tj = self.read(json.dumps({"model": {"vocab": vocab, "merges": ["t0 t1"]}}))
+        ids = tj["model"]["vocab"]
+        self.assertIsInstance(ids, bc.TokenIds)
+        self.assertEqual((ids.tokens[5], ids.tokens[n - 3], ids.gaps), ("[PAD5]", f"[PAD{n - 3}]", {5, n - 3, n - 2}))
+        self.assertEqual((len(ids), list(ids), list(ids.values()), list(ids.items())),
+                         (len(vocab), list(vocab), list(vocab.values()), list(vocab.items())))
+        self.assertEqual(("[PAD5]" in ids, ids[f"t{n - 1}"]), (False, n - 1))
+        self.assertEqual(bc.vocab_with_gaps(tj), (ids.tokens, ids.gaps))
+
     def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
         late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
         # and with every separator a packed set could use among the tokens (its frozenset fallback)
         odd = {t: i for i, t in enumerate(bc._SET_SEPARATORS + tuple(late))}
-        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 2}', '{"a": 0, "b": 1, "a": 2}',
+        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 9}', '{"a": 0, "b": 1, "a": 2}',
                            json.dumps(late)[:-1] + ', "t0": 0}',       # the same token again, a run later
                            json.dumps(odd)[:-1] + ', "t0": 0}'):
             with self.subTest(vocab_text[:40]):
