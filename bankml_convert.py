@@ -3290,7 +3290,9 @@ QWEN3MOE = register(QWEN2MOE._replace(
 # --- Phi-3 ----------------------------------------------------------------------------------------
 # Phi-3 / Phi-3.5-mini (llama.cpp's Phi3MiniModel, conversion/phi.py:39-211): fused qkv_proj and gate_up_proj
 # written as they are (no split, no permutation), its own keys, LongRoPE's factor tensors, and its own
-# SentencePiece vocabulary (the phi3_sentencepiece kind, under "Vocabulary").
+# SentencePiece vocabulary (the phi3_sentencepiece kind, under "Vocabulary").  Phi-4-mini is the same class
+# with partial rotary, tied embeddings and a GPT2Tokenizer, which takes the gpt2 path: its o200k vocabulary
+# (CHECK_PIPELINES' o200k) has ids without a token, written [PAD] (vocab_with_gaps).
 
 class Phi3Params(NamedTuple):
     """The hyperparameters Phi3MiniModel writes, as transformers' Phi3Config fills them: TextModel's (head_dim
@@ -3490,6 +3492,10 @@ PHI3 = register(Family(
     accepted_config_keys=frozenset({"original_max_position_embeddings", "partial_rotary_factor"}),
     # phi.py:44-59: GPT2Tokenizer (Phi-4-mini) takes the gpt2 path, anything else its own SentencePiece one.
     vocab_paths=("phi3_sentencepiece", "gpt2"),
+    # Under model_type phi3 transformers 5.18 loads tokenizer.json as written (TokenizersBackend), whatever
+    # the class: Phi-4-mini's o200k pipeline, which llama.cpp names gpt-4o.
+    check_builds=(CheckBuild("GPT2Tokenizer", "phi3", "o200k, gpt-4o's files",
+                             "Phi-4-mini's o200k tokenizer (Xenova/gpt-4o's files, which its auto_map names)"),),
 ))
 
 
@@ -6315,26 +6321,35 @@ def _placeholders_at_model(parsed: object, nonce: str) -> bool:
 
 
 def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
-    """model.vocab from its runs: a TokenIds when its ids are 0..n-1 in file order and no token repeats
-    (as in every file transformers writes), else the dict json.loads makes of the object."""
+    """model.vocab from its runs: a TokenIds when its ids rise in file order from 0 and no token repeats
+    (as in every file transformers writes; o200k's skip a few ids, held as the [PAD{id}] get_vocab_base
+    writes there), else the dict json.loads makes of the object."""
     tokens = PackedStrings()
+    gaps: list[int] = []
     # Filled as the runs are parsed, unless a token holds its separator (then made again at the end).
     members: Optional[PackedSet] = PackedSet(len(runs.runs) * _MERGES_PER_CHUNK, _SET_SEPARATORS[0])
     repeated = None
     for run in runs.parsed("{", "}"):
-        if list(run.values()) != list(range(len(tokens), len(tokens) + len(run))):
-            break
         texts = list(run)
-        tokens.append_chunk(texts)
+        ids = list(run.values())
+        if ids != list(range(len(tokens), len(tokens) + len(run))):
+            held = _with_pad_tokens(texts, ids, len(tokens))
+            if held is None:
+                break
+            gaps += (len(tokens) + i for i, text in enumerate(held) if text is None)
+            tokens.append_chunk([text if text is not None else f"[PAD{len(tokens) + i}]" for i, text in
+                                 enumerate(held)])
+        else:
+            tokens.append_chunk(texts)
         if members is not None and not members.can_hold(texts):
             members = None
         if members is not None and members.add_new(texts) is not None:
             break
     else:
-        if members is None:
+        if members is None and not gaps:
             members, repeated = PackedSet.of(tokens)
-        if repeated is None:
-            return TokenIds(tokens, members)
+        if members is not None and repeated is None:
+            return TokenIds(tokens, members, frozenset(gaps))
     del tokens
     # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
     # and takes its last value.
@@ -6344,36 +6359,52 @@ def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
     return vocab
 
 
+def _with_pad_tokens(texts: list[str], ids: list, first: int) -> Optional[list]:
+    """A run's tokens placed at their ids from ``first`` on, None at each id between them that no token
+    takes; None for a run whose ids are not integers rising from ``first``, or that skips more ids than
+    it holds tokens (a vocabulary with holes that large is read whole, and vocab_with_gaps judges it)."""
+    if not (all(type(i) is int for i in ids) and ids[0] >= first
+            and all(a < b for a, b in zip(ids, ids[1:])) and ids[-1] - first < 2 * len(ids)):
+        return None
+    held: list = [None] * (ids[-1] - first + 1)
+    for text, tid in zip(texts, ids):
+        held[tid - first] = text
+    return held
+
+
 class TokenIds:
     """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
     standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
     answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
     tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
-    text's tokens are looked up in check_text_vocab's table)."""
+    text's tokens are looked up in check_text_vocab's table).  The ids no token takes (``gaps``) hold
+    [PAD{id}] in ``tokens`` and are no member of the dict it stands for."""
 
-    __slots__ = ("tokens", "members")
+    __slots__ = ("tokens", "members", "gaps")
 
-    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset") -> None:
-        self.tokens, self.members = tokens, members
+    def __init__(self, tokens: PackedStrings, members: "PackedSet | frozenset",
+                 gaps: frozenset[int] = frozenset()) -> None:
+        self.tokens, self.members, self.gaps = tokens, members, gaps
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) - len(self.gaps)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.tokens)
+        return (t for t, _ in self.items())
 
-    def values(self) -> range:
-        return range(len(self.tokens))
+    def values(self) -> "range | list[int]":
+        return range(len(self.tokens)) if not self.gaps else [i for _, i in self.items()]
 
     def items(self) -> Iterator[tuple[str, int]]:
-        return zip(self.tokens, itertools.count())
+        pairs = zip(self.tokens, itertools.count())
+        return pairs if not self.gaps else ((t, i) for t, i in pairs if i not in self.gaps)
 
     def __contains__(self, token: object) -> bool:
         return isinstance(token, str) and token in self.members
 
     def __getitem__(self, token: str) -> int:
         if token in self:
-            for tid, t in enumerate(self.tokens):
+            for t, tid in self.items():
                 if t == token:
                     return tid
         raise KeyError(token)
@@ -6767,6 +6798,8 @@ class CheckClasses(NamedTuple):
     letters: str    # \p{L}: general category L*, re-escaped for a [...] class
     numbers: str    # \p{N}: general category N*
     spaces: str     # \s: Oniguruma's Unicode White_Space (Python's isspace without U+001C-001F)
+    upper: str      # [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]: o200k's letters that may open a word
+    lower: str      # [\p{Ll}\p{Lm}\p{Lo}\p{M}]: o200k's letters that may end one
 
 
 @lru_cache(maxsize=None)
@@ -6779,6 +6812,8 @@ def check_classes() -> CheckClasses:
         letters=listed(lambda c: unicodedata.category(c).startswith("L")),
         numbers=listed(lambda c: unicodedata.category(c).startswith("N")),
         spaces=listed(lambda c: c.isspace() and c not in "\x1c\x1d\x1e\x1f"),
+        upper=listed(lambda c: unicodedata.category(c) in ("Lu", "Lt", "Lm", "Lo") or unicodedata.category(c)[0] == "M"),
+        lower=listed(lambda c: unicodedata.category(c) in ("Ll", "Lm", "Lo") or unicodedata.category(c)[0] == "M"),
     )
 
 
@@ -6791,6 +6826,11 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k's (tiktoken's GPT-4o encoding, gpt-oss's tokenizer): words split where the case changes, a
+# contraction kept on its word, up to 3 digits, punctuation with trailing newlines or slashes.
+O200K_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_PATTERNS = {
     # tokenizers' ByteLevel(use_regex=true), GPT-2's pattern: SmolLM, GPT-2, StarCoder
     GPT2_PATTERN: r"'s|'t|'re|'ve|'m|'ll|'d| ?[@L]+| ?[@N]+| ?[^@S@L@N]+|[@S]+(?![^@S])|[@S]+",
@@ -6800,6 +6840,9 @@ _SPLIT_PATTERNS = {
     # Qwen2's Split (qwen2), also Qwen2Tokenizer's PRETOKENIZE_REGEX: single digits
     QWEN2_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L]+|[@N]| ?[^@S@L@N]+[\r\n]*"
                     r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+    # o200k's Split (llama.cpp's gpt-4o): @U and @W the word classes above
+    O200K_PATTERN: (r"[^\r\n@L@N]?[@U]*[@W]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n@L@N]?[@U]+[@W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                    r"|[@N]{1,3}| ?[^@S@L@N]+[\r\n/]*|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
 }
 
 
@@ -6808,7 +6851,7 @@ def check_pattern(onig: str) -> re.Pattern:
     """The compiled Python equivalent, over CHKTXT's characters, of one of _SPLIT_PATTERNS."""
     c = check_classes()
     return re.compile(_SPLIT_PATTERNS[onig].replace("@L", c.letters).replace("@N", c.numbers)
-                      .replace("@S", c.spaces))
+                      .replace("@S", c.spaces).replace("@U", c.upper).replace("@W", c.lower))
 
 
 class CheckPipeline(NamedTuple):
@@ -6849,6 +6892,12 @@ _LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
+_O200K_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                        + json.dumps(O200K_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                        'trim_offsets=true,use_regex=false)]')
+_O200K_GPT4O_PRE_TOKENIZER = ('Sequence[Split(behavior="Removed",invert=true,pattern={"Regex":'
+                              + json.dumps(O200K_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                              'trim_offsets=true,use_regex=false)]')
 # Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
 # normalizer turned every space into U+2581, so it never splits) and its BOS template.
 _GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
@@ -6888,6 +6937,18 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
     "gemma": CheckPipeline(rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
                            post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
                            ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False)),
+    # o200k as tokenizer.json writes it (gpt-oss's PreTrainedTokenizerFast: TokenizersBackend): the Split
+    # above, the byte map, merges ignored for a piece in the vocabulary, a ByteLevel post-processor.
+    "o200k": CheckPipeline(rebuilt=False, pre_tokenizers=(_O200K_PRE_TOKENIZER,),
+                           post_processors=("ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true)",),
+                           nfc=False, split=O200K_PATTERN, byte_level_regex=False, ignore_merges=True),
+    # Xenova/gpt-4o's tokenizer.json (Phi-4-mini's; TokenizersBackend, as transformers 5.18 takes it under
+    # model_type phi3 whatever the class): the same Split written Removed with invert (the matches kept, the
+    # text between dropped), which cuts as Isolated does since its alternatives take every character
+    # (letters, digits, white space, [^\s\p{L}\p{N}] the rest); the byte map, merges applied, no post-processor.
+    "o200k, gpt-4o's files": CheckPipeline(rebuilt=False, pre_tokenizers=(_O200K_GPT4O_PRE_TOKENIZER,),
+                                           post_processors=("null",), nfc=False, split=O200K_PATTERN,
+                                           byte_level_regex=False, ignore_merges=False),
 }
 
 
@@ -7140,7 +7201,8 @@ def check_text_vocab(vocab: "dict | TokenIds", symbols: Optional[str] = None) ->
     for raw in vocab.tokens.utf8_chunks():
         tokens = raw.split(_PACK_SEP)
         maybe = itertools.compress(range(len(tokens)), map(starts.__contains__, map(_FIRST_SIX, tokens)))
-        found.update((tokens[i].decode("utf-8"), first + i) for i in maybe if symbols.find(tokens[i]) >= 0)
+        found.update((tokens[i].decode("utf-8"), first + i) for i in maybe
+                     if symbols.find(tokens[i]) >= 0 and first + i not in vocab.gaps)
         first += len(tokens)
     return found
 
@@ -7296,14 +7358,24 @@ def config_added_tokens(tokenizer_config: dict) -> Optional[list[AddedToken]]:
 
 
 def base_vocab(tokenizer_json: dict) -> "list[str] | PackedStrings":
-    """tokenizer.json's model vocabulary in id order (a TokenIds' own PackedStrings)."""
+    """tokenizer.json's model vocabulary in id order (a TokenIds' own PackedStrings), its ids 0..n-1."""
+    tokens, gaps = vocab_with_gaps(tokenizer_json)
+    if gaps:
+        raise Refusal("tokenizer.json vocab ids are not 0..n-1 without gaps; not reproduced")
+    return tokens
+
+
+def vocab_with_gaps(tokenizer_json: dict) -> "tuple[list[str] | PackedStrings, frozenset[int]]":
+    """tokenizer.json's model vocabulary as get_vocab_base lays it out: each token at its id, [PAD{id}] at
+    the ids below the largest that no token takes, and those ids (o200k's: Phi-4-mini's 199,998 and
+    200,000-200,017, which llama.cpp writes UNUSED)."""
     vocab = tokenizer_json["model"].get("vocab")
     if isinstance(vocab, TokenIds):
-        return vocab.tokens
+        return vocab.tokens, vocab.gaps
     if not isinstance(vocab, dict):
         raise Refusal("tokenizer.json's BPE vocab is not a token -> id object; not reproduced")
     if set(map(type, vocab.values())) <= {int} and list(vocab.values()) == list(range(len(vocab))):
-        return list(vocab)     # the usual file: ids 0..n-1 in order
+        return list(vocab), frozenset()     # the usual file: ids 0..n-1 in order
     by_id: dict[int, str] = {}
     for token, tid in vocab.items():
         if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
@@ -7312,9 +7384,14 @@ def base_vocab(tokenizer_json: dict) -> "list[str] | PackedStrings":
             # llama.cpp inverts transformers' vocab dict, whose order comes from a Rust hash map.
             raise Refusal(f"tokenizer.json vocab gives id {tid} to both {by_id[tid]!r} and {token!r}")
         by_id[tid] = token
-    if sorted(by_id) != list(range(len(by_id))):
-        raise Refusal("tokenizer.json vocab ids are not 0..n-1 without gaps; not reproduced")
-    return [by_id[i] for i in range(len(by_id))]
+    size = max(by_id) + 1 if by_id else 0
+    if size > 2 * len(by_id) + _MERGES_PER_CHUNK:
+        # Holes are a few ids (o200k's 19); ids far past the count would be a list of [PAD]s that long,
+        # made before vocab_size is compared.
+        raise Refusal(f"tokenizer.json vocab ids reach {size - 1} for {len(by_id)} tokens: more ids without a "
+                      f"token than with one; not reproduced")
+    gaps = frozenset(range(size)) - by_id.keys() if size != len(by_id) else frozenset()
+    return [by_id[i] if i in by_id else f"[PAD{i}]" for i in range(size)], gaps
 
 
 def merges_as_written(tokenizer_json: dict, lines=None) -> list[str]:
@@ -7436,7 +7513,9 @@ def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: di
         # llama.cpp writes decode(encode(token)) for non-normalized added tokens; the clean-up edits it.
         raise Refusal("tokenizer_config.json clean_up_tokenization_spaces true: transformers' decode then "
                       f"rewrites {cls}'s added tokens as llama.cpp writes them; not reproduced")
-    if (d / "added_tokens.json").is_file():
+    if (d / "added_tokens.json").is_file() and "added_tokens_decoder" not in tokenizer_config:
+        # transformers 5.18 reads it only without an added_tokens_decoder (Phi-4-mini ships both), and
+        # llama.cpp's gpt2 path never does.
         raise Refusal("added_tokens.json: transformers' legacy added tokens are not reproduced")
     # Qwen2Tokenizer rebuilds NFC itself, GemmaTokenizer its U+2581 Replace, and SpecialVocab writes no
     # normalizer key for either.
@@ -7500,9 +7579,11 @@ _CLASS_SPECIAL_DEFAULTS = {
 
 
 def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
-                special_tokens_map: Optional[dict], space_marks: bool = False) -> list[AddedToken]:
+                special_tokens_map: Optional[dict], space_marks: bool = False,
+                gaps: frozenset[int] = frozenset()) -> list[AddedToken]:
     """transformers' added_tokens_decoder, when it adds nothing to what the files already list.
-    ``space_marks``: the class decodes U+2581 as a space (_SPACE_MARK_CLASSES), see token_list."""
+    ``space_marks``: the class decodes U+2581 as a space (_SPACE_MARK_CLASSES), see token_list;
+    ``gaps``: the ids below len(vocab) no vocabulary token takes (vocab_with_gaps)."""
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
     # transformers takes tokenizer_config.json's list when there is one and tokenizer.json's otherwise;
@@ -7510,6 +7591,14 @@ def added_vocab(tokenizer_json: dict, tokenizer_config: dict, vocab: list[str],
     if from_config is not None and sorted(from_config) != sorted(from_json):
         raise Refusal("tokenizer_config.json added_tokens_decoder and tokenizer.json added_tokens differ; "
                          "not reproduced")
+    renumbered = next((t for t in from_json if gaps and (t.id >= len(vocab) or t.id in gaps)), None)
+    if renumbered is not None:
+        # Measured with tokenizers 0.23.3: a Phi-4-mini-shaped file's <|assistant|> (id 200019, beside a
+        # vocabulary of 200,000 tokens with ids up to 200,018) comes back as 200000.
+        raise Refusal(f"added token {renumbered.content!r} (id {renumbered.id}) is not in tokenizer.json's model "
+                      f"vocab, whose ids have gaps: tokenizers numbers such a token itself, on from the "
+                      f"vocabulary's {len(vocab) - len(gaps)} tokens and into its gaps, so llama.cpp writes it at "
+                      f"another id than the model was trained with; add it to model.vocab at its id")
     appended = sorted(t for t in from_json if t.id >= len(vocab))
     if [t.id for t in appended] != list(range(len(vocab), len(vocab) + len(appended))):
         # transformers numbers new tokens itself, one after another past the vocabulary.
@@ -7570,9 +7659,10 @@ def added_token_type(t: AddedToken) -> int:
 
 
 def token_list(vocab: "Sequence[str] | PackedStrings", added: list[AddedToken], vocab_size: int,
-               space_marks: bool = False) -> tuple[GGUFStrings, bytearray]:
+               space_marks: bool = False, gaps: frozenset[int] = frozenset()) -> tuple[GGUFStrings, bytearray]:
     """get_vocab_base: the vocabulary, then the added tokens past it (added_vocab checked they take the
-    next ids), ids past both become [PAD{i}]; added tokens are CONTROL or USER_DEFINED (added_token_type),
+    next ids), ids past both become [PAD{i}], UNUSED as the vocabulary's ``gaps`` (vocab_with_gaps wrote
+    their [PAD{i}]); added tokens are CONTROL or USER_DEFINED (added_token_type),
     a USER_DEFINED one with U+2581 written as a space, as llama.cpp pre-normalizes it.  The texts come
     as a GGUF array's elements, made from the vocabulary's chunks each time they are written.
 
@@ -7586,6 +7676,8 @@ def token_list(vocab: "Sequence[str] | PackedStrings", added: list[AddedToken], 
     laid: dict[int, str] = {}       # id -> the text written in place of the vocabulary's or the appended one
     types = bytearray([NORMAL]) * len(vocab) + bytearray([CONTROL]) * len(appended) \
         + bytearray([UNUSED]) * (vocab_size - n)
+    for tid in gaps:
+        types[tid] = UNUSED
     for t in added:
         if 0 <= t.id < n:
             if space_marks and not t.normalized:
@@ -7783,13 +7875,13 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
 
     flags = add_flags(tokenizer_json, tokenizer_config)  # refuses post-processors that add tokens
     refuse_unported_features(d, tokenizer_json, tokenizer_config)
-    vocab = base_vocab(tokenizer_json)
+    vocab, gaps = vocab_with_gaps(tokenizer_json)
     vm_sha256 = vocab_merges_hasher(vocab)
     merges = merges_as_written(tokenizer_json, vm_sha256)
     special_tokens_map = optional_json(d / "special_tokens_map.json")
     space_marks = tokenizer_config.get("tokenizer_class") in _SPACE_MARK_CLASSES
     added = added_vocab(tokenizer_json, tokenizer_config, vocab,
-                        special_tokens_map if isinstance(special_tokens_map, dict) else None, space_marks)
+                        special_tokens_map if isinstance(special_tokens_map, dict) else None, space_marks, gaps)
     try:
         shape = tokenizer_shape(tokenizer_json, tokenizer_config, added)
     except RecursionError:
@@ -7797,7 +7889,7 @@ def bpe_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     pre = pre_tokenizer_name(tokenizer_json, tokenizer_config, config, added,
                              vm_sha256.hexdigest(), shape)
 
-    tokens, toktypes = token_list(vocab, added, vocab_size, space_marks)
+    tokens, toktypes = token_list(vocab, added, vocab_size, space_marks, gaps)
     return Vocab(
         tokens=tokens,
         toktypes=toktypes,

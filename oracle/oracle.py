@@ -63,7 +63,10 @@ OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 # Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
 # Qwen3.5 without its MTP weights: llama.cpp counts the MTP layer it declares and writes no tensors for
 # it, a file llama.cpp's runtime refuses to load (bankml asks for --no-nextn).
-REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwen3.5-moe-no-mtp"})
+REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwen3.5-moe-no-mtp",
+                           # Phi-4-mini's chat tokens outside the model vocab: llama.cpp writes them at the ids
+                           # tokenizers gives them (200,000...), not the model's (200,019...)
+                           "phi-4-mini-chat-tokens-added-only"})
 # Adapters llama.cpp converts and bankml_convert must refuse: a LoRA on the embedding of a base with tied
 # embeddings, which llama.cpp's runtime also applies to the output head, where it aborts (oracle.py load).
 REFUSED_ADAPTERS = frozenset({"smollm2-lora-embed-bf16"})
@@ -141,7 +144,11 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
     # ... and two Mamba2 groups with an untied head, in q8_0 too.
-    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))])
+    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))]
+    # Phi-4-mini (issue 37): every output type from BF16 weights, with one KV head per head and with three
+    # heads over one.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("phi-4-mini-shape", "phi-4-mini-gqa") for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
