@@ -1273,7 +1273,7 @@ class Seams(Workspace):
     def test_a_coding_error_while_reading_the_vocabulary_is_not_a_refusal(self):
         d, out = self.case("bf16"), self.tmp / "bug" / "x.gguf"
         out.parent.mkdir()
-        with mock.patch.object(bc, "base_vocab", side_effect=KeyError("a bug")):
+        with mock.patch.object(bc, "vocab_with_gaps", side_effect=KeyError("a bug")):
             with self.assertRaises(KeyError):
                 bc.convert(d, out, bc.Options())
         self.assertEqual(list(out.parent.iterdir()), [])
