@@ -5841,6 +5841,200 @@ FaultSuite = full_tier(faults.test_case())
 # Writing the output: workers and the sequential path, the platforms without Linux calls, the strings array.
 # =============================================================================================
 
+# --- Split output (issue 39): the layout as gguf-py's GGUFWriter cuts a file, decided from the tensors'
+# --- sizes alone; the bytes of whole shard sets are pinned by the golden runs *-split-* against llama.cpp's.
+
+def planned_f32(name: str, n_values: int) -> bc.PlannedTensor:
+    """A planned F32 tensor of n_values (4 bytes each), for layouts: no bytes behind it."""
+    source = bc.SourceTensor(name, "F32", (n_values,), Path("model.safetensors"), 0, 4 * n_values)
+    return bc.PlannedTensor(name, source, bc.GGML_F32, (n_values,), 0)
+
+
+def shard_sizes_of(layout) -> list[list[int]]:
+    return [[t.nbytes for t in shard] for shard in layout]
+
+
+class SplitLayout(unittest.TestCase):
+    def tensors(self, *sizes: int) -> list:
+        return [planned_f32(f"t{i}", n // 4) for i, n in enumerate(sizes)]
+
+    def test_without_limits_the_output_is_one_shard(self):
+        self.assertEqual(shard_sizes_of(bc.shard_tensors(self.tensors(8, 8, 8), bc.Split())), [[8, 8, 8]])
+
+    def test_a_shard_holding_max_tensors_is_closed(self):
+        layout = bc.shard_tensors(self.tensors(*[8] * 7), bc.Split(max_tensors=3))
+        self.assertEqual(list(map(len, layout)), [3, 3, 1])
+
+    def test_a_tensor_that_would_take_the_shard_past_max_bytes_starts_the_next(self):
+        layout = bc.shard_tensors(self.tensors(40, 40, 40, 40), bc.Split(max_bytes=80))
+        self.assertEqual(shard_sizes_of(layout), [[40, 40], [40, 40]])
+
+    def test_the_bytes_counted_are_the_tensors_own_not_their_alignment_padding(self):
+        # 20 bytes each: 60 of 64 allowed, where padded to 32 they would be 96.
+        layout = bc.shard_tensors(self.tensors(20, 20, 20, 20), bc.Split(max_bytes=64))
+        self.assertEqual(shard_sizes_of(layout), [[20, 20, 20], [20]])
+
+    def test_a_tensor_larger_than_max_bytes_has_a_shard_to_itself(self):
+        layout = bc.shard_tensors(self.tensors(8, 400, 8), bc.Split(max_bytes=100))
+        self.assertEqual(shard_sizes_of(layout), [[8], [400], [8]])
+
+    def test_either_limit_closes_a_shard(self):
+        layout = bc.shard_tensors(self.tensors(8, 8, 8, 80, 8), bc.Split(max_tensors=3, max_bytes=90))
+        self.assertEqual(shard_sizes_of(layout), [[8, 8, 8], [80, 8]])
+
+    def test_no_tensor_first_split_leaves_the_first_shard_to_the_metadata_even_without_limits(self):
+        self.assertEqual(shard_sizes_of(bc.shard_tensors(self.tensors(8, 8), bc.Split(no_tensor_first=True))),
+                         [[], [8, 8]])
+        self.assertEqual(shard_sizes_of(bc.shard_tensors(self.tensors(8, 8, 8), bc.Split(1, 0, True))),
+                         [[], [8], [8], [8]])
+
+    def test_more_shards_than_split_count_holds_are_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "65,536 shards, more than the 65,535"):
+            bc.shard_tensors(self.tensors(*[4] * 65536), bc.Split(max_tensors=1))
+
+    def test_the_first_shard_holds_the_metadata_and_every_shard_the_split_keys_after_it(self):
+        kvs = [bc.KV("general.architecture", bc.GGUFValueType.STRING, "llama")]
+        split = [("split.no", bc.GGUF_UINT16), ("split.count", bc.GGUF_UINT16), ("split.tensors.count", bc.GGUF_INT32)]
+        self.assertEqual([(k.key, k.vtype, k.value) for k in bc.shard_kvs(kvs, 0, 3, 20)],
+                         [("general.architecture", bc.GGUFValueType.STRING, "llama")]
+                         + [(k, t, v) for (k, t), v in zip(split, (0, 3, 20))])
+        self.assertEqual([(k.key, k.vtype, k.value) for k in bc.shard_kvs(kvs, 2, 3, 20)],
+                         [(k, t, v) for (k, t), v in zip(split, (2, 3, 20))])
+
+    def test_an_output_of_one_shard_has_no_split_keys(self):
+        kvs = [bc.KV("general.architecture", bc.GGUFValueType.STRING, "llama")]
+        self.assertEqual(bc.shard_kvs(kvs, 0, 1, 20), kvs)
+
+    def test_shards_are_named_beside_the_output_from_its_stem(self):
+        self.assertEqual([p.name for p in bc.shard_paths(Path("d/OUT.gguf"), 3)],
+                         ["OUT-00001-of-00003.gguf", "OUT-00002-of-00003.gguf", "OUT-00003-of-00003.gguf"])
+        self.assertEqual(bc.shard_paths(Path("d/model.bin"), 2),
+                         [Path("d/model-00001-of-00002.gguf"), Path("d/model-00002-of-00002.gguf")])
+        self.assertEqual(bc.shard_paths(Path("d/OUT.gguf"), 1), [Path("d/OUT.gguf")])
+
+    def test_the_first_shards_header_counts_the_plans_metadata_without_encoding_it_again(self):
+        kvs = [bc.KV("general.architecture", bc.GGUFValueType.STRING, "llama"),
+               bc.KV("tokenizer.ggml.tokens", bc.GGUFValueType.STRING, ["a", "bc"], True)]
+        tensors = self.tensors(8, 8)
+        whole = bc.Header(kvs, tensors)
+        first = bc.Header(bc.shard_kvs(kvs, 0, 2, 2), tensors[:1], counted=whole)
+        self.assertEqual(len(first), len(bc.Header(bc.shard_kvs(kvs, 0, 2, 2), tensors[:1])))
+        self.assertEqual(len(b"".join(first.pieces())), len(first))
+
+
+class SplitFlags(unittest.TestCase):
+    def test_split_max_size_takes_bytes_or_thousands_millions_billions(self):
+        for text, n in (("0", 0), ("1000", 1000), ("7K", 7000), ("500M", 500_000_000), ("50G", 50_000_000_000)):
+            with self.subTest(text):
+                self.assertEqual(bc.split_size(text), n)
+
+    def test_split_max_size_refuses_what_is_not_digits_and_one_upper_case_suffix(self):
+        # llama.cpp refuses 5k, 5T, 1.5G and -5M too; " 5M", +5M, 1_0M and Arabic-Indic digits only get
+        # through its int(), and are refused here to keep one spelling.
+        for text in ("5k", "5T", "1.5G", "-5M", "-5", " 5M", "+5M", "1_0M", "\u0663M", "", "M", "5MB"):
+            with self.subTest(text):
+                with self.assertRaisesRegex(bc.Refusal, r"--split-max-size .* is not a size: give a number of bytes"):
+                    bc.split_size(text)
+
+    def test_split_max_tensors_refuses_what_is_not_a_count(self):
+        for text in ("-1", "x", "1.0", ""):
+            with self.subTest(text):
+                with self.assertRaisesRegex(bc.Refusal, r"--split-max-tensors .* is not a count"):
+                    bc.split_count(text)
+
+    def test_options_with_a_negative_limit_are_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "split_max_tensors -1 is not a limit"):
+            bc.split_of(bc.Options(split_max_tensors=-1))
+        with self.assertRaisesRegex(bc.Refusal, "split_max_size -1 is not a limit"):
+            bc.split_of(bc.Options(split_max_size=-1))
+
+
+def shard_files(folder: Path) -> dict[str, str]:
+    """Every file in folder by name, with its sha256."""
+    return {n: sha256_file(folder / n) for n in entries(folder)}
+
+
+class SplitOutput(Workspace):
+    """A split conversion of the example (20 tensors): its shards' bytes are pinned by the golden runs;
+    here, how they are written and committed."""
+
+    def test_workers_and_one_process_write_the_same_shards(self):
+        d = self.case("example")
+        written = []
+        for workers in (1, 2):
+            out = self.out_dir() / "t.gguf"
+            report = bc.convert(d, out, bc.Options(workers=workers, split_max_tensors=7))
+            self.assertEqual([f.name for f in report.shards],
+                             ["t-00001-of-00003.gguf", "t-00002-of-00003.gguf", "t-00003-of-00003.gguf"])
+            self.assertEqual(shard_files(out.parent), {f.name: f.sha256 for f in report.shards})
+            written.append(shard_files(out.parent))
+        self.assertEqual(written[0], written[1])
+
+    def test_the_command_line_prints_every_shards_sha256_and_the_pin_lists_them(self):
+        out = self.out_dir() / "t.gguf"
+        r = cli(self.case("example"), "-o", out, "--split-max-size", "20K", "--fork", out.with_name("t.json"), "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        files = shard_files(out.parent)
+        pin = json.loads(out.with_name("t.json").read_text(encoding="utf-8"))
+        shards = sorted(n for n in files if n.endswith(".gguf"))
+        self.assertEqual(len(shards), 3)
+        self.assertEqual(r.out, "".join(f"{files[n]}  {out.with_name(n)}\n" for n in shards))
+        self.assertEqual([(f["name"], f["sha256"]) for f in pin["shards"]], [(n, files[n]) for n in shards])
+        self.assertEqual(pin["output"]["name"], shards[0])
+        self.assertEqual(pin["options"]["split_max_size"], 20_000)
+
+    def test_a_failure_before_the_renames_leaves_every_old_shard_as_it_was(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        bc.convert(d, out, bc.Options(split_max_tensors=7, outtype="f32"))
+        before = shard_files(out.parent)
+        late = bc.ConversionFailed("the input changed", bug=False)
+        with mock.patch.object(bc.InputSnapshot, "check", side_effect=[None, late]):
+            with self.assertRaises(bc.ConversionFailed):
+                bc.convert(d, out, bc.Options(split_max_tensors=7))
+        self.assertEqual(shard_files(out.parent), before)
+
+    def test_a_run_leaving_an_earlier_sets_shards_beside_its_own_refuses_naming_them(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        bc.convert(d, out, bc.Options(split_max_tensors=7))
+        before = entries(out.parent)
+        self.assertRefuses(d, "{0} holds t-00001-of-00003.gguf, t-00002-of-00003.gguf, t-00003-of-00003.gguf, "
+                              "shards of an earlier split of this output that this run (2 shards) would leave beside "
+                              "its own, as a second set that looks whole: remove them, or write elsewhere (a run "
+                              "given the --fork pin that lists them replaces them)".format(out.parent),
+                           "--split-max-tensors", "10", out=out)
+        self.assertRefuses(d, re.compile(r".* holds t-00001-of-00003.gguf, .* this run \(one file, t.gguf\) .*"), out=out)
+        self.assertEqual(entries(out.parent), before)
+
+    def test_the_pin_that_lists_the_earlier_set_lets_the_run_replace_it(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        pin = out.with_name("t.json")
+        bc.convert(d, out, bc.Options(split_max_tensors=7), pin=pin)
+        report = bc.convert(d, out, bc.Options(split_max_tensors=10), pin=pin)
+        self.assertEqual(entries(out.parent), ["t-00001-of-00002.gguf", "t-00002-of-00002.gguf", "t.json"])
+        self.assertEqual([f["name"] for f in json.loads(pin.read_text(encoding="utf-8"))["shards"]],
+                         [f.name for f in report.shards])
+
+    def test_an_output_the_limits_do_not_split_is_one_file_named_as_given(self):
+        out = self.out_dir() / "t.gguf"
+        report = bc.convert(self.case("example"), out, bc.Options(split_max_tensors=1000))
+        self.assertEqual((entries(out.parent), report.shards, report.sha256), (["t.gguf"], (), GOLDEN["example"]["sha256"]))
+
+    def test_the_default_name_is_split_as_a_named_output_is(self):
+        out = self.out_dir()
+        bc.convert(self.case("example"), out, bc.Options(split_max_tensors=10))
+        self.assertEqual(entries(out), ["Smollm2-Tiny-1.6M-F16-00001-of-00002.gguf", "Smollm2-Tiny-1.6M-F16-00002-of-00002.gguf"])
+
+    def test_sllm_and_lora_outputs_are_not_split(self):
+        d = self.case("example")
+        self.assertRefuses(d, re.compile(r"split output is llama.cpp's GGUF shards; .*"), "--format", "sllm",
+                           "--split-max-tensors", "3", out=self.out_dir() / "refused.sllm")
+        with self.assertRaisesRegex(bc.Refusal, "convert_lora_to_gguf.py has no split flags"):
+            bc.convert_lora(d, self.out_dir() / "a.gguf", d, bc.Options(split_max_tensors=3))
+
+
 class WorkersOutrunTheVocabulary(Workspace):
     def test_workers_that_used_up_their_jobs_before_the_header_was_written_still_report(self):
         # A slow vocabulary (Qwen's 151,643 tokens) let both workers take every job handed out, keep
@@ -8044,8 +8238,8 @@ class CommandLine(Workspace):
         out, pin = self.out_dir() / "renamed.gguf", self.tmp / "renamed.json"
         commit = bc.Commit.commit
 
-        def interrupted_once_renamed(self, check=None):
-            commit(self, check)
+        def interrupted_once_renamed(self, check=None, retire=()):
+            commit(self, check, retire)
             os.kill(os.getpid(), signal.SIGINT)
         with mock.patch.object(bc.Commit, "commit", interrupted_once_renamed):
             r = cli(self.case("bf16"), "-o", out, "--fork", pin, "--quiet")
@@ -8368,7 +8562,7 @@ class LlamaCppHabits(Workspace):
 
     def test_llama_cpps_harmless_flags_are_accepted(self):
         out = self.out_dir() / "x.gguf"
-        r = cli(EXAMPLE, "-o", out, "--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split", "--quiet")
+        r = cli(EXAMPLE, "-o", out, "--verbose", "--no-lazy", "--use-temp-file", "--quiet")
         self.assertEqual(r, Result(0, f"{GOLDEN['example']['sha256']}  {out}\n", ""))
 
     def test_llama_cpps_flags_that_would_change_the_output_are_refused_with_why(self):
