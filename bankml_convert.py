@@ -13274,6 +13274,62 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         fh.close()
 
 
+# Split sets: a first shard's name leads to every shard, as llama.cpp's loader finds them from the
+# name it is given (STEM-00001-of-0000N.gguf), and the set is checked whole and consistent.
+
+def shard_set_paths(path) -> list[Path] | None:
+    """Every shard's path of the set whose first shard path is named as (STEM-00001-of-0000N.gguf,
+    N of 2 or more); None for a path not so named."""
+    path = Path(path)
+    named = _SHARD_NAME.fullmatch(path.name)
+    if not named or int(named.group(2)) != 1 or int(named.group(3)) < 2:
+        return None
+    return shard_paths(path.with_name(named.group(1) + ".gguf"), int(named.group(3)))
+
+
+def read_shard_set(path) -> list[GGUFFile]:
+    """Every shard of the set whose first shard is path, read, or a GGUFError saying why the set is not
+    whole (a shard missing) or not consistent (shard_set_problem)."""
+    paths = shard_set_paths(path)
+    if paths is None:
+        raise GGUFError(f"{Path(path).name} is not named as the first shard of a set (NAME-00001-of-0000N.gguf)")
+    files = []
+    for i, p in enumerate(paths):
+        if not p.is_file():
+            raise GGUFError(f"shard {i + 1} of {len(paths)}, {p.name}, is missing beside {paths[0].name}: "
+                            f"the set is not whole")
+        try:
+            files.append(read_gguf(p))
+        except GGUFError as e:
+            raise GGUFError(f"{p.name}: {e}") from None
+    problem = shard_set_problem(files, [p.name for p in paths])
+    if problem:
+        raise GGUFError(problem)
+    return files
+
+
+def shard_set_problem(files: list[GGUFFile], names: list[str]) -> str | None:
+    """Why these files, in order, are not one split output, or None: each must say its own place
+    (split.no, from 0), the set's count (split.count) and its tensors in all (split.tensors.count),
+    in the types gguf-py writes them, and no tensor may be in two shards."""
+    total = sum(len(f.tensors) for f in files)
+    where: dict[str, str] = {}
+    for i, (f, name) in enumerate(zip(files, names)):
+        keys = {kv.key: kv for kv in f.kvs}
+        for key, vtype, want in zip((SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS), (GGUF_UINT16, GGUF_UINT16, GGUF_INT32),
+                                    (i, len(files), total)):
+            kv = keys.get(key)
+            if kv is None or kv.array or kv.vtype != vtype or kv.value != want:
+                got = "missing" if kv is None else f"{_type_label(kv)} {_value_text(kv)}"
+                return (f"{name}: {key} is {got}, where shard {i + 1} of a set of {len(files)} shards holding "
+                        f"{total} tensors says {GGUFValueType(vtype).name} {want}")
+        for t in f.tensors:
+            if t.name in where:
+                return f"{name}: tensor {shown_name(t.name)} is in {where[t.name]} too"
+            where[t.name] = name
+    return None
+
+
 # Showing values: short, unambiguous renderings of kv values, types and tensor shapes.
 # Long strings and arrays are cut so one line stays one line; `full` shows them whole.
 
@@ -13718,15 +13774,33 @@ def trailing_bytes(f) -> int:
 # Inspecting a GGUF file.
 
 def inspect_gguf_lines(path, full: bool = False) -> list[str]:
-    """A GGUF file's header, every key with its type and value, every tensor's type, shape and place."""
+    """A GGUF file's header, every key with its type and value, every tensor's type, shape and place;
+    for a split's first shard, the set checked whole and consistent, then each shard so."""
+    if shard_set_paths(path) is not None:
+        files = read_shard_set(path)
+        lines = [f"split GGUF: {len(files)} shards, {sum(len(f.tensors) for f in files)} tensors, "
+                 f"{sum(f.file_size for f in files)} bytes; whole and consistent"]
+        for i, f in enumerate(files, 1):
+            lines += [f"== shard {i} of {len(files)}: {Path(f.path).name}"] + describe_gguf(f, full)
+        return lines
     return describe_gguf(read_gguf(path), full)
 
 
 def inspect_gguf_json(path, full: bool = False) -> dict:
-    """inspect_gguf_lines as one JSON object; values whole when full."""
-    f = read_gguf(path)
+    """inspect_gguf_lines as one JSON object; values whole when full.  A split's first shard: the first
+    shard's, its tensor_count the set's, and "shards" holding each shard's, its tensors with it."""
+    if shard_set_paths(path) is not None:
+        files = read_shard_set(path)
+        doc = _gguf_json(files[0], str(path), full)
+        doc.update(tensor_count=sum(len(f.tensors) for f in files),
+                   shards=[_gguf_json(f, f.path, full) for f in files])
+        return doc
+    return _gguf_json(read_gguf(path), str(path), full)
+
+
+def _gguf_json(f: GGUFFile, path: str, full: bool) -> dict:
     return {
-        "path": str(path), "format": "gguf", "version": f.version, "alignment": f.alignment,
+        "path": path, "format": "gguf", "version": f.version, "alignment": f.alignment,
         "bytes": f.file_size, "data_start": f.data_start, "trailing_bytes": trailing_bytes(f),
         "kv_count": len(f.kvs), "tensor_count": len(f.tensors),
         "kvs": [kv_json(kv, full) for kv in f.kvs],
@@ -14126,7 +14200,7 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=N
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise Refusal(f"{gguf_path} is not a file")
-    total = pin.output.size + sum(c.size for c in pin.companions)
+    total = sum(f.size for f in pin.shards[1:]) + pin.output.size + sum(c.size for c in pin.companions)
     total += sum(p.size for p in pin.inputs) if inputs_dir is not None else 0
     done = [0]
 
@@ -14136,6 +14210,14 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=N
             progress(done[0], total, "")
     try:
         checks = _output_checks(hash_file(gguf_path, read=read), pin.output)
+        if pin.shards:
+            # A split: every other shard the pin lists, beside the first (the one named); each line names its shard.
+            checks = [(held, f"{pin.output.name}: {text}") for held, text in checks]
+            for shard in pin.shards[1:]:
+                beside = gguf_path.with_name(shard.name)
+                checks += ([(held, f"{shard.name}: {text}") for held, text in
+                            _output_checks(hash_file(beside, read=read), shard)] if beside.is_file()
+                           else [(False, f"{shard.name}: missing beside {gguf_path.name}: the set is not whole")])
         for c in pin.companions:
             beside = gguf_path.with_name(c.name)
             checks += (_output_checks(hash_file(beside, read=read), c) if beside.is_file()
@@ -14162,11 +14244,19 @@ def diff_files(a, b) -> tuple[list[str], int]:
     """diff_gguf's lines and the exit code: 0 identical, 1 different, 2 unreadable.
 
     Identical bytes are identical whatever they hold; files that differ are unreadable when either
-    is not a GGUF the reader accepts, since the diff then cannot say what differs.
+    is not a GGUF the reader accepts, since the diff then cannot say what differs.  Two splits' first
+    shards: each set checked whole and consistent (a Refusal if not), then shard against shard.
     """
     for p in (a, b):
         if not Path(p).is_file():
             raise Refusal(f"{p} is not a file")
+    sets = [shard_set_paths(p) for p in (a, b)]
+    if sets != [None, None]:
+        return _diff_shard_sets(a, b, sets)
+    return _diff_two_files(a, b)
+
+
+def _diff_two_files(a, b) -> tuple[list[str], int]:
     try:
         lines = diff_gguf(a, b)
         if not lines:
@@ -14179,6 +14269,24 @@ def diff_files(a, b) -> tuple[list[str], int]:
     except OSError as e:
         raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     return lines, 1
+
+
+def _diff_shard_sets(a, b, sets: list) -> tuple[list[str], int]:
+    for p, paths in zip((a, b), sets):
+        if paths is not None:
+            try:
+                read_shard_set(p)
+            except GGUFError as e:
+                raise Refusal(f"{p}: {e}") from None
+    counts = [len(paths) if paths else 1 for paths in sets]
+    if counts[0] != counts[1]:
+        return [f"A is {counts[0]} {'shards' if counts[0] > 1 else 'file'}, B {counts[1]} "
+                f"{'shards' if counts[1] > 1 else 'file'}"], 1
+    lines: list[str] = []
+    for n, (pa, pb) in enumerate(zip(*sets), 1):
+        found, _ = _diff_two_files(pa, pb)
+        lines += [f"shard {n} ({pa.name} / {pb.name}): {line}" for line in found]
+    return lines, 1 if lines else 0
 
 
 # --json results: one JSON object on stdout of the shape RESULT_SCHEMA (in the command line section

@@ -7945,6 +7945,76 @@ class DiffCommand(AroundWorkspace):
 
 # --- convert --dry-run
 
+# --- A split output's set (issue 39): inspect, verify and diff take its first shard's name.
+
+class ShardSetCommands(AroundWorkspace):
+    """The example split in three shards (7, 7 and 6 tensors), with its pin."""
+
+    def split(self, **flags) -> Path:
+        out = self.out_dir() / "t.gguf"
+        bc.convert(EXAMPLE, out, bc.Options(**(flags or {"split_max_tensors": 7})), pin=out.with_name("t.json"))
+        return out.with_name("t-00001-of-00003.gguf") if not flags else out
+
+    def test_inspect_of_the_first_shard_lists_the_whole_set(self):
+        first = self.split()
+        r = cli("inspect", first)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual([ln for ln in r.out.splitlines() if not ln.startswith(" ")][:3],
+                         ["split GGUF: 3 shards, 20 tensors, 4954080 bytes; whole and consistent",
+                          "== shard 1 of 3: t-00001-of-00003.gguf",
+                          "GGUF v3 (little-endian): 33 kv, 7 tensors, alignment 32, file size 4929120"])
+        doc = json.loads(cli("inspect", first, "--json").out)
+        self.assertEqual((doc["tensor_count"], [s["tensor_count"] for s in doc["shards"]]), (20, [7, 7, 6]))
+
+    def test_a_set_missing_a_shard_is_not_whole(self):
+        first = self.split()
+        first.with_name("t-00002-of-00003.gguf").unlink()
+        self.assertOneLineError(cli("inspect", first), "inspect",
+                                f"{first}: shard 2 of 3, t-00002-of-00003.gguf, is missing beside "
+                                f"t-00001-of-00003.gguf: the set is not whole")
+
+    def test_a_shard_of_another_set_is_not_consistent(self):
+        first = self.split()
+        shutil.copy(first.with_name("t-00003-of-00003.gguf"), first.with_name("t-00002-of-00003.gguf"))
+        self.assertOneLineError(cli("inspect", first), "inspect",
+                                f"{first}: t-00001-of-00003.gguf: split.tensors.count is INT32 20, where shard 1 of a "
+                                f"set of 3 shards holding 19 tensors says INT32 19")
+
+    def test_verify_checks_every_shard_against_the_pin(self):
+        first = self.split()
+        pin = first.with_name("t.json")
+        r = cli("verify", first, pin)
+        self.assertEqual(r.code, 0, r.out)
+        self.assertEqual([ln.split(":")[0] for ln in r.out.splitlines()[:6]],
+                         [f"ok t-0000{n}-of-00003.gguf" for n in (1, 1, 2, 2, 3, 3)])
+        last = first.with_name("t-00003-of-00003.gguf")
+        with open(last, "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        r = cli("verify", first, pin)
+        self.assertEqual(r.code, 1)
+        self.assertEqual([ln for ln in r.out.splitlines() if ln.startswith("FAIL")],
+                         [f"FAIL t-00003-of-00003.gguf: sha256: t-00003-of-00003.gguf is {sha256_file(last)}, the pin says "
+                          f"{json.loads(pin.read_text())['shards'][2]['sha256']}"])
+        last.unlink()
+        self.assertIn("FAIL t-00003-of-00003.gguf: missing beside t-00001-of-00003.gguf: the set is not whole",
+                      cli("verify", first, pin).out)
+
+    def test_diff_compares_two_sets_shard_by_shard(self):
+        a, b = self.split(), self.split()
+        self.assertEqual(cli("diff", a, b), Result(0, "identical\n", ""))
+        with open(b.with_name("t-00002-of-00003.gguf"), "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        r = cli("diff", a, b)
+        self.assertEqual(r.code, 1)
+        self.assertTrue(all(ln.startswith("shard 2 (t-00002-of-00003.gguf / t-00002-of-00003.gguf): ")
+                            for ln in r.out.splitlines()), r.out)
+
+    def test_diff_of_a_set_and_one_file_says_so(self):
+        self.assertEqual(cli("diff", self.split(), self.gguf), Result(1, "A is 3 shards, B 1 file\n", ""))
+
+
 class DryRunCommand(AroundWorkspace):
     def test_dry_run_writes_nothing(self):
         d = self.example()
