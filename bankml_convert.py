@@ -13994,6 +13994,8 @@ class DryRun(NamedTuple):
     plan: Plan
     out: Path           # with {ftype} filled in (or a directory's default name), as convert would write it
     replaces: bool      # an existing file at out would be replaced
+    shards: tuple[InputFile, ...] = ()     # a split's: each shard's name and size (no sha256: nothing written)
+    shard_tensors: tuple[int, ...] = ()    # and how many tensors each holds
 
 
 def dry_run(model_dir, out, options: Options) -> DryRun:
@@ -14003,8 +14005,15 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     tensor_plan = tensor_plan_of(model_dir, options)
     plan = plan_conversion(model_dir, options, tensor_plan)
     target = output_file(Path(out), plan.outtype, lambda: default_output_name(model_dir, options, tensor_plan))
-    check_output_path(target, model_dir, plan.inputs)
-    return DryRun(plan, target, target.exists())
+    shards = shard_tensors(plan.tensors, split_of(options))
+    paths = shard_paths(target, len(shards))
+    check_outputs(paths, model_dir, plan.inputs, False)
+    if len(shards) == 1:
+        return DryRun(plan, target, target.exists())
+    headers = [first_shard_header(plan, shards)] + later_shard_headers(shards)
+    sizes = shard_sizes(headers, shard_jobs(shards, list(map(len, headers))))
+    return DryRun(plan, paths[0], any(p.exists() for p in paths),
+                  tuple(InputFile(p.name, size, None) for p, size in zip(paths, sizes)), tuple(map(len, shards)))
 
 
 def _source_note(t: PlannedTensor) -> str:
@@ -14036,6 +14045,9 @@ def dry_run_json(d: DryRun, full: bool = False) -> dict:
         "kvs": [kv_json(kv, full) for kv in f.kvs],
         "tensors": [dict(tensor_json(t), source=_source_json(planned)) for t, planned in zip(f.tensors, p.tensors)],
         "inputs": [i.name for i in p.inputs],
+        # A split's shards (the keys and tensors above are the whole file's, before it is cut).
+        **({"shards": [{"path": str(d.out.with_name(s.name)), "bytes": s.size, "tensor_count": n}
+                       for s, n in zip(d.shards, d.shard_tensors)]} if d.shards else {}),
     }
 
 
@@ -14048,6 +14060,12 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
         f"(header {f.data_start:,}, tensor data {f.file_size - f.data_start:,}); nothing was written",
         f"general.name {p.name!r}, {p.params:,} parameters",
     ]
+    if d.shards:
+        # llama.cpp's own plan lines (print_plan), then the file as one, before it is cut.
+        lines[0] = (f"dry run: would write {len(d.shards)} shards{' (replacing some)' if d.replaces else ''}, "
+                    f"{sum(s.size for s in d.shards):,} bytes; nothing was written")
+        lines[1:1] = [f"{d.out.with_name(s.name)}: n_tensors = {n}, {s.size:,} bytes"
+                      for s, n in zip(d.shards, d.shard_tensors)]
     lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors, [_source_note(t) for t in p.tensors])
     lines.append(f"* {len(p.inputs)} inputs: {', '.join(i.name for i in p.inputs)}")
     return lines

@@ -8011,6 +8011,19 @@ class ShardSetCommands(AroundWorkspace):
         self.assertTrue(all(ln.startswith("shard 2 (t-00002-of-00003.gguf / t-00002-of-00003.gguf): ")
                             for ln in r.out.splitlines()), r.out)
 
+    def test_dry_run_lists_the_shards_with_their_sizes_and_writes_nothing(self):
+        out = self.out_dir() / "t.gguf"
+        r = cli(EXAMPLE, "-o", out, "--dry-run", "--split-max-tensors", "7")
+        self.assertEqual(r.out.splitlines()[:4], [
+            "dry run: would write 3 shards, 4,954,080 bytes; nothing was written",
+            f"{out.parent}/t-00001-of-00003.gguf: n_tensors = 7, 4,929,120 bytes",
+            f"{out.parent}/t-00002-of-00003.gguf: n_tensors = 7, 18,080 bytes",
+            f"{out.parent}/t-00003-of-00003.gguf: n_tensors = 6, 6,880 bytes"])
+        self.assertEqual(entries(out.parent), [])
+        written = self.split()
+        self.assertEqual([s.size for s in bc.dry_run(EXAMPLE, out, bc.Options(split_max_tensors=7)).shards],
+                         [p.stat().st_size for p in bc.shard_set_paths(written)])
+
     def test_diff_of_a_set_and_one_file_says_so(self):
         self.assertEqual(cli("diff", self.split(), self.gguf), Result(1, "A is 3 shards, B 1 file\n", ""))
 
