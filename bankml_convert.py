@@ -3,6 +3,7 @@
 """bankml_convert: a Hugging Face safetensors model directory to GGUF, byte-identical to llama.cpp.
 
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
+                              [--split-max-size N(K|M|G)] [--split-max-tensors N] [--no-tensor-first-split]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
     python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
 
@@ -33,11 +34,12 @@ touch; tool: around the conversion):
   Kernels                      core   exact element and block rules, as torch and numpy round
   Fast kernels                 speed  the same bytes at C speed (big-integer lanes, translate tables)
   Tensor data                  speed  each tensor's bytes in bounded chunks through one reused buffer
-  Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed
+  Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed,
+                                      and where its split flags cut it into shards
   The output path              tool   llama.cpp's output name, derived names made one safe file name;
                                       outputs that would overwrite inputs or be read as one refused
   Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
-  Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
+  Writing the output           speed  forked workers that pwrite into OUT.part (every shard's), hashed in file order
   The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
   Pinning                      trust  FORK.json: what was made from what
   LoRA adapters                core   PEFT adapters as convert_lora_to_gguf.py writes them, through the family plan
@@ -10292,7 +10294,8 @@ def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
 
 # ---------------------------------------------------------------------------------------------
 # Writing: the GGUF v3 layout gguf-py's GGUFWriter produces -- header, metadata, tensor table,
-# data aligned to 32 bytes -- streamed to OUT.part, hashed as written, renamed when complete.
+# data aligned to 32 bytes, cut into shards by llama.cpp's split flags -- streamed to OUT.part (each
+# shard's .part), hashed as written, renamed when complete.
 # ---------------------------------------------------------------------------------------------
 
 def encode_string(s: str) -> bytes:
@@ -10732,7 +10735,8 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 #   behind its name, the same size, mtime and ctime as before the run read it (ctime cannot be set
 #   back by any program, so a write hidden by utime() still shows).  Then the data is flushed
 #   (fsync), each .part given the permission bits (and, where allowed, the owner and group) of the
-#   file it replaces, the files renamed in order -- OUT first, its pin last -- and their directories
+#   file it replaces, the files renamed in order -- OUT first (a split's shards in order), its pin
+#   last -- an earlier split's shards the pin being replaced lists removed, and their directories
 #   flushed.
 # - A run that stops before the renames removes its .parts and leaves every old file as it was;
 #   once the renames are done it has succeeded.
@@ -11259,8 +11263,8 @@ def output_error(path: Path, e: OSError) -> Exception:
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing the output: OUT.part written by this process, or by forked workers that pwrite into it,
-# hashed in file order as it is completed, and renamed to OUT only when whole.
+# Writing the output: OUT.part (every shard's, split) written by this process, or by forked workers
+# that pwrite into it, hashed in file order as it is completed, and renamed to OUT only when whole.
 # ---------------------------------------------------------------------------------------------
 #
 # With workers, after the fork (an end not named here is closed in that process):
@@ -13278,11 +13282,17 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
 # name it is given (STEM-00001-of-0000N.gguf), and the set is checked whole and consistent.
 
 def shard_set_paths(path) -> list[Path] | None:
-    """Every shard's path of the set whose first shard path is named as (STEM-00001-of-0000N.gguf,
-    N of 2 or more); None for a path not so named."""
+    """Every shard's path of the set whose first shard path is, by its name (STEM-00001-of-0000N.gguf,
+    N of 2 or more) and by its own split.count (a file merely named so is one file, as llama.cpp's
+    loader takes it); None for any other path, or a file that cannot be read (read alone, it says why)."""
     path = Path(path)
     named = _SHARD_NAME.fullmatch(path.name)
     if not named or int(named.group(2)) != 1 or int(named.group(3)) < 2:
+        return None
+    try:
+        if not any(kv.key == SPLIT_COUNT for kv in read_gguf(path).kvs):
+            return None
+    except (GGUFError, OSError):
         return None
     return shard_paths(path.with_name(named.group(1) + ".gguf"), int(named.group(3)))
 

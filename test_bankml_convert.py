@@ -6027,6 +6027,14 @@ class SplitOutput(Workspace):
         bc.convert(self.case("example"), out, bc.Options(split_max_tensors=10))
         self.assertEqual(entries(out), ["Smollm2-Tiny-1.6M-F16-00001-of-00002.gguf", "Smollm2-Tiny-1.6M-F16-00002-of-00002.gguf"])
 
+    def test_a_split_past_the_open_files_limit_is_refused_before_any_file_is_made(self):
+        # Every shard's .part stays open until the renames (llama.cpp keeps every shard open too).
+        import resource
+        with mock.patch.object(resource, "getrlimit", return_value=(80, 80)):
+            self.assertRefuses(self.case("example"), "the output would be 20 files held open at once, and this "
+                               "process may open 80 (ulimit -n): raise the limit, or --split-max-size or "
+                               "--split-max-tensors for fewer shards", "--split-max-tensors", "1")
+
     def test_sllm_and_lora_outputs_are_not_split(self):
         d = self.case("example")
         self.assertRefuses(d, re.compile(r"split output is llama.cpp's GGUF shards; .*"), "--format", "sllm",
@@ -8023,6 +8031,12 @@ class ShardSetCommands(AroundWorkspace):
         written = self.split()
         self.assertEqual([s.size for s in bc.dry_run(EXAMPLE, out, bc.Options(split_max_tensors=7)).shards],
                          [p.stat().st_size for p in bc.shard_set_paths(written)])
+
+    def test_a_file_only_named_as_a_first_shard_is_one_file(self):
+        named = Path(shutil.copy(self.gguf, self.out_dir() / "t-00001-of-00003.gguf"))
+        r = cli("inspect", named)
+        self.assertEqual((r.code, r.out.splitlines()[0]), (0, "GGUF v3 (little-endian): 30 kv, 20 tensors, "
+                                                              "alignment 32, file size 4953728"))
 
     def test_diff_of_a_set_and_one_file_says_so(self):
         self.assertEqual(cli("diff", self.split(), self.gguf), Result(1, "A is 3 shards, B 1 file\n", ""))
