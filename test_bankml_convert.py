@@ -5983,6 +5983,14 @@ class SplitOutput(Workspace):
         self.assertEqual(pin["output"]["name"], shards[0])
         self.assertEqual(pin["options"]["split_max_size"], 20_000)
 
+    def test_json_lists_every_shard_among_the_outputs(self):
+        out = self.out_dir() / "t.gguf"
+        r = cli(self.case("example"), "-o", out, "--split-max-tensors", "7", "--json", "--quiet")
+        doc = json.loads(r.out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual([(o["path"], o["sha256"], o["role"]) for o in doc["outputs"]],
+                         [(str(out.with_name(n)), sha, "gguf") for n, sha in sorted(shard_files(out.parent).items())])
+
     def test_a_failure_before_the_renames_leaves_every_old_shard_as_it_was(self):
         d = self.case("example")
         out = self.out_dir() / "t.gguf"
