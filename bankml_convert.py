@@ -11339,12 +11339,15 @@ def write_shards(fds: list[int], shards: list[list[PlannedTensor]], finish_plan:
         if hasher:
             hasher.start()
         shas = []
+        by_shard: list[list[Job]] = [[] for _ in shards]
+        for job in jobs:
+            by_shard[job.file].append(job)
         for i, (fd, header) in enumerate(zip(fds, headers)):
             w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
             try:
                 for piece in header.pieces():
                     w.write(piece)
-                _write_tensor_data(w, [j for j in jobs if j.file == i], progress, offsets[i], total)
+                _write_tensor_data(w, by_shard[i], progress, offsets[i], total)
                 shas.append(w.close())
             except BaseException:
                 w.abort()
@@ -11378,7 +11381,7 @@ def shard_sizes(headers: list[Header], jobs: list[Job]) -> list[int]:
 def shard_offsets(headers: list[Header], jobs: list[Job]) -> tuple[list[int], int]:
     """Where each shard starts in the shards taken back to back, and their total: a progress bar's."""
     sizes = shard_sizes(headers, jobs)
-    return [sum(sizes[:i]) for i in range(len(sizes))], sum(sizes)
+    return [0] + list(itertools.accumulate(sizes))[:-1], sum(sizes)
 
 
 def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None, before: int = 0,
@@ -11692,8 +11695,10 @@ def _worker(fds: list[int], unplaced: list[Job], starts: list[int], todo: int, r
             kept_bytes += job.out_len
             if data_start is None:
                 data_start = _data_start(start, wait=kept_bytes >= _EARLY_BYTES)
+                if data_start is not None:
+                    starts = [data_start] + starts[1:]
             if data_start is not None:
-                _write_kept(fds, unplaced, kept, [data_start] + starts[1:], report)
+                _write_kept(fds, unplaced, kept, starts, report)
                 kept, kept_bytes = [], 0
         if kept:    # the jobs ran out before the header's size arrived
             _write_kept(fds, unplaced, kept, [_data_start(start, wait=True)] + starts[1:], report)
