@@ -182,7 +182,14 @@ RUNS: tuple[Run, ...] = tuple(
        Run("mixtral-bf16-split-tensors-q8_0", "mixtral-bf16", ("--outtype", "q8_0", "--split-max-tensors", "8")),
        Run("llama-3.2-1b-instruct-split-tensors-f16", "llama-3.2-1b-instruct",
            ("--outtype", "f16", "--split-max-tensors", "8")),
-       Run("qwen3.5-0.8b-text-split-size-q8_0", "qwen3.5-0.8b-text", ("--outtype", "q8_0", "--split-max-size", "50K"))])
+       Run("qwen3.5-0.8b-text-split-size-q8_0", "qwen3.5-0.8b-text", ("--outtype", "q8_0", "--split-max-size", "50K")),
+       # ... and Qwen3-MoE's experts, Gemma 3's +1 norms, Phi-3's generated rope factors, Granite 4.0-H's mixer
+       Run("qwen3-moe-bf16-split-size-f16", "qwen3-moe-bf16", ("--outtype", "f16", "--split-max-size", "20K")),
+       Run("gemma-3-1b-shape-split-tensors-f16", "gemma-3-1b-shape",
+           ("--outtype", "f16", "--split-max-tensors", "10", "--no-tensor-first-split")),
+       Run("phi-3.5-mini-shape-split-size-bf16", "phi-3.5-mini-shape", ("--outtype", "bf16", "--split-max-size", "100K")),
+       Run("granite-4.0-h-tiny-shape-split-tensors-q8_0", "granite-4.0-h-tiny-shape",
+           ("--outtype", "q8_0", "--split-max-tensors", "20"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
