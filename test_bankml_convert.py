@@ -6043,6 +6043,12 @@ class SplitOutput(Workspace):
                                "process may open 80 (ulimit -n): raise the limit, or --split-max-size or "
                                "--split-max-tensors for fewer shards", "--split-max-tensors", "1")
 
+    def test_a_pin_named_as_one_of_the_shards_is_refused(self):
+        out = self.out_dir() / "t.gguf"
+        shard = out.with_name("t-00002-of-00003.gguf")
+        self.assertRefuses(self.case("example"), f"the output {shard} and {shard} would be the same file; name two files",
+                           "--split-max-tensors", "7", "--fork", shard, out=out)
+
     def test_sllm_and_lora_outputs_are_not_split(self):
         d = self.case("example")
         self.assertRefuses(d, re.compile(r"split output is llama.cpp's GGUF shards; .*"), "--format", "sllm",
