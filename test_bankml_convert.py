@@ -8009,6 +8009,8 @@ class ShardSetCommands(AroundWorkspace):
         self.assertEqual(r.code, 0, r.out)
         self.assertEqual([ln.split(":")[0] for ln in r.out.splitlines()[:6]],
                          [f"ok t-0000{n}-of-00003.gguf" for n in (1, 1, 2, 2, 3, 3)])
+        # The command that makes the set again names -o by the shards' stem, and the split.
+        self.assertTrue(r.out.splitlines()[-1].endswith(" -o t.gguf --outtype f16 --split-max-tensors 7"), r.out)
         last = first.with_name("t-00003-of-00003.gguf")
         with open(last, "r+b") as f:
             f.seek(-1, 2)
@@ -8021,6 +8023,14 @@ class ShardSetCommands(AroundWorkspace):
         last.unlink()
         self.assertIn("FAIL t-00003-of-00003.gguf: missing beside t-00001-of-00003.gguf: the set is not whole",
                       cli("verify", first, pin).out)
+
+    def test_a_pin_whose_shards_do_not_begin_with_its_output_is_refused(self):
+        pin = self.split().with_name("t.json")
+        doc = json.loads(pin.read_text(encoding="utf-8"))
+        doc["shards"] = doc["shards"][1:]
+        pin.write_text(json.dumps(doc), encoding="utf-8")
+        with self.assertRaisesRegex(bc.Refusal, 't.json: the first of "shards" is not the output'):
+            bc.read_pin(pin)
 
     def test_diff_compares_two_sets_shard_by_shard(self):
         a, b = self.split(), self.split()
