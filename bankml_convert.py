@@ -11893,8 +11893,7 @@ def _hash_as_done(fds: list[int], jobs: list[Job], report: int, shas: list, todo
     has exited).  A worker's error record is raised.  offsets, total: shard_offsets', for progress."""
     done = bytearray(len(jobs))
     next_job = 0
-    file = jobs[0].file if jobs else 0
-    hashed = jobs[0].out_pos if jobs else 0
+    file = hashed = -1      # the shard being hashed, and how far: none yet
     buffer = bytearray(max((j.out_len + j.pad_after for j in jobs), default=0))
     pending = b""
     while next_job < len(jobs):
@@ -11913,7 +11912,7 @@ def _hash_as_done(fds: list[int], jobs: list[Job], report: int, shas: list, todo
         pending = pending[at:]
         while next_job < len(jobs) and done[next_job]:
             job = jobs[next_job]
-            if job.file != file:    # the next shard: its header is hashed, its data starts here
+            if job.file != file:    # the first or next shard: its header is hashed, its data starts here
                 file, hashed = job.file, job.out_pos
                 flusher.follow(fds[file])
             end = job.out_pos + job.out_len + job.pad_after
