@@ -15662,8 +15662,8 @@ class _Interrupted(BaseException):
 def _summary(r: Report) -> str:
     if r.shards:
         return (f"bankml convert: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, {r.params:,} parameters, "
-                f"{sum(f.size for f in r.shards):,} bytes in {len(r.shards)} shards -> {r.out} (load this one) "
-                f"to {r.out.with_name(r.shards[-1].name).name}")
+                f"{sum(f.size for f in r.shards):,} bytes in {len(r.shards)} shards -> {r.out} .. "
+                f"{r.shards[-1].name} (llama.cpp loads the set from the first)")
     return (f"bankml convert: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, "
             f"{r.params:,} parameters, {r.bytes:,} bytes -> {r.out}")
 

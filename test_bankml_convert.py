@@ -6025,6 +6025,16 @@ class SplitOutput(Workspace):
         self.assertEqual([f["name"] for f in json.loads(pin.read_text(encoding="utf-8"))["shards"]],
                          [f.name for f in report.shards])
 
+    def test_a_pinned_earlier_shard_that_has_changed_size_is_not_the_pins_to_replace(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        pin = out.with_name("t.json")
+        bc.convert(d, out, bc.Options(split_max_tensors=7), pin=pin)
+        with open(out.with_name("t-00003-of-00003.gguf"), "ab") as f:
+            f.write(b"\0")
+        with self.assertRaisesRegex(bc.Refusal, "holds t-00001-of-00003.gguf, .* shards of an earlier split"):
+            bc.convert(d, out, bc.Options(split_max_tensors=10), pin=pin)
+
     def test_an_output_the_limits_do_not_split_is_one_file_named_as_given(self):
         out = self.out_dir() / "t.gguf"
         report = bc.convert(self.case("example"), out, bc.Options(split_max_tensors=1000))
