@@ -42,7 +42,7 @@ oracle:
 # Times bankml_convert against llama.cpp's converter (when oracle/.ref is set up) and a cp+sha256sum
 # floor on every issue's full-size case (oracle/bench.py's SUITE: SmolLM2-135M-Instruct in every type,
 # Llama-3.2-1B-Instruct, TinyLlama-1.1B and Qwen2.5-0.5B in f16, Llama-3.2-3B sharded as the Hub ships
-# it in f16 and q8_0), then the 135M model with 3x the layers for flat memory. The cases are generated
+# it in f16 and q8_0, and in f16 split into 1 GB shards), then the 135M model with 3x the layers for flat memory. The cases are generated
 # under build/bench on first use (~13 GB, about 2 minutes; the 3B outputs need ~13 GB more while it
 # runs). Prints per case the medians, ratios, s/GB and where bankml's time goes, then PASS/FAIL per
 # issue target. About 40 minutes on the 2-core machine, 28 of them the 3B case (llama.cpp's q8_0 there

@@ -3,6 +3,7 @@
 """bankml_convert: a Hugging Face safetensors model directory to GGUF, byte-identical to llama.cpp.
 
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
+                              [--split-max-size N(K|M|G)] [--split-max-tensors N] [--no-tensor-first-split]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
     python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
 
@@ -33,11 +34,12 @@ touch; tool: around the conversion):
   Kernels                      core   exact element and block rules, as torch and numpy round
   Fast kernels                 speed  the same bytes at C speed (big-integer lanes, translate tables)
   Tensor data                  speed  each tensor's bytes in bounded chunks through one reused buffer
-  Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed
+  Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed,
+                                      and where its split flags cut it into shards
   The output path              tool   llama.cpp's output name, derived names made one safe file name;
                                       outputs that would overwrite inputs or be read as one refused
   Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
-  Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
+  Writing the output           speed  forked workers that pwrite into OUT.part (every shard's), hashed in file order
   The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
   Pinning                      trust  FORK.json: what was made from what
   LoRA adapters                core   PEFT adapters as convert_lora_to_gguf.py writes them, through the family plan
@@ -1540,6 +1542,11 @@ class Options(NamedTuple):
     hash_inputs: bool = True        # False: Report.inputs carry sizes, no sha256 (nothing to pin)
     no_nextn: bool = False          # llama.cpp's --no-nextn: a model's MTP layers neither counted nor written
     notice: Any = None              # called with a line for the user (a dead run's .part replaced)
+    # llama.cpp's split flags (Split): 0 is no limit; a run splitting into more than one shard writes
+    # OUT's stem-00001-of-0000N.gguf and on beside it.
+    split_max_tensors: int = 0
+    split_max_size: int = 0         # bytes (the command line takes llama.cpp's 500M, 50G: split_size)
+    no_tensor_first_split: bool = False
 
 
 class InputFile(NamedTuple):
@@ -1563,6 +1570,8 @@ class Report(NamedTuple):
     outtype: str = ""       # --outtype as decided ("auto" resolved)
     base: str = ""          # a LoRA adapter's: the base directory whose config.json was read
     base_inputs: tuple[InputFile, ...] = ()     # and that config.json (the last input read)
+    # A split output's shards, the first (out, sha256, bytes above) among them; () for one file.
+    shards: tuple[InputFile, ...] = ()
 
 
 class TensorPlan(NamedTuple):
@@ -10267,9 +10276,10 @@ class Job(NamedTuple):
     tensor: PlannedTensor
     first_row: int      # in the source read
     rows: int
-    out_pos: int        # absolute offset of the converted rows in the GGUF
+    out_pos: int        # absolute offset of the converted rows in the GGUF (in its shard, split)
     pad_after: int      # zero bytes after them (the tensor's alignment padding, on its last job)
     part: int = 0       # which of tensor.sources the rows are read from
+    file: int = 0       # which shard the rows are written to (0: the output, not split)
 
     @property
     def source(self) -> SourceTensor:
@@ -10304,7 +10314,7 @@ def _row_bytes(t: SourceTensor) -> int:
     return t.nbytes // rows if rows else 0
 
 
-def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
+def data_jobs(tensors: list[PlannedTensor], data_start: int, file: int = 0) -> list[Job]:
     """The tensor data cut into jobs of about CHUNK_BYTES of input, in file order.
 
     Jobs hold whole rows, and a permuted tensor's jobs whole heads, because llama.cpp's Q/K
@@ -10322,7 +10332,7 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int) -> list[Job]:
             last = part == len(t.sources) - 1
             for first in starts:
                 n = min(per_job, rows - first)
-                job = Job(t, first, n, out_pos, padding(t.nbytes) if last and first == starts[-1] else 0, part)
+                job = Job(t, first, n, out_pos, padding(t.nbytes) if last and first == starts[-1] else 0, part, file)
                 jobs.append(job)
                 out_pos += job.out_len + job.pad_after
     return jobs
@@ -10441,7 +10451,8 @@ def _read_exactly(f, pos: int, into: memoryview) -> memoryview:
 
 # ---------------------------------------------------------------------------------------------
 # Writing: the GGUF v3 layout gguf-py's GGUFWriter produces -- header, metadata, tensor table,
-# data aligned to 32 bytes -- streamed to OUT.part, hashed as written, renamed when complete.
+# data aligned to 32 bytes, cut into shards by llama.cpp's split flags -- streamed to OUT.part (each
+# shard's .part), hashed as written, renamed when complete.
 # ---------------------------------------------------------------------------------------------
 
 def encode_string(s: str) -> bytes:
@@ -10509,16 +10520,20 @@ class Header:
     vocabulary they are made from (joined, or grown in one buffer, they raised the Llama 3.2 1B
     case's peak by 7.5 to 13.7 MiB, VmHWM before and after; issue 12 caps it at 64)."""
 
-    __slots__ = ("kvs", "tensors", "size", "_padding")
+    __slots__ = ("kvs", "tensors", "size", "kv_size", "_padding")
 
-    def __init__(self, kvs: list[KV], tensors: list[PlannedTensor]) -> None:
+    def __init__(self, kvs: list[KV], tensors: list[PlannedTensor], counted: Header | None = None) -> None:
+        """counted: a Header whose kvs begin these kvs, whose sizes are taken as counted there (a first
+        shard's metadata is the whole file's plus the split keys: the vocabulary is not encoded again)."""
         self.kvs, self.tensors = kvs, tensors
-        size = len(self._start()) + len(self._table())
-        for kv in kvs:
+        kv_size = counted.kv_size if counted is not None else 0
+        for kv in kvs[len(counted.kvs) if counted is not None else 0:]:
             try:
-                size += len(encode_string(kv.key)) + encoded_value_size(kv)
+                kv_size += len(encode_string(kv.key)) + encoded_value_size(kv)
             except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as e:
                 raise unwritable(kv.key, kv.vtype, e) from None
+        self.kv_size = kv_size
+        size = len(self._start()) + len(self._table()) + kv_size
         self._padding = padding(size)
         self.size = size + self._padding
 
@@ -10546,6 +10561,94 @@ class Header:
 def gguf_header(kvs: list[KV], tensors: list[PlannedTensor]) -> bytes:
     """The Header's bytes, whole."""
     return b"".join(Header(kvs, tensors).pieces())
+
+
+# --- Split output: llama.cpp's --split-max-tensors, --split-max-size and --no-tensor-first-split, as
+# --- gguf-py's GGUFWriter cuts a file into shards (gguf_writer.py add_tensor_info, add_shard_kv_data,
+# --- format_shard_names).  The layout is decided from the tensors' sizes alone, before a byte is read.
+
+class Split(NamedTuple):
+    """Where a conversion's output is cut into shards: 0 is no limit."""
+    max_tensors: int = 0        # --split-max-tensors: a shard holds at most this many tensors
+    max_bytes: int = 0          # --split-max-size: a shard's tensor bytes (unpadded) stay within this
+    no_tensor_first: bool = False   # --no-tensor-first-split: the first shard holds the metadata alone
+
+
+# The split keys every shard ends its metadata with (Keys.Split); llama.cpp's loader reads them to find
+# the other shards.  split.count is a u16: gguf-py's struct.pack stops past 65,535 shards.
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+MAX_SHARDS = 0xFFFF
+
+
+def shard_tensors(tensors: list[PlannedTensor], split: Split) -> list[list[PlannedTensor]]:
+    """The tensors of each shard, in file order, as GGUFWriter.add_tensor_info decides: a tensor starts
+    a new shard when the current one holds any tensor and either has max_tensors already or would pass
+    max_bytes with it (so a tensor larger than max_bytes has a shard to itself).  The sizes summed are
+    the tensors' own, without their alignment padding.  With no_tensor_first the first shard is begun
+    empty and stays so: the tensors start in the second.  One list: the output is not split."""
+    shards: list[list[PlannedTensor]] = [[]] + ([[]] if split.no_tensor_first else [])
+    held = 0
+    for t in tensors:
+        last = shards[-1]
+        if last and ((split.max_tensors and len(last) >= split.max_tensors)
+                     or (split.max_bytes and held + t.nbytes > split.max_bytes)):
+            shards.append([])
+            held = 0
+        shards[-1].append(t)
+        held += t.nbytes
+    if len(shards) > MAX_SHARDS:
+        raise Refusal(f"the output would be {len(shards):,} shards, more than the {MAX_SHARDS:,} a GGUF's "
+                      f"split.count holds (llama.cpp's converter stops on it too): raise --split-max-size or "
+                      f"--split-max-tensors")
+    return shards
+
+
+def split_kvs(index: int, count: int, n_tensors: int) -> list[KV]:
+    """The split keys of shard index (from 0) of count, which hold n_tensors tensors between them."""
+    return [KV(SPLIT_NO, GGUF_UINT16, index), KV(SPLIT_COUNT, GGUF_UINT16, count),
+            KV(SPLIT_TENSORS, GGUF_INT32, n_tensors)]
+
+
+def shard_kvs(kvs: list[KV], index: int, count: int, n_tensors: int) -> list[KV]:
+    """A shard's metadata: the whole file's in the first, after it (and alone in every other shard)
+    the split keys.  An output of one shard is not split: its metadata is the file's, without them."""
+    if count == 1:
+        return kvs
+    return (kvs if index == 0 else []) + split_kvs(index, count, n_tensors)
+
+
+def later_shard_headers(shards: list[list[PlannedTensor]]) -> list[Header]:
+    """The headers of every shard after the first: known before the vocabulary is read, since they
+    hold only the split keys and their tensors."""
+    n = sum(map(len, shards))
+    return [Header(shard_kvs([], i, len(shards), n), shards[i]) for i in range(1, len(shards))]
+
+
+def first_shard_header(plan: Plan, shards: list[list[PlannedTensor]]) -> Header:
+    """The first shard's header: the plan's metadata, the split keys, the first shard's tensors."""
+    if len(shards) == 1:
+        return plan.header
+    return Header(shard_kvs(plan.kvs, 0, len(shards), sum(map(len, shards))), shards[0], counted=plan.header)
+
+
+def split_of(options: Options) -> Split:
+    """The Split an Options asks for, or a Refusal for a limit that is not a count of 0 or more."""
+    for name, value in (("split_max_tensors", options.split_max_tensors), ("split_max_size", options.split_max_size)):
+        if type(value) is not int or value < 0:
+            # gguf-py takes a negative tensor limit for 1 (every tensor its own shard): say 1.
+            raise Refusal(f"{name} {value!r} is not a limit: give 0 (none) or a positive whole number")
+    return Split(options.split_max_tensors, options.split_max_size, bool(options.no_tensor_first_split))
+
+
+_SHARD_NAME = re.compile(r"(.*)-([0-9]{5})-of-([0-9]{5})\.gguf", re.DOTALL)
+
+
+def shard_paths(out: Path, count: int) -> list[Path]:
+    """Each shard's path for an output named out: out itself for one; else, beside it,
+    STEM-00001-of-00003.gguf and on (format_shard_names: the name's stem, whatever its suffix was)."""
+    if count == 1:
+        return [out]
+    return [out.with_name(f"{Path(out.name).stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
 def encoded_value_size(kv: KV) -> int:
@@ -10789,7 +10892,8 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 #   behind its name, the same size, mtime and ctime as before the run read it (ctime cannot be set
 #   back by any program, so a write hidden by utime() still shows).  Then the data is flushed
 #   (fsync), each .part given the permission bits (and, where allowed, the owner and group) of the
-#   file it replaces, the files renamed in order -- OUT first, its pin last -- and their directories
+#   file it replaces, the files renamed in order -- OUT first (a split's shards in order), its pin
+#   last -- an earlier split's shards the pin being replaced lists removed, and their directories
 #   flushed.
 # - A run that stops before the renames removes its .parts and leaves every old file as it was;
 #   once the renames are done it has succeeded.
@@ -11092,10 +11196,11 @@ class Commit:
             self._notice(f"removed {part}, left behind by a conversion that is no longer running")
         return True
 
-    def commit(self, check: Callable[[], None] | None = None) -> None:
+    def commit(self, check: Callable[[], None] | None = None, retire: Sequence[Path] = ()) -> None:
         """Flush every .part, run check (the inputs' identity), then rename each onto its target in
-        the order created and flush the directories.  A failure before the first rename is raised
-        with every .part removed; one after it is a ConversionFailed saying what was replaced."""
+        the order created, remove the files in retire (an earlier split's shards the new files take
+        the place of) and flush the directories.  A failure before the first rename is raised with
+        every .part removed; one after it is a ConversionFailed saying what was replaced."""
         for p in self._parts:
             os.fsync(p.fd)
             _take_permissions_of(p.target, p.fd)
@@ -11126,6 +11231,15 @@ class Commit:
                 renamed.append(p.target)
             self.committed = True
             _commits[0] += 1
+            for old in retire:
+                try:
+                    os.unlink(old)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:    # the new files are in place: the run has succeeded
+                    if self._notice:
+                        self._notice(f"warning: {old}, a shard of the earlier split, could not be removed "
+                                     f"({e.strerror or e}): remove it")
             for directory in {os.path.dirname(os.path.abspath(p.target)) for p in self._parts}:
                 _fsync_directory(directory)
             self._close()
@@ -11306,8 +11420,8 @@ def output_error(path: Path, e: OSError) -> Exception:
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing the output: OUT.part written by this process, or by forked workers that pwrite into it,
-# hashed in file order as it is completed, and renamed to OUT only when whole.
+# Writing the output: OUT.part (every shard's, split) written by this process, or by forked workers
+# that pwrite into it, hashed in file order as it is completed, and renamed to OUT only when whole.
 # ---------------------------------------------------------------------------------------------
 #
 # With workers, after the fork (an end not named here is closed in that process):
@@ -11315,14 +11429,15 @@ def output_error(path: Path, e: OSError) -> Exception:
 #   parent                          record on the pipe                        each worker
 #   _JobQueue's send end   ------>  _JOB: a job number                 ---->  todo (shared)
 #       closed once every job is handed out: end-of-file tells a worker there is no more work
-#   start_write            ------>  _DATA_START: where the tensor data ---->  start (shared)
-#                                   starts, one copy per worker
+#   start_write            ------>  _DATA_START: where the (first shard's) ->  start (shared)
+#                                   tensor data starts, one copy per worker
 #       end-of-file before it: the parent gave up while planning, and the worker stops
 #   report (read end)      <------  _DONE: a job written; or a negative <---  report (shared)
 #                                   _DONE (the error's kind), _ERROR, text
 #       end-of-file: every worker has exited; before every job is done, one of them died
-#   the .part's fd, shared: workers pwritev converted rows at their jobs' offsets; the parent
-#       pwrites the header, sizes the file, and reads each completed range back to hash it
+#   the .parts' fds (one per shard of a split output), shared: workers pwritev converted rows at
+#       their jobs' offsets in their jobs' shards; the parent pwrites the headers, sizes the files,
+#       and reads each completed range back, in file order, to hash it
 #
 # Every record is one write of at most 512 bytes (POSIX's smallest PIPE_BUF), so records of
 # several processes never interleave; end-of-file ends every wait, so no worker outlives the parent.
@@ -11341,48 +11456,96 @@ class _CannotFork(Exception):
 def write_gguf_data(fd: int, tensors: list[PlannedTensor], finish_plan: Callable[[], Plan],
                     workers: int = 1, hasher: InputHasher | None = None,
                     progress=None) -> tuple[str, int, Plan]:
-    """Write into the empty file fd the GGUF of a plan that finish_plan() completes (it must keep
-    `tensors`), hashing as it goes; (sha256, size, plan).  With workers, they start converting
-    tensor data before finish_plan() is called, so the vocabulary is read while they work; where
-    not one can be forked, this process converts alone.  OSErrors are raised as they are."""
+    """write_shards of an output that is not split: (sha256, size, plan)."""
+    written, plan = write_shards([fd], [tensors], finish_plan, workers, hasher, progress)
+    return written[0].sha256, written[0].size, plan
+
+
+class Written(NamedTuple):
+    """One file as written: its sha256 and size."""
+    sha256: str
+    size: int
+
+
+def write_shards(fds: list[int], shards: list[list[PlannedTensor]], finish_plan: Callable[[], Plan],
+                 workers: int = 1, hasher: InputHasher | None = None,
+                 progress=None) -> tuple[list[Written], Plan]:
+    """Write into the empty files fds the GGUF shards (shard_tensors) of a plan that finish_plan()
+    completes (it must keep the shards' tensors, in order), hashing each as it goes; what was written
+    of each, and the plan.  With workers, they start converting tensor data before finish_plan() is
+    called, so the vocabulary is read while they work, and write into whichever shard a job is in;
+    where not one can be forked, this process converts alone, shard after shard.  OSErrors are
+    raised as they are."""
     clock = stage_clock()
-    unplaced = data_jobs(tensors, 0)
-    plan = None
+    later = later_shard_headers(shards)
+    unplaced = shard_jobs(shards, [0] * len(shards))
+    plan = shas = None
     if workers > 1 and len(unplaced) > 1 and can_write_in_workers():
         try:
-            plan, sha = _convert_in_workers(fd, unplaced, finish_plan, workers, hasher, progress, clock)
+            plan, shas, headers = _convert_in_workers(fds, shards, unplaced, later, finish_plan, workers, hasher,
+                                                      progress, clock)
         except _CannotFork:
             pass
     if plan is None:
         plan = finish_plan()
         if clock:
             clock.lap("vocabulary and header")
-        jobs = data_jobs(plan.tensors, len(plan.header))
+        headers = [first_shard_header(plan, shards)] + later
+        jobs = shard_jobs(shards, list(map(len, headers)))
+        offsets, total = shard_offsets(headers, jobs)
         if hasher:
             hasher.start()
-        w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
-        try:
-            for piece in plan.header.pieces():
-                w.write(piece)
-            _write_tensor_data(w, jobs, progress)
-            sha = w.close()
-        except BaseException:
-            w.abort()
-            raise
+        shas = []
+        by_shard: list[list[Job]] = [[] for _ in shards]
+        for job in jobs:
+            by_shard[job.file].append(job)
+        for i, (fd, header) in enumerate(zip(fds, headers)):
+            w = HashingWriter(open(fd, "wb", buffering=0, closefd=False))
+            try:
+                for piece in header.pieces():
+                    w.write(piece)
+                _write_tensor_data(w, by_shard[i], progress, offsets[i], total)
+                shas.append(w.close())
+            except BaseException:
+                w.abort()
+                raise
         if clock:
             clock.lap("tensor data, converted and hashed")
-    size = gguf_size(data_jobs(plan.tensors, len(plan.header))) or len(plan.header)
-    written = os.fstat(fd).st_size
-    if written != size:
-        raise ConversionFailed(f"the output holds {written} bytes where {size} were planned")
+    jobs = shard_jobs(shards, list(map(len, headers)))
+    sizes = shard_sizes(headers, jobs)
+    for fd, size in zip(fds, sizes):
+        written = os.fstat(fd).st_size
+        if written != size:
+            raise ConversionFailed(f"the output holds {written} bytes where {size} were planned")
     if clock:
-        clock.write(size)   # the fsync is the Commit's, with the renames
-    return sha, size, plan
+        clock.write(sum(sizes))   # the fsync is the Commit's, with the renames
+    return [Written(sha, size) for sha, size in zip(shas, sizes)], plan
 
 
-def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None:
+def shard_jobs(shards: list[list[PlannedTensor]], starts: list[int]) -> list[Job]:
+    """Every shard's data_jobs, shard after shard, each from where its tensor data starts."""
+    return [job for i, (tensors, start) in enumerate(zip(shards, starts)) for job in data_jobs(tensors, start, i)]
+
+
+def shard_sizes(headers: list[Header], jobs: list[Job]) -> list[int]:
+    """Each shard's file size: the end of its last job's padding, or its header's for one without tensors."""
+    sizes = list(map(len, headers))
+    for job in jobs:
+        sizes[job.file] = job.out_pos + job.out_len + job.pad_after
+    return sizes
+
+
+def shard_offsets(headers: list[Header], jobs: list[Job]) -> tuple[list[int], int]:
+    """Where each shard starts in the shards taken back to back, and their total: a progress bar's."""
+    sizes = shard_sizes(headers, jobs)
+    return [0] + list(itertools.accumulate(sizes))[:-1], sum(sizes)
+
+
+def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None, before: int = 0,
+                       total: int | None = None) -> None:
     files: dict[Path, object] = {}
     buffer = bytearray(max((j.src_len for j in jobs), default=0))
+    total = gguf_size(jobs) if total is None else total
     try:
         for job in jobs:
             written = 0
@@ -11393,7 +11556,7 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None) -> None
                 raise ConversionFailed(f"{job.tensor.name}: converted {written} bytes, planned {job.out_len}")
             w.write(bytes(job.pad_after))
             if progress:
-                progress(job.out_pos + job.out_len + job.pad_after, gguf_size(jobs), job.tensor.name)
+                progress(before + job.out_pos + job.out_len + job.pad_after, total, job.tensor.name)
     finally:
         for f in files.values():
             f.close()
@@ -11452,11 +11615,13 @@ def gguf_size(jobs: list[Job]) -> int:
     return jobs[-1].out_pos + jobs[-1].out_len + jobs[-1].pad_after if jobs else 0
 
 
-def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], Plan], workers: int,
+def _convert_in_workers(fds: list[int], shards: list[list[PlannedTensor]], unplaced: list[Job],
+                        later: list[Header], finish_plan: Callable[[], Plan], workers: int,
                         hasher: InputHasher | None, progress=None,
-                        clock: Any = None) -> tuple[Plan, str]:
-    """Convert jobs in forked workers that pwrite straight into the output, and hash it in order;
-    the finished plan and the output's sha256.
+                        clock: Any = None) -> tuple[Plan, list[str], list[Header]]:
+    """Convert jobs in forked workers that pwrite straight into the output's shards, and hash each
+    in order; the finished plan, each shard's sha256 and header.  Only the first shard's header
+    waits for the plan: every later shard's (later) is known already, so where its data starts too.
 
     The workers start before the plan is finished: until the header's size (so where the tensor
     data starts) is known they keep what they convert, up to _EARLY_BYTES each, while this process
@@ -11494,7 +11659,7 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
             for end in (read_end, start_write):
                 os.close(end)
             todo.close_sending()
-            _worker(fd, unplaced, todo.receive_end, write_end, start_read)
+            _worker(fds, unplaced, [0] + list(map(len, later)), todo.receive_end, write_end, start_read)
 
         for k in range(workers):
             try:
@@ -11513,12 +11678,14 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         plan = finish_plan()
         if clock:
             clock.lap("vocabulary and header")
-        if data_jobs(plan.tensors, 0) != unplaced:
+        if plan.tensors != [t for shard in shards for t in shard]:
             raise ConversionFailed("the finished plan's tensors are not those being converted")
-        jobs = data_jobs(plan.tensors, len(plan.header))
-        os.ftruncate(fd, gguf_size(jobs))      # the padding between tensors is these zeros
+        headers = [first_shard_header(plan, shards)] + later
+        jobs = shard_jobs(shards, list(map(len, headers)))
+        for fd, size in zip(fds, shard_sizes(headers, jobs)):
+            os.ftruncate(fd, size)      # the padding between tensors is these zeros
         try:
-            os.write(start_write, _DATA_START.pack(len(plan.header)) * workers)
+            os.write(start_write, _DATA_START.pack(len(headers[0])) * workers)
         except BrokenPipeError:
             pass    # every worker has exited already; their reports and statuses say why
         # A worker that used up the jobs handed out while the vocabulary was read, with less than
@@ -11526,15 +11693,18 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
         # out jobs.  One more job each lets it see the data's start and write what it kept.
         todo.hand_out(workers)
         # The workers need only the header's size; its bytes are made while they write.
-        sha, at = hashlib.sha256(), 0
-        for piece in plan.header.pieces():
-            _pwrite_all(fd, [piece], at)
-            sha.update(piece)
-            at += len(piece)
+        shas = []
+        for fd, header in zip(fds, headers):
+            sha, at = hashlib.sha256(), 0
+            for piece in header.pieces():
+                _pwrite_all(fd, [piece], at)
+                sha.update(piece)
+                at += len(piece)
+            shas.append(sha)
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread
-        flusher = _Flusher(fd)
-        finished = _hash_as_done(fd, jobs, read_end, sha, todo, flusher, progress)
+        flusher = _Flusher(fds[0])
+        finished = _hash_as_done(fds, jobs, read_end, shas, todo, flusher, progress, *shard_offsets(headers, jobs))
         if clock:
             clock.lap("tensor data: hashing the output as workers finish")
         waited = [os.wait4(pid, 0) for pid in pids]     # all exited: their report ends closed
@@ -11545,7 +11715,7 @@ def _convert_in_workers(fd: int, unplaced: list[Job], finish_plan: Callable[[], 
                 clock.worker(usage)
         if not finished or any(statuses):
             raise _lost_worker(statuses)
-        return plan, sha.hexdigest()
+        return plan, [sha.hexdigest() for sha in shas], headers
     finally:
         todo.close_sending()
         if flusher:
@@ -11661,7 +11831,8 @@ def _forked_worker(run: Callable[[], object]) -> int:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) -> None:
+def _worker(fds: list[int], unplaced: list[Job], starts: list[int], todo: int, report: int, start: int) -> None:
+    # starts: where each shard's tensor data starts, the first's (0 here) to come on start.
     # A forked child: it must never return into the parent's stack, whatever happens.
     status = 1
     try:
@@ -11681,11 +11852,13 @@ def _worker(fd: int, unplaced: list[Job], todo: int, report: int, start: int) ->
             kept_bytes += job.out_len
             if data_start is None:
                 data_start = _data_start(start, wait=kept_bytes >= _EARLY_BYTES)
+                if data_start is not None:
+                    starts = [data_start] + starts[1:]
             if data_start is not None:
-                _write_kept(fd, unplaced, kept, data_start, report)
+                _write_kept(fds, unplaced, kept, starts, report)
                 kept, kept_bytes = [], 0
         if kept:    # the jobs ran out before the header's size arrived
-            _write_kept(fd, unplaced, kept, _data_start(start, wait=True), report)
+            _write_kept(fds, unplaced, kept, [_data_start(start, wait=True)] + starts[1:], report)
         status = 0
     except BaseException as e:
         try:
@@ -11766,10 +11939,11 @@ def _lost_worker(statuses: list[int]) -> ConversionFailed:
     return ConversionFailed("the conversion workers exited before every job was done")
 
 
-def _write_kept(fd: int, unplaced: list[Job], kept: list[tuple[int, list]], data_start: int,
+def _write_kept(fds: list[int], unplaced: list[Job], kept: list[tuple[int, list]], starts: list[int],
                 report: int) -> None:
     for n, pieces in kept:
-        _pwrite_all(fd, pieces, data_start + unplaced[n].out_pos)
+        job = unplaced[n]
+        _pwrite_all(fds[job.file], pieces, starts[job.file] + job.out_pos)
         os.write(report, _DONE.pack(n))
 
 
@@ -11836,6 +12010,12 @@ class _Flusher:
         # Without a thread (a process limit) nothing is flushed early; the closing fsync does it all.
         self._thread = start_thread(self._run, "bankml-flush")
 
+    def follow(self, fd: int) -> None:
+        """Flush fd from now on (the next shard), from its start: what is left unflushed of the shard
+        before is the closing fsync's."""
+        self._fd = fd
+        self._flushed_to = self._synced_to = 0
+
     def written_to(self, end: int) -> None:
         if end - self._flushed_to >= self.FLUSH_BYTES:
             self._flushed_to = end
@@ -11863,13 +12043,14 @@ class _Flusher:
             self._thread.join()
 
 
-def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, flusher: _Flusher,
-                  progress=None) -> bool:
-    """Hash the output in file order as the workers report jobs written; True once all are, False
-    if the reports ended first (every worker has exited).  A worker's error record is raised."""
+def _hash_as_done(fds: list[int], jobs: list[Job], report: int, shas: list, todo: _JobQueue, flusher: _Flusher,
+                  progress=None, offsets: Sequence[int] = (0,), total: int = 0) -> bool:
+    """Hash the output's shards in file order as the workers report jobs written, each into its own
+    sha256 (begun with its header); True once all are, False if the reports ended first (every worker
+    has exited).  A worker's error record is raised.  offsets, total: shard_offsets', for progress."""
     done = bytearray(len(jobs))
     next_job = 0
-    hashed = jobs[0].out_pos if jobs else 0
+    file = hashed = -1      # the shard being hashed, and how far: none yet
     buffer = bytearray(max((j.out_len + j.pad_after for j in jobs), default=0))
     pending = b""
     while next_job < len(jobs):
@@ -11888,17 +12069,20 @@ def _hash_as_done(fd: int, jobs: list[Job], report: int, sha, todo: _JobQueue, f
         pending = pending[at:]
         while next_job < len(jobs) and done[next_job]:
             job = jobs[next_job]
+            if job.file != file:    # the first or next shard: its header is hashed, its data starts here
+                file, hashed = job.file, job.out_pos
+                flusher.follow(fds[file])
             end = job.out_pos + job.out_len + job.pad_after
             view = memoryview(buffer)[:end - hashed]
-            if os.preadv(fd, [view], hashed) != len(view):
+            if os.preadv(fds[file], [view], hashed) != len(view):
                 raise ConversionFailed("the output became shorter while it was being written: another "
                                        "program truncated or replaced it", bug=False)
-            sha.update(view)
+            shas[file].update(view)
             hashed = end
             next_job += 1
             flusher.written_to(hashed)
             if progress:
-                progress(end, gguf_size(jobs), job.tensor.name)
+                progress(offsets[file] + end, total, job.tensor.name)
     return True
 
 
@@ -12007,8 +12191,13 @@ def write_planned(model_dir: Path, out: Path, options: Options, pin, source: str
     to out (its template already filled: output_file) and, with pin, the pin, committed together
     (Commit); with base (a LoRA adapter's base directory), the last input is that base's config.json
     and the pin records it apart."""
-    outputs = [out] + ([Path(pin)] if pin is not None else [])
-    check_outputs(outputs, model_dir, inputs, pin is not None)
+    shards = shard_tensors(tensors, split_of(options))
+    paths = shard_paths(out, len(shards))
+    outputs = paths + ([Path(pin)] if pin is not None else [])
+    check_outputs(outputs, model_dir, inputs, pin is not None, shards=len(paths))
+    if len(paths) > 1:
+        check_open_files(len(outputs))
+    retired = stale_shards(out, paths, Path(pin) if pin is not None else None)
     snapshot.check(inputs)
     workers = options.workers if options.workers is not None else default_workers()
     hasher = InputHasher(inputs, snapshot) if options.hash_inputs or pin is not None else None
@@ -12016,30 +12205,91 @@ def write_planned(model_dir: Path, out: Path, options: Options, pin, source: str
         with Commit(options.notice) as commit:
             fds = [commit.create(path) for path in outputs]
             try:
-                sha, size, plan = write_gguf_data(fds[0], tensors, finish_plan, workers, hasher, options.progress)
+                written, plan = write_shards(fds[:len(paths)], shards, finish_plan, workers, hasher, options.progress)
                 read = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
             except BaseException:
                 if hasher:
                     hasher.cancel()
                 raise
             n_base = 1 if base else 0
-            report = Report(out, sha, size, len(plan.tensors), len(plan.kvs), plan.params, plan.name,
-                            read[:len(read) - n_base], options, plan.outtype.name, base, read[len(read) - n_base:])
+            split = len(paths) > 1
+            report = Report(paths[0], written[0].sha256, written[0].size, len(plan.tensors),
+                            len(plan.kvs) + (len(split_kvs(0, 0, 0)) if split else 0), plan.params, plan.name,
+                            read[:len(read) - n_base], options, plan.outtype.name, base, read[len(read) - n_base:],
+                            tuple(InputFile(p.name, w.size, w.sha256) for p, w in zip(paths, written)) if split else ())
             if pin is not None:
-                write_all(fds[1], fork_json(report, source).encode("utf-8"))
-            commit.commit(lambda: snapshot.check(plan.inputs))
+                write_all(fds[-1], fork_json(report, source).encode("utf-8"))
+            commit.commit(lambda: snapshot.check(plan.inputs), retire=retired)
     except OSError as e:
         raise output_error(out, e) from None
     return report
 
 
+def check_open_files(count: int) -> None:
+    """Refuse a split whose files (every shard's .part is open until the renames, as llama.cpp keeps
+    every shard open) would pass this process's limit of open files, before any is made."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return
+    # Besides the outputs: the standard streams, the inputs a worker reads, the pipes between processes.
+    if limit != getattr(resource, "RLIM_INFINITY", -1) and count + 64 > limit:
+        raise Refusal(f"the output would be {count:,} files held open at once, and this "
+                      f"process may open {limit:,} (ulimit -n): raise the limit, or --split-max-size or "
+                      f"--split-max-tensors for fewer shards")
+
+
+def stale_shards(out: Path, paths: list[Path], pin: Path | None) -> list[Path]:
+    """The shards of an earlier split of out that this run would leave beside its own files (another
+    count of shards: their names differ from every one it writes), to remove once its files are in
+    place -- when the pin being replaced lists each of them (name and size) as its output.  Any other
+    is refused, named: removing a file silently that the run did not make is not this tool's to do,
+    and leaving it would leave two sets that each look whole."""
+    directory = out.parent if str(out.parent) else Path(".")
+    stem = Path(out.name).stem
+    ours = {p.name for p in paths}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []       # a folder one may write but not list: nothing to find
+    stale = sorted(n for n in names if n not in ours and _SHARD_NAME.fullmatch(n)
+                   and _SHARD_NAME.fullmatch(n).group(1) == stem)
+    if not stale:
+        return []
+    pinned = {}
+    if pin is not None and pin.is_file():
+        try:
+            pinned = {f.name: f.size for f in read_pin(pin).shards}
+        except Refusal:
+            pinned = {}
+    if all(n in pinned and pinned[n] == _size_or_none(directory / n) for n in stale):
+        return [directory / n for n in stale]
+    shown = ", ".join(stale[:4]) + (f" and {len(stale) - 4} more" if len(stale) > 4 else "")
+    wrote = f"{len(paths)} shards" if len(paths) > 1 else f"one file, {paths[0].name}"
+    raise Refusal(f"{directory} holds {shown}, shards of an earlier split of this output that this run "
+                  f"({wrote}) would leave beside its own, as a second set that looks whole: remove them, or "
+                  f"write elsewhere (a run given the --fork pin that lists them replaces them)")
+
+
+def _size_or_none(path: Path) -> int | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    import stat
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
 def check_outputs(outputs: list[Path], model_dir: Path, inputs: list[Path], pinned: bool,
-                  model_directory: bool = True) -> None:
+                  model_directory: bool = True, shards: int = 0) -> None:
     """check_output_path for each of a run's outputs, each also against the others; with pinned,
-    the last is the pin."""
+    the last is the pin.  The first `shards` outputs (a split's, different names in one folder by
+    construction) are not checked against one another: hundreds of shards would be checked in pairs."""
     for n, path in enumerate(outputs):
         role = "pin" if pinned and n == len(outputs) - 1 else "output"
-        check_output_path(path, model_dir, inputs, [o for o in outputs if o is not path], role, model_directory)
+        others = outputs[shards:] if n < shards else outputs[:n] + outputs[n + 1:]
+        check_output_path(path, model_dir, inputs, others, role, model_directory)
 
 
 def input_sizes(paths: list[Path], snapshot: InputSnapshot) -> tuple[InputFile, ...]:
@@ -12051,6 +12301,13 @@ def input_sizes(paths: list[Path], snapshot: InputSnapshot) -> tuple[InputFile, 
 # Pinning: the FORK.json that records what was made from what, so the file can be verified
 # like any imported model.
 # ---------------------------------------------------------------------------------------------
+
+def split_options_json(options: Options) -> dict:
+    """The split flags given, under llama.cpp's names (none given: nothing, as in every pin before them)."""
+    return {k: v for k, v in (("split_max_tensors", options.split_max_tensors),
+                              ("split_max_size", options.split_max_size),
+                              ("no_tensor_first_split", options.no_tensor_first_split)) if v}
+
 
 def fork_json(report: Report, source: str) -> str:
     """The pin of a conversion as JSON text: the output's sha256 and size, every input's, the source."""
@@ -12068,9 +12325,12 @@ def fork_json(report: Report, source: str) -> str:
                     "model_name": report.options.model_name,
                     "ignore_model_card": report.options.ignore_model_card,
                     # only where given, so that the pins of every other model stay as they were
-                    **({"no_nextn": True} if report.options.no_nextn else {})},
+                    **({"no_nextn": True} if report.options.no_nextn else {}),
+                    **split_options_json(report.options)},
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
+    if report.shards:
+        doc["shards"] = [{"name": f.name, "bytes": f.size, "sha256": f.sha256} for f in report.shards]
     if report.base:
         # A LoRA adapter: what `lora --base` read of its base, apart (both may hold a config.json).
         doc["base"] = {"source": report.base,
@@ -12420,6 +12680,8 @@ def convert_lora(adapter_dir, out, base, options: Options | None = None, pin=Non
     only BASE's config.json is read.  The output and its pin are committed as convert()'s are; the
     pin records the adapter's files and, as its base, the base's config.json."""
     options = options or Options(outtype="f32")
+    if split_of(options) != Split():
+        raise Refusal("convert_lora_to_gguf.py has no split flags: an adapter is written as one file")
     adapter_dir, base = Path(adapter_dir), Path(base)
     snapshot = InputSnapshot(adapter_dir)
     snapshot.identity(base / "config.json")
@@ -12842,6 +13104,9 @@ def export_sllm(model_dir, out, options: Options = Options(outtype="f32"), pin=N
     """Write the kasahare .sllm of model_dir at out and its tokenizer file beside it (and with
     ``pin`` its pin), all put in place together as convert() puts a GGUF; or a Refusal."""
     model_dir = Path(model_dir)
+    if split_of(options) != Split():
+        raise Refusal("split output is llama.cpp's GGUF shards; the kasahare engine reads one .sllm file: "
+                      "leave out --split-max-size, --split-max-tensors and --no-tensor-first-split")
     snapshot = InputSnapshot(model_dir)
     plan = plan_sllm(model_dir, options.outtype, options)
     out = filled_output_name(Path(out), options.outtype)     # -o model-{ftype}.sllm, as for a GGUF
@@ -13188,6 +13453,68 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         if isinstance(buf, mmap.mmap):
             buf.close()
         fh.close()
+
+
+# Split sets: a first shard's name leads to every shard, as llama.cpp's loader finds them from the
+# name it is given (STEM-00001-of-0000N.gguf), and the set is checked whole and consistent.
+
+def shard_set_paths(path) -> list[Path] | None:
+    """Every shard's path of the set whose first shard path is, by its name (STEM-00001-of-0000N.gguf,
+    N of 2 or more) and by its own split.count (a file merely named so is one file, as llama.cpp's
+    loader takes it); None for any other path, or a file that cannot be read (read alone, it says why)."""
+    path = Path(path)
+    named = _SHARD_NAME.fullmatch(path.name)
+    if not named or int(named.group(2)) != 1 or int(named.group(3)) < 2:
+        return None
+    try:
+        if not any(kv.key == SPLIT_COUNT for kv in read_gguf(path).kvs):
+            return None
+    except (GGUFError, OSError):
+        return None
+    return shard_paths(path.with_name(named.group(1) + ".gguf"), int(named.group(3)))
+
+
+def read_shard_set(path) -> list[GGUFFile]:
+    """Every shard of the set whose first shard is path, read, or a GGUFError saying why the set is not
+    whole (a shard missing) or not consistent (shard_set_problem)."""
+    paths = shard_set_paths(path)
+    if paths is None:
+        raise GGUFError(f"{Path(path).name} is not named as the first shard of a set (NAME-00001-of-0000N.gguf)")
+    files = []
+    for i, p in enumerate(paths):
+        if not p.is_file():
+            raise GGUFError(f"shard {i + 1} of {len(paths)}, {p.name}, is missing beside {paths[0].name}: "
+                            f"the set is not whole")
+        try:
+            files.append(read_gguf(p))
+        except GGUFError as e:
+            raise GGUFError(f"{p.name}: {e}") from None
+    problem = shard_set_problem(files, [p.name for p in paths])
+    if problem:
+        raise GGUFError(problem)
+    return files
+
+
+def shard_set_problem(files: list[GGUFFile], names: list[str]) -> str | None:
+    """Why these files, in order, are not one split output, or None: each must say its own place
+    (split.no, from 0), the set's count (split.count) and its tensors in all (split.tensors.count),
+    in the types gguf-py writes them, and no tensor may be in two shards."""
+    total = sum(len(f.tensors) for f in files)
+    where: dict[str, str] = {}
+    for i, (f, name) in enumerate(zip(files, names)):
+        keys = {kv.key: kv for kv in f.kvs}
+        for key, vtype, want in zip((SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS), (GGUF_UINT16, GGUF_UINT16, GGUF_INT32),
+                                    (i, len(files), total)):
+            kv = keys.get(key)
+            if kv is None or kv.array or kv.vtype != vtype or kv.value != want:
+                got = "missing" if kv is None else f"{_type_label(kv)} {_value_text(kv)}"
+                return (f"{name}: {key} is {got}, where shard {i + 1} of a set of {len(files)} shards holding "
+                        f"{total} tensors says {GGUFValueType(vtype).name} {want}")
+        for t in f.tensors:
+            if t.name in where:
+                return f"{name}: tensor {shown_name(t.name)} is in {where[t.name]} too"
+            where[t.name] = name
+    return None
 
 
 # Showing values: short, unambiguous renderings of kv values, types and tensor shapes.
@@ -13634,15 +13961,33 @@ def trailing_bytes(f) -> int:
 # Inspecting a GGUF file.
 
 def inspect_gguf_lines(path, full: bool = False) -> list[str]:
-    """A GGUF file's header, every key with its type and value, every tensor's type, shape and place."""
+    """A GGUF file's header, every key with its type and value, every tensor's type, shape and place;
+    for a split's first shard, the set checked whole and consistent, then each shard so."""
+    if shard_set_paths(path) is not None:
+        files = read_shard_set(path)
+        lines = [f"split GGUF: {len(files)} shards, {sum(len(f.tensors) for f in files)} tensors, "
+                 f"{sum(f.file_size for f in files)} bytes; whole and consistent"]
+        for i, f in enumerate(files, 1):
+            lines += [f"== shard {i} of {len(files)}: {Path(f.path).name}"] + describe_gguf(f, full)
+        return lines
     return describe_gguf(read_gguf(path), full)
 
 
 def inspect_gguf_json(path, full: bool = False) -> dict:
-    """inspect_gguf_lines as one JSON object; values whole when full."""
-    f = read_gguf(path)
+    """inspect_gguf_lines as one JSON object; values whole when full.  A split's first shard: the first
+    shard's, its tensor_count the set's, and "shards" holding each shard's, its tensors with it."""
+    if shard_set_paths(path) is not None:
+        files = read_shard_set(path)
+        doc = _gguf_json(files[0], str(path), full)
+        doc.update(tensor_count=sum(len(f.tensors) for f in files),
+                   shards=[_gguf_json(f, f.path, full) for f in files])
+        return doc
+    return _gguf_json(read_gguf(path), str(path), full)
+
+
+def _gguf_json(f: GGUFFile, path: str, full: bool) -> dict:
     return {
-        "path": str(path), "format": "gguf", "version": f.version, "alignment": f.alignment,
+        "path": path, "format": "gguf", "version": f.version, "alignment": f.alignment,
         "bytes": f.file_size, "data_start": f.data_start, "trailing_bytes": trailing_bytes(f),
         "kv_count": len(f.kvs), "tensor_count": len(f.tensors),
         "kvs": [kv_json(kv, full) for kv in f.kvs],
@@ -13836,6 +14181,8 @@ class DryRun(NamedTuple):
     plan: Plan
     out: Path           # with {ftype} filled in (or a directory's default name), as convert would write it
     replaces: bool      # an existing file at out would be replaced
+    shards: tuple[InputFile, ...] = ()     # a split's: each shard's name and size (no sha256: nothing written)
+    shard_tensors: tuple[int, ...] = ()    # and how many tensors each holds
 
 
 def dry_run(model_dir, out, options: Options) -> DryRun:
@@ -13845,8 +14192,15 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     tensor_plan = tensor_plan_of(model_dir, options)
     plan = plan_conversion(model_dir, options, tensor_plan)
     target = output_file(Path(out), plan.outtype, lambda: default_output_name(model_dir, options, tensor_plan))
-    check_output_path(target, model_dir, plan.inputs)
-    return DryRun(plan, target, target.exists())
+    shards = shard_tensors(plan.tensors, split_of(options))
+    paths = shard_paths(target, len(shards))
+    check_outputs(paths, model_dir, plan.inputs, False, shards=len(paths))
+    if len(shards) == 1:
+        return DryRun(plan, target, target.exists())
+    headers = [first_shard_header(plan, shards)] + later_shard_headers(shards)
+    sizes = shard_sizes(headers, shard_jobs(shards, list(map(len, headers))))
+    return DryRun(plan, paths[0], any(p.exists() for p in paths),
+                  tuple(InputFile(p.name, size, None) for p, size in zip(paths, sizes)), tuple(map(len, shards)))
 
 
 def _source_note(t: PlannedTensor) -> str:
@@ -13878,6 +14232,9 @@ def dry_run_json(d: DryRun, full: bool = False) -> dict:
         "kvs": [kv_json(kv, full) for kv in f.kvs],
         "tensors": [dict(tensor_json(t), source=_source_json(planned)) for t, planned in zip(f.tensors, p.tensors)],
         "inputs": [i.name for i in p.inputs],
+        # A split's shards (the keys and tensors above are the whole file's, before it is cut).
+        **({"shards": [{"path": str(d.out.with_name(s.name)), "bytes": s.size, "tensor_count": n}
+                       for s, n in zip(d.shards, d.shard_tensors)]} if d.shards else {}),
     }
 
 
@@ -13890,6 +14247,12 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
         f"(header {f.data_start:,}, tensor data {f.file_size - f.data_start:,}); nothing was written",
         f"general.name {p.name!r}, {p.params:,} parameters",
     ]
+    if d.shards:
+        # llama.cpp's own plan lines (print_plan), then the file as one, before it is cut.
+        lines[0] = (f"dry run: would write {len(d.shards)} shards{' (replacing some)' if d.replaces else ''}, "
+                    f"{sum(s.size for s in d.shards):,} bytes; nothing was written")
+        lines[1:1] = [f"{d.out.with_name(s.name)}: n_tensors = {n}, {s.size:,} bytes"
+                      for s, n in zip(d.shards, d.shard_tensors)]
     lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors, [_source_note(t) for t in p.tensors])
     lines.append(f"* {len(p.inputs)} inputs: {', '.join(i.name for i in p.inputs)}")
     return lines
@@ -13906,6 +14269,7 @@ class Pin(NamedTuple):
     command: str = ""
     companions: tuple[InputFile, ...] = ()     # files written beside the output (a .sllm's tokenizer)
     base_inputs: tuple[InputFile, ...] = ()     # a LoRA adapter's: what it read of its base directory
+    shards: tuple[InputFile, ...] = ()          # a split output's: every shard, the output first
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -13946,8 +14310,19 @@ def read_pin(path) -> Pin:
                                  and isinstance(base.get("inputs"), list)):
         raise Refusal(f"{path.name}: \"base\" must hold a source and an inputs list")
     base_inputs = tuple(_pinned_file(e, f"base inputs[{i}]", path.name) for i, e in enumerate(base["inputs"])) if base else ()
-    command = _remaking_command(doc.get("options"), source, output.name, path.name, base["source"] if base else None)
-    return Pin(output, pinned, source, command, beside, base_inputs)
+    shards = doc.get("shards", [])
+    if not isinstance(shards, list):
+        raise Refusal(f"{path.name}: \"shards\" must be a list")
+    shards = tuple(_pinned_file(e, f"shards[{i}]", path.name) for i, e in enumerate(shards))
+    if shards and shards[0] != output:
+        raise Refusal(f"{path.name}: the first of \"shards\" is not the output")
+    if len({f.name for f in shards}) != len(shards):
+        raise Refusal(f"{path.name}: a shard is listed twice")
+    # A split's -o is a name of the shards' stem: the same shards come of it whatever its suffix was.
+    named = _SHARD_NAME.fullmatch(output.name) if shards else None
+    out_name = named.group(1) + ".gguf" if named else output.name
+    command = _remaking_command(doc.get("options"), source, out_name, path.name, base["source"] if base else None)
+    return Pin(output, pinned, source, command, beside, base_inputs, shards)
 
 
 def _remaking_command(options: object, source: str, out_name: str, pin_name: str, base: Optional[str] = None) -> str:
@@ -13971,6 +14346,11 @@ def _remaking_command(options: object, source: str, out_name: str, pin_name: str
         words.append("--ignore-model-card")
     if options.get("no_nextn") is True:
         words.append("--no-nextn")
+    for key in ("split_max_tensors", "split_max_size"):
+        if type(options.get(key)) is int and options[key] > 0:
+            words += ["--" + key.replace("_", "-"), str(options[key])]
+    if options.get("no_tensor_first_split") is True:
+        words.append("--no-tensor-first-split")
     return shlex.join(words)
 
 
@@ -14025,7 +14405,7 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=N
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise Refusal(f"{gguf_path} is not a file")
-    total = pin.output.size + sum(c.size for c in pin.companions)
+    total = sum(f.size for f in pin.shards[1:]) + pin.output.size + sum(c.size for c in pin.companions)
     total += sum(p.size for p in pin.inputs) if inputs_dir is not None else 0
     done = [0]
 
@@ -14035,6 +14415,14 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=N
             progress(done[0], total, "")
     try:
         checks = _output_checks(hash_file(gguf_path, read=read), pin.output)
+        if pin.shards:
+            # A split: every other shard the pin lists, beside the first (the one named); each line names its shard.
+            checks = [(held, f"{pin.output.name}: {text}") for held, text in checks]
+            for shard in pin.shards[1:]:
+                beside = gguf_path.with_name(shard.name)
+                checks += ([(held, f"{shard.name}: {text}") for held, text in
+                            _output_checks(hash_file(beside, read=read), shard)] if beside.is_file()
+                           else [(False, f"{shard.name}: missing beside {gguf_path.name}: the set is not whole")])
         for c in pin.companions:
             beside = gguf_path.with_name(c.name)
             checks += (_output_checks(hash_file(beside, read=read), c) if beside.is_file()
@@ -14064,11 +14452,19 @@ def diff_files(a, b) -> tuple[list[str], int]:
     """diff_gguf's lines and the exit code: 0 identical, 1 different, 2 unreadable.
 
     Identical bytes are identical whatever they hold; files that differ are unreadable when either
-    is not a GGUF the reader accepts, since the diff then cannot say what differs.
+    is not a GGUF the reader accepts, since the diff then cannot say what differs.  Two splits' first
+    shards: each set checked whole and consistent (a Refusal if not), then shard against shard.
     """
     for p in (a, b):
         if not Path(p).is_file():
             raise Refusal(f"{p} is not a file")
+    sets = [shard_set_paths(p) for p in (a, b)]
+    if sets != [None, None]:
+        return _diff_shard_sets(a, b, sets)
+    return _diff_two_files(a, b)
+
+
+def _diff_two_files(a, b) -> tuple[list[str], int]:
     try:
         lines = diff_gguf(a, b)
         if not lines:
@@ -14083,13 +14479,36 @@ def diff_files(a, b) -> tuple[list[str], int]:
     return lines, 1
 
 
+def _diff_shard_sets(a, b, sets: list) -> tuple[list[str], int]:
+    for p, paths in zip((a, b), sets):
+        if paths is not None:
+            try:
+                read_shard_set(p)
+            except GGUFError as e:
+                raise Refusal(f"{p}: {e}") from None
+    counts = [len(paths) if paths else 1 for paths in sets]
+    if counts[0] != counts[1]:
+        return [f"A is {counts[0]} {'shards' if counts[0] > 1 else 'file'}, B {counts[1]} "
+                f"{'shards' if counts[1] > 1 else 'file'}"], 1
+    lines: list[str] = []
+    for n, (pa, pb) in enumerate(zip(*sets), 1):
+        found, _ = _diff_two_files(pa, pb)
+        lines += [f"shard {n} ({pa.name} / {pb.name}): {line}" for line in found]
+    return lines, 1 if lines else 0
+
+
 # --json results: one JSON object on stdout of the shape RESULT_SCHEMA (in the command line section
 # below) for every command, for programs that drive the converter.
+
+def report_files(report: Report) -> tuple[InputFile, ...]:
+    """Every file a conversion wrote but its pin: each shard of a split, else the output."""
+    return report.shards or (InputFile(report.out.name, report.bytes, report.sha256),)
+
 
 def report_json(report: Report, seconds: float, fork: Optional[Path] = None, command: str = "convert") -> str:
     """A conversion's result as one line of JSON (RESULT_SCHEMA's shape); an adapter's base
     config.json is among the inputs, and "base" names its directory."""
-    outputs = [output_json(report.out, report.bytes, report.sha256, "gguf")]
+    outputs = [output_json(report.out.with_name(f.name), f.size, f.sha256, "gguf") for f in report_files(report)]
     if fork is not None:
         outputs.append(file_json(fork, "pin"))
     doc = result_json(command, 0, seconds, {
@@ -14539,6 +14958,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fork", metavar="FORK.json", help="also write the pin: output and input sha256s")
     p.add_argument("--source", metavar="SRC", help="where the directory came from, recorded in the pin "
                    "(default: the directory's canonical path)")
+    split = p.add_argument_group("split output, as llama.cpp's flags split it: OUT-00001-of-0000N.gguf and on "
+                                 "beside -o OUT.gguf, loaded from the first")
+    split.add_argument("--split-max-size", metavar="N(K|M|G)",
+                       help="at most this many bytes of tensors in each shard: 500M, 50G, or plain bytes "
+                            "(K, M, G are 1000s); a tensor larger has a shard to itself")
+    split.add_argument("--split-max-tensors", metavar="N", help="at most N tensors in each shard")
+    split.add_argument("--no-tensor-first-split", action="store_true",
+                       help="the first shard holds the metadata alone, the tensors start in the second")
     p.add_argument("--dry-run", action="store_true",
                    help="show every metadata key and tensor the conversion would write, and the output's "
                         "size, without reading tensor data or writing anything")
@@ -14558,12 +14985,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # convert_hf_to_gguf.py's flags that change nothing in what this tool writes: its lazy loading, temp
-# file and logging are how it works, not what it writes; without splitting, a first split is moot.
+# file and logging are how it works, not what it writes.  (llama.cpp refuses --use-temp-file with a
+# split, since its temporary file holds one shard's data; here it changes nothing either way.)
 _LLAMA_CPP_HARMLESS = {
     "--verbose": "llama.cpp's debug logging; the progress bar and summary are this tool's",
     "--no-lazy": "llama.cpp's eager loading; this tool always streams",
     "--use-temp-file": "llama.cpp's temporary file for the tensors; this tool writes OUT.part in place",
-    "--no-tensor-first-split": "only matters for split output, which this tool does not write",
 }
 
 # convert_hf_to_gguf.py's flags that would change the output in ways not reproduced: each refused
@@ -14573,10 +15000,6 @@ _LLAMA_CPP_REFUSED = {
                             "whole model, or run llama.cpp's convert_hf_to_gguf.py --vocab-only"),
     "--bigendian": (False, "big-endian GGUF is not reproduced; every machine llama.cpp commonly runs on reads "
                            "the little-endian file this tool writes"),
-    "--split-max-size": (True, "split output is not reproduced: convert to one file, then split it with "
-                               "llama.cpp's tool: llama-gguf-split --split-max-size 2G OUT.gguf OUT"),
-    "--split-max-tensors": (True, "split output is not reproduced: convert to one file, then split it with "
-                                  "llama.cpp's tool: llama-gguf-split --split-max-tensors 128 OUT.gguf OUT"),
     "--metadata": (True, "metadata overrides from a file are not reproduced: use --model-name for general.name, "
                          "or put the fields in README.md's model card, which is read as llama.cpp reads it"),
     "--remote": (False, "reads a model from the Hugging Face Hub over the network; download it on a connected "
@@ -14749,7 +15172,40 @@ def _options(args: argparse.Namespace) -> Options:
     # conversion prints only the output's, and hashing 270 MB it does not show costs a core.
     pinned = bool(getattr(args, "fork", None) or getattr(args, "json", False))
     return Options(outtype=args.outtype or "f16", model_name=args.model_name, ignore_model_card=args.ignore_model_card,
-                   no_nextn=bool(getattr(args, "no_nextn", False)), progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice)
+                   no_nextn=bool(getattr(args, "no_nextn", False)), progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice,
+                   split_max_tensors=split_count(getattr(args, "split_max_tensors", None)),
+                   split_max_size=split_size(getattr(args, "split_max_size", None)),
+                   no_tensor_first_split=bool(getattr(args, "no_tensor_first_split", False)))
+
+
+# --split-max-size's suffixes, as convert_hf_to_gguf.py's split_str_to_n_bytes reads them: powers of
+# 1000, upper case only ("5k" and "5T" stop it).
+_SIZE_SUFFIXES = {"K": 1000, "M": 1000 ** 2, "G": 1000 ** 3}
+
+
+def split_size(text: str | None) -> int:
+    """--split-max-size in bytes: digits, optionally followed by K, M or G (powers of 1000), as
+    llama.cpp reads it; 0 (its default) is no limit.  What llama.cpp refuses is refused here (a
+    fraction, a negative size, another suffix, lower case), and so are the spellings Python's int()
+    lets through its parser (spaces, a sign, underscores, other scripts' digits): digits say it."""
+    if text is None:
+        return 0
+    digits, scale = (text[:-1], _SIZE_SUFFIXES[text[-1]]) if text[-1:] in _SIZE_SUFFIXES else (text, 1)
+    if not (digits and digits.isascii() and digits.isdigit()):
+        raise Refusal(f"--split-max-size {text!r} is not a size: give a number of bytes, optionally followed "
+                      f"by K, M or G (thousands, millions, billions), such as 500M or 50G")
+    return int(digits) * scale
+
+
+def split_count(text: str | None) -> int:
+    """--split-max-tensors as a count; 0 (its default) is no limit."""
+    if text is None:
+        return 0
+    if not (text.isascii() and text.isdigit()):
+        # llama.cpp takes a negative count for 1, each tensor its own shard; say that with 1.
+        raise Refusal(f"--split-max-tensors {text!r} is not a count: give a whole number of tensors per "
+                      f"shard, 1 or more (0 is no limit)")
+    return int(text)
 
 
 def _notice(line: str) -> None:
@@ -15166,7 +15622,8 @@ def _print_conversion(args: argparse.Namespace, report: Report, started: float, 
             doc["adapter_not_applied"] = unapplied
         _print_json(doc)
     else:
-        _print_sha256_line(report.sha256, report.out)
+        for shard in report_files(report):
+            _print_sha256_line(shard.sha256, report.out.with_name(shard.name))
     sys.stdout.flush()      # a result that cannot be printed is reported instead of the summary
     if unapplied:
         # Said even with --quiet: the file is not what a user who left the adapter there may think.
@@ -15425,6 +15882,10 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 def _summary(r: Report, command: str = "convert") -> str:
+    if r.shards:
+        return (f"bankml {command}: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, {r.params:,} parameters, "
+                f"{sum(f.size for f in r.shards):,} bytes in {len(r.shards)} shards -> {r.out} .. "
+                f"{r.shards[-1].name} (llama.cpp loads the set from the first)")
     return (f"bankml {command}: {r.name!r}: {r.tensors} tensors, {r.kv} metadata keys, "
             f"{r.params:,} parameters, {r.bytes:,} bytes -> {r.out}")
 

@@ -5998,6 +5998,232 @@ FaultSuite = full_tier(faults.test_case())
 # Writing the output: workers and the sequential path, the platforms without Linux calls, the strings array.
 # =============================================================================================
 
+# --- Split output (issue 39): the layout as gguf-py's GGUFWriter cuts a file, decided from the tensors'
+# --- sizes alone; the bytes of whole shard sets are pinned by the golden runs *-split-* against llama.cpp's.
+
+def planned_f32(name: str, n_values: int) -> bc.PlannedTensor:
+    """A planned F32 tensor of n_values (4 bytes each), for layouts: no bytes behind it."""
+    source = bc.SourceTensor(name, "F32", (n_values,), Path("model.safetensors"), 0, 4 * n_values)
+    return bc.PlannedTensor(name, source, bc.GGML_F32, (n_values,), 0)
+
+
+def shard_sizes_of(layout) -> list[list[int]]:
+    return [[t.nbytes for t in shard] for shard in layout]
+
+
+class SplitLayout(unittest.TestCase):
+    def tensors(self, *sizes: int) -> list:
+        return [planned_f32(f"t{i}", n // 4) for i, n in enumerate(sizes)]
+
+    def test_without_limits_the_output_is_one_shard(self):
+        self.assertEqual(shard_sizes_of(bc.shard_tensors(self.tensors(8, 8, 8), bc.Split())), [[8, 8, 8]])
+
+    def test_a_shard_holding_max_tensors_is_closed(self):
+        layout = bc.shard_tensors(self.tensors(*[8] * 7), bc.Split(max_tensors=3))
+        self.assertEqual(list(map(len, layout)), [3, 3, 1])
+
+    def test_a_tensor_that_would_take_the_shard_past_max_bytes_starts_the_next(self):
+        layout = bc.shard_tensors(self.tensors(40, 40, 40, 40), bc.Split(max_bytes=80))
+        self.assertEqual(shard_sizes_of(layout), [[40, 40], [40, 40]])
+
+    def test_the_bytes_counted_are_the_tensors_own_not_their_alignment_padding(self):
+        # 20 bytes each: 60 of 64 allowed, where padded to 32 they would be 96.
+        layout = bc.shard_tensors(self.tensors(20, 20, 20, 20), bc.Split(max_bytes=64))
+        self.assertEqual(shard_sizes_of(layout), [[20, 20, 20], [20]])
+
+    def test_a_tensor_larger_than_max_bytes_has_a_shard_to_itself(self):
+        layout = bc.shard_tensors(self.tensors(8, 400, 8), bc.Split(max_bytes=100))
+        self.assertEqual(shard_sizes_of(layout), [[8], [400], [8]])
+
+    def test_either_limit_closes_a_shard(self):
+        layout = bc.shard_tensors(self.tensors(8, 8, 8, 80, 8), bc.Split(max_tensors=3, max_bytes=90))
+        self.assertEqual(shard_sizes_of(layout), [[8, 8, 8], [80, 8]])
+
+    def test_no_tensor_first_split_leaves_the_first_shard_to_the_metadata_even_without_limits(self):
+        self.assertEqual(shard_sizes_of(bc.shard_tensors(self.tensors(8, 8), bc.Split(no_tensor_first=True))),
+                         [[], [8, 8]])
+        self.assertEqual(shard_sizes_of(bc.shard_tensors(self.tensors(8, 8, 8), bc.Split(1, 0, True))),
+                         [[], [8], [8], [8]])
+
+    def test_more_shards_than_split_count_holds_are_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "65,536 shards, more than the 65,535"):
+            bc.shard_tensors(self.tensors(*[4] * 65536), bc.Split(max_tensors=1))
+
+    def test_the_first_shard_holds_the_metadata_and_every_shard_the_split_keys_after_it(self):
+        kvs = [bc.KV("general.architecture", bc.GGUFValueType.STRING, "llama")]
+        split = [("split.no", bc.GGUF_UINT16), ("split.count", bc.GGUF_UINT16), ("split.tensors.count", bc.GGUF_INT32)]
+        self.assertEqual([(k.key, k.vtype, k.value) for k in bc.shard_kvs(kvs, 0, 3, 20)],
+                         [("general.architecture", bc.GGUFValueType.STRING, "llama")]
+                         + [(k, t, v) for (k, t), v in zip(split, (0, 3, 20))])
+        self.assertEqual([(k.key, k.vtype, k.value) for k in bc.shard_kvs(kvs, 2, 3, 20)],
+                         [(k, t, v) for (k, t), v in zip(split, (2, 3, 20))])
+
+    def test_an_output_of_one_shard_has_no_split_keys(self):
+        kvs = [bc.KV("general.architecture", bc.GGUFValueType.STRING, "llama")]
+        self.assertEqual(bc.shard_kvs(kvs, 0, 1, 20), kvs)
+
+    def test_shards_are_named_beside_the_output_from_its_stem(self):
+        self.assertEqual([p.name for p in bc.shard_paths(Path("d/OUT.gguf"), 3)],
+                         ["OUT-00001-of-00003.gguf", "OUT-00002-of-00003.gguf", "OUT-00003-of-00003.gguf"])
+        self.assertEqual(bc.shard_paths(Path("d/model.bin"), 2),
+                         [Path("d/model-00001-of-00002.gguf"), Path("d/model-00002-of-00002.gguf")])
+        self.assertEqual(bc.shard_paths(Path("d/OUT.gguf"), 1), [Path("d/OUT.gguf")])
+
+    def test_the_first_shards_header_counts_the_plans_metadata_without_encoding_it_again(self):
+        kvs = [bc.KV("general.architecture", bc.GGUFValueType.STRING, "llama"),
+               bc.KV("tokenizer.ggml.tokens", bc.GGUFValueType.STRING, ["a", "bc"], True)]
+        tensors = self.tensors(8, 8)
+        whole = bc.Header(kvs, tensors)
+        first = bc.Header(bc.shard_kvs(kvs, 0, 2, 2), tensors[:1], counted=whole)
+        self.assertEqual(len(first), len(bc.Header(bc.shard_kvs(kvs, 0, 2, 2), tensors[:1])))
+        self.assertEqual(len(b"".join(first.pieces())), len(first))
+
+
+class SplitFlags(unittest.TestCase):
+    def test_split_max_size_takes_bytes_or_thousands_millions_billions(self):
+        for text, n in (("0", 0), ("1000", 1000), ("7K", 7000), ("500M", 500_000_000), ("50G", 50_000_000_000)):
+            with self.subTest(text):
+                self.assertEqual(bc.split_size(text), n)
+
+    def test_split_max_size_refuses_what_is_not_digits_and_one_upper_case_suffix(self):
+        # llama.cpp refuses 5k, 5T, 1.5G and -5M too; " 5M", +5M, 1_0M and Arabic-Indic digits only get
+        # through its int(), and are refused here to keep one spelling.
+        for text in ("5k", "5T", "1.5G", "-5M", "-5", " 5M", "+5M", "1_0M", "\u0663M", "", "M", "5MB"):
+            with self.subTest(text):
+                with self.assertRaisesRegex(bc.Refusal, r"--split-max-size .* is not a size: give a number of bytes"):
+                    bc.split_size(text)
+
+    def test_split_max_tensors_refuses_what_is_not_a_count(self):
+        for text in ("-1", "x", "1.0", ""):
+            with self.subTest(text):
+                with self.assertRaisesRegex(bc.Refusal, r"--split-max-tensors .* is not a count"):
+                    bc.split_count(text)
+
+    def test_options_with_a_negative_limit_are_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "split_max_tensors -1 is not a limit"):
+            bc.split_of(bc.Options(split_max_tensors=-1))
+        with self.assertRaisesRegex(bc.Refusal, "split_max_size -1 is not a limit"):
+            bc.split_of(bc.Options(split_max_size=-1))
+
+
+def shard_files(folder: Path) -> dict[str, str]:
+    """Every file in folder by name, with its sha256."""
+    return {n: sha256_file(folder / n) for n in entries(folder)}
+
+
+class SplitOutput(Workspace):
+    """A split conversion of the example (20 tensors): its shards' bytes are pinned by the golden runs;
+    here, how they are written and committed."""
+
+    def test_workers_and_one_process_write_the_same_shards(self):
+        d = self.case("example")
+        written = []
+        for workers in (1, 2):
+            out = self.out_dir() / "t.gguf"
+            report = bc.convert(d, out, bc.Options(workers=workers, split_max_tensors=7))
+            self.assertEqual([f.name for f in report.shards],
+                             ["t-00001-of-00003.gguf", "t-00002-of-00003.gguf", "t-00003-of-00003.gguf"])
+            self.assertEqual(shard_files(out.parent), {f.name: f.sha256 for f in report.shards})
+            written.append(shard_files(out.parent))
+        self.assertEqual(written[0], written[1])
+
+    def test_the_command_line_prints_every_shards_sha256_and_the_pin_lists_them(self):
+        out = self.out_dir() / "t.gguf"
+        r = cli(self.case("example"), "-o", out, "--split-max-size", "20K", "--fork", out.with_name("t.json"), "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        files = shard_files(out.parent)
+        pin = json.loads(out.with_name("t.json").read_text(encoding="utf-8"))
+        shards = sorted(n for n in files if n.endswith(".gguf"))
+        self.assertEqual(len(shards), 3)
+        self.assertEqual(r.out, "".join(f"{files[n]}  {out.with_name(n)}\n" for n in shards))
+        self.assertEqual([(f["name"], f["sha256"]) for f in pin["shards"]], [(n, files[n]) for n in shards])
+        self.assertEqual(pin["output"]["name"], shards[0])
+        self.assertEqual(pin["options"]["split_max_size"], 20_000)
+
+    def test_json_lists_every_shard_among_the_outputs(self):
+        out = self.out_dir() / "t.gguf"
+        r = cli(self.case("example"), "-o", out, "--split-max-tensors", "7", "--json", "--quiet")
+        doc = json.loads(r.out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual([(o["path"], o["sha256"], o["role"]) for o in doc["outputs"]],
+                         [(str(out.with_name(n)), sha, "gguf") for n, sha in sorted(shard_files(out.parent).items())])
+
+    def test_a_failure_before_the_renames_leaves_every_old_shard_as_it_was(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        bc.convert(d, out, bc.Options(split_max_tensors=7, outtype="f32"))
+        before = shard_files(out.parent)
+        late = bc.ConversionFailed("the input changed", bug=False)
+        with mock.patch.object(bc.InputSnapshot, "check", side_effect=[None, late]):
+            with self.assertRaises(bc.ConversionFailed):
+                bc.convert(d, out, bc.Options(split_max_tensors=7))
+        self.assertEqual(shard_files(out.parent), before)
+
+    def test_a_run_leaving_an_earlier_sets_shards_beside_its_own_refuses_naming_them(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        bc.convert(d, out, bc.Options(split_max_tensors=7))
+        before = entries(out.parent)
+        self.assertRefuses(d, "{0} holds t-00001-of-00003.gguf, t-00002-of-00003.gguf, t-00003-of-00003.gguf, "
+                              "shards of an earlier split of this output that this run (2 shards) would leave beside "
+                              "its own, as a second set that looks whole: remove them, or write elsewhere (a run "
+                              "given the --fork pin that lists them replaces them)".format(out.parent),
+                           "--split-max-tensors", "10", out=out)
+        self.assertRefuses(d, re.compile(r".* holds t-00001-of-00003.gguf, .* this run \(one file, t.gguf\) .*"), out=out)
+        self.assertEqual(entries(out.parent), before)
+
+    def test_the_pin_that_lists_the_earlier_set_lets_the_run_replace_it(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        pin = out.with_name("t.json")
+        bc.convert(d, out, bc.Options(split_max_tensors=7), pin=pin)
+        report = bc.convert(d, out, bc.Options(split_max_tensors=10), pin=pin)
+        self.assertEqual(entries(out.parent), ["t-00001-of-00002.gguf", "t-00002-of-00002.gguf", "t.json"])
+        self.assertEqual([f["name"] for f in json.loads(pin.read_text(encoding="utf-8"))["shards"]],
+                         [f.name for f in report.shards])
+
+    def test_a_pinned_earlier_shard_that_has_changed_size_is_not_the_pins_to_replace(self):
+        d = self.case("example")
+        out = self.out_dir() / "t.gguf"
+        pin = out.with_name("t.json")
+        bc.convert(d, out, bc.Options(split_max_tensors=7), pin=pin)
+        with open(out.with_name("t-00003-of-00003.gguf"), "ab") as f:
+            f.write(b"\0")
+        with self.assertRaisesRegex(bc.Refusal, "holds t-00001-of-00003.gguf, .* shards of an earlier split"):
+            bc.convert(d, out, bc.Options(split_max_tensors=10), pin=pin)
+
+    def test_an_output_the_limits_do_not_split_is_one_file_named_as_given(self):
+        out = self.out_dir() / "t.gguf"
+        report = bc.convert(self.case("example"), out, bc.Options(split_max_tensors=1000))
+        self.assertEqual((entries(out.parent), report.shards, report.sha256), (["t.gguf"], (), GOLDEN["example"]["sha256"]))
+
+    def test_the_default_name_is_split_as_a_named_output_is(self):
+        out = self.out_dir()
+        bc.convert(self.case("example"), out, bc.Options(split_max_tensors=10))
+        self.assertEqual(entries(out), ["Smollm2-Tiny-1.6M-F16-00001-of-00002.gguf", "Smollm2-Tiny-1.6M-F16-00002-of-00002.gguf"])
+
+    def test_a_split_past_the_open_files_limit_is_refused_before_any_file_is_made(self):
+        # Every shard's .part stays open until the renames (llama.cpp keeps every shard open too).
+        import resource
+        with mock.patch.object(resource, "getrlimit", return_value=(80, 80)):
+            self.assertRefuses(self.case("example"), "the output would be 20 files held open at once, and this "
+                               "process may open 80 (ulimit -n): raise the limit, or --split-max-size or "
+                               "--split-max-tensors for fewer shards", "--split-max-tensors", "1")
+
+    def test_a_pin_named_as_one_of_the_shards_is_refused(self):
+        out = self.out_dir() / "t.gguf"
+        shard = out.with_name("t-00002-of-00003.gguf")
+        self.assertRefuses(self.case("example"), f"the output {shard} and {shard} would be the same file; name two files",
+                           "--split-max-tensors", "7", "--fork", shard, out=out)
+
+    def test_sllm_and_lora_outputs_are_not_split(self):
+        d = self.case("example")
+        self.assertRefuses(d, re.compile(r"split output is llama.cpp's GGUF shards; .*"), "--format", "sllm",
+                           "--split-max-tensors", "3", out=self.out_dir() / "refused.sllm")
+        with self.assertRaisesRegex(bc.Refusal, "convert_lora_to_gguf.py has no split flags"):
+            bc.convert_lora(d, self.out_dir() / "a.gguf", d, bc.Options(split_max_tensors=3))
+
+
 class WorkersOutrunTheVocabulary(Workspace):
     def test_workers_that_used_up_their_jobs_before_the_header_was_written_still_report(self):
         # A slow vocabulary (Qwen's 151,643 tokens) let both workers take every job handed out, keep
@@ -6474,22 +6700,24 @@ class OutputIsLlamaCppsBytes(Workspace):
                          "the generator no longer makes the inputs the oracle recorded; "
                          "re-run `python3 oracle/oracle.py record`")
         args = run["args"]
-        options = bc.Options(outtype=args[args.index("--outtype") + 1] if "--outtype" in args else "f16",
-                             model_name=args[args.index("--model-name") + 1] if "--model-name" in args else None,
-                             no_nextn="--no-nextn" in args)
-        out = self.tmp / f"{run_name}.gguf"
+        value = lambda flag, default: args[args.index(flag) + 1] if flag in args else default  # noqa: E731
+        options = bc.Options(outtype=value("--outtype", "f16"), model_name=value("--model-name", None),
+                             no_nextn="--no-nextn" in args,
+                             split_max_tensors=bc.split_count(value("--split-max-tensors", None)),
+                             split_max_size=bc.split_size(value("--split-max-size", None)),
+                             no_tensor_first_split="--no-tensor-first-split" in args)
+        out = self.out_dir() / "OUT.gguf"
         if run["refused_by_bankml"]:
             with self.assertRaises(bc.Refusal):
                 bc.convert(model_dir, out, options)
             self.assertFalse(out.exists())
             return
         report = bc.convert(model_dir, out, options)
-        try:
-            self.assertEqual(report.sha256, run["sha256"])
-            self.assertEqual(sha256_file(out), run["sha256"])
-            self.assertEqual(report.bytes, run["bytes"])
-        finally:
-            out.unlink()
+        self.assertEqual(report.sha256, run["sha256"])
+        self.assertEqual(report.bytes, run["bytes"])
+        # A split run: every shard, named as llama.cpp named them for --outfile OUT.
+        written = {f["name"]: f["sha256"] for f in run.get("shards", [])} or {"OUT.gguf": run["sha256"]}
+        self.assertEqual(shard_files(out.parent), written)
 
 
 # Cases make test converts in every output type.  Every other case it converts in f16, and in q8_0
@@ -7963,6 +8191,105 @@ class DiffCommand(AroundWorkspace):
 
 # --- convert --dry-run
 
+# --- A split output's set (issue 39): inspect, verify and diff take its first shard's name.
+
+class ShardSetCommands(AroundWorkspace):
+    """The example split in three shards (7, 7 and 6 tensors), with its pin."""
+
+    def split(self, **flags) -> Path:
+        out = self.out_dir() / "t.gguf"
+        bc.convert(EXAMPLE, out, bc.Options(**(flags or {"split_max_tensors": 7})), pin=out.with_name("t.json"))
+        return out.with_name("t-00001-of-00003.gguf") if not flags else out
+
+    def test_inspect_of_the_first_shard_lists_the_whole_set(self):
+        first = self.split()
+        r = cli("inspect", first)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual([ln for ln in r.out.splitlines() if not ln.startswith(" ")][:3],
+                         ["split GGUF: 3 shards, 20 tensors, 4954080 bytes; whole and consistent",
+                          "== shard 1 of 3: t-00001-of-00003.gguf",
+                          "GGUF v3 (little-endian): 33 kv, 7 tensors, alignment 32, file size 4929120"])
+        doc = json.loads(cli("inspect", first, "--json").out)
+        self.assertEqual((doc["tensor_count"], [s["tensor_count"] for s in doc["shards"]]), (20, [7, 7, 6]))
+
+    def test_a_set_missing_a_shard_is_not_whole(self):
+        first = self.split()
+        first.with_name("t-00002-of-00003.gguf").unlink()
+        self.assertOneLineError(cli("inspect", first), "inspect",
+                                f"{first}: shard 2 of 3, t-00002-of-00003.gguf, is missing beside "
+                                f"t-00001-of-00003.gguf: the set is not whole")
+
+    def test_a_shard_of_another_set_is_not_consistent(self):
+        first = self.split()
+        shutil.copy(first.with_name("t-00003-of-00003.gguf"), first.with_name("t-00002-of-00003.gguf"))
+        self.assertOneLineError(cli("inspect", first), "inspect",
+                                f"{first}: t-00001-of-00003.gguf: split.tensors.count is INT32 20, where shard 1 of a "
+                                f"set of 3 shards holding 19 tensors says INT32 19")
+
+    def test_verify_checks_every_shard_against_the_pin(self):
+        first = self.split()
+        pin = first.with_name("t.json")
+        r = cli("verify", first, pin)
+        self.assertEqual(r.code, 0, r.out)
+        self.assertEqual([ln.split(":")[0] for ln in r.out.splitlines()[:6]],
+                         [f"ok t-0000{n}-of-00003.gguf" for n in (1, 1, 2, 2, 3, 3)])
+        # The command that makes the set again names -o by the shards' stem, and the split.
+        self.assertTrue(r.out.splitlines()[-1].endswith(" -o t.gguf --outtype f16 --split-max-tensors 7"), r.out)
+        last = first.with_name("t-00003-of-00003.gguf")
+        with open(last, "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        r = cli("verify", first, pin)
+        self.assertEqual(r.code, 1)
+        self.assertEqual([ln for ln in r.out.splitlines() if ln.startswith("FAIL")],
+                         [f"FAIL t-00003-of-00003.gguf: sha256: t-00003-of-00003.gguf is {sha256_file(last)}, the pin says "
+                          f"{json.loads(pin.read_text())['shards'][2]['sha256']}"])
+        last.unlink()
+        self.assertIn("FAIL t-00003-of-00003.gguf: missing beside t-00001-of-00003.gguf: the set is not whole",
+                      cli("verify", first, pin).out)
+
+    def test_a_pin_whose_shards_do_not_begin_with_its_output_is_refused(self):
+        pin = self.split().with_name("t.json")
+        doc = json.loads(pin.read_text(encoding="utf-8"))
+        doc["shards"] = doc["shards"][1:]
+        pin.write_text(json.dumps(doc), encoding="utf-8")
+        with self.assertRaisesRegex(bc.Refusal, 't.json: the first of "shards" is not the output'):
+            bc.read_pin(pin)
+
+    def test_diff_compares_two_sets_shard_by_shard(self):
+        a, b = self.split(), self.split()
+        self.assertEqual(cli("diff", a, b), Result(0, "identical\n", ""))
+        with open(b.with_name("t-00002-of-00003.gguf"), "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01")
+        r = cli("diff", a, b)
+        self.assertEqual(r.code, 1)
+        self.assertTrue(all(ln.startswith("shard 2 (t-00002-of-00003.gguf / t-00002-of-00003.gguf): ")
+                            for ln in r.out.splitlines()), r.out)
+
+    def test_dry_run_lists_the_shards_with_their_sizes_and_writes_nothing(self):
+        out = self.out_dir() / "t.gguf"
+        r = cli(EXAMPLE, "-o", out, "--dry-run", "--split-max-tensors", "7")
+        self.assertEqual(r.out.splitlines()[:4], [
+            "dry run: would write 3 shards, 4,954,080 bytes; nothing was written",
+            f"{out.parent}/t-00001-of-00003.gguf: n_tensors = 7, 4,929,120 bytes",
+            f"{out.parent}/t-00002-of-00003.gguf: n_tensors = 7, 18,080 bytes",
+            f"{out.parent}/t-00003-of-00003.gguf: n_tensors = 6, 6,880 bytes"])
+        self.assertEqual(entries(out.parent), [])
+        written = self.split()
+        self.assertEqual([s.size for s in bc.dry_run(EXAMPLE, out, bc.Options(split_max_tensors=7)).shards],
+                         [p.stat().st_size for p in bc.shard_set_paths(written)])
+
+    def test_a_file_only_named_as_a_first_shard_is_one_file(self):
+        named = Path(shutil.copy(self.gguf, self.out_dir() / "t-00001-of-00003.gguf"))
+        r = cli("inspect", named)
+        self.assertEqual((r.code, r.out.splitlines()[0]), (0, "GGUF v3 (little-endian): 30 kv, 20 tensors, "
+                                                              "alignment 32, file size 4953728"))
+
+    def test_diff_of_a_set_and_one_file_says_so(self):
+        self.assertEqual(cli("diff", self.split(), self.gguf), Result(1, "A is 3 shards, B 1 file\n", ""))
+
+
 class DryRunCommand(AroundWorkspace):
     def test_dry_run_writes_nothing(self):
         d = self.example()
@@ -8258,8 +8585,8 @@ class CommandLine(Workspace):
         out, pin = self.out_dir() / "renamed.gguf", self.tmp / "renamed.json"
         commit = bc.Commit.commit
 
-        def interrupted_once_renamed(self, check=None):
-            commit(self, check)
+        def interrupted_once_renamed(self, check=None, retire=()):
+            commit(self, check, retire)
             os.kill(os.getpid(), signal.SIGINT)
         with mock.patch.object(bc.Commit, "commit", interrupted_once_renamed):
             r = cli(self.case("bf16"), "-o", out, "--fork", pin, "--quiet")
@@ -8597,7 +8924,7 @@ class LlamaCppHabits(Workspace):
 
     def test_llama_cpps_harmless_flags_are_accepted(self):
         out = self.out_dir() / "x.gguf"
-        r = cli(EXAMPLE, "-o", out, "--verbose", "--no-lazy", "--use-temp-file", "--no-tensor-first-split", "--quiet")
+        r = cli(EXAMPLE, "-o", out, "--verbose", "--no-lazy", "--use-temp-file", "--quiet")
         self.assertEqual(r, Result(0, f"{GOLDEN['example']['sha256']}  {out}\n", ""))
 
     def test_llama_cpps_flags_that_would_change_the_output_are_refused_with_why(self):

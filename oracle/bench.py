@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -102,6 +103,7 @@ class BenchCase:
     outtypes: tuple[str, ...]
     goals: tuple[Goal, ...]
     format: str = "gguf"    # "sllm": bankml --format sllm (issue 18), checked against oracle/recorded/sllm.json
+    args: tuple[str, ...] = ()  # more flags, given to both converters (llama.cpp's split flags)
 
 
 def _issue3(outtypes: Sequence[str]) -> tuple[Goal, ...]:
@@ -160,8 +162,13 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#18", "f32", VS_135M_GGUF, None), Goal("#18", "f16", VS_135M_GGUF, None),
         Goal("#18", "f32", RSS_MIB, TARGET_RSS_MIB), Goal("#18", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#18", "q4_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#18", "q4_0", VS_FLOOR, None)), format="sllm"),
+    # Split output (issue 39): the 3B case into 1 GB shards (7 in f16), written by the same workers into
+    # every shard's .part, at one file's speed and memory.
+    BenchCase("full-llama-3.2-3b-instruct", ("f16",), (
+        Goal("#39", "f16", VS_FLOOR, 1.2), Goal("#39", "f16", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#39", "f16", VS_LLAMA_CPP, None)), args=("--split-max-size", "1G")),
 )
-SUITE_BY_CASE = {b.case: b for b in SUITE if b.format == "gguf"}
+SUITE_BY_CASE = {b.case: b for b in SUITE if b.format == "gguf" and not b.args}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,8 +246,9 @@ class Run:
                         # never below the launcher's RSS (about 7 MiB)
     input_bytes: int
     output_bytes: int
-    output_sha256: str  # "" for the floor (its copies are the input's bytes)
+    output_sha256: str  # "" for the floor (its copies are the input's bytes); a split's: output_digest's
     stages: Optional[dict] = None   # bankml's oracle/stage_times.py record of this run
+    args: tuple[str, ...] = ()      # the flags beyond --outtype (a BenchCase's args)
 
     @property
     def mb_per_s(self) -> float:
@@ -254,7 +262,18 @@ class Run:
 STAGES = [False]    # --stages: bankml through oracle/stage_times.py
 
 
-def tool_command(tool: str, outtype: str, model: Model, out: Path, fmt: str = "gguf") -> list[str]:
+def output_digest(out: Path) -> str:
+    """The output's sha256; for a split, one sha256 over every shard's name (after the stem both tools'
+    names share) and sha256, so that the two converters' sets compare as one value."""
+    files = oracle.written_files(out)
+    if files == [out]:
+        return oracle.sha256_of(out)
+    return hashlib.sha256("".join(f"{f.name[len(out.stem):]} {oracle.sha256_of(f)}\n"
+                                  for f in files).encode()).hexdigest()
+
+
+def tool_command(tool: str, outtype: str, model: Model, out: Path, fmt: str = "gguf",
+                 extra: Sequence[str] = ()) -> list[str]:
     # Both converters get the directory relative to its parent, as a user would type it;
     # general.name comes from the directory's name.
     if tool == BANKML:
@@ -264,10 +283,10 @@ def tool_command(tool: str, outtype: str, model: Model, out: Path, fmt: str = "g
         launch = ([str(HERE / "stage_times.py"), str(WORK / "last-stages.jsonl")] if STAGES[0]
                   else [str(ROOT / "bankml_convert.py")])
         return [sys.executable, *launch, model.dir.name,
-                "-o", str(out), "--outtype", outtype] + (["--format", fmt] if fmt != "gguf" else [])
+                "-o", str(out), "--outtype", outtype, *extra] + (["--format", fmt] if fmt != "gguf" else [])
     if tool == LLAMA_CPP:
         return [str(oracle.reference_python()), str(REF_CONVERTER), model.dir.name,
-                "--outfile", str(out), "--outtype", outtype]
+                "--outfile", str(out), "--outtype", outtype, *extra]
     if tool == FLOOR:
         # Every safetensors file (a sharded model's shards), copied and then hashed, as a user pins one.
         sources = " ".join(shlex.quote(str(w)) for w in model.weights)
@@ -282,13 +301,14 @@ def output_path(tool: str, outtype: str, model: Model, fmt: str = "gguf") -> Pat
     return OUT / f"{tool}-{outtype}.{fmt}"
 
 
-def measure(tool: str, outtype: str, model: Model, round_no: int, fmt: str = "gguf") -> Run:
+def measure(tool: str, outtype: str, model: Model, round_no: int, fmt: str = "gguf",
+            extra: Sequence[str] = ()) -> Run:
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
     out = output_path(tool, outtype, model, fmt)
     log = WORK / f"last-{tool}.log"
-    cmd = tool_command(tool, outtype, model, out, fmt)
+    cmd = tool_command(tool, outtype, model, out, fmt, extra)
     result = WORK / "last-result.txt"
     result.unlink(missing_ok=True)
     stage_file = WORK / "last-stages.jsonl"
@@ -299,14 +319,15 @@ def measure(tool: str, outtype: str, model: Model, round_no: int, fmt: str = "gg
                        cwd=model.dir.parent, stdin=subprocess.DEVNULL, stdout=log_file,
                        stderr=subprocess.STDOUT, check=True, env=env)
     wall, max_rss_kib, exit_code = result.read_text().split()
-    if int(exit_code) != 0 or not out.is_file():
+    if int(exit_code) != 0 or not oracle.written_files(out):
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"bench: {tool} --outtype {outtype} failed (exit {exit_code}):\n"
                          f"  {shlex.join(cmd)}\n{tail}")
     stages = json.loads(stage_file.read_text().splitlines()[-1]) if stage_file.is_file() else None
     output_bytes = sum(p.stat().st_size for p in OUT.iterdir())
     run = Run(tool, outtype, model.dir.name, round_no, float(wall), int(max_rss_kib),
-              model.input_bytes, output_bytes, "" if tool == FLOOR else oracle.sha256_of(out), stages)
+              model.input_bytes, output_bytes, "" if tool == FLOOR else output_digest(out), stages,
+              () if tool == FLOOR else tuple(extra))
     shutil.rmtree(OUT)
     os.sync()
     print(f"  round {round_no}  {tool:<9} {outtype:<7} {model.dir.name:<26} {run.wall_s:7.2f} s "
@@ -324,12 +345,12 @@ def mib(kib: float) -> float:
 # ---------------------------------------------------------------------------------------------
 
 def bench_rounds(model: Model, outtypes: Sequence[str], rounds: int, tools: Sequence[str],
-                 fmt: str = "gguf") -> list[Run]:
+                 fmt: str = "gguf", extra: Sequence[str] = ()) -> list[Run]:
     runs = []
     for r in range(1, rounds + 1):
         for tool in tools:
             for outtype in ([FLOOR_OUTTYPE] if tool == FLOOR else outtypes):
-                runs.append(measure(tool, outtype, model, r, fmt))
+                runs.append(measure(tool, outtype, model, r, fmt, extra))
     return runs
 
 
@@ -358,7 +379,7 @@ def recorded_sha256(model: Model, outtype: str) -> Optional[str]:
     digest = oracle.inputs_digest(model.dir)
     for entry in oracle.load_golden()["runs"].values():
         if (entry["case"] == model.case and entry["args"] == ["--outtype", outtype]
-                and entry["inputs_sha256"] == digest):
+                and entry["inputs_sha256"] == digest and not entry.get("shards")):
             return entry["sha256"]
     return None
 
@@ -509,7 +530,8 @@ def report(model: Model, runs: Sequence[Run], outtypes: Sequence[str], goals: Se
     rows = summaries(runs)
     by_key = {(s.tool, s.outtype): s for s in rows}
     rounds = max(r.round for r in runs)
-    print(f"\n{model.dir.name} ({model.case}): {model.input_bytes:,} B of weights in "
+    extra = f" {' '.join(runs[0].args)}" if runs[0].args else ""
+    print(f"\n{model.dir.name} ({model.case}{extra}): {model.input_bytes:,} B of weights in "
           f"{len(model.weights)} file(s), {rounds} rounds, python {platform.python_version()}, {os.cpu_count()} CPUs")
     print(f"{'tool':<10} {'outtype':<8} {'wall med':>9} {'min':>7} {'max':>7} {'s/GB':>6} {'RSS med':>9} "
           f"{'RSS max':>9} {'MB/s':>7}")
@@ -608,8 +630,10 @@ def bench_case(spec: BenchCase, rounds: int, tools: Sequence[str], reference_ran
         runs = bench_rounds(model, spec.outtypes, rounds, [t for t in tools if t != LLAMA_CPP], spec.format)
         found = sllm_mismatches(runs, model, spec.outtypes)
     else:
-        runs = bench_rounds(model, spec.outtypes, rounds, tools)
-        found = mismatches(runs, model, spec.outtypes, reference_ran)
+        runs = bench_rounds(model, spec.outtypes, rounds, tools, extra=spec.args)
+        # A split with no reference run has nothing recorded to compare with (the 3B case's golden
+        # files are not kept): the oracle's split runs pin its bytes.
+        found = mismatches(runs, model, spec.outtypes, reference_ran) if reference_ran or not spec.args else []
     target_rows = report(model, runs, spec.outtypes, spec.goals, small)
     print(f"({spec.case}: {time.perf_counter() - start:.0f} s of benchmarking)")
     return model, runs, found, target_rows
@@ -630,6 +654,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
                    help="output types to convert to (default: the suite's for a suite case, else every one "
                         "bankml supports)")
+    p.add_argument("--split-max-size", metavar="SIZE",
+                   help="for --case: split the output as llama.cpp's flag does (both converters), e.g. 1G")
     p.add_argument("--stages", action="store_true",
                    help="run bankml through oracle/stage_times.py and print where its time goes (its peak RSS "
                         "then lacks the parse tree a script run holds: a diagnosis, not the memory figure)")
@@ -638,7 +664,7 @@ def main(argv: Sequence[str]) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # the table and stderr's progress stay in order
     if args.rounds < 1 or (args.scale is not None and args.scale < 2):
         p.error("--rounds must be >= 1 and --scale >= 2")
-    if args.suite and (args.outtypes or args.case != FULL_CASE):
+    if args.suite and (args.outtypes or args.case != FULL_CASE or args.split_max_size):
         p.error("--suite runs SUITE's cases and output types; --case/--outtypes are for one case")
 
     reference_ran = not args.no_reference and reference_ready()
@@ -653,7 +679,11 @@ def main(argv: Sequence[str]) -> int:
         known = SUITE_BY_CASE.get(args.case)
         outtypes = tuple(args.outtypes or (known.outtypes if known else bankml_convert.OUT_TYPES))
         goals = tuple(g for g in known.goals if g.outtype in outtypes) if known else ()
-        specs = [BenchCase(args.case, outtypes, goals)]
+        split = ("--split-max-size", args.split_max_size) if args.split_max_size else ()
+        if split:
+            known = next((b for b in SUITE if b.case == args.case and b.args == split), None)
+            goals = tuple(g for g in known.goals if g.outtype in outtypes) if known else ()
+        specs = [BenchCase(args.case, outtypes, goals, args=split)]
 
     started = time.perf_counter()
     runs: list[Run] = []

@@ -11,7 +11,8 @@ scenario group per class of the issue's "Found" list:
   control   no fault: a plain conversion and a plain refusal pass the common checks (the harness's own test)
   cwd       nothing runs from the current directory, under every way in
   not_out   nothing but OUT (and the pin) is touched: devices, FIFOs, links, -o -, --fork clashes
-  atomic    all-or-nothing: a refusal or failure leaves old OUT and old PIN exactly as they were
+  atomic    all-or-nothing: a refusal or failure leaves old OUT and old PIN exactly as they were (and
+            every old shard of a split; an earlier set is refused by name or replaced through its pin)
   read      the pin names what was read: an input changed while converting is exit 3, nothing replaced
   stale     a dead writer's .part is replaced with one line saying so; a live writer's is refused
   machine   the machine's faults exit 3 in one line, input faults exit 2, never a traceback
@@ -1091,6 +1092,58 @@ def signal_out(ctx: Ctx) -> str:
 @scenario("atomic", "signal_after_pin_rename", fast=True)
 def signal_pin(ctx: Ctx) -> str:
     return signal_after_rename(ctx, True, rounds=1 if ctx.env.quick else 3)
+
+
+# Split output (issue 39): a set of shards is one commit, and an earlier set is never left or removed silently.
+SPLIT = ["--split-max-tensors", "5"]
+
+
+def shard_names(directory: Path, stem: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if re.fullmatch(re.escape(stem) + r"-\d{5}-of-\d{5}\.gguf", n))
+
+
+@scenario("atomic", "split_set_kept_when_an_input_changes_late")
+def split_set_kept(ctx: Ctx) -> str:
+    """An old set of shards and its pin; the same split run again, model.safetensors written to while
+    its data is being read: exit 3 with every old shard and the pin exactly as they were."""
+    model = ctx.model(ctx.env.window_model)
+    out, pin = ctx.tmp / "out.gguf", ctx.tmp / "pin.json"
+    first = ctx.run([model, "-o", out, "--fork", pin, *SPLIT])
+    if first.rc != 0 or len(shard_names(ctx.tmp, "out")) < 3:
+        raise Fail(f"the first split run did not write 3 or more shards: {run_summary(first)}")
+    before = snapshot(ctx.tmp)
+    p = ctx.start([model, "-o", out, "--fork", pin, *SPLIT])
+    stop_when_open(ctx, p, model / "model.safetensors")
+    time.sleep(0.03)
+    with open(model / "model.safetensors", "ab") as f:
+        f.write(b"\0")
+    kill_group(p, signal.SIGCONT)
+    ran = ctx.finish(p)
+    return verdict(ctx.judge(ran, before, codes=3, pin=pin, ignore=[model]),
+                   f"{len(shard_names(ctx.tmp, 'out'))} old shards kept; {run_summary(ran)}", ran)
+
+
+@scenario("atomic", "split_earlier_set_refused_or_replaced_by_its_pin")
+def split_earlier_set(ctx: Ctx) -> str:
+    """An old set of shards; a run splitting into fewer refuses (exit 2) naming them, all kept; the same
+    run given the old set's pin replaces it: exit 0, only the new set and the pin left, the pin's shards
+    the files."""
+    model = ctx.model()
+    out, pin = ctx.tmp / "out.gguf", ctx.tmp / "pin.json"
+    first = ctx.run([model, "-o", out, "--fork", pin, *SPLIT])
+    old = shard_names(ctx.tmp, "out")
+    if first.rc != 0 or len(old) < 3:
+        raise Fail(f"the first split run did not write 3 or more shards: {run_summary(first)}")
+    before = snapshot(ctx.tmp)
+    refused = ctx.run([model, "-o", out, "--fork", ctx.tmp / "other.json", "--split-max-tensors", "100"])
+    problems = ctx.judge(refused, before, codes=2, expect=re.escape(old[0]))
+    ran = ctx.run([model, "-o", out, "--fork", pin, "--split-max-tensors", "100"])
+    problems += ctx.judge(ran, before, codes=0, out=out, pin=pin, model=model,
+                          may_change=[ctx.tmp / n for n in old])
+    left = shard_names(ctx.tmp, "out")
+    if left:
+        problems.append(f"shards of the earlier set left: {', '.join(left)}")
+    return verdict(problems, f"refused naming {old[0]}, then replaced {len(old)} shards by one file", ran)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,33 @@ class Run:
     def outtype(self) -> str:
         return self.args[self.args.index("--outtype") + 1] if "--outtype" in self.args else "f16"
 
+    @property
+    def split(self) -> bool:
+        """Whether the run splits its output into shards (llama.cpp's split flags)."""
+        return any(a in SPLIT_FLAGS for a in self.args)
+
+
+SPLIT_FLAGS = ("--split-max-size", "--split-max-tensors", "--no-tensor-first-split")
+
+
+def written_files(out: Path) -> list[Path]:
+    """What a converter wrote for --outfile out: out itself, or its shards (STEM-00001-of-0000N.gguf, ...)."""
+    if out.exists():
+        return [out]
+    return sorted(out.parent.glob(f"{out.stem}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].gguf"))
+
+
+def clear_outputs(out: Path) -> None:
+    """Remove what an earlier conversion wrote for out, shards too (so a set of another count is not
+    taken for this run's, nor refused by bankml as an earlier set left beside its own)."""
+    for f in written_files(out):
+        f.unlink()
+
+
+def shard_entries(files: list[Path], stem: str) -> list[dict]:
+    """The shards as golden.json records them: named for --outfile OUT, as its "command" says."""
+    return [{"name": "OUT" + f.name[len(stem):], "sha256": sha256_of(f), "bytes": f.stat().st_size} for f in files]
+
 
 OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 # Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
@@ -148,7 +175,28 @@ RUNS: tuple[Run, ...] = tuple(
     # Phi-4-mini (issue 37): every output type from BF16 weights, with one KV head per head and with three
     # heads over one.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("phi-4-mini-shape", "phi-4-mini-gqa") for t in OTHER_OUTTYPES])
+       for case in ("phi-4-mini-shape", "phi-4-mini-gqa") for t in OTHER_OUTTYPES]
+    # Split output (issue 39): shards by size in every output type (where a shard ends moves with the
+    # tensors' sizes), by tensor count, the first shard left to the metadata; stacked experts, a generated
+    # tensor first (Llama 3's rope_freqs) and a hybrid family.  Every shard is compared.
+    + [Run(f"example-split-size-{t}", "example", ("--outtype", t, "--split-max-size", "10K"))
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    + [Run("example-split-tensors-f16", "example", ("--outtype", "f16", "--split-max-tensors", "7")),
+       Run("example-split-tensors-no-first-f16", "example",
+           ("--outtype", "f16", "--split-max-tensors", "7", "--no-tensor-first-split")),
+       Run("example-split-no-first-q8_0", "example", ("--outtype", "q8_0", "--no-tensor-first-split")),
+       Run("mixtral-bf16-split-size-f16", "mixtral-bf16", ("--outtype", "f16", "--split-max-size", "40K")),
+       Run("mixtral-bf16-split-tensors-q8_0", "mixtral-bf16", ("--outtype", "q8_0", "--split-max-tensors", "8")),
+       Run("llama-3.2-1b-instruct-split-tensors-f16", "llama-3.2-1b-instruct",
+           ("--outtype", "f16", "--split-max-tensors", "8")),
+       Run("qwen3.5-0.8b-text-split-size-q8_0", "qwen3.5-0.8b-text", ("--outtype", "q8_0", "--split-max-size", "50K")),
+       # ... and Qwen3-MoE's experts, Gemma 3's +1 norms, Phi-3's generated rope factors, Granite 4.0-H's mixer
+       Run("qwen3-moe-bf16-split-size-f16", "qwen3-moe-bf16", ("--outtype", "f16", "--split-max-size", "20K")),
+       Run("gemma-3-1b-shape-split-tensors-f16", "gemma-3-1b-shape",
+           ("--outtype", "f16", "--split-max-tensors", "10", "--no-tensor-first-split")),
+       Run("phi-3.5-mini-shape-split-size-bf16", "phi-3.5-mini-shape", ("--outtype", "bf16", "--split-max-size", "100K")),
+       Run("granite-4.0-h-tiny-shape-split-tensors-q8_0", "granite-4.0-h-tiny-shape",
+           ("--outtype", "q8_0", "--split-max-tensors", "20"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
@@ -199,6 +247,7 @@ def run_reference(run: Run) -> tuple[Path, float]:
     model_dir = case_dir(run)
     out = WORK / "llama.cpp" / f"{run.name}.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
+    clear_outputs(out)
     start = time.perf_counter()
     # The directory is passed relative to its parent, as a user would, so general.name comes
     # from the directory's own name in both converters.
@@ -214,8 +263,7 @@ def run_bankml(run: Run) -> tuple[subprocess.CompletedProcess, Path]:
     model_dir = case_dir(run)
     out = WORK / "bankml" / f"{run.name}.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        out.unlink()
+    clear_outputs(out)
     cmd = [sys.executable, str(ROOT / "bankml_convert.py"), model_dir.name, "-o", str(out.resolve()), *run.args]
     if run.adapter:
         cmd = [sys.executable, str(ROOT / "bankml_convert.py"), "lora", str(adapter_dir(run)),
@@ -250,17 +298,22 @@ def record(runs: list[Run]) -> int:
     golden["recorded_with"] = 'python3 oracle/oracle.py record RUN... (each run\'s own command is in its "command")'
     for run in runs:
         out, seconds = run_reference(run)
+        files = written_files(out)
         entry = {"case": run.case, "dir": case_dir(run).name, "args": list(run.args),
                  "inputs_sha256": run_inputs_digest(run),
-                 "sha256": sha256_of(out), "bytes": out.stat().st_size,
+                 "sha256": sha256_of(files[0]), "bytes": files[0].stat().st_size,
                  "command": "convert_hf_to_gguf.py " + shlex.join([case_dir(run).name, "--outfile", "OUT", *run.args]),
                  "refused_by_bankml": run.refused}
         if run.adapter:
             entry["adapter"] = run.adapter
             entry["command"] = "convert_lora_to_gguf.py " + shlex.join(
                 ["--base", case_dir(run).name, run.adapter, "--outfile", "OUT", *run.args])
+        if run.split:
+            # Every shard; sha256 and bytes above are the first's, the file llama.cpp loads the set from.
+            entry["shards"] = shard_entries(files, out.stem)
         golden["runs"][run.name] = entry
-        print(f"{run.name:<26} {entry['sha256']}  {entry['bytes']:>12,} B  {seconds:5.1f} s")
+        shards = f" ({len(files)} shards)" if run.split else ""
+        print(f"{run.name:<26} {entry['sha256']}  {entry['bytes']:>12,} B  {seconds:5.1f} s{shards}")
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
     return 0
@@ -290,6 +343,7 @@ def compare(runs: list[Run], use_recorded: bool) -> int:
     for run in runs:
         if use_recorded and run.name in golden:
             ref_sha = golden[run.name]["sha256"]
+            ref_shards = [(f["name"], f["sha256"]) for f in golden[run.name].get("shards", [])]
             ref_out = None
             if recorded_case_dir(run, golden[run.name]["inputs_sha256"], digests) is None:
                 print(f"FAIL {run.name:<26} the generated inputs differ from the recorded ones "
@@ -298,16 +352,28 @@ def compare(runs: list[Run], use_recorded: bool) -> int:
                 continue
         else:
             ref_out, _ = run_reference(run)
-            ref_sha = sha256_of(ref_out)
+            ref_files = written_files(ref_out)
+            ref_sha = sha256_of(ref_files[0])
+            ref_shards = [(f["name"], f["sha256"]) for f in shard_entries(ref_files, ref_out.stem)] if run.split else []
+            ref_out = ref_files[0]
         p, out = run_bankml(run)
         if run.refused:
-            ok = p.returncode == 2 and "refuse:" in p.stderr and not out.exists()
+            ok = p.returncode == 2 and "refuse:" in p.stderr and not written_files(out)
             print(f"{'ok' if ok else 'FAIL':<4} {run.name:<26} refused: {p.stderr.strip()[:100]}")
             failures += not ok
             continue
         if p.returncode != 0:
             print(f"FAIL {run.name:<26} bankml exit {p.returncode}: {p.stderr.strip()[-300:]}")
             failures += 1
+            continue
+        if run.split:
+            files = written_files(out)
+            ours_shards = [(f["name"], f["sha256"]) for f in shard_entries(files, out.stem)]
+            if ours_shards == ref_shards:
+                print(f"ok   {run.name:<26} {ours_shards[0][1]} and {len(files) - 1} more shards")
+                continue
+            failures += 1
+            print(f"FAIL {run.name:<26} llama.cpp {ref_shards}\n{'':<32}bankml    {ours_shards}")
             continue
         ours = sha256_of(out)
         if ours == ref_sha:

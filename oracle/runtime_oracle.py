@@ -40,9 +40,15 @@ PROMPT = "Hello my name is"
 
 
 class Made(NamedTuple):
-    """A run's output as recorded, or why it could not be made so (then path is None)."""
+    """A run's output as recorded, or why it could not be made so (then path is None).  A split
+    run's path is its first shard, which llama.cpp loads the set from; rest are the others."""
     path: Optional[Path]
     problem: str
+    rest: tuple = ()
+
+    def remove(self) -> None:
+        for f in (self.path, *self.rest):
+            f.unlink()
 
 
 class Loaded(NamedTuple):
@@ -71,13 +77,20 @@ def made_as_recorded(run: oracle.Run, golden: dict, digests: dict) -> Made:
         who = "bankml_convert"
         if p.returncode != 0:
             return Made(None, f"bankml exit {p.returncode}: {p.stderr.strip()[-200:]}")
-    sha = oracle.sha256_of(out)
+    files = oracle.written_files(out)
+    if run.split:
+        shas = [(f["name"], f["sha256"]) for f in oracle.shard_entries(files, out.stem)]
+        if shas != [(f["name"], f["sha256"]) for f in entry["shards"]]:
+            return Made(None, f"{who} wrote shards other than the recorded ones")
+    sha = oracle.sha256_of(files[0])
     if sha != entry["sha256"]:
         return Made(None, f"{who} wrote {sha[:16]}, the recording says {entry['sha256'][:16]}")
-    moved = oracle.WORK / "runtime" / out.name
-    moved.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(out, moved)
-    return Made(moved, "")
+    moved = [oracle.WORK / "runtime" / f.name for f in files]
+    moved[0].parent.mkdir(parents=True, exist_ok=True)
+    oracle.clear_outputs(oracle.WORK / "runtime" / out.name)
+    for f, to in zip(files, moved):
+        os.replace(f, to)
+    return Made(moved[0], "", tuple(moved[1:]))
 
 
 def error_line(stderr: str, stdout: str, returncode: int) -> str:
@@ -157,19 +170,19 @@ def check_runs(runs: list[oracle.Run], tokens: int, timeout: float, keep: bool) 
             said = f"loaded, generated {result.line}" if result.ok else result.line
             print(f"ok   {run.name:<34} refused by bankml; llama.cpp's own file: {said}")
             if not keep:
-                made.path.unlink()
+                made.remove()
         elif result.ok:
             loaded += 1
             print(f"ok   {run.name:<34} loaded, generated {result.line}")
             if not keep:
-                made.path.unlink()
+                made.remove()
         else:
             failed += 1
             print(f"FAIL {run.name:<34} {result.line}  (kept: {made.path})")
         sys.stdout.flush()
     for base in bases.values():
         if base.path is not None and base.path.exists() and not keep:
-            base.path.unlink()
+            base.remove()
     print(f"runtime: {len(runs)} runs, {loaded} loaded and generated, {failed} failed to load, "
           f"{unmade} not made as recorded, {refused} refused by bankml (shown, not counted)")
     return 1 if failed or unmade else 0
