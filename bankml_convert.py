@@ -5,6 +5,7 @@
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
     python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
+    python3 bankml_convert.py create DIR -o BUNDLE_DIR [--system FILE] [--adapter DIR]   (a folder for Ollama)
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
@@ -36,7 +37,8 @@ touch; tool: around the conversion):
   Writing                      core   the GGUF v3 layout gguf-py writes, header and strings streamed
   The output path              tool   llama.cpp's output name, derived names made one safe file name;
                                       outputs that would overwrite inputs or be read as one refused
-  Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
+  Committing                   trust  .part files and folders, locks, input snapshots, the renames,
+                                      exit-code faults
   Writing the output           speed  forked workers that pwrite into OUT.part, hashed in file order
   The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
   Pinning                      trust  FORK.json: what was made from what
@@ -13203,11 +13205,11 @@ def _is_bundle(folder: Path) -> bool:
 def create_command(model_dir: Path, target: Path, system_file: Optional[Path], system_text: Optional[str],
                    adapter_dir: Optional[Path], parameters: Sequence[tuple[str, str]],
                    template_file: Optional[Path], options: Options, outtype: str) -> str:
-    """The command line that writes the bundle again, every path made absolute and --outtype auto
-    recorded as what it chose."""
+    """The command line that writes the bundle again, every path made absolute (a file's by its own
+    name, not where a link at it points) and --outtype auto recorded as what it chose."""
     words = [_prog(), "create", str(model_dir.resolve()), "-o", str(target.resolve())]
     if system_file is not None:
-        words += ["--system", str(system_file.resolve())]
+        words += ["--system", os.path.abspath(system_file)]
     if system_text is not None:
         words += ["--system-text", system_text]
     if adapter_dir is not None:
@@ -13215,7 +13217,7 @@ def create_command(model_dir: Path, target: Path, system_file: Optional[Path], s
     for key, value in parameters:
         words += ["--parameter", key, value]
     if template_file is not None:
-        words += ["--template", str(template_file.resolve())]
+        words += ["--template", os.path.abspath(template_file)]
     words += ["--outtype", outtype]
     if options.model_name is not None:
         words += ["--model-name", options.model_name]
@@ -13307,7 +13309,7 @@ def create(model_dir, bundle=None, system_file=None, system_text: Optional[str] 
                      + (InputFile(MODELFILE, len(modelfile), hashlib.sha256(modelfile).hexdigest()),))
             inputs = ([("model", model_dir.resolve(), i) for i in model.inputs]
                       + ([("adapter", adapter_dir.resolve(), i) for i in adapter.inputs] if adapter else [])
-                      + [(role, t.path.resolve().parent, t.pinned) for role, t in texts])
+                      + [(role, Path(os.path.abspath(t.path)).parent, t.pinned) for role, t in texts])
             command = create_command(model_dir, target, Path(system_file) if system_file is not None else None,
                                      system_text, adapter_dir, persona.parameters,
                                      Path(template_file) if template_file is not None else None, options,
@@ -15563,6 +15565,9 @@ def _lora(args: argparse.Namespace) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     def body(started: float, done: list) -> int:
+        mistake = input_mistake(args.model_dir)
+        if mistake:
+            raise Refusal(mistake)
         show = not args.quiet and sys.stderr.isatty()
         options = Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card,
                           no_nextn=args.no_nextn, progress=_progress_bar("bankml create: ") if show else None,

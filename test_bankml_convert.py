@@ -7463,6 +7463,9 @@ class CreateRefusals(BundleWorkspace):
         self.assertCreateRefuses("--mmproj: writing a vision projector into the bundle is not yet supported",
                                  self.case("example"), "--mmproj")
 
+    def test_a_hub_id_for_dir_says_how_to_download_it(self):
+        self.assertCreateRefuses("looks like a Hugging Face Hub id", "HuggingFaceTB/SmolLM2-135M-Instruct")
+
     def test_a_parameter_ollama_would_stop_on(self):
         self.assertCreateRefuses("--parameter temperature 'warm': write temperature as a decimal number",
                                  self.case("example"), "--parameter", "temperature", "warm")
@@ -7534,6 +7537,17 @@ class VerifyBundle(BundleWorkspace):
                                            f"{persona['sha256']}")
         finally:
             path.write_text(PERSONA, encoding="utf-8")
+
+    def test_a_file_without_its_pin_is_not_taken_for_a_bundle(self):
+        folder = self.made()
+        r = cli("verify", folder / "model.gguf")
+        self.assertEqual(r.code, 2)
+        self.assertIn("is not a bundle folder; a GGUF is verified against its pin", r.err)
+
+    def test_a_bundles_pin_names_its_inputs_folders_itself(self):
+        r = cli("verify", self.made(), "--inputs", self.case("example"))
+        self.assertEqual(r.code, 2)
+        self.assertIn("a bundle's pin names the folder of every input", r.err)
 
     def test_a_folder_without_a_bundle_pin_is_refused(self):
         r = cli("verify", self.out_dir())
