@@ -13291,9 +13291,14 @@ def create(model_dir, bundle=None, system_file=None, system_text: Optional[str] 
     target = Path(bundle) if bundle is not None else Path(
         safe_file_name(f"{model_dir.resolve().name}-ollama", "the bundle's folder name (DIR's and -ollama)"))
     check_bundle_target(target, [model_dir] + ([adapter_dir] if adapter_dir else []), [t.path for _, t in texts])
+    # The conversions commit their files inside the temporary folder, where no one sees them: they
+    # are not counted as files put in place (_commits), so an interrupt until the folder is in place
+    # still stops the run, leaving the old bundle.
+    commits = _commits[0]
     try:
         with FolderCommit(target, options.notice) as folder:
             model = convert(model_dir, folder.path / BUNDLE_MODEL, options)
+            _commits[0] = commits
             adapter = None
             if adapter_dir is not None:
                 try:
@@ -13301,6 +13306,7 @@ def create(model_dir, bundle=None, system_file=None, system_text: Optional[str] 
                                            options._replace(outtype=model.outtype))
                 except Refusal as e:
                     raise Refusal(f"--adapter {adapter_dir} with {model_dir} as its --base: {e.reason}") from None
+                _commits[0] = commits
             modelfile = modelfile_text(persona._replace(license=card_license(folder.path / BUNDLE_MODEL)),
                                        adapter is not None).encode("utf-8")
             folder.write(MODELFILE, modelfile)

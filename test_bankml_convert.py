@@ -7435,6 +7435,20 @@ class CreateBundle(BundleWorkspace):
         self.assertEqual({n: (folder / n).read_bytes() for n in entries(folder)}, before)
         self.assertEqual(entries(folder.parent), ["bundle"])
 
+    def test_an_interrupt_before_the_folder_is_in_place_stops_the_run_and_leaves_the_old_bundle(self):
+        folder = self.made()
+        before = {n: (folder / n).read_bytes() for n in entries(folder)}
+        adapter = make_models.LORA_FIXTURES / "smollm2-lora-r32-qv"
+
+        def interrupted(*args):     # after both conversions have committed inside the temporary folder
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        with mock.patch.object(bc, "card_license", side_effect=interrupted):
+            r = cli("create", self.case("bf16"), "-o", folder, "--adapter", adapter, "--quiet")
+        self.assertEqual(r.code, 130, r.err)
+        self.assertEqual({n: (folder / n).read_bytes() for n in entries(folder)}, before)
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
     def test_a_dead_runs_temporary_folder_is_removed(self):
         folder = self.out_dir() / "bundle"
         dead = folder.with_name(f"{bc._folder_prefix(folder)}{'0' * 16}{bc._FOLDER_PART}")
