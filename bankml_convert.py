@@ -12931,6 +12931,10 @@ def sllm_fork_json(r: SllmReport, source: str) -> str:
 # text, and one holding a character the parser drops, is refused.
 
 OLLAMA_PARSER = "ollama/ollama parser/parser.go @ fb30760996871fa9460115c753afd2c60d4ab0f7"
+# The longest value written.  The parser copies a value so far at every space and line break in it,
+# so its time grows with the square of the value's length (a few MiB take it hours); and no model's
+# context holds a prompt of a mebibyte (some 250,000 tokens).
+MODELFILE_VALUE_MAX_BYTES = 1024 * 1024
 _MODELFILE_TRIMMED = " \t\r\n"          # strings.TrimSpace, on what the parser keeps of a value
 _LINE_BREAKS = ("\r", "\n")
 
@@ -13012,6 +13016,11 @@ def modelfile_value(text: str, what: str) -> str:
     if dropped:
         raise Refusal(f"{what} holds the character {dropped}, which Ollama's Modelfile parser drops without a "
                       f"word (it keeps only printable characters, tabs and line breaks): remove it")
+    size = len(text.encode("utf-8"))
+    if size > MODELFILE_VALUE_MAX_BYTES:
+        raise Refusal(f"{what} is {size:,} bytes, more than the {MODELFILE_VALUE_MAX_BYTES:,} a Modelfile value may "
+                      f"have here: Ollama's parser takes time growing with the square of a value's length, and "
+                      f"no model's context holds a prompt this long; shorten it")
     if (text and text[0] not in ' \t"' and text[-1] not in " \t"
             and not any(c in text for c in _LINE_BREAKS)):
         return text
@@ -13057,8 +13066,8 @@ BUNDLE_MODEL = "model.gguf"
 BUNDLE_ADAPTER = "adapter.gguf"
 MODELFILE = "Modelfile"
 BUNDLE_KIND = "bankml_convert ollama bundle"
-# A persona or template file is held whole (as Ollama holds it); beyond this it is not a prompt.
-TEXT_INPUT_MAX_BYTES = 16 * 1024 * 1024
+# A persona or template file is read whole, and a value longer than this is refused anyway.
+TEXT_INPUT_MAX_BYTES = MODELFILE_VALUE_MAX_BYTES
 # config.json keys that decide a model's shapes: an adapter directory that carries its base's
 # config.json (Unsloth and axolotl save one) and differs from DIR's in one of them was trained on
 # another model.
@@ -13098,8 +13107,9 @@ def read_text_input(path: Path, flag: str, snapshot: InputSnapshot) -> TextInput
         raise Refusal(f"{flag} {path} {problem}")
     identity = snapshot.identity(path)
     if identity is not None and identity.size > TEXT_INPUT_MAX_BYTES:
-        raise Refusal(f"{flag} {path} is {identity.size:,} bytes, more than the {TEXT_INPUT_MAX_BYTES:,} a prompt "
-                      f"file may have here")
+        raise Refusal(f"{flag} {path} is {identity.size:,} bytes, more than the {TEXT_INPUT_MAX_BYTES:,} a Modelfile "
+                      f"value may have here: Ollama's parser takes time growing with the square of a value's "
+                      f"length, and no model's context holds a prompt this long; shorten it")
     data = path.read_bytes()[:TEXT_INPUT_MAX_BYTES + 1]
     if len(data) > TEXT_INPUT_MAX_BYTES:
         raise Refusal(f"{flag} {path} grew while it was read: give a file nothing else writes to")

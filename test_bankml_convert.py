@@ -7234,9 +7234,14 @@ class ModelfileQuoting(unittest.TestCase):
             self.assertUnwritable(f"a{c}b", f"holds the character U+{ord(c):04X}")
 
     def test_a_very_long_text_reads_back(self):
-        text = ("A persona line with \"quotes\" and \\ backslashes. " * 500 + "\n") * 50
-        self.assertGreater(len(text), 1_000_000)
+        line = "A persona line with \"quotes\" and \\ backslashes. " * 500 + "\n"
+        text = (line * (bc.MODELFILE_VALUE_MAX_BYTES // len(line) + 1))[:bc.MODELFILE_VALUE_MAX_BYTES]
         self.assertReadsBack(text)
+
+    def test_a_text_longer_than_a_mebibyte_is_refused(self):
+        # Ollama's parse time grows with the square of a value's length; no context holds such a prompt.
+        with self.assertRaisesRegex(bc.Refusal, "1,048,577 bytes, more than the 1,048,576"):
+            bc.modelfile_value("x" * (bc.MODELFILE_VALUE_MAX_BYTES - 1) + "é", "--system-text")
 
     def test_every_short_text_of_the_hostile_characters_reads_back_or_cannot_be_written(self):
         rng = random.Random(40)
