@@ -13178,8 +13178,8 @@ def check_bundle_target(target: Path, input_dirs: Sequence[Path], input_files: S
     """Refuse a bundle folder that is not a new folder or an old bundle (it is replaced as a whole),
     or whose replacing would take an input with it."""
     import stat
-    if "\0" in str(target) or str(target) == "-":
-        raise Refusal(f"-o {target!r} is not a folder to write the bundle into: name a folder")
+    if "\0" in str(target) or str(target) == "-" or target.name in ("", ".", ".."):
+        raise Refusal(f"-o {str(target)!r} is not a folder to write the bundle into: name a folder")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise Refusal(f"the bundle's folder {parent} does not exist")
@@ -14880,14 +14880,14 @@ _EXIT_FAILED = 3
 # --json: whatever the command and however it ends (done, refused, failed, a usage error), one
 # object on stdout with these fields, in this order; a command adds its own after them (convert:
 # general.name, params, tensor_count, kv_count, and adapter_not_applied for a directory that also
-# holds a LoRA adapter; lora: convert's and base; inspect: kvs and tensors; verify: checks; diff:
-# differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
+# holds a LoRA adapter; lora: convert's and base; create: bundle and command; inspect: kvs and
+# tensors; verify: checks; diff: differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
 # null), a list holding the schema of each element, a dict a nested object's fields.
 RESULT_SCHEMA = {
     "schema": str,          # RESULT_VERSION
     "ok": bool,             # exit == 0
     "exit": int,            # the process's exit code: 0, 1 (verify/diff), 2 refused, 3 failed, 128+N
-    "command": str,         # convert, inspect, verify, diff or ggml
+    "command": str,         # convert, inspect, verify, diff, ggml, lora or create
     "outputs": [{"path": str, "bytes": int, "sha256": str, "role": str}],  # every file written
     "inputs": [{"name": str, "bytes": (int, None), "sha256": (str, None)}],  # the files read
     "outtype": (str, None),     # the output type as resolved (--outtype auto: what it chose)

@@ -7518,6 +7518,13 @@ class CreateRefusals(BundleWorkspace):
         self.assertCreateRefuses("is a folder holding other files, not a bundle", self.case("example"), folder=folder)
         self.assertEqual(entries(folder), ["holiday.jpg"])
 
+    def test_a_name_that_is_not_a_folder_of_its_own(self):
+        cwd = self.out_dir()
+        r = self.run_tool("create", self.case("example"), "-o", ".", cwd=cwd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("-o '.' is not a folder to write the bundle into", r.stderr)
+        self.assertEqual(entries(cwd), [])
+
     def test_a_folder_holding_an_input_is_not_replaced(self):
         model = self.case("example")
         self.assertCreateRefuses("which replacing the bundle would remove", model, folder=model.parent)
@@ -7567,6 +7574,13 @@ class VerifyBundle(BundleWorkspace):
         r = cli("verify", self.made(), "--inputs", self.case("example"))
         self.assertEqual(r.code, 2)
         self.assertIn("a bundle's pin names the folder of every input", r.err)
+
+    def test_json_gives_the_checks(self):
+        r = cli("verify", self.made(), "--json")
+        doc = json.loads(r.out)
+        self.assertEqual((r.code, bc.schema_problems(doc), doc["ok"]), (0, [], True))
+        self.assertTrue(doc["checks"] and all(c.startswith("ok ") for c in doc["checks"]))
+        self.assertRegex(doc["made_by"], r"^bankml_convert\.py create ")
 
     def test_a_folder_without_a_bundle_pin_is_refused(self):
         r = cli("verify", self.out_dir())
