@@ -12986,7 +12986,9 @@ def _magnitude_at_least(number: re.Match, bound: int) -> bool:
 
 def modelfile_dropped_character(text: str) -> Optional[str]:
     """The first character of text Ollama's parser would drop from a value (the way it is shown in
-    a message), or None."""
+    a message), or None.  Go's tables are Unicode 15.0 (Go 1.21 on), Python's its own version: a
+    character assigned after the older of the two is judged by the older only where Python's is the
+    older (3.12 and before; 3.13's 15.1 adds CJK ideographs U+2EBF0..U+2EE5D, 3.14's 16.0 more)."""
     odd = next((c for c in text if not (c.isprintable() or c in "\t\r\n")), None)
     return None if odd is None else f"U+{ord(odd):04X}"
 
@@ -13343,6 +13345,15 @@ def create(model_dir, bundle=None, system_file=None, system_text: Optional[str] 
 
 # Verifying a bundle: every file against the pin, no file the pin does not list, every input.
 
+def unpinned_adapter_inputs(adapter_dir: Path, pinned: tuple[InputFile, ...]) -> list[str]:
+    """Files in an adapter directory plan_lora would read that the pin does not list (a model card
+    added since, adapter_model.safetensors where the pin has the .bin)."""
+    names = {p.name for p in pinned}
+    weights = next((n for n in ADAPTER_WEIGHTS if _is_file(adapter_dir / n)), None)
+    read = [n for n in (ADAPTER_CONFIG, weights) + _ADAPTER_METADATA_FILES if n and _is_file(adapter_dir / n)]
+    return [n for n in read if n not in names]
+
+
 class BundlePin(NamedTuple):
     files: tuple[InputFile, ...]
     inputs: tuple[tuple[str, Path, InputFile], ...]     # (role, folder, file)
@@ -13391,12 +13402,12 @@ def verify_bundle(folder, progress=None) -> tuple[list[str], bool]:
                    if n not in listed]
         for role, source, i in pin.inputs:
             checks.append(_input_check(source, i, read, f"{role} input"))
-        model_dirs = {source for role, source, _ in pin.inputs if role == "model"}
-        for source in sorted(model_dirs):
-            if source.is_dir():
-                pinned = tuple(i for role, s, i in pin.inputs if role == "model" and s == source)
-                checks += [(False, f"model input {n}: in {source} but not in the pin; the converter would read it")
-                           for n in unpinned_inputs(source, pinned)]
+        for role, unpinned in (("model", unpinned_inputs), ("adapter", unpinned_adapter_inputs)):
+            for source in sorted({source for r, source, _ in pin.inputs if r == role}):
+                if source.is_dir():
+                    pinned = tuple(i for r, s, i in pin.inputs if r == role and s == source)
+                    checks += [(False, f"{role} input {n}: in {source} but not in the pin; the converter would "
+                                       f"read it") for n in unpinned(source, pinned)]
     except OSError as e:
         raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     return [("ok " if held else "FAIL ") + text for held, text in checks], all(h for h, _ in checks)

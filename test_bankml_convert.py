@@ -7564,6 +7564,14 @@ class VerifyBundle(BundleWorkspace):
         finally:
             path.write_text(PERSONA, encoding="utf-8")
 
+    def test_a_file_the_converter_would_now_read_in_the_adapter_is_named(self):
+        adapter = Path(shutil.copytree(make_models.LORA_FIXTURES / "smollm2-lora-r16-no-card", self.out_dir() / "a"))
+        folder = self.out_dir() / "bundle"
+        self.assertEqual(cli("create", self.case("bf16"), "-o", folder, "--adapter", adapter, "--quiet").code, 0)
+        (adapter / "README.md").write_text("---\nlicense: mit\n---\n", encoding="utf-8")
+        self.assertVerifyFails(folder, f"FAIL adapter input README.md: in {adapter} but not in the pin; the converter "
+                                       f"would read it")
+
     def test_a_file_without_its_pin_is_not_taken_for_a_bundle(self):
         folder = self.made()
         r = cli("verify", folder / "model.gguf")
