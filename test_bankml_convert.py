@@ -7431,6 +7431,23 @@ class CreateBundle(BundleWorkspace):
         self.assertEqual(ollama_parse((folder / "Modelfile").read_bytes())[1], ("system", "New."))
         self.assertEqual(entries(folder.parent), ["bundle"])
 
+    def test_an_old_bundle_moved_aside_is_put_back_if_the_new_one_cannot_take_its_place(self):
+        folder = self.made()
+        before = {n: (folder / n).read_bytes() for n in entries(folder)}
+        real_rename, calls = os.rename, []
+
+        def rename(src, dst):       # the old bundle aside, then the new one in: that one fails
+            calls.append((src, dst))
+            if len(calls) == 2:
+                raise OSError(errno.EIO, "Input/output error", str(dst))
+            real_rename(src, dst)
+        with mock.patch.object(bc, "_renameat2", return_value=False), mock.patch.object(bc.os, "rename", rename):
+            r = cli("create", self.case("example"), "-o", folder, "--system-text", "New.", "--quiet")
+        self.assertEqual(r.code, 3, r.err)
+        self.assertEqual(len(calls), 3)
+        self.assertEqual({n: (folder / n).read_bytes() for n in entries(folder)}, before)
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
     def test_a_run_that_fails_leaves_the_old_bundle_as_it_was(self):
         folder = self.made()
         before = {n: (folder / n).read_bytes() for n in entries(folder)}
