@@ -12986,9 +12986,10 @@ def _magnitude_at_least(number: re.Match, bound: int) -> bool:
 
 def modelfile_dropped_character(text: str) -> Optional[str]:
     """The first character of text Ollama's parser would drop from a value (the way it is shown in
-    a message), or None.  Go's tables are Unicode 15.0 (Go 1.21 on), Python's its own version: a
-    character assigned after the older of the two is judged by the older only where Python's is the
-    older (3.12 and before; 3.13's 15.1 adds CJK ideographs U+2EBF0..U+2EE5D, 3.14's 16.0 more)."""
+    a message), or None.  Judged by Python's Unicode tables, which Go's (Unicode 15.0, Go 1.21 on)
+    match but for characters assigned in only one: right where Python's are the older (3.12 and
+    before: such a character is refused), wrong for the few added after 15.0 that a newer Python
+    takes as printable (3.13's CJK ideographs U+2EBF0..U+2EE5D, 3.14's Unicode 16.0)."""
     odd = next((c for c in text if not (c.isprintable() or c in "\t\r\n")), None)
     return None if odd is None else f"U+{ord(odd):04X}"
 
@@ -13112,7 +13113,8 @@ def read_text_input(path: Path, flag: str, snapshot: InputSnapshot) -> TextInput
         raise Refusal(f"{flag} {path} is {identity.size:,} bytes, more than the {TEXT_INPUT_MAX_BYTES:,} a Modelfile "
                       f"value may have here: Ollama's parser takes time growing with the square of a value's "
                       f"length, and no model's context holds a prompt this long; shorten it")
-    data = path.read_bytes()[:TEXT_INPUT_MAX_BYTES + 1]
+    with open(path, "rb") as f:
+        data = f.read(TEXT_INPUT_MAX_BYTES + 1)
     if len(data) > TEXT_INPUT_MAX_BYTES:
         raise Refusal(f"{flag} {path} grew while it was read: give a file nothing else writes to")
     try:
@@ -13184,7 +13186,7 @@ def check_bundle_target(target: Path, input_dirs: Sequence[Path], input_files: S
         raise Refusal(f"-o {str(target)!r} is not a folder to write the bundle into: name a folder")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise Refusal(f"the bundle's folder {parent} does not exist")
+        raise Refusal(f"the folder {parent} to hold the bundle does not exist")
     resolved = target.resolve()
     for d in input_dirs:
         d = d.resolve()
@@ -13197,12 +13199,15 @@ def check_bundle_target(target: Path, input_dirs: Sequence[Path], input_files: S
                           f"out of the bundle")
     try:
         st = os.lstat(target)
+        held = os.listdir(target) if stat.S_ISDIR(st.st_mode) else []
     except FileNotFoundError:
         return
+    except OSError as e:
+        raise Refusal(f"-o {target} cannot be looked into ({e.strerror or e}): name a folder you may write") from None
     if not stat.S_ISDIR(st.st_mode):
         raise Refusal(f"-o {target} is {file_kind(st.st_mode)}, not a bundle folder: name a folder "
                       f"(it is replaced as a whole, by renaming)")
-    if os.listdir(target) and not _is_bundle(target):
+    if held and not _is_bundle(target):
         raise Refusal(f"-o {target} is a folder holding other files, not a bundle bankml_convert wrote (no "
                       f"{BUNDLE_PIN} naming one), and a bundle is replaced as a whole: name another folder")
 
@@ -13276,9 +13281,10 @@ def create(model_dir, bundle=None, system_file=None, system_text: Optional[str] 
                       "bundle without it")
     if system_file is not None and system_text is not None:
         raise Refusal("--system FILE and --system-text TEXT both given: give the system prompt once")
-    problem = model_dir_problem(model_dir)
+    problem = model_dir_problem(model_dir) or (None if _is_file(model_dir / "config.json") else
+                                               no_config_reason(model_dir))
     if problem:
-        raise Refusal(problem)
+        raise Refusal(problem)      # before the adapter's checks, which would say it of --base
     # The identity of every input before any is read, checked again before the bundle is put in place.
     snapshot = InputSnapshot(model_dir)
     adapter_snapshot = InputSnapshot(Path(adapter_dir)) if adapter_dir is not None else snapshot

@@ -7499,6 +7499,11 @@ class CreateRefusals(BundleWorkspace):
         self.assertCreateRefuses("--mmproj: writing a vision projector into the bundle is not yet supported",
                                  self.case("example"), "--mmproj")
 
+    def test_a_dir_without_config_is_refused_as_convert_refuses_it(self):
+        empty = self.out_dir()
+        self.assertCreateRefuses(f"no config.json in {empty}", empty, "--adapter",
+                                 make_models.LORA_FIXTURES / "smollm2-lora-r32-qv")
+
     def test_a_hub_id_for_dir_says_how_to_download_it(self):
         self.assertCreateRefuses("looks like a Hugging Face Hub id", "HuggingFaceTB/SmolLM2-135M-Instruct")
 
