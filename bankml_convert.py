@@ -159,8 +159,9 @@ __version__ = "0.1.0"
 
 # The API: what the README documents.  Everything else may change between versions; the tests
 # reach into it, callers should not.
-__all__ = ["convert", "convert_lora", "create", "verify_bundle", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
-           "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
+__all__ = ["convert", "convert_lora", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
+           "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main",
+           "create", "verify_bundle", "BundleReport"]
 
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
 
@@ -10619,7 +10620,7 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 
 # ---------------------------------------------------------------------------------------------
 # Committing: every file a run writes (OUT, its pin, the .sllm pair, ggml's files) is made as
-# TARGET.part beside its target and renamed into place with the others once all are whole.
+# TARGET.part beside its target and renamed into place once all are whole; create's bundle, as one folder.
 # ---------------------------------------------------------------------------------------------
 # The guarantees the README states, kept here and nowhere else:
 # - A .part is never seen unlocked: its file is made without a name (O_TMPFILE) or under a private
