@@ -7294,6 +7294,18 @@ class OllamaParameters(unittest.TestCase):
         for value in ("340282356779733661637539395458142568448", "1e39", "-1e39", "1e99999999999999999999"):
             self.assertRefused("temperature", value, "out of a float32's range")
 
+    def test_the_float32_edge_is_where_c_rounds_to_infinity(self):
+        # Two neighbouring doubles about the edge, written out exactly (they are integers): struct's cast
+        # to float (C's round to nearest even, as Go's ParseFloat rounds) says which one overflows.
+        for double in (3.4028235677973366e38, 3.4028235677973362e38):
+            try:
+                struct.pack("<f", double)
+                overflows = False
+            except OverflowError:
+                overflows = True
+            value = str(int(double))
+            self.assertEqual(bc.ollama_parameter_problem("top_p", value) is not None, overflows, value)
+
     def test_what_go_reads_but_json_cannot_carry_or_no_one_writes_is_refused(self):
         for value in ("NaN", "inf", "-Infinity", "0x1p-2", "1_0.5", "", ".", "1e", "0,7"):
             self.assertRefused("temperature", value, "as a decimal number")
