@@ -13122,6 +13122,10 @@ def read_text_input(path: Path, flag: str, snapshot: InputSnapshot) -> TextInput
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise Refusal(f"{flag} {path} is not UTF-8 text (byte {e.start:,}): save it as UTF-8") from None
+    if text.startswith("\ufeff"):
+        # Windows editors' "UTF-8 with BOM": the mark is not text, and Ollama would drop it anyway.
+        raise Refusal(f"{flag} {path} begins with a byte-order mark (U+FEFF), which is not part of a prompt: save "
+                      f"it as UTF-8 without one")
     return TextInput(path, text, InputFile(path.name, len(data), hashlib.sha256(data).hexdigest()))
 
 

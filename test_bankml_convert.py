@@ -7532,6 +7532,10 @@ class CreateRefusals(BundleWorkspace):
         path.write_bytes(b"caf\xe9")
         self.assertCreateRefuses("is not UTF-8 text (byte 3)", self.case("example"), "--system", path)
 
+    def test_a_persona_file_with_a_byte_order_mark(self):
+        self.assertCreateRefuses("begins with a byte-order mark (U+FEFF)", self.case("example"), "--system",
+                                 self.persona("\ufeffYou are Tiny."))
+
     def test_an_adapter_trained_on_another_model_by_its_shapes(self):
         self.assertCreateRefuses(re.compile(r"as its --base: .* makes a 64x64 update, but --base's config\.json "
                                             r"implies 32x32"),
