@@ -6,6 +6,7 @@
                               [--split-max-size N(K|M|G)] [--split-max-tensors N] [--no-tensor-first-split]
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
     python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
+    python3 bankml_convert.py create DIR -o BUNDLE_DIR [--system FILE] [--adapter DIR]   (a folder for Ollama)
 
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
@@ -38,12 +39,15 @@ touch; tool: around the conversion):
                                       and where its split flags cut it into shards
   The output path              tool   llama.cpp's output name, derived names made one safe file name;
                                       outputs that would overwrite inputs or be read as one refused
-  Committing                   trust  .part files, locks, input snapshots, the renames, exit-code faults
+  Committing                   trust  .part files and folders, locks, input snapshots, the renames,
+                                      exit-code faults
   Writing the output           speed  forked workers that pwrite into OUT.part (every shard's), hashed in file order
   The conversion               core   convert(): plan, write and the inputs' sha256s into a Report
   Pinning                      trust  FORK.json: what was made from what
   LoRA adapters                core   PEFT adapters as convert_lora_to_gguf.py writes them, through the family plan
   Exporting for kasahare       tool   the .sllm model and tokenizer files (--format sllm)
+  Bundles for Ollama           tool   create: the GGUFs, a Modelfile in Ollama's grammar and one pin, as
+                                      one folder put in place whole; verify BUNDLE_DIR
   Reading GGUF                 tool   a strict reader, the listing, the structural diff
   Around the file              tool   inspect, dry run, verify, --json results
   ggml's MNIST files           tool   the legacy GGML and mnist-fc GGUF writers and readers
@@ -169,7 +173,8 @@ __version__ = "0.1.0"
 # The API: what the README documents.  Everything else may change between versions; the tests
 # reach into it, callers should not.
 __all__ = ["convert", "convert_lora", "Options", "Report", "InputFile", "Refusal", "ConversionFailed", "fork_json", "verify", "dry_run",
-           "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main"]
+           "DryRun", "read_gguf", "diff_gguf", "GGUFFile", "GGUFError", "main",
+           "create", "verify_bundle", "BundleReport"]
 
 REFERENCE = "llama.cpp convert_hf_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"
 LORA_REFERENCE = "llama.cpp convert_lora_to_gguf.py @ 0c1e57098 (llama-cpp-python 0.3.36)"   # an adapter's
@@ -10875,7 +10880,7 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 
 # ---------------------------------------------------------------------------------------------
 # Committing: every file a run writes (OUT, its pin, the .sllm pair, ggml's files) is made as
-# TARGET.part beside its target and renamed into place with the others once all are whole.
+# TARGET.part beside its target and renamed into place once all are whole; create's bundle, as one folder.
 # ---------------------------------------------------------------------------------------------
 # The guarantees the README states, kept here and nowhere else:
 # - A .part is never seen unlocked: its file is made without a name (O_TMPFILE) or under a private
@@ -11270,6 +11275,197 @@ class Commit:
             except OSError:
                 pass
         self._parts = []
+
+
+# A folder written whole (create's bundle): made empty under a private name beside its target,
+# locked for the run as a .part is, filled, then put in place in one step.  Where the system can
+# swap two names atomically (Linux's renameat2 RENAME_EXCHANGE) an old folder at the target is
+# swapped out, so that at every moment the target is the old folder or the new one, whole; elsewhere
+# it is moved aside first and put back if the new one cannot take its place.  Either way the old
+# folder ends under the private name and is removed; a run killed before that leaves it there,
+# unlocked, and the next run writing the same target removes it as a dead run's.
+_FOLDER_PART = ".partdir"
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def _folder_prefix(target: Path) -> str:
+    return f".{_name_hash(target.name)}-"
+
+
+def _is_folder_temporary_of(name: str, prefix: str) -> bool:
+    rest = name[len(prefix):-len(_FOLDER_PART)] if name.startswith(prefix) and name.endswith(_FOLDER_PART) else ""
+    return len(rest) == 16 and all(c in "0123456789abcdef" for c in rest)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether path still names the file open at fd."""
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _renameat2(old: Path, new: Path, flags: int) -> bool:
+    """renameat2(2) with flags; False where the system has no such call (it raises OSError where it
+    has one and the call fails, EINVAL for a file system that does not take the flag)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd = -100
+    if call(at_cwd, os.fsencode(old), at_cwd, os.fsencode(new), flags) != 0:
+        e = ctypes.get_errno()
+        if e in (errno.ENOSYS, errno.EINVAL):
+            return False
+        raise OSError(e, os.strerror(e), os.fspath(new))
+    return True
+
+
+class FolderCommit:
+    """The folder one run writes whole: path is where to fill it, commit() puts it at target (an
+    old folder there replaced as a whole), abort() -- or leaving the with block by an exception --
+    removes it and leaves the target as it was."""
+
+    def __init__(self, target: Path, notice: Callable[[str], None] | None = None) -> None:
+        self.target = target
+        self._notice = notice
+        self.committed = False
+        self._fd: int | None = None
+        self.path = target
+        parent = target.parent if str(target.parent) else Path(".")
+        prefix = _folder_prefix(target)
+        try:
+            names = os.listdir(parent)
+        except OSError as e:
+            raise output_error(parent, e) from None
+        for name in names:
+            if _is_folder_temporary_of(name, prefix):
+                self._remove_dead(parent / name)
+        mask = _hold_interrupts()
+        try:
+            for _ in range(3):
+                path = parent / f"{prefix}{os.urandom(8).hex()}{_FOLDER_PART}"
+                try:
+                    os.mkdir(path, 0o755)
+                except FileExistsError:
+                    continue
+                except OSError as e:
+                    raise output_error(path, e) from None
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NO_FOLLOW)
+                if fcntl is not None:
+                    _lock(fd)
+                if _same_file(fd, path):
+                    self.path, self._fd = path, fd
+                    return
+                os.close(fd)    # taken for a dead run's by another run before it was locked: again
+        finally:
+            _release_interrupts(mask)
+        raise Refusal(f"cannot make a temporary folder beside {target}: write the bundle elsewhere")
+
+    def __enter__(self) -> "FolderCommit":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if not self.committed:
+            self.abort()
+
+    def _remove_dead(self, path: Path) -> None:
+        """Remove a temporary folder no live run holds (a killed run's, or an old folder swapped out)."""
+        import shutil
+        import stat
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                return
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NO_FOLLOW)
+        except OSError:
+            return
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return      # a live run's
+                except OSError:
+                    pass
+            if not _same_file(fd, path):
+                return      # replaced meanwhile
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if self._notice:
+            self._notice(f"removed {path}, left behind by a run that is no longer running")
+
+    def write(self, name: str, data: bytes) -> None:
+        """A new file name in the folder holding data, flushed."""
+        fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o644)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def commit(self, check: Callable[[], None] | None = None) -> None:
+        """Flush the folder, run check (the inputs' identity), then put it at target in one step."""
+        import shutil
+        os.fsync(self._fd)
+        if check is not None:
+            check()
+        mask = _hold_interrupts()
+        try:
+            old = self._swap_in()
+            self.committed = True
+            _commits[0] += 1
+            _fsync_directory(os.path.dirname(os.path.abspath(self.target)))
+            self._close()
+        finally:
+            try:
+                _release_interrupts(mask)
+            except BaseException:
+                if not self.committed:
+                    raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _swap_in(self) -> Path | None:
+        """Put the folder at target; where an old folder was there, the private name it now has."""
+        if not os.path.lexists(self.target):
+            try:
+                if _renameat2(self.path, self.target, _RENAME_NOREPLACE):
+                    return None
+            except FileExistsError:
+                pass        # made meanwhile: swapped out below
+            else:
+                os.rename(self.path, self.target)   # an empty folder made meanwhile is replaced
+                return None
+        if _renameat2(self.path, self.target, _RENAME_EXCHANGE):
+            return self.path
+        aside = self.path.with_name(f"{_folder_prefix(self.target)}{os.urandom(8).hex()}{_FOLDER_PART}")
+        os.rename(self.target, aside)
+        try:
+            os.rename(self.path, self.target)
+        except OSError:
+            os.rename(aside, self.target)
+            raise
+        return aside
+
+    def abort(self) -> None:
+        import shutil
+        self._close()
+        if not self.committed and self.path != self.target:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
 
 
 def _take_permissions_of(target: Path, fd: int) -> None:
@@ -13148,6 +13344,523 @@ def sllm_fork_json(r: SllmReport, source: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Bundles for Ollama: `create` puts a model's GGUF, its adapter's, a Modelfile and one pin of them
+# all in one folder, renamed into place whole; `verify BUNDLE_DIR` checks every file and input.
+# ---------------------------------------------------------------------------------------------
+# The Modelfile is read by Ollama's parser (parser/parser.go at OLLAMA_PARSER; docs/modelfile.mdx),
+# whose rules for a value, as this section relies on them:
+# - A value runs from the space after its command to a line break (CR or LF) at which it is whole.
+#   Spaces and tabs never end it; the line break that ends it is not part of it.
+# - "Whole" is asked of the text so far with spaces, tabs and line breaks trimmed from both ends:
+#   beginning with three quotes it is whole once it is at least six characters long and ends with
+#   three; beginning with one quote, once it is at least two long and ends with one; else always.
+#   The quotes are then taken off and nothing else: there is no escape of any kind.
+# - Inside a value the parser keeps tabs and line breaks (a line break only inside open quotes: one
+#   outside ends the value) and what Go's strconv.IsPrint accepts -- letters, marks, numbers,
+#   punctuation, symbols, the ASCII space, exactly Python's str.isprintable -- and drops everything
+#   else without a word: NUL, other control characters, zero-width joiners, no-break spaces.
+# - A PARAMETER's key is [A-Za-z0-9_]+, looked up case-sensitively among api.Options' JSON names
+#   and parsed by api.FormatParams as its field's Go type; nine deprecated keys are dropped with a
+#   warning.  Unknown keys and values its type does not parse stop `ollama create`.
+# So a text is written bare where that reads back as itself; else in one quote if it holds none (no
+# line of it can then end in the closing quote); else in three, unless a line of it but the last ends
+# in three quotes, which would close the value there -- and one quote would close even earlier: that
+# text, and one holding a character the parser drops, is refused.
+
+OLLAMA_PARSER = "ollama/ollama parser/parser.go @ fb30760996871fa9460115c753afd2c60d4ab0f7"
+# The longest value written.  The parser copies a value so far at every space and line break in it,
+# so its time grows with the square of the value's length (a few MiB take it hours); and no model's
+# context holds a prompt of a mebibyte (some 250,000 tokens).
+MODELFILE_VALUE_MAX_BYTES = 1024 * 1024
+_MODELFILE_TRIMMED = " \t\r\n"          # strings.TrimSpace, on what the parser keeps of a value
+_LINE_BREAKS = ("\r", "\n")
+
+# api.Options' JSON names (the embedded Runner's included) and the Go type FormatParams parses each as.
+OLLAMA_PARAMETERS = {
+    "num_ctx": "int", "num_batch": "int", "num_gpu": "int", "main_gpu": "int", "use_mmap": "bool",
+    "num_thread": "int", "draft_num_predict": "int", "num_keep": "int", "seed": "int", "num_predict": "int",
+    "top_k": "int", "top_p": "float", "min_p": "float", "typical_p": "float", "repeat_last_n": "int",
+    "temperature": "float", "repeat_penalty": "float", "presence_penalty": "float",
+    "frequency_penalty": "float", "stop": "string",
+}
+# parser.go's deprecatedParameters: accepted, warned about and dropped, so a bundle would not do
+# what its Modelfile says.
+OLLAMA_DEPRECATED_PARAMETERS = ("penalize_newline", "low_vram", "f16_kv", "logits_all", "vocab_only",
+                                "use_mlock", "mirostat", "mirostat_tau", "mirostat_eta")
+# strconv.ParseBool's words.
+_GO_BOOLS = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")
+_DECIMAL_INT = re.compile(r"[+-]?[0-9]+")
+_DECIMAL_FLOAT = re.compile(r"[+-]?(?=\.?[0-9])([0-9]*)\.?([0-9]*)(?:[eE]([+-]?[0-9]+))?")
+# The least magnitude strconv.ParseFloat(s, 32) rounds to infinity (and then says ErrRange): half an
+# ulp above float32's largest finite value, where round-half-even goes up.
+_FLOAT32_OVERFLOW = 2 ** 128 - 2 ** 103
+
+
+def _fits_int64(digits: str) -> bool:
+    """Whether a decimal integer (sign and digits) is within int64, without making an int of a
+    string too long for one."""
+    magnitude = digits.lstrip("+-").lstrip("0")
+    return len(magnitude) <= 19 and -2 ** 63 <= int(digits) < 2 ** 63
+
+
+def _magnitude_at_least(number: re.Match, bound: int) -> bool:
+    """Whether the decimal number _DECIMAL_FLOAT matched is at least bound (a positive integer) in
+    magnitude, exactly, whatever its exponent or number of digits."""
+    whole, fraction, exponent = number.group(1), number.group(2), number.group(3) or "0"
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return False
+    power = exponent.lstrip("+-").lstrip("0") or "0"
+    power_of_ten = (int(power) if len(power) <= 12 else 10 ** 13) * (-1 if exponent.startswith("-") else 1)
+    # The power of ten of the number's first digit, against the bound's.
+    leading = len(digits) - 1 + power_of_ten - len(fraction)
+    wanted = str(bound)
+    if leading != len(wanted) - 1:
+        return leading > len(wanted) - 1
+    width = max(len(digits), len(wanted))
+    return digits.ljust(width, "0") >= wanted.ljust(width, "0")
+
+
+def modelfile_dropped_character(text: str) -> Optional[str]:
+    """The first character of text Ollama's parser would drop from a value (the way it is shown in
+    a message), or None.  Judged by Python's Unicode tables, which Go's (Unicode 15.0, Go 1.21 on)
+    match but for characters assigned in only one: right where Python's are the older (3.12 and
+    before: such a character is refused), wrong for the few added after 15.0 that a newer Python
+    takes as printable (3.13's CJK ideographs U+2EBF0..U+2EE5D, 3.14's Unicode 16.0)."""
+    odd = next((c for c in text if not (c.isprintable() or c in "\t\r\n")), None)
+    return None if odd is None else f"U+{ord(odd):04X}"
+
+
+def _line_closing_early(text: str) -> Optional[int]:
+    """The number of the first line of text (not its last) at whose end a value opened by three
+    quotes would already be whole -- the text so far, trailing spaces, tabs and line breaks trimmed,
+    ends in three quotes --, or None.  One pass: a long text of many lines costs no more than its length."""
+    line, quotes, after_space = 0, 0, False
+    for c in text:
+        if c in _LINE_BREAKS:
+            line += 1
+            if quotes >= 3:
+                return line
+        if c in _MODELFILE_TRIMMED:
+            after_space = True
+        else:
+            quotes = (1 if after_space else quotes + 1) if c == '"' else 0
+            after_space = False
+    return None
+
+
+def modelfile_value(text: str, what: str) -> str:
+    """text as a Modelfile value Ollama's parser reads back as exactly text: bare, in quotes, or in
+    triple quotes; a Refusal naming what (the flag it came from) where no form would."""
+    dropped = modelfile_dropped_character(text)
+    if dropped:
+        raise Refusal(f"{what} holds the character {dropped}, which Ollama's Modelfile parser drops without a "
+                      f"word (it keeps only printable characters, tabs and line breaks): remove it")
+    size = len(text.encode("utf-8"))
+    if size > MODELFILE_VALUE_MAX_BYTES:
+        raise Refusal(f"{what} is {size:,} bytes, more than the {MODELFILE_VALUE_MAX_BYTES:,} a Modelfile value may "
+                      f"have here: Ollama's parser takes time growing with the square of a value's length, and "
+                      f"no model's context holds a prompt this long; shorten it")
+    if (text and text[0] not in ' \t"' and text[-1] not in " \t"
+            and not any(c in text for c in _LINE_BREAKS)):
+        return text
+    if '"' not in text:
+        return f'"{text}"'      # no line can end in the quote that closes it
+    line = _line_closing_early(text)
+    if line is None:
+        return f'"""{text}"""'
+    # One quote cannot do either: that line's end, a quote too, would close it as early.
+    raise Refusal(f'{what}: its line {line} ends in """, which closes a Modelfile value of several lines early '
+                  f"(Ollama's parser has no escape for it): change the end of that line")
+
+
+def ollama_parameter_problem(key: str, value: str) -> Optional[str]:
+    """Why `PARAMETER key value` would stop `ollama create` or be dropped by it, or None."""
+    if key in OLLAMA_DEPRECATED_PARAMETERS:
+        return (f"--parameter {key}: Ollama no longer uses it (it drops it with a warning), so the bundle would "
+                f"not do what its Modelfile says: leave it out")
+    kind = OLLAMA_PARAMETERS.get(key)
+    if kind is None:
+        return (f"--parameter {key}: Ollama knows no such parameter (it stops on it; keys are lower-case): one of "
+                f"{', '.join(OLLAMA_PARAMETERS)}")
+    if kind == "int" and not (_DECIMAL_INT.fullmatch(value) and _fits_int64(value)):
+        return f"--parameter {key} {value!r}: Ollama reads {key} as a 64-bit decimal integer (it stops on this)"
+    if kind == "bool" and value not in _GO_BOOLS:
+        return f"--parameter {key} {value!r}: Ollama reads {key} as true or false (it stops on this)"
+    if kind == "float":
+        number = _DECIMAL_FLOAT.fullmatch(value)
+        if not number:
+            # Go also reads hexadecimal, digits with '_' and Inf or NaN (which its request, JSON, cannot carry).
+            return f"--parameter {key} {value!r}: write {key} as a decimal number (such as 0.7)"
+        if _magnitude_at_least(number, _FLOAT32_OVERFLOW):
+            return f"--parameter {key} {value!r}: out of a float32's range, which Ollama reads {key} as (it stops on this)"
+    if kind == "string" and not value:
+        return f"--parameter {key}: an empty {key} sequence; give the text to stop at"
+    return None
+
+
+# The bundle.  Its files have fixed names, so that the Modelfile's paths are fixed too; its pin,
+# BUNDLE_PIN, lists every file and every input and is the one file verify does not hash.
+BUNDLE_PIN = "FORK.json"
+BUNDLE_MODEL = "model.gguf"
+BUNDLE_ADAPTER = "adapter.gguf"
+MODELFILE = "Modelfile"
+BUNDLE_KIND = "bankml_convert ollama bundle"
+# A persona or template file is read whole, and a value longer than this is refused anyway.
+TEXT_INPUT_MAX_BYTES = MODELFILE_VALUE_MAX_BYTES
+# config.json keys that decide a model's shapes: an adapter directory that carries its base's
+# config.json (Unsloth and axolotl save one) and differs from DIR's in one of them was trained on
+# another model.
+_BASE_SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+
+
+class TextInput(NamedTuple):
+    """A persona (--system) or template file: its text, and what the pin records of it."""
+    path: Path
+    text: str
+    pinned: InputFile
+
+
+class Persona(NamedTuple):
+    """What the Modelfile says beside FROM and ADAPTER, each value as given (quoted when written)."""
+    system: Optional[str] = None
+    template: Optional[str] = None
+    parameters: tuple[tuple[str, str], ...] = ()
+    license: Optional[str] = None
+    system_flag: str = "--system-text"      # where the system text came from, for a refusal
+
+
+class BundleReport(NamedTuple):
+    """What create wrote: the folder, its files as the pin lists them, the conversions, the command."""
+    folder: Path
+    files: tuple[InputFile, ...]
+    model: Report
+    adapter: Optional[Report]
+    command: str
+
+
+def read_text_input(path: Path, flag: str, snapshot: InputSnapshot) -> TextInput:
+    """A persona or template file as UTF-8 text, exactly (its last line break included), or a Refusal."""
+    problem = path_problem(path)
+    if problem != "can be read":
+        raise Refusal(f"{flag} {path} {problem}")
+    identity = snapshot.identity(path)
+    if identity is not None and identity.size > TEXT_INPUT_MAX_BYTES:
+        raise Refusal(f"{flag} {path} is {identity.size:,} bytes, more than the {TEXT_INPUT_MAX_BYTES:,} a Modelfile "
+                      f"value may have here: Ollama's parser takes time growing with the square of a value's "
+                      f"length, and no model's context holds a prompt this long; shorten it")
+    with open(path, "rb") as f:
+        data = f.read(TEXT_INPUT_MAX_BYTES + 1)
+    if len(data) > TEXT_INPUT_MAX_BYTES:
+        raise Refusal(f"{flag} {path} grew while it was read: give a file nothing else writes to")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Refusal(f"{flag} {path} is not UTF-8 text (byte {e.start:,}): save it as UTF-8") from None
+    if text.startswith("\ufeff"):
+        # Windows editors' "UTF-8 with BOM": the mark is not text, and Ollama would drop it anyway.
+        raise Refusal(f"{flag} {path} begins with a byte-order mark (U+FEFF), which is not part of a prompt: save "
+                      f"it as UTF-8 without one")
+    return TextInput(path, text, InputFile(path.name, len(data), hashlib.sha256(data).hexdigest()))
+
+
+def persona_problem(parameters: Sequence[tuple[str, str]]) -> Optional[str]:
+    """Why --parameter KEY VALUE pairs would not do in Ollama what they say, or None."""
+    seen: set[str] = set()
+    for key, value in parameters:
+        problem = ollama_parameter_problem(key, value)
+        if problem:
+            return problem
+        if key in seen and OLLAMA_PARAMETERS[key] != "string":
+            return f"--parameter {key} given twice: Ollama keeps only the last; give it once"
+        seen.add(key)
+    return None
+
+
+def modelfile_text(persona: Persona, adapter: bool) -> str:
+    """The bundle's Modelfile: FROM the model, ADAPTER the adapter, then TEMPLATE, SYSTEM, PARAMETER
+    and LICENSE lines for what was given, each value quoted by modelfile_value (a Refusal if one
+    cannot be written).  No TEMPLATE unless given: Ollama takes the GGUF's chat template then."""
+    problem = persona_problem(persona.parameters)
+    if problem:
+        raise Refusal(problem)
+    lines = [f"FROM ./{BUNDLE_MODEL}"] + ([f"ADAPTER ./{BUNDLE_ADAPTER}"] if adapter else [])
+    if persona.template is not None:
+        lines.append("TEMPLATE " + modelfile_value(persona.template, "--template"))
+    if persona.system is not None:
+        lines.append("SYSTEM " + modelfile_value(persona.system, persona.system_flag))
+    lines += [f"PARAMETER {key} {modelfile_value(value, f'--parameter {key}')}" for key, value in persona.parameters]
+    if persona.license is not None:
+        lines.append("LICENSE " + modelfile_value(persona.license, "the model card's license"))
+    return "\n".join(lines) + "\n"
+
+
+def card_license(gguf: Path) -> Optional[str]:
+    """The licence the model card gave, as the converted GGUF carries it (general.license, its name
+    and link after it), for the Modelfile's LICENSE; None without one."""
+    kvs = {kv.key: kv.value for kv in read_gguf(gguf).kvs}
+    words = [kvs.get(k) for k in ("general.license", "general.license.name", "general.license.link")]
+    words = [w for w in words if isinstance(w, str) and w]
+    return "\n".join(words) if words else None
+
+
+def refuse_another_base(adapter_dir: Path, model_dir: Path) -> None:
+    """A Refusal where the adapter directory's own config.json (its base's, where a trainer saved
+    one) disagrees with DIR's in a key that decides the model's shapes."""
+    theirs_path = adapter_dir / "config.json"
+    if not _is_file(theirs_path) or not _is_file(model_dir / "config.json"):
+        return      # without one, the LoRA path's own shape checks are the test
+    theirs, ours = read_json_object(theirs_path), read_json_object(model_dir / "config.json")
+    for key in _BASE_SHAPE_KEYS:
+        if key in theirs and key in ours and theirs[key] != ours[key]:
+            raise Refusal(f"--adapter {adapter_dir} was trained on another model: its config.json has {key} "
+                          f"{_short(theirs[key])}, {model_dir}'s has {_short(ours[key])}; create from the "
+                          f"adapter's base model")
+
+
+def check_bundle_target(target: Path, input_dirs: Sequence[Path], input_files: Sequence[Path]) -> None:
+    """Refuse a bundle folder that is not a new folder or an old bundle (it is replaced as a whole),
+    or whose replacing would take an input with it."""
+    import stat
+    if "\0" in str(target) or str(target) == "-" or target.name in ("", ".", ".."):
+        raise Refusal(f"-o {str(target)!r} is not a folder to write the bundle into: name a folder")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise Refusal(f"the folder {parent} to hold the bundle does not exist")
+    resolved = target.resolve()
+    for d in input_dirs:
+        d = d.resolve()
+        if resolved == d or resolved in d.parents:
+            raise Refusal(f"-o {target} holds the input {d}, which replacing the bundle would remove: name "
+                          f"another folder")
+    for f in input_files:
+        if resolved in f.resolve().parents:
+            raise Refusal(f"-o {target} holds the input {f}, which replacing the bundle would remove: move it "
+                          f"out of the bundle")
+    try:
+        st = os.lstat(target)
+        held = os.listdir(target) if stat.S_ISDIR(st.st_mode) else []
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise Refusal(f"-o {target} cannot be looked into ({e.strerror or e}): name a folder you may write") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refusal(f"-o {target} is {file_kind(st.st_mode)}, not a bundle folder: name a folder "
+                      f"(it is replaced as a whole, by renaming)")
+    if held and not _is_bundle(target):
+        raise Refusal(f"-o {target} is a folder holding other files, not a bundle bankml_convert wrote (no "
+                      f"{BUNDLE_PIN} naming one), and a bundle is replaced as a whole: name another folder")
+
+
+def _is_bundle(folder: Path) -> bool:
+    try:
+        return read_json_object(folder / BUNDLE_PIN).get("kind") == BUNDLE_KIND
+    except (Refusal, OSError):
+        return False
+
+
+def create_command(model_dir: Path, target: Path, system_file: Optional[Path], system_text: Optional[str],
+                   adapter_dir: Optional[Path], parameters: Sequence[tuple[str, str]],
+                   template_file: Optional[Path], options: Options, outtype: str) -> str:
+    """The command line that writes the bundle again, every path made absolute (a file's by its own
+    name, not where a link at it points) and --outtype auto recorded as what it chose."""
+    words = [_prog(), "create", str(model_dir.resolve()), "-o", str(target.resolve())]
+    if system_file is not None:
+        words += ["--system", os.path.abspath(system_file)]
+    if system_text is not None:
+        words += ["--system-text", system_text]
+    if adapter_dir is not None:
+        words += ["--adapter", str(adapter_dir.resolve())]
+    for key, value in parameters:
+        words += ["--parameter", key, value]
+    if template_file is not None:
+        words += ["--template", os.path.abspath(template_file)]
+    words += ["--outtype", outtype]
+    if options.model_name is not None:
+        words += ["--model-name", options.model_name]
+    if options.ignore_model_card:
+        words.append("--ignore-model-card")
+    if options.no_nextn:
+        words.append("--no-nextn")
+    return shlex.join(words)
+
+
+def bundle_json(files: Sequence[InputFile], inputs: Sequence[tuple[str, Path, InputFile]], command: str,
+                model: Report) -> str:
+    """The bundle's pin: every file of the bundle, every input as (its role, its folder, the file),
+    the tool and the command."""
+    def pinned(i: InputFile) -> dict:
+        return {"name": i.name, "bytes": i.size, "sha256": i.sha256}
+    doc = {
+        "kind": BUNDLE_KIND,
+        "tool": f"bankml_convert {__version__}",
+        "reference": REFERENCE,
+        "modelfile_grammar": OLLAMA_PARSER,
+        "command": command,
+        "general.name": model.name,
+        "outtype": model.outtype,
+        "files": [pinned(f) for f in files],
+        "inputs": [dict(role=role, source=os.fspath(folder), **pinned(i)) for role, folder, i in inputs],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+
+
+def create(model_dir, bundle=None, system_file=None, system_text: Optional[str] = None, adapter_dir=None,
+           parameters: Sequence[tuple[str, str]] = (), template_file=None, options: Options | None = None,
+           mmproj: bool = False) -> BundleReport:
+    """An Ollama-ready folder at bundle (default: DIR's name and -ollama, here): model.gguf (DIR
+    converted as convert() does), adapter.gguf (adapter_dir as convert_lora() writes it with DIR as
+    its base), a Modelfile, and FORK.json pinning them and every input.  Every check runs before
+    anything is written; the folder is filled under a temporary name beside it and put in place
+    whole (FolderCommit), an old bundle there replaced as a whole, and only once every input is
+    still the file that was read."""
+    options = (options or Options())._replace(hash_inputs=True)
+    model_dir = Path(model_dir)
+    if mmproj:
+        raise Refusal("--mmproj: writing a vision projector into the bundle is not yet supported; create the "
+                      "bundle without it")
+    if system_file is not None and system_text is not None:
+        raise Refusal("--system FILE and --system-text TEXT both given: give the system prompt once")
+    problem = model_dir_problem(model_dir) or (None if _is_file(model_dir / "config.json") else
+                                               no_config_reason(model_dir))
+    if problem:
+        raise Refusal(problem)      # before the adapter's checks, which would say it of --base
+    # The identity of every input before any is read, checked again before the bundle is put in place.
+    snapshot = InputSnapshot(model_dir)
+    adapter_snapshot = InputSnapshot(Path(adapter_dir)) if adapter_dir is not None else snapshot
+    texts = []
+    if system_file is not None:
+        texts.append(("system", read_text_input(Path(system_file), "--system", snapshot)))
+    if template_file is not None:
+        texts.append(("template", read_text_input(Path(template_file), "--template", snapshot)))
+    read = dict(texts)
+    persona = Persona(read["system"].text if "system" in read else system_text,
+                      read["template"].text if "template" in read else None, tuple(parameters),
+                      system_flag=f"--system {system_file}" if system_file is not None else "--system-text")
+    modelfile_text(persona, adapter_dir is not None)       # every value checked before anything is converted
+    adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
+    if adapter_dir is not None:
+        refuse_another_base(adapter_dir, model_dir)
+        try:
+            plan_lora(adapter_dir, model_dir, options._replace(outtype="f32" if options.outtype == "auto"
+                                                               else options.outtype))
+        except Refusal as e:
+            raise Refusal(f"--adapter {adapter_dir} with {model_dir} as its --base: {e.reason}") from None
+    target = Path(bundle) if bundle is not None else Path(
+        safe_file_name(f"{model_dir.resolve().name}-ollama", "the bundle's folder name (DIR's and -ollama)"))
+    check_bundle_target(target, [model_dir] + ([adapter_dir] if adapter_dir else []), [t.path for _, t in texts])
+    # The conversions commit their files inside the temporary folder, where no one sees them: they
+    # are not counted as files put in place (_commits), so an interrupt until the folder is in place
+    # still stops the run, leaving the old bundle.
+    commits = _commits[0]
+    try:
+        with FolderCommit(target, options.notice) as folder:
+            model = convert(model_dir, folder.path / BUNDLE_MODEL, options)
+            _commits[0] = commits
+            adapter = None
+            if adapter_dir is not None:
+                try:
+                    adapter = convert_lora(adapter_dir, folder.path / BUNDLE_ADAPTER, model_dir,
+                                           options._replace(outtype=model.outtype))
+                except Refusal as e:
+                    raise Refusal(f"--adapter {adapter_dir} with {model_dir} as its --base: {e.reason}") from None
+                _commits[0] = commits
+            modelfile = modelfile_text(persona._replace(license=card_license(folder.path / BUNDLE_MODEL)),
+                                       adapter is not None).encode("utf-8")
+            folder.write(MODELFILE, modelfile)
+            files = ((InputFile(BUNDLE_MODEL, model.bytes, model.sha256),)
+                     + ((InputFile(BUNDLE_ADAPTER, adapter.bytes, adapter.sha256),) if adapter else ())
+                     + (InputFile(MODELFILE, len(modelfile), hashlib.sha256(modelfile).hexdigest()),))
+            inputs = ([("model", model_dir.resolve(), i) for i in model.inputs]
+                      + ([("adapter", adapter_dir.resolve(), i) for i in adapter.inputs] if adapter else [])
+                      + [(role, Path(os.path.abspath(t.path)).parent, t.pinned) for role, t in texts])
+            command = create_command(model_dir, target, Path(system_file) if system_file is not None else None,
+                                     system_text, adapter_dir, persona.parameters,
+                                     Path(template_file) if template_file is not None else None, options,
+                                     model.outtype)
+            folder.write(BUNDLE_PIN, bundle_json(files, inputs, command, model).encode("utf-8"))
+
+            def unchanged() -> None:
+                snapshot.check([t.path for _, t in texts] + [model_dir / i.name for i in model.inputs])
+                adapter_snapshot.check([adapter_dir / i.name for i in adapter.inputs] if adapter else [])
+            folder.commit(unchanged)
+    except OSError as e:
+        raise output_error(target, e) from None
+    return BundleReport(target, files, model, adapter, command)
+
+
+# Verifying a bundle: every file against the pin, no file the pin does not list, every input.
+
+def unpinned_adapter_inputs(adapter_dir: Path, pinned: tuple[InputFile, ...]) -> list[str]:
+    """Files in an adapter directory plan_lora would read that the pin does not list (a model card
+    added since, adapter_model.safetensors where the pin has the .bin)."""
+    names = {p.name for p in pinned}
+    weights = next((n for n in ADAPTER_WEIGHTS if _is_file(adapter_dir / n)), None)
+    read = [n for n in (ADAPTER_CONFIG, weights) + _ADAPTER_METADATA_FILES if n and _is_file(adapter_dir / n)]
+    return [n for n in read if n not in names]
+
+
+class BundlePin(NamedTuple):
+    files: tuple[InputFile, ...]
+    inputs: tuple[tuple[str, Path, InputFile], ...]     # (role, folder, file)
+    command: str
+
+
+def read_bundle_pin(folder: Path) -> BundlePin:
+    """The pin of a bundle as bundle_json writes it, or a Refusal saying what is wrong with it."""
+    path = folder / BUNDLE_PIN
+    if not _is_file(path):
+        raise Refusal(f"{folder} holds no {BUNDLE_PIN}: it is not a bundle bankml_convert created (a GGUF is "
+                      f"verified with {_prog()} verify FILE.gguf FORK.json)")
+    doc = read_json_object(path)
+    if doc.get("kind") != BUNDLE_KIND or not isinstance(doc.get("files"), list) or not isinstance(doc.get("inputs"), list):
+        raise Refusal(f"{path}: not a bundle's pin (kind {BUNDLE_KIND!r}, files and inputs lists)")
+    files = tuple(_pinned_file(e, f"files[{n}]", BUNDLE_PIN) for n, e in enumerate(doc["files"]))
+    inputs = []
+    for n, e in enumerate(doc["inputs"]):
+        if not (isinstance(e, dict) and isinstance(e.get("role"), str) and isinstance(e.get("source"), str)):
+            raise Refusal(f"{BUNDLE_PIN}: inputs[{n}] has no role and source")
+        inputs.append((e["role"], Path(e["source"]), _pinned_file(e, f"inputs[{n}]", BUNDLE_PIN)))
+    names = [f.name for f in files]
+    if len(set(names)) != len(names) or BUNDLE_PIN in names:
+        raise Refusal(f"{BUNDLE_PIN}: a file is listed twice")
+    command = doc.get("command")
+    return BundlePin(files, tuple(inputs), command if isinstance(command, str) else "")
+
+
+def verify_bundle(folder, progress=None) -> tuple[list[str], bool]:
+    """One "ok ..." or "FAIL ..." line per check of a bundle against its pin -- each file of the
+    bundle, a file the pin does not list, each input where the pin says it was read, a file the
+    converter would now read there that the pin does not list -- and whether every check held."""
+    folder = Path(folder)
+    pin = read_bundle_pin(folder)
+    total = sum(f.size for f in pin.files) + sum(i.size for _, _, i in pin.inputs)
+    done = [0]
+
+    def read(n: int) -> None:
+        done[0] += n
+        if progress:
+            progress(done[0], total, "")
+    try:
+        checks = [_input_check(folder, f, read, "file") for f in pin.files]
+        listed = {f.name for f in pin.files} | {BUNDLE_PIN}
+        checks += [(False, f"file {n}: in {folder} but not in the pin") for n in sorted(os.listdir(folder))
+                   if n not in listed]
+        for role, source, i in pin.inputs:
+            checks.append(_input_check(source, i, read, f"{role} input"))
+        for role, unpinned in (("model", unpinned_inputs), ("adapter", unpinned_adapter_inputs)):
+            for source in sorted({source for r, source, _ in pin.inputs if r == role}):
+                if source.is_dir():
+                    pinned = tuple(i for r, s, i in pin.inputs if r == role and s == source)
+                    checks += [(False, f"{role} input {n}: in {source} but not in the pin; the converter would "
+                                       f"read it") for n in unpinned(source, pinned)]
+    except OSError as e:
+        raise Refusal(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
+    return [("ok " if held else "FAIL ") + text for held, text in checks], all(h for h, _ in checks)
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading GGUF: a strict GGUF v3 reader (every count and length checked against the bytes left
 # before anything is read), a listing, and a structural diff that names the first difference.
 # ---------------------------------------------------------------------------------------------
@@ -14782,14 +15495,14 @@ _EXIT_FAILED = 3
 # --json: whatever the command and however it ends (done, refused, failed, a usage error), one
 # object on stdout with these fields, in this order; a command adds its own after them (convert:
 # general.name, params, tensor_count, kv_count, and adapter_not_applied for a directory that also
-# holds a LoRA adapter; lora: convert's and base; inspect: kvs and tensors; verify: checks; diff:
-# differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
+# holds a LoRA adapter; lora: convert's and base; create: bundle and command; inspect: kvs and
+# tensors; verify: checks; diff: differences).  README's "Use" shows it.  A type is a Python type, a tuple of alternatives (None:
 # null), a list holding the schema of each element, a dict a nested object's fields.
 RESULT_SCHEMA = {
     "schema": str,          # RESULT_VERSION
     "ok": bool,             # exit == 0
     "exit": int,            # the process's exit code: 0, 1 (verify/diff), 2 refused, 3 failed, 128+N
-    "command": str,         # convert, inspect, verify, diff or ggml
+    "command": str,         # convert, inspect, verify, diff, ggml, lora or create
     "outputs": [{"path": str, "bytes": int, "sha256": str, "role": str}],  # every file written
     "inputs": [{"name": str, "bytes": (int, None), "sha256": (str, None)}],  # the files read
     "outtype": (str, None),     # the output type as resolved (--outtype auto: what it chose)
@@ -14881,7 +15594,7 @@ def _conversion_failed(failure: ConversionFailed, as_json: bool = False, command
     return _EXIT_FAILED
 
 
-SUBCOMMANDS = ("inspect", "verify", "diff", "ggml", "lora")
+SUBCOMMANDS = ("inspect", "verify", "diff", "ggml", "lora", "create")
 
 
 def _prog() -> str:
@@ -14899,6 +15612,7 @@ commands:
   diff A.gguf B.gguf        where two GGUF files differ
   ggml STATE_DICT -o OUT    ggml's MNIST file from a state dict (--gguf mnist-fc: its GGUF)
   lora ADAPTER --base BASE -o OUT.gguf   a PEFT LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes it
+  create DIR -o BUNDLE_DIR  an Ollama-ready folder: the GGUF(s), a Modelfile and one pin; verify BUNDLE_DIR
 
 examples:
   {prog} ./smollm2-135m-instruct -o smollm2-F16.gguf --fork smollm2-F16.gguf.FORK.json
@@ -14907,6 +15621,7 @@ examples:
   {prog} inspect smollm2-F16.gguf
   {prog} inspect ./smollm2-135m-instruct --json
   {prog} verify smollm2-F16.gguf smollm2-F16.gguf.FORK.json --inputs ./smollm2-135m-instruct
+  {prog} create ./smollm2-135m-instruct -o smollm2-bundle --system persona.txt --parameter temperature 0.7
   {prog} diff smollm2-F16.gguf llama-cpp-F16.gguf
 
 exit codes: 0 ok, 1 verify or diff found a difference, 2 refused or unreadable input,
@@ -15113,8 +15828,8 @@ def _command_parser() -> argparse.ArgumentParser:
                        epilog=f"example:\n  {prog} verify model-F16.gguf model-F16.gguf.FORK.json "
                               f"--inputs ./smollm2-135m-instruct",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("gguf", metavar="FILE.gguf")
-    v.add_argument("fork", metavar="FORK.json")
+    v.add_argument("gguf", metavar="FILE.gguf|BUNDLE_DIR")
+    v.add_argument("fork", metavar="FORK.json", nargs="?", help="the GGUF's pin (a bundle folder holds its own)")
     v.add_argument("--inputs", metavar="DIR", help="the model directory: check every pinned input in it")
     v.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter's base directory: check its pinned config.json")
     v.add_argument("--json", action="store_true", help="one JSON object on stdout: the checks and the result")
@@ -15163,6 +15878,30 @@ def _command_parser() -> argparse.ArgumentParser:
                     "(default: the directory's canonical path)")
     lo.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the sha256 line")
     lo.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
+    c = sub.add_parser("create", help="an Ollama-ready folder: the GGUF(s), a Modelfile and one pin",
+                       description="Write one folder Ollama (and llama.cpp) loads offline: model.gguf (DIR converted, "
+                                   "byte-identical to llama.cpp's), adapter.gguf (--adapter converted with DIR as its "
+                                   "base), a Modelfile in Ollama's grammar (FROM, ADAPTER, TEMPLATE, SYSTEM, PARAMETER, "
+                                   "LICENSE from the model card) and FORK.json pinning every file and input. The folder "
+                                   "is put in place whole, an old bundle replaced as a whole; verify BUNDLE_DIR checks it.",
+                       epilog=f"example:\n  {prog} create ./smollm2-135m-instruct -o smollm2-bundle --system persona.txt "
+                              f"--parameter temperature 0.7\n  ollama create smollm2 -f smollm2-bundle/Modelfile\n"
+                              f"  {prog} verify smollm2-bundle",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("model_dir", metavar="DIR", help="the model directory (merged, or the adapter's base)")
+    c.add_argument("-o", "--outfile", metavar="BUNDLE_DIR", help="the bundle folder (default: DIR's name and -ollama, here)")
+    system = c.add_mutually_exclusive_group()
+    system.add_argument("--system", metavar="FILE", help="the system prompt: the file's UTF-8 text, exactly")
+    system.add_argument("--system-text", metavar="TEXT", help="the system prompt as given")
+    c.add_argument("--adapter", metavar="ADAPTER_DIR", help="a PEFT LoRA adapter trained on DIR, as adapter.gguf")
+    c.add_argument("--mmproj", action="store_true", help="a vision projector (not yet supported: refused)")
+    c.add_argument("--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help=f"a PARAMETER line, checked as Ollama reads it ({', '.join(OLLAMA_PARAMETERS)})")
+    c.add_argument("--template", metavar="FILE", help="a TEMPLATE (Go template) from a file; without it Ollama "
+                                                      "uses the GGUF's chat template")
+    _add_options(c)
+    c.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the sha256 lines")
+    c.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr")
     return p
 
 
@@ -15394,13 +16133,15 @@ def _reason(e: BaseException) -> str:
 
 
 def _failed(command: str, reason: str, as_json: bool = False) -> int:
-    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml', 'lora') else 'error'}: {reason}")
+    _say(f"bankml {command}: {'refuse' if command in ('convert', 'ggml', 'lora', 'create') else 'error'}: {reason}")
     if as_json:
         print(refusal_json(reason, command))
     return 2
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.fork is None:
+        return _verify_bundle(args)
     # Hashing the inputs is the long part (a 5 GB shard): a bar for it, on a terminal.
     if _starts_with(args.fork, b"GGUF") and not _starts_with(args.gguf, b"GGUF"):
         return _failed("verify", f"the arguments are the other way round: {_prog()} verify {args.fork} {args.gguf} "
@@ -15423,6 +16164,31 @@ def _verify(args: argparse.Namespace) -> int:
     _print_lines(lines)
     if held and pin.command:
         _print_lines([f"made by: {shown_name(pin.command)}"])
+    return code
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.gguf):
+        return _failed("verify", f"{args.gguf} is not a bundle folder; a GGUF is verified against its pin: "
+                                 f"{_prog()} verify FILE.gguf FORK.json", args.json)
+    if args.inputs or args.base:
+        return _failed("verify", "--inputs and --base are for a GGUF's pin; a bundle's pin names the folder of "
+                                 "every input", args.json)
+    bar = _progress_bar("bankml verify: ") if sys.stderr.isatty() else None
+    try:
+        lines, held = verify_bundle(args.gguf, bar)
+        command = read_bundle_pin(Path(args.gguf)).command
+    except Refusal as e:
+        return _failed("verify", e.reason, args.json)
+    finally:
+        if bar:
+            bar.clear()
+    code = 0 if held else 1
+    if args.json:
+        _print_json(result_json("verify", code, None, {"inputs": [named_file_json(Path(args.gguf) / BUNDLE_PIN)],
+                                                         "checks": lines, "made_by": command or None}))
+        return code
+    _print_lines(lines + ([f"made by: {command}"] if held and command else []))
     return code
 
 
@@ -15503,6 +16269,44 @@ def _lora(args: argparse.Namespace) -> int:
                           hash_inputs=bool(args.fork or args.json), notice=_notice)
         return convert_lora(args.adapter_dir, args.outfile, args.base, options, pin=args.fork, source=args.source)
     return _guarded_conversion(args, "lora", body)
+
+
+def _create(args: argparse.Namespace) -> int:
+    def body(started: float, done: list) -> int:
+        mistake = input_mistake(args.model_dir)
+        if mistake:
+            raise Refusal(mistake)
+        show = not args.quiet and sys.stderr.isatty()
+        options = Options(outtype=args.outtype, model_name=args.model_name, ignore_model_card=args.ignore_model_card,
+                          no_nextn=args.no_nextn, progress=_progress_bar("bankml create: ") if show else None,
+                          notice=_notice)
+        made = create(args.model_dir, args.outfile, args.system, args.system_text, args.adapter,
+                      [tuple(p) for p in args.parameter], args.template, options, args.mmproj)
+        done.append(True)
+        _print_bundle(args, made, started)
+        return 0
+    return _guarded_conversion(args, "create", body)
+
+
+_BUNDLE_ROLES = {BUNDLE_MODEL: "gguf", BUNDLE_ADAPTER: "adapter", MODELFILE: "modelfile"}
+
+
+def _print_bundle(args: argparse.Namespace, made: BundleReport, started: float) -> None:
+    """create's result: a sha256sum line per file of the bundle (or --json's object), and the next step."""
+    if args.json:
+        inputs = made.model.inputs + (made.adapter.inputs if made.adapter else ())
+        _print_json(result_json("create", 0, time.monotonic() - started, {
+            "outputs": [output_json(made.folder / f.name, f.size, f.sha256, _BUNDLE_ROLES[f.name]) for f in made.files]
+                       + [file_json(made.folder / BUNDLE_PIN, "pin")],
+            "inputs": [input_json(i) for i in inputs], "outtype": made.model.outtype,
+            "bundle": str(made.folder), "command": made.command}))
+    else:
+        for f in made.files:
+            _print_sha256_line(f.sha256, made.folder / f.name)
+    sys.stdout.flush()
+    if not args.quiet:
+        _say(f"bankml create: {made.folder}: {', '.join(f.name for f in made.files)}, pinned in {BUNDLE_PIN}; "
+             f"load it with: ollama create NAME -f {shlex.quote(str(made.folder / MODELFILE))}")
 
 
 def _convert_body(args: argparse.Namespace, started: float, done: list) -> Report | int:
@@ -15798,7 +16602,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if command != "convert":
             args = _command_parser().parse_args(argv)
-            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml, "lora": _lora}[args.command](args)
+            code = {"inspect": _inspect, "verify": _verify, "diff": _diff, "ggml": _ggml, "lora": _lora,
+                    "create": _create}[args.command](args)
         else:
             code = _convert(_parser().parse_args(argv))
         sys.stdout.flush()

@@ -13,6 +13,7 @@ import ast
 import collections
 import contextlib
 import dataclasses
+import errno
 import gc
 import hashlib
 import io
@@ -7412,6 +7413,644 @@ class SllmCommandLine(Workspace):
         r = cli(self.case("example"), "-o", self.out_dir() / "m.sllm", "--format", "sllm", "--dry-run")
         self.assertEqual(r.code, 2)
         self.assertIn("not offered with --format sllm", r.err)
+
+
+# =============================================================================================
+# Bundles for Ollama: the Modelfile against Ollama's parser, create's folder, its pin and verify BUNDLE_DIR.
+# =============================================================================================
+
+# --- Ollama's Modelfile parser (parser/parser.go at bc.OLLAMA_PARSER), re-implemented here from its Go
+# --- source rune by rune, so that every quoting rule is tested against what Ollama reads back.  It is
+# --- itself held to the cases of Ollama's own parser_test.go (OllamaParserAgreesWithItsOwnTests).
+
+class OllamaParseError(Exception):
+    pass
+
+
+_OLLAMA_COMMANDS = ("from", "license", "template", "system", "adapter", "draft", "renderer", "parser",
+                    "parameter", "message", "requires")
+
+
+def _go_is_space(c: str) -> bool:
+    """unicode.IsSpace, which strings.TrimSpace trims."""
+    return c in "\t\n\v\f\r \x85\xa0" or (ord(c) > 0xff and unicodedata_category(c) in ("Zs", "Zl", "Zp"))
+
+
+def unicodedata_category(c: str) -> str:
+    import unicodedata
+    return unicodedata.category(c)
+
+
+def _go_trim_space(s: str) -> str:
+    start, end = 0, len(s)
+    while start < end and _go_is_space(s[start]):
+        start += 1
+    while end > start and _go_is_space(s[end - 1]):
+        end -= 1
+    return s[start:end]
+
+
+def _ollama_unquote(s: str) -> tuple[str, bool]:
+    if s[:3] == '"""':
+        return (s[3:-3], True) if len(s) >= 6 and s[-3:] == '"""' else ("", False)
+    if s[:1] == '"':
+        return (s[1:-1], True) if len(s) >= 2 and s[-1] == '"' else ("", False)
+    return s, True
+
+
+def ollama_parse(data: bytes) -> list[tuple[str, str]]:
+    """ParseFile: the commands (name, args) Ollama reads from a Modelfile's bytes, or OllamaParseError."""
+    NIL, NAME, VALUE, PARAMETER, MESSAGE, COMMENT = range(6)
+    text = data.decode("utf-8", errors="replace")       # the UTF-8 decoder turns bad bytes into U+FFFD
+    if text.startswith("\ufeff"):
+        text = text[1:]                                 # BOMOverride
+    is_space = lambda c: c in " \t"                     # noqa: E731
+    is_newline = lambda c: c in "\r\n"                  # noqa: E731
+    is_alpha = lambda c: "a" <= c <= "z" or "A" <= c <= "Z"     # noqa: E731
+
+    def next_state(r: str, cs: int) -> tuple[int, str]:
+        # parseRuneForState; "\0" stands for the rune 0 it returns where it swallows one.
+        if cs == NIL:
+            if r == "#":
+                return COMMENT, "\0"
+            return (NIL, "\0") if is_space(r) or is_newline(r) else (NAME, r)
+        if cs == NAME:
+            if is_alpha(r):
+                return NAME, r
+            if is_space(r):
+                return VALUE, "\0"
+            raise OllamaParseError("invalid command")
+        if cs == VALUE:
+            return (NIL, r) if is_newline(r) or is_space(r) else (VALUE, r)
+        if cs in (PARAMETER, MESSAGE):
+            if is_alpha(r) or (cs == PARAMETER and ("0" <= r <= "9" or r == "_")):
+                return cs, r
+            if is_space(r):
+                return VALUE, "\0"
+            raise OllamaParseError("unexpected EOF")
+        return (NIL, "\0") if is_newline(r) else (COMMENT, "\0")
+
+    commands: list[tuple[str, str]] = []
+    name, role, curr, buf = "", "", NIL, []
+    for r in text:
+        nxt, r = next_state(r, curr)
+        if nxt != curr:
+            word = "".join(buf) if not (curr == VALUE and is_space(r)) else ""
+            if curr == NAME:
+                if word.lower() not in _OLLAMA_COMMANDS:
+                    raise OllamaParseError("invalid command")
+                s = word.lower()
+                if s == "from":
+                    name = "model"
+                elif s == "parameter":
+                    nxt = PARAMETER
+                else:
+                    if s == "message":
+                        nxt = MESSAGE
+                    name = s
+            elif curr == PARAMETER:
+                name = word
+            elif curr == MESSAGE:
+                if word not in ("system", "user", "assistant"):
+                    raise OllamaParseError("invalid message role")
+                role = word
+            elif curr == VALUE:
+                # (Go unquotes at a space too, then keeps the space whatever it found -- quadratic in a
+                # value's spaces, in Go as well: skipped here, which changes nothing but the time.)
+                s, ok = _ollama_unquote(_go_trim_space(word)) if not is_space(r) else ("", False)
+                if not ok or is_space(r):
+                    buf.append(r)
+                    continue
+                if role:
+                    s, role = f"{role}: {s}", ""
+                commands.append((name, s))
+            buf = []
+            curr = nxt
+        if r.isprintable():         # strconv.IsPrint: L, M, N, P, S and the ASCII space
+            buf.append(r)
+    if curr == VALUE:
+        s, ok = _ollama_unquote(_go_trim_space("".join(buf)))
+        if not ok:
+            raise OllamaParseError("unexpected EOF")
+        commands.append((name, f"{role}: {s}" if role else s))
+    elif curr not in (NIL, COMMENT):
+        raise OllamaParseError("unexpected EOF")
+    if not any(n == "model" for n, _ in commands):
+        raise OllamaParseError("no FROM line")
+    return commands
+
+
+def system_read_back(value: str) -> str | None:
+    """What Ollama reads as the system prompt from `SYSTEM value` (None where the file does not parse)."""
+    try:
+        commands = ollama_parse(f"FROM ./model.gguf\nSYSTEM {value}\n".encode("utf-8", "surrogatepass"))
+    except OllamaParseError:
+        return None
+    return commands[1][1] if len(commands) == 2 and commands[1][0] == "system" else None
+
+
+def no_form_reads_back(text: str) -> bool:
+    """Whether no way of writing text -- bare, in one quote or in three -- reads back as text."""
+    return all(system_read_back(v) != text for v in (text, f'"{text}"', f'"""{text}"""'))
+
+
+class OllamaParserAgreesWithItsOwnTests(unittest.TestCase):
+    """The re-implementation above gives what Ollama's parser_test.go says ParseFile gives."""
+
+    def test_quoted_values(self):
+        # TestParseFileQuoted, case by case.
+        cases = [
+            ('FROM foo\nSYSTEM """\nThis is a\nmultiline system.\n"""\n', "\nThis is a\nmultiline system.\n"),
+            ('FROM foo\nSYSTEM """\nThis is a\nmultiline system."""\n', "\nThis is a\nmultiline system."),
+            ('FROM foo\nSYSTEM """This is a\nmultiline system."""\n', "This is a\nmultiline system."),
+            ('FROM foo\nSYSTEM """This is a multiline system."""\n', "This is a multiline system."),
+            ('FROM foo\nSYSTEM """\nThis is a multiline system with "quotes".\n"""\n',
+             '\nThis is a multiline system with "quotes".\n'),
+            ('FROM foo\nSYSTEM """"""\n', ""),
+            ('FROM foo\nSYSTEM ""\n', ""),
+            ('FROM foo\nSYSTEM "\'"\n', "'"),
+            ('FROM foo\nSYSTEM """\'\'"\'""\'""\'"\'\'\'\'\'""\'""\'"""\n', '\'\'"\'""\'""\'"\'\'\'\'\'""\'""\''),
+        ]
+        for text, system in cases:
+            self.assertEqual(ollama_parse(text.encode()), [("model", "foo"), ("system", system)], text)
+
+    def test_unclosed_quotes_are_an_unexpected_end(self):
+        for text in ('FROM foo\nSYSTEM """This is a multiline system.""\n', 'FROM foo\nSYSTEM "\n'):
+            with self.assertRaisesRegex(OllamaParseError, "unexpected EOF"):
+                ollama_parse(text.encode())
+
+    def test_space_is_trimmed_outside_quotes_only(self):
+        # TestParseFileTrimSpace.
+        text = ('FROM "     model 1"\nADAPTER      adapter3\nLICENSE "MIT       "\nPARAMETER param1        value1\n'
+                'TEMPLATE """   {{ .System }}\n\n{{ .Prompt }}   """    \n')
+        self.assertEqual(ollama_parse(text.encode()), [
+            ("model", "     model 1"), ("adapter", "adapter3"), ("license", "MIT       "), ("param1", "value1"),
+            ("template", "   {{ .System }}\n\n{{ .Prompt }}   ")])
+
+    def test_parameters(self):
+        # TestParseFileParameters (its stop cases), TestParseFileParametersMissingValue.
+        for line, value in (("stop ### User:", "### User:"), ("stop ### User: ", "### User:"),
+                            ('stop "### User: "', "### User: "), ('stop """### User:\n"""', "### User:\n"),
+                            ("stop <|eot_id|>", "<|eot_id|>"), ("num_ctx 1", "1")):
+            name = line.split(" ")[0]
+            self.assertEqual(ollama_parse(f"FROM foo\nPARAMETER {line}\n".encode()), [("model", "foo"), (name, value)])
+        with self.assertRaisesRegex(OllamaParseError, "unexpected EOF"):
+            ollama_parse(b"FROM foo\nPARAMETER param1\n")
+
+    def test_commands_comments_and_multibyte_text(self):
+        # TestParseFileBadCommand, TestParseFileComments, TestParseMultiByte.
+        with self.assertRaisesRegex(OllamaParseError, "invalid command"):
+            ollama_parse(b"FROM foo\nBADCOMMAND param1 value1\n")
+        self.assertEqual(ollama_parse(b"\n# comment\nFROM foo\n\t"), [("model", "foo")])
+        self.assertEqual(ollama_parse("FROM test\n\tSYSTEM 你好👋".encode()), [("model", "test"), ("system", "你好👋")])
+
+
+# --- The quoting rules, each against the parser above.
+
+class ModelfileQuoting(unittest.TestCase):
+    def assertReadsBack(self, text: str) -> str:
+        value = bc.modelfile_value(text, "--system-text")
+        self.assertEqual(system_read_back(value), text, value)
+        return value
+
+    def assertUnwritable(self, text: str, reason: str) -> None:
+        with self.assertRaises(bc.Refusal) as e:
+            bc.modelfile_value(text, "--system-text")
+        self.assertIn(reason, e.exception.reason)
+        self.assertTrue(no_form_reads_back(text), text)     # refused only where Ollama cannot read it back
+
+    def test_a_one_line_text_without_edge_spaces_is_written_bare(self):
+        self.assertEqual(self.assertReadsBack('You are "Mario", a \\ plumber.\t#1'), 'You are "Mario", a \\ plumber.\t#1')
+
+    def test_edge_spaces_and_tabs_are_kept_inside_quotes(self):
+        for text in (" leading", "trailing ", "\ttabbed\t", "   "):
+            self.assertEqual(self.assertReadsBack(text), f'"{text}"')
+
+    def test_an_empty_text_is_two_quotes(self):
+        self.assertEqual(self.assertReadsBack(""), '""')
+
+    def test_a_text_of_several_lines_is_quoted_and_keeps_every_line_break(self):
+        for text in ("one\ntwo", "one\r\ntwo\r\n", "\n", "\r", "ends in a break\n", "\n\nstarts with two"):
+            self.assertIn(self.assertReadsBack(text)[0], '"')
+
+    def test_a_text_holding_quotes_is_in_triple_quotes(self):
+        for text in ('"quoted"', '"', '""', '"""', 'say "hi"\nthen "bye"', 'a line ends in a quote"\nnext',
+                     'a line\nand the last may end in three"""', '""starts with two'):
+            self.assertTrue(self.assertReadsBack(text).startswith('"""'), text)
+
+    def test_what_no_form_can_write_is_refused_naming_the_line(self):
+        self.assertUnwritable('first\nsecond """\nthird', 'its line 2 ends in """')
+        self.assertUnwritable('""" \nx', 'its line 1 ends in """')
+        self.assertUnwritable('He wrote """\r\nand stopped', 'its line 1 ends in """')
+
+    def test_backslashes_are_not_escapes(self):
+        for text in ("C:\\path\\", '\\"', "\\n is not a line break\n", '\\"""\\\n\\'):
+            self.assertReadsBack(text)
+        self.assertUnwritable('escaped\\"""\nor not', 'its line 1 ends in """')
+
+    def test_characters_the_parser_drops_are_refused(self):
+        for c in ("\0", "\x0b", "\x0c", "\x1b", "\x7f", "\x85", "\xa0", "\u200d", "\u2028", "\ufeff", "\udcff"):
+            self.assertUnwritable(f"a{c}b", f"holds the character U+{ord(c):04X}")
+
+    def test_a_very_long_text_reads_back(self):
+        line = "A persona line with \"quotes\" and \\ backslashes. " * 500 + "\n"
+        text = (line * (bc.MODELFILE_VALUE_MAX_BYTES // len(line) + 1))[:bc.MODELFILE_VALUE_MAX_BYTES]
+        self.assertReadsBack(text)
+
+    def test_a_text_longer_than_a_mebibyte_is_refused(self):
+        # Ollama's parse time grows with the square of a value's length; no context holds such a prompt.
+        with self.assertRaisesRegex(bc.Refusal, "1,048,577 bytes, more than the 1,048,576"):
+            bc.modelfile_value("x" * (bc.MODELFILE_VALUE_MAX_BYTES - 1) + "é", "--system-text")
+
+    def test_every_short_text_of_the_hostile_characters_reads_back_or_cannot_be_written(self):
+        rng = random.Random(40)
+        for _ in range(4000):
+            text = "".join(rng.choice('a "\t\n\r\\#') for _ in range(rng.randrange(0, 10)))
+            try:
+                value = bc.modelfile_value(text, "--system-text")
+            except bc.Refusal:
+                self.assertTrue(no_form_reads_back(text), repr(text))
+            else:
+                self.assertEqual(system_read_back(value), text, repr(text))
+
+
+# --- PARAMETER: api.FormatParams' keys and Go's parsers of each type.
+
+class OllamaParameters(unittest.TestCase):
+    def assertAccepted(self, key: str, value: str) -> None:
+        self.assertIsNone(bc.ollama_parameter_problem(key, value), (key, value))
+
+    def assertRefused(self, key: str, value: str, reason: str) -> None:
+        problem = bc.ollama_parameter_problem(key, value)
+        self.assertIsNotNone(problem, (key, value))
+        self.assertIn(reason, problem)
+
+    def test_the_keys_are_api_options_json_names_case_sensitively(self):
+        self.assertAccepted("temperature", "0.7")
+        self.assertRefused("Temperature", "0.7", "knows no such parameter")
+        self.assertRefused("numa", "true", "knows no such parameter")     # in parser_test.go, gone from Options
+
+    def test_deprecated_keys_are_refused_as_dropped(self):
+        for key in bc.OLLAMA_DEPRECATED_PARAMETERS:
+            self.assertRefused(key, "1", "drops it with a warning")
+
+    def test_integers_are_decimal_int64(self):
+        for value in ("0", "-1", "+42", "007", str(2 ** 63 - 1), str(-2 ** 63)):
+            self.assertAccepted("num_ctx", value)
+        for value in ("", "1.0", "1e3", "0x10", "1_000", " 1", str(2 ** 63), str(-2 ** 63 - 1), "9" * 5000):
+            self.assertRefused("num_ctx", value, "64-bit decimal integer")
+
+    def test_booleans_are_go_parsebool_words(self):
+        for value in ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"):
+            self.assertAccepted("use_mmap", value)
+        for value in ("yes", "tRUE", "", "on"):
+            self.assertRefused("use_mmap", value, "true or false")
+
+    def test_floats_are_decimal_numbers_within_float32(self):
+        for value in ("0.7", "1", "-.5", "5.", "1e-3", "3.4028235e38", "1e-99999999999999999999",
+                      "340282356779733661637539395458142568447.999"):
+            self.assertAccepted("temperature", value)
+        for value in ("340282356779733661637539395458142568448", "1e39", "-1e39", "1e99999999999999999999"):
+            self.assertRefused("temperature", value, "out of a float32's range")
+
+    def test_the_float32_edge_is_where_c_rounds_to_infinity(self):
+        # Two neighbouring doubles about the edge, written out exactly (they are integers): struct's cast
+        # to float (C's round to nearest even, as Go's ParseFloat rounds) says which one overflows.
+        for double in (3.4028235677973366e38, 3.4028235677973362e38):
+            try:
+                struct.pack("<f", double)
+                overflows = False
+            except OverflowError:
+                overflows = True
+            value = str(int(double))
+            self.assertEqual(bc.ollama_parameter_problem("top_p", value) is not None, overflows, value)
+
+    def test_what_go_reads_but_json_cannot_carry_or_no_one_writes_is_refused(self):
+        for value in ("NaN", "inf", "-Infinity", "0x1p-2", "1_0.5", "", ".", "1e", "0,7"):
+            self.assertRefused("temperature", value, "as a decimal number")
+
+    def test_stop_takes_any_text_but_an_empty_one(self):
+        self.assertAccepted("stop", "<|im_end|>")
+        self.assertRefused("stop", "", "empty stop sequence")
+
+    def test_a_key_given_twice_is_refused_but_stop(self):
+        self.assertIn("given twice", bc.persona_problem([("top_k", "1"), ("top_k", "2")]))
+        self.assertIsNone(bc.persona_problem([("stop", "a"), ("stop", "b")]))
+
+    def test_the_modelfile_reads_back_as_given(self):
+        persona = bc.Persona("Be brief.", "{{ .Prompt }}\n", (("stop", ' "<|im_end|>" '), ("temperature", "0.7")),
+                             "other\nsmol-license")
+        self.assertEqual(ollama_parse(bc.modelfile_text(persona, adapter=True).encode("utf-8")), [
+            ("model", "./model.gguf"), ("adapter", "./adapter.gguf"), ("template", "{{ .Prompt }}\n"),
+            ("system", "Be brief."), ("stop", ' "<|im_end|>" '), ("temperature", "0.7"),
+            ("license", "other\nsmol-license")])
+
+    def test_no_template_line_unless_given(self):
+        self.assertEqual(bc.modelfile_text(bc.Persona(), adapter=False), "FROM ./model.gguf\n")
+
+
+# --- create: the bundle folder, its pin, verify BUNDLE_DIR after each kind of tampering, replacing a bundle.
+
+PERSONA = 'You are "Tiny", a terse assistant.\nAnswer in one line.\n'
+
+
+class BundleWorkspace(Workspace):
+    def persona(self, text: str = PERSONA) -> Path:
+        path = self.out_dir() / "persona.txt"
+        path.write_text(text, encoding="utf-8", newline="")
+        return path
+
+    def made(self) -> Path:
+        """A bundle of the example with a persona, made once per class; tests tamper with copies."""
+        if not hasattr(type(self), "_made"):
+            folder = self.out_dir() / "bundle"
+            r = cli("create", self.case("example"), "-o", folder, "--system", self.persona(), "--quiet")
+            self.assertEqual(r.code, 0, r.err)
+            type(self)._made = folder
+        return Path(shutil.copytree(type(self)._made, self.out_dir() / "bundle"))
+
+    def assertVerifyFails(self, folder: Path, line: str) -> None:
+        r = cli("verify", folder)
+        self.assertEqual(r.code, 1, r.out + r.err)
+        self.assertIn(line, r.out.splitlines())
+
+    def assertCreateRefuses(self, reason: str | re.Pattern, *args, folder: Path | None = None) -> Result:
+        """`create ARGS -o FOLDER` refuses: exit 2, the one line, and FOLDER's parent as it was."""
+        folder = folder or self.out_dir() / "bundle"
+        before = entries(folder.parent)
+        r = cli("create", *args, "-o", folder)
+        self.assertEqual((r.code, r.out), (2, ""), r.err)
+        prefix = "bankml create: refuse: "
+        self.assertTrue(r.err.startswith(prefix) and r.err.count("\n") == 1, r.err)
+        if isinstance(reason, re.Pattern):
+            self.assertIsNotNone(reason.search(r.err), r.err)
+        else:
+            self.assertIn(reason, r.err)
+        self.assertEqual(entries(folder.parent), before)
+        return r
+
+
+class CreateBundle(BundleWorkspace):
+    def test_the_example_bundle_holds_llama_cpps_gguf_a_modelfile_and_its_pin(self):
+        folder = self.out_dir() / "bundle"
+        r = cli("create", self.case("example"), "-o", folder, "--system", self.persona(), "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(entries(folder.parent), ["bundle"])        # nothing but the folder written
+        self.assertEqual(entries(folder), ["FORK.json", "Modelfile", "model.gguf"])
+        self.assertEqual(sha256_file(folder / "model.gguf"), GOLDEN["example"]["sha256"])
+        self.assertEqual(ollama_parse((folder / "Modelfile").read_bytes()),
+                         [("model", "./model.gguf"), ("system", PERSONA)])
+        self.assertEqual(r.out.splitlines(), [f"{sha256_file(folder / n)}  {folder / n}" for n in ("model.gguf", "Modelfile")])
+        self.assertEqual(cli("verify", folder).code, 0)
+
+    def test_a_lora_fixture_with_its_base_gives_both_ggufs_as_llama_cpp_writes_them(self):
+        folder = self.out_dir() / "bundle"
+        adapter = make_models.LORA_FIXTURES / "smollm2-lora-r32-qv"
+        r = cli("create", self.case("bf16"), "-o", folder, "--adapter", adapter, "--system-text", "Be brief.", "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(sha256_file(folder / "model.gguf"), GOLDEN["bf16"]["sha256"])
+        self.assertEqual(sha256_file(folder / "adapter.gguf"), GOLDEN["lora-smollm2-lora-r32-qv-f16"]["sha256"])
+        self.assertEqual(ollama_parse((folder / "Modelfile").read_bytes()),
+                         [("model", "./model.gguf"), ("adapter", "./adapter.gguf"), ("system", "Be brief.")])
+        verified = cli("verify", folder)
+        self.assertEqual(verified.code, 0, verified.out)
+        self.assertIn("ok adapter input adapter_model.safetensors", verified.out)
+
+    def test_the_pin_holds_every_file_every_input_the_tool_and_the_command(self):
+        folder = self.made()
+        pin = json.loads((folder / "FORK.json").read_text(encoding="utf-8"))
+        self.assertEqual(pin["tool"], f"bankml_convert {bc.__version__}")
+        self.assertEqual([f["name"] for f in pin["files"]], ["model.gguf", "Modelfile"])
+        self.assertEqual({(i["role"], i["name"]) for i in pin["inputs"]} >= {("model", "config.json"),
+                         ("model", "model.safetensors"), ("system", "persona.txt")}, True)
+        persona = next(i for i in pin["inputs"] if i["role"] == "system")
+        self.assertEqual(persona["sha256"], hashlib.sha256(PERSONA.encode()).hexdigest())
+        self.assertRegex(pin["command"], r"^bankml_convert\.py create /\S+ -o /\S+/bundle --system /\S+/persona\.txt "
+                                         r"--outtype f16$")
+
+    def test_the_card_licence_becomes_the_license_line(self):
+        folder = self.out_dir() / "bundle"
+        self.assertEqual(cli("create", self.case("card-names"), "-o", folder, "--quiet").code, 0)
+        self.assertEqual(ollama_parse((folder / "Modelfile").read_bytes())[-1],
+                         ("license", "other\nsmol-license\nhttps://example.com/LICENSE"))
+
+    def test_a_template_is_written_only_when_given(self):
+        template = self.out_dir() / "template.txt"
+        template.write_text("{{ .System }}\n{{ .Prompt }}\n", encoding="utf-8")
+        folder = self.out_dir() / "bundle"
+        self.assertEqual(cli("create", self.case("example"), "-o", folder, "--template", template,
+                             "--parameter", "stop", "<|im_end|>", "--parameter", "temperature", "0.7", "--quiet").code, 0)
+        self.assertEqual(ollama_parse((folder / "Modelfile").read_bytes()), [
+            ("model", "./model.gguf"), ("template", "{{ .System }}\n{{ .Prompt }}\n"), ("stop", "<|im_end|>"),
+            ("temperature", "0.7")])
+        self.assertNotIn("TEMPLATE", (self.made() / "Modelfile").read_text(encoding="utf-8"))
+
+    def test_an_old_bundle_is_replaced_as_a_whole(self):
+        folder = self.made()
+        (folder / "leftover.txt").write_text("from the old bundle", encoding="utf-8")
+        r = cli("create", self.case("example"), "-o", folder, "--system-text", "New.", "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(entries(folder), ["FORK.json", "Modelfile", "model.gguf"])
+        self.assertEqual(entries(folder.parent), ["bundle"])
+        self.assertEqual(cli("verify", folder).code, 0)
+
+    def test_an_old_bundle_is_replaced_as_a_whole_where_names_cannot_be_swapped(self):
+        folder = self.made()
+        with mock.patch.object(bc, "_renameat2", return_value=False):
+            r = cli("create", self.case("example"), "-o", folder, "--system-text", "New.", "--quiet")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(ollama_parse((folder / "Modelfile").read_bytes())[1], ("system", "New."))
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
+    def test_an_old_bundle_moved_aside_is_put_back_if_the_new_one_cannot_take_its_place(self):
+        folder = self.made()
+        before = {n: (folder / n).read_bytes() for n in entries(folder)}
+        real_rename, calls = os.rename, []
+
+        def rename(src, dst):       # the old bundle aside, then the new one in: that one fails
+            calls.append((src, dst))
+            if len(calls) == 2:
+                raise OSError(errno.EIO, "Input/output error", str(dst))
+            real_rename(src, dst)
+        with mock.patch.object(bc, "_renameat2", return_value=False), mock.patch.object(bc.os, "rename", rename):
+            r = cli("create", self.case("example"), "-o", folder, "--system-text", "New.", "--quiet")
+        self.assertEqual(r.code, 3, r.err)
+        self.assertEqual(len(calls), 3)
+        self.assertEqual({n: (folder / n).read_bytes() for n in entries(folder)}, before)
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
+    def test_a_run_that_fails_leaves_the_old_bundle_as_it_was(self):
+        folder = self.made()
+        before = {n: (folder / n).read_bytes() for n in entries(folder)}
+        with mock.patch.object(bc, "card_license", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+            r = cli("create", self.case("example"), "-o", folder, "--system-text", "New.", "--quiet")
+        self.assertEqual(r.code, 3, r.err)
+        self.assertEqual({n: (folder / n).read_bytes() for n in entries(folder)}, before)
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
+    def test_an_interrupt_before_the_folder_is_in_place_stops_the_run_and_leaves_the_old_bundle(self):
+        folder = self.made()
+        before = {n: (folder / n).read_bytes() for n in entries(folder)}
+        adapter = make_models.LORA_FIXTURES / "smollm2-lora-r32-qv"
+
+        def interrupted(*args):     # after both conversions have committed inside the temporary folder
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        with mock.patch.object(bc, "card_license", side_effect=interrupted):
+            r = cli("create", self.case("bf16"), "-o", folder, "--adapter", adapter, "--quiet")
+        self.assertEqual(r.code, 130, r.err)
+        self.assertEqual({n: (folder / n).read_bytes() for n in entries(folder)}, before)
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
+    def test_a_dead_runs_temporary_folder_is_removed(self):
+        folder = self.out_dir() / "bundle"
+        dead = folder.with_name(f"{bc._folder_prefix(folder)}{'0' * 16}{bc._FOLDER_PART}")
+        dead.mkdir()
+        (dead / "model.gguf").write_bytes(b"half")
+        self.assertEqual(cli("create", self.case("example"), "-o", folder, "--quiet").code, 0)
+        self.assertEqual(entries(folder.parent), ["bundle"])
+
+    def test_the_default_folder_is_dirs_name_and_ollama_here(self):
+        cwd = self.out_dir()
+        r = self.run_tool("create", self.case("example"), "--quiet", cwd=cwd)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(entries(cwd), ["smollm2-tiny-ollama"])
+
+    def test_json_lists_every_file_written(self):
+        folder = self.out_dir() / "bundle"
+        r = cli("create", self.case("example"), "-o", folder, "--json", "--quiet")
+        doc = json.loads(r.out)
+        self.assertEqual(bc.schema_problems(doc), [])
+        self.assertEqual([(Path(o["path"]).name, o["role"]) for o in doc["outputs"]],
+                         [("model.gguf", "gguf"), ("Modelfile", "modelfile"), ("FORK.json", "pin")])
+
+
+class CreateRefusals(BundleWorkspace):
+    def test_mmproj_is_not_yet_supported(self):
+        self.assertCreateRefuses("--mmproj: writing a vision projector into the bundle is not yet supported",
+                                 self.case("example"), "--mmproj")
+
+    def test_a_dir_without_config_is_refused_as_convert_refuses_it(self):
+        empty = self.out_dir()
+        self.assertCreateRefuses(f"no config.json in {empty}", empty, "--adapter",
+                                 make_models.LORA_FIXTURES / "smollm2-lora-r32-qv")
+
+    def test_a_hub_id_for_dir_says_how_to_download_it(self):
+        self.assertCreateRefuses("looks like a Hugging Face Hub id", "HuggingFaceTB/SmolLM2-135M-Instruct")
+
+    def test_a_parameter_ollama_would_stop_on(self):
+        self.assertCreateRefuses("--parameter temperature 'warm': write temperature as a decimal number",
+                                 self.case("example"), "--parameter", "temperature", "warm")
+
+    def test_a_persona_ollama_would_not_read_back(self):
+        self.assertCreateRefuses("holds the character U+0000", self.case("example"), "--system", self.persona("a\0b"))
+        self.assertCreateRefuses('its line 1 ends in """', self.case("example"), "--system", self.persona('x"""\ny'))
+
+    def test_a_persona_file_that_is_not_utf8(self):
+        path = self.persona()
+        path.write_bytes(b"caf\xe9")
+        self.assertCreateRefuses("is not UTF-8 text (byte 3)", self.case("example"), "--system", path)
+
+    def test_a_persona_file_with_a_byte_order_mark(self):
+        self.assertCreateRefuses("begins with a byte-order mark (U+FEFF)", self.case("example"), "--system",
+                                 self.persona("\ufeffYou are Tiny."))
+
+    def test_an_adapter_trained_on_another_model_by_its_shapes(self):
+        self.assertCreateRefuses(re.compile(r"as its --base: .* makes a 64x64 update, but --base's config\.json "
+                                            r"implies 32x32"),
+                                 self.case("example"), "--adapter", make_models.LORA_FIXTURES / "smollm2-lora-r32-qv")
+
+    def test_an_adapter_whose_base_config_disagrees_with_dir(self):
+        adapter = Path(shutil.copytree(make_models.LORA_FIXTURES / "smollm2-lora-r32-qv", self.out_dir() / "a"))
+        base = self.case("bf16")
+        config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+        (adapter / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=30)), encoding="utf-8")
+        self.assertCreateRefuses(re.compile(r"was trained on another model: its config\.json has num_hidden_layers 30, "
+                                            r"\S+'s has \d+"), base, "--adapter", adapter)
+
+    def test_a_folder_that_is_not_a_bundle_is_not_replaced(self):
+        folder = self.out_dir() / "photos"
+        folder.mkdir()
+        (folder / "holiday.jpg").write_bytes(b"jpeg")
+        self.assertCreateRefuses("is a folder holding other files, not a bundle", self.case("example"), folder=folder)
+        self.assertEqual(entries(folder), ["holiday.jpg"])
+
+    def test_a_name_that_is_not_a_folder_of_its_own(self):
+        cwd = self.out_dir()
+        r = self.run_tool("create", self.case("example"), "-o", ".", cwd=cwd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("-o '.' is not a folder to write the bundle into", r.stderr)
+        self.assertEqual(entries(cwd), [])
+
+    def test_a_folder_holding_an_input_is_not_replaced(self):
+        model = self.case("example")
+        self.assertCreateRefuses("which replacing the bundle would remove", model, folder=model.parent)
+
+
+class VerifyBundle(BundleWorkspace):
+    def test_a_changed_file_is_named(self):
+        folder = self.made()
+        with open(folder / "model.gguf", "r+b") as f:
+            f.seek(-1, 2)
+            last = f.read(1)
+            f.seek(-1, 2)
+            f.write(bytes([last[0] ^ 1]))
+        pinned = json.loads((folder / "FORK.json").read_text(encoding="utf-8"))["files"][0]["sha256"]
+        self.assertVerifyFails(folder, f"FAIL file model.gguf: sha256 {sha256_file(folder / 'model.gguf')}, "
+                                       f"the pin says {pinned}")
+
+    def test_a_missing_file_is_named(self):
+        folder = self.made()
+        (folder / "Modelfile").unlink()
+        self.assertVerifyFails(folder, f"FAIL file Modelfile: missing from {folder}")
+
+    def test_an_extra_file_is_named(self):
+        folder = self.made()
+        (folder / "notes.txt").write_text("x", encoding="utf-8")
+        self.assertVerifyFails(folder, f"FAIL file notes.txt: in {folder} but not in the pin")
+
+    def test_one_character_of_the_persona_changed_is_found(self):
+        folder = self.made()
+        pin = json.loads((folder / "FORK.json").read_text(encoding="utf-8"))
+        persona = next(i for i in pin["inputs"] if i["role"] == "system")
+        path = Path(persona["source"]) / persona["name"]
+        path.write_text(PERSONA.replace("terse", "tense"), encoding="utf-8")
+        try:
+            self.assertVerifyFails(folder, f"FAIL system input persona.txt: sha256 {sha256_file(path)}, the pin says "
+                                           f"{persona['sha256']}")
+        finally:
+            path.write_text(PERSONA, encoding="utf-8")
+
+    def test_a_file_the_converter_would_now_read_in_the_adapter_is_named(self):
+        adapter = Path(shutil.copytree(make_models.LORA_FIXTURES / "smollm2-lora-r16-no-card", self.out_dir() / "a"))
+        folder = self.out_dir() / "bundle"
+        self.assertEqual(cli("create", self.case("bf16"), "-o", folder, "--adapter", adapter, "--quiet").code, 0)
+        (adapter / "README.md").write_text("---\nlicense: mit\n---\n", encoding="utf-8")
+        self.assertVerifyFails(folder, f"FAIL adapter input README.md: in {adapter} but not in the pin; the converter "
+                                       f"would read it")
+
+    def test_a_file_without_its_pin_is_not_taken_for_a_bundle(self):
+        folder = self.made()
+        r = cli("verify", folder / "model.gguf")
+        self.assertEqual(r.code, 2)
+        self.assertIn("is not a bundle folder; a GGUF is verified against its pin", r.err)
+
+    def test_a_bundles_pin_names_its_inputs_folders_itself(self):
+        r = cli("verify", self.made(), "--inputs", self.case("example"))
+        self.assertEqual(r.code, 2)
+        self.assertIn("a bundle's pin names the folder of every input", r.err)
+
+    def test_json_gives_the_checks(self):
+        r = cli("verify", self.made(), "--json")
+        doc = json.loads(r.out)
+        self.assertEqual((r.code, bc.schema_problems(doc), doc["ok"]), (0, [], True))
+        self.assertTrue(doc["checks"] and all(c.startswith("ok ") for c in doc["checks"]))
+        self.assertRegex(doc["made_by"], r"^bankml_convert\.py create ")
+
+    def test_a_folder_without_a_bundle_pin_is_refused(self):
+        r = cli("verify", self.out_dir())
+        self.assertEqual(r.code, 2)
+        self.assertIn("holds no FORK.json", r.err)
 
 
 # =============================================================================================
