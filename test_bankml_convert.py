@@ -1159,7 +1159,7 @@ def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
 # The hooks the docstring's family table names where a family sets its own (params, keys and tensor
 # names are every family's own).
 FAMILY_TABLE_HOOKS = ("shape", "filter_tensors", "modify_tensors", "generated_tensors", "early_kvs", "hparams",
-                      "refuse_directory", "layer_outputs", "without_nextn", "lora_refusal")
+                      "refuse_directory", "layer_outputs", "without_nextn", "lora_refusal", "lora_pair_refusal")
 
 
 def family_table() -> str:
@@ -2518,12 +2518,6 @@ class Qwen35Refusals(Workspace):
         self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.linear_attn\.A_log' is F16: .*save the model "
                                          r"in bfloat16"))
 
-    def test_a_lora_adapter_on_qwen35_is_refused(self):
-        base = self.out_dir()
-        shutil.copy(self.case(QWEN35_TEXT) / "config.json", base / "config.json")
-        with self.assertRaisesRegex(bc.Refusal, "is a Qwen3.5 model: LoRA adapters on Qwen3.5"):
-            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
-                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
 # --- LFM2 (issue 36): short-convolution layers between attention layers.  Bytes pinned by the golden runs
@@ -6761,6 +6755,44 @@ class LoraRefusals(LoraWorkspace):
             "q_proj", "x_proj"))
         self.assertLoraRefuses(adapter, self.base(), re.compile(r"lora_A for 'model\.layers\.0\.self_attn\.q_proj\.weight' "
                                                                 r"but not lora_B"))
+
+
+# --- LoRA on Qwen3.5 (issue 36): bytes pinned by the lora-qwen3.5-* runs; what the V-head reorder does to a pair.
+
+class LoraOnQwen35(LoraWorkspace):
+    def plan(self, adapter: str = "qwen3.5-0.8b-lora-r8", base: str = QWEN35_VREORDER) -> bc.Plan:
+        return bc.plan_lora(self.adapter(adapter), self.base(base), bc.Options(outtype="f32"))
+
+    def tensor(self, plan: bc.Plan, name: str) -> bc.PlannedTensor:
+        return next(t for t in plan.tensors if t.name == name)
+
+    def test_the_v_heads_reorder_moves_lora_bs_rows_and_leaves_lora_a(self):
+        # 2 key heads, 4 value heads of 16 rows, as the base's attn_gate: k0(v0 v1) k1(v0 v1) -> v0(k0 k1) v1(k0 k1)
+        plan = self.plan()
+        gate_b = self.tensor(plan, "blk.0.attn_gate.weight.lora_b")
+        row = gate_b.source.nbytes // gate_b.source.shape[0]
+        self.assertEqual([(p.start - gate_b.source.start) // row for p in gate_b.parts], [0, 32, 16, 48])
+        self.assertEqual([p.shape[0] for p in self.tensor(plan, "blk.0.attn_qkv.weight.lora_b").parts], [64] + [16] * 4)
+        self.assertEqual(len(self.tensor(plan, "blk.0.ssm_beta.weight.lora_b").parts), 4)
+        self.assertEqual({(t.parts, t.columns) for t in plan.tensors if t.name.endswith(".lora_a")}
+                         - {((), ((0, 16), (32, 16), (16, 16), (48, 16)))}, {((), ())})
+
+    def test_out_projs_column_reorder_is_lora_as(self):
+        plan = self.plan()
+        self.assertEqual(self.tensor(plan, "blk.0.ssm_out.weight.lora_a").columns, ((0, 16), (32, 16), (16, 16), (48, 16)))
+        self.assertEqual((self.tensor(plan, "blk.0.ssm_out.weight.lora_b").parts,
+                          self.tensor(plan, "blk.0.ssm_out.weight.lora_b").columns), ((), ()))
+
+    def test_the_wrappers_language_model_names_are_the_text_models(self):
+        names = [t.name for t in self.plan("qwen3.5-0.8b-wrapper-lora-r16", "qwen3.5-0.8b-shape").tensors]
+        self.assertEqual(names, [t.name for t in self.plan().tensors])
+
+    def test_a_pair_on_the_mtp_layer_is_refused(self):
+        # llama.cpp writes it; its runtime refuses the adapter (oracle.py load lora-qwen3.5-0.8b-lora-mtp-f16)
+        self.assertLoraRefuses(self.adapter("qwen3.5-0.8b-lora-mtp"), self.base(QWEN35_VREORDER), re.compile(
+            r"^the adapter's LoRA on 'mtp\.fc\.weight': it is on the MTP layer, which llama\.cpp's runtime loads only "
+            r"for MTP drafting; otherwise it refuses the whole adapter \(\"LoRA tensor 'blk\.4\.nextn\.eh_proj\.weight' "
+            r"does not exist in base model\"\): remove the adapter's mtp\.\* pairs"))
 
 
 # =============================================================================================

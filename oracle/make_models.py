@@ -1469,6 +1469,7 @@ CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 # their base directory holds only the case's config.json, all llama.cpp's --base reads.
 LORA_FIXTURES = FIXTURES / "lora"
 _LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_QWEN35_TARGETS = _LLAMA_TARGETS + ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")
 
 
 @dataclass(frozen=True)
@@ -1484,6 +1485,7 @@ class Adapter:
     seed: int = 0
     alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
     norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
+    mtp: bool = False                          # Qwen3.5: pairs on the MTP layer too (a trainer that keeps it)
 
 
 ADAPTERS: tuple[Adapter, ...] = (
@@ -1499,6 +1501,14 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
     Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
             seed=9),
+    # Qwen3.5 (issue 36): every Linear of the text model's layers, the linear attention's in_proj_qkv/z/a/b
+    # and out_proj too, on the V-reorder shape (2 key heads, 4 value heads: the reorder moves lora_B's rows,
+    # and out_proj's lora_A columns), the text model and the multimodal wrapper.
+    Adapter("qwen3.5-0.8b-lora-r8", "qwen3.5-0.8b-vreorder", targets=_QWEN35_TARGETS, seed=10),
+    Adapter("qwen3.5-0.8b-wrapper-lora-r16", "qwen3.5-0.8b-shape", r=16, alpha=32, targets=_QWEN35_TARGETS, seed=11),
+    # ... and pairs on the MTP layer (mtp.fc, its attention and MLP), which transformers' model does not hold
+    # but a trainer that keeps the MTP layer saves: llama.cpp's runtime refuses such an adapter (oracle.py load).
+    Adapter("qwen3.5-0.8b-lora-mtp", "qwen3.5-0.8b-vreorder", targets=("q_proj", "v_proj"), mtp=True, seed=12),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
