@@ -12163,6 +12163,14 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
             raise Refusal(f"a LoRA on the embedding of a base whose output head is tied to it (--base's config.json "
                           f"does not set tie_word_embeddings: false): llama.cpp's runtime applies the pair to "
                           f"the head too, where it does not fit, and stops on the first token: {_MERGE_WAY_OUT}")
+        if name == "output.weight" and tied:
+            # A tied base's file has no output.weight (the runtime reads token_embd.weight for the head),
+            # and the runtime refuses an adapter naming a tensor the model lacks, whole: "LoRA tensor
+            # 'output.weight' does not exist in base model" (oracle.py load lora-qwen3.5-0.8b-lora-head-f16).
+            raise Refusal(f"a LoRA on the output head of a base whose head is its embedding (--base's config.json "
+                          f"does not set tie_word_embeddings: false): llama.cpp's file of that base has no "
+                          f"output.weight, and its runtime refuses the whole adapter (\"LoRA tensor 'output.weight' "
+                          f"does not exist in base model\"): {_MERGE_WAY_OUT}")
         for m in family.modify_tensors(name, b, p):
             _refuse_other_operations(m, pair.base_name)
             refusal = family.lora_pair_refusal(m.name, p)

@@ -6682,6 +6682,13 @@ class LoraRefusals(LoraWorkspace):
             r"^a LoRA on the embedding of a base whose output head is tied to it .*: llama\.cpp's runtime applies "
             r"the pair to the head too, where it does not fit, and stops on the first token: merge the adapter"))
 
+    def test_an_output_head_lora_on_a_base_with_tied_embeddings_is_refused(self):
+        # The same pair converts onto the untied base (lora-qwen3.5-0.8b-lora-embed-head-*).
+        self.assertLoraRefuses(self.adapter("qwen3.5-0.8b-lora-head"), self.base("qwen3.5-0.8b-vreorder"), re.compile(
+            r"^a LoRA on the output head of a base whose head is its embedding .*: llama\.cpp's file of that base has "
+            r"no output\.weight, and its runtime refuses the whole adapter \(\"LoRA tensor 'output\.weight' does not "
+            r"exist in base model\"\)"))
+
     def test_an_embedding_lora_on_a_family_that_cuts_its_embedding_is_refused(self):
         # Gemma3Model.modify_tensors cuts token_embd by the base's tokenizer (Family.embedding_cut_by_tokenizer).
         adapter = self.adapter("gemma-3-1b-lora-r8")

@@ -31,6 +31,7 @@ HUB_IDS = {
     "gemma-3-1b-shape": "google/gemma-3-1b-it",
     "qwen3.5-0.8b-vreorder": "Qwen/Qwen3.5-0.8B",
     "qwen3.5-0.8b-shape": "Qwen/Qwen3.5-0.8B",
+    "qwen3.5-0.8b-untied": "Qwen/Qwen3.5-9B",
 }
 
 

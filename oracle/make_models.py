@@ -1177,6 +1177,10 @@ QWEN35_CASES: tuple[Case, ...] = (
     Case("qwen3.5-0.8b-no-mtp", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
          text_updates=_QWEN35_LINEAR, mtp_weights=False, dirname="qwen3.5-0.8b-no-mtp",
          description="a transformers-saved Qwen3_5ForCausalLM: mtp_num_hidden_layers 1 kept, no mtp.* weights"),
+    Case("qwen3.5-0.8b-untied", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, tied=False, dirname="qwen3.5-0.8b-untied",
+         description="as qwen3.5-0.8b-vreorder with its own output head (the 9B and 27B are untied): the base of "
+                     "an embedding and lm_head LoRA"),
 )
 # LFM2 (issue 36): LFM2-350M's config shrunk to its first 6 layers (conv conv attention conv conv attention,
 # the real pattern's start), hidden 128, 2 heads of the real head_dim 64 over 1 KV head, block_ff_dim 320
@@ -1509,6 +1513,12 @@ ADAPTERS: tuple[Adapter, ...] = (
     # ... and pairs on the MTP layer (mtp.fc, its attention and MLP), which transformers' model does not hold
     # but a trainer that keeps the MTP layer saves: llama.cpp's runtime refuses such an adapter (oracle.py load).
     Adapter("qwen3.5-0.8b-lora-mtp", "qwen3.5-0.8b-vreorder", targets=("q_proj", "v_proj"), mtp=True, seed=12),
+    # The embedding and the output head, on the untied base (on a tied one, refused: oracle.py's tied runs).
+    # (r 2 and BF16: the two vocabulary-long factors are 1.2 MB so.)
+    Adapter("qwen3.5-0.8b-lora-embed-head", "qwen3.5-0.8b-untied", r=2, alpha=4,
+            targets=("q_proj", "embed_tokens", "lm_head"), dtype="bfloat16", seed=13),
+    Adapter("qwen3.5-0.8b-lora-head", "qwen3.5-0.8b-vreorder", r=2, alpha=4, targets=("q_proj", "lm_head"),
+            dtype="bfloat16", seed=14),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
