@@ -79,7 +79,7 @@ the vocabulary paths its set_vocab tries, in order:
                hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_pair_refusal;
                vocabulary: gpt2
     Qwen3.5-MoE Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration
-               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_refusal lora_pair_refusal;
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_pair_refusal;
                vocabulary: gpt2
     LFM2       Lfm2ForCausalLM, LFM2ForCausalLM
                hooks: shape filter_tensors modify_tensors layer_outputs; vocabulary: gpt2
@@ -4177,9 +4177,6 @@ QWEN35MOE = register(QWEN35._replace(
     check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
                        for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
     lora_pair_refusal=lambda gguf_name, p: qwen35_lora_pair_refusal(gguf_name, p.hybrid),
-    lora_refusal="LoRA adapters on Qwen3.5-MoE (the V-head reorder of the linear attention's A and B matrices, "
-                 "the stacked experts) are not reproduced yet: merge the adapter into the model and convert the "
-                 "merged model",
 ))
 
 
@@ -12148,6 +12145,13 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
                           f"{list(b.shape)}): it changes nothing, and llama.cpp's converter writes its empty "
                           f"tensors in an order that changes from run to run: remove the pair from the adapter")
         name = gguf_tensor_name(family, pair.base_name, p.block_count)
+        if name is None and ".experts." in pair.base_name:
+            # PEFT's target_parameters on transformers' stacked experts (mlp.experts.lora_A.weight and
+            # mlp.experts.base_layer.lora_A.weight): llama.cpp stacks them as experts that never make a
+            # whole layer and stops ("Unprocessed experts").
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is on a mixture's experts (PEFT's "
+                          f"target_parameters), which llama.cpp's converter stops on: retrain without the experts "
+                          f"as targets, or {_MERGE_WAY_OUT}")
         if name is None:
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
                           f"{family.name} model with {p.block_count} layers; is --base the adapter's base model?")

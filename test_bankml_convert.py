@@ -2915,12 +2915,6 @@ class Qwen35MoeRefusals(Workspace):
         self.assertRefuses(d, "config.json has no shared_expert_intermediate_size; Qwen3_5MoeTextConfig's default "
                               "for it is not reproduced: write the model's value")
 
-    def test_a_lora_adapter_on_qwen35_moe_is_refused(self):
-        base = self.out_dir()
-        shutil.copy(self.case(QWEN35_MOE_EXPERTS) / "config.json", base / "config.json")
-        with self.assertRaisesRegex(bc.Refusal, "is a Qwen3.5-MoE model: LoRA adapters on Qwen3.5-MoE"):
-            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
-                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
@@ -6793,6 +6787,24 @@ class LoraOnQwen35(LoraWorkspace):
     def test_the_wrappers_language_model_names_are_the_text_models(self):
         names = [t.name for t in self.plan("qwen3.5-0.8b-wrapper-lora-r16", "qwen3.5-0.8b-shape").tensors]
         self.assertEqual(names, [t.name for t in self.plan().tensors])
+
+    def test_on_qwen35_moe_the_reorder_is_the_same_and_the_shared_experts_pairs_are_taken(self):
+        plan = self.plan("qwen3.5-moe-lora-r8", QWEN35_MOE_EXPERTS)
+        gate_b = self.tensor(plan, "blk.0.attn_gate.weight.lora_b")
+        row = gate_b.source.nbytes // gate_b.source.shape[0]
+        self.assertEqual([(p.start - gate_b.source.start) // row for p in gate_b.parts], [0, 32, 16, 48])
+        self.assertEqual(self.tensor(plan, "blk.0.ssm_out.weight.lora_a").columns, ((0, 16), (32, 16), (16, 16), (48, 16)))
+        self.assertEqual(self.tensor(plan, "blk.0.ffn_gate_inp_shexp.weight.lora_b").dims, (8, 1))
+
+    def test_a_pair_on_the_stacked_experts_is_refused(self):
+        # PEFT's target_parameters names them so; llama.cpp stops on them ("Unprocessed experts").
+        adapter = self.adapter("qwen3.5-moe-lora-r8")
+        for half in "AB":
+            self.rename_tensor(adapter, f"base_model.model.model.layers.0.mlp.shared_expert.up_proj.lora_{half}.weight",
+                               f"base_model.model.model.layers.0.mlp.experts.lora_{half}.weight")
+        self.assertLoraRefuses(adapter, self.base(QWEN35_MOE_EXPERTS), re.compile(
+            r"^the adapter's LoRA on 'model\.layers\.0\.mlp\.experts\.weight' is on a mixture's experts \(PEFT's "
+            r"target_parameters\), which llama\.cpp's converter stops on"))
 
     def test_a_pair_on_the_mtp_layer_is_refused(self):
         # llama.cpp writes it; its runtime refuses the adapter (oracle.py load lora-qwen3.5-0.8b-lora-mtp-f16)

@@ -32,6 +32,7 @@ HUB_IDS = {
     "qwen3.5-0.8b-vreorder": "Qwen/Qwen3.5-0.8B",
     "qwen3.5-0.8b-shape": "Qwen/Qwen3.5-0.8B",
     "qwen3.5-0.8b-untied": "Qwen/Qwen3.5-9B",
+    "qwen3.5-moe-text-experts": "Qwen/Qwen3.5-35B-A3B",
 }
 
 

@@ -1519,6 +1519,10 @@ ADAPTERS: tuple[Adapter, ...] = (
             targets=("q_proj", "embed_tokens", "lm_head"), dtype="bfloat16", seed=13),
     Adapter("qwen3.5-0.8b-lora-head", "qwen3.5-0.8b-vreorder", r=2, alpha=4, targets=("q_proj", "lm_head"),
             dtype="bfloat16", seed=14),
+    # Qwen3.5-MoE: the same targets (the MLP's are the shared expert's: transformers' experts are one
+    # stacked parameter, no Linear for PEFT) and the shared expert's sigmoid gate.
+    Adapter("qwen3.5-moe-lora-r8", "qwen3.5-moe-text-experts", targets=_QWEN35_TARGETS + ("shared_expert_gate",),
+            seed=15),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
