@@ -4018,6 +4018,9 @@ def refuse_qwen35_directory(model_dir: Path, config: dict) -> None:
                       f"refuses to load: convert with --no-nextn (no MTP layer), as llama.cpp does with it")
 
 
+_BLOCK_NUMBER = re.compile(r"blk\.(\d+)\.")
+
+
 def qwen35_lora_pair_refusal(gguf_name: str, p: Qwen35Params) -> Optional[str]:
     """A LoRA pair on the MTP layer: llama.cpp's runtime loads that layer only for MTP drafting, and an
     adapter naming a tensor it did not load is refused whole (oracle.py load lora-qwen3.5-0.8b-lora-mtp-f16)."""
@@ -4028,9 +4031,6 @@ def qwen35_lora_pair_refusal(gguf_name: str, p: Qwen35Params) -> Optional[str]:
             f"the whole adapter (\"LoRA tensor '{gguf_name}' does not exist in base model\"): remove the adapter's "
             f"mtp.* pairs (they act on MTP drafting alone), or merge the adapter into its base and convert the "
             f"merged model")
-
-
-_BLOCK_NUMBER = re.compile(r"blk\.(\d+)\.")
 
 
 QWEN35 = register(Family(
@@ -12125,8 +12125,9 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
                  out: OutType, tied: bool = False) -> list[PlannedTensor]:
     """The adapter's GGUF tensors in llama.cpp's order: plain tensors through the family's plan, then
     <name>.lora_a and <name>.lora_b of each pair (:501-526), lora_B's rows modified as the base
-    tensor's (permuted, reordered), lora_A's columns reordered as the base tensor's, token_embd's lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types
-    any tensor (F16 where Q8_0's rows are not whole blocks: every lora_b of rank below 32)."""
+    tensor's (permuted, reordered), lora_A's columns reordered as the base tensor's, token_embd's
+    lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types any tensor (F16 where
+    Q8_0's rows are not whole blocks: every lora_b of rank below 32)."""
     # generate_extra_tensors yields nothing for an adapter (:453-455): no rope_freqs.weight.
     tensors = plan_tensors(plain, family._replace(generated_tensors=no_generated_tensors), p, out, complete=False)
     for t in tensors:
