@@ -3791,9 +3791,13 @@ def qwen35_params(config: dict) -> Qwen35Params:
     no_nextn = bool(config.get(_NO_NEXTN))
     mtp = 0 if no_nextn else config_integer(config, "mtp_num_hidden_layers", 0, minimum=0)
     if not no_nextn and mtp == 0:
+        # The lora command has no --no-nextn (convert_lora_to_gguf.py has none): its base's config.json
+        # must declare the layer, which names no tensor of an adapter bankml takes.
         raise Refusal("config.json declares no mtp_num_hidden_layers: llama.cpp then counts the MTP layers from "
                       "the mtp.* tensors (and stops where there are none), which bankml_convert does not "
-                      "reproduce: convert with --no-nextn (no MTP layer), as llama.cpp does with it")
+                      "reproduce: convert with --no-nextn (no MTP layer), as llama.cpp does with it; for a LoRA "
+                      "adapter's --base, write the model's mtp_num_hidden_layers (1 for the released models) "
+                      "into that config.json")
     if mtp > 1:
         raise Refusal(f"config.json: mtp_num_hidden_layers is {mtp}; one MTP layer (the released models') is "
                       f"reproduced: convert with --no-nextn to leave them out")

@@ -2495,7 +2495,8 @@ class Qwen35Refusals(Workspace):
     def test_no_mtp_layer_count_is_refused_naming_no_nextn(self):
         d = self.case(QWEN35_NO_MTP)
         edit_json(d / "config.json", lambda c: c.pop("mtp_num_hidden_layers"))
-        self.assertRefuses(d, re.compile(r"config\.json declares no mtp_num_hidden_layers.*" + re.escape(NO_NEXTN_WAY_OUT)))
+        self.assertRefuses(d, re.compile(r"config\.json declares no mtp_num_hidden_layers.*" + re.escape(NO_NEXTN_WAY_OUT)
+                                         + r"; for a LoRA adapter's --base, .*"))
 
     def test_a_layer_count_no_tensors_back_is_refused_before_a_list_as_long(self):
         # Without layer_types the layers' kinds come from the interval: made only once the tensors are there.
@@ -6805,6 +6806,14 @@ class LoraOnQwen35(LoraWorkspace):
         self.assertLoraRefuses(adapter, self.base(QWEN35_MOE_EXPERTS), re.compile(
             r"^the adapter's LoRA on 'model\.layers\.0\.mlp\.experts\.weight' is on a mixture's experts \(PEFT's "
             r"target_parameters\), which llama\.cpp's converter stops on"))
+
+    def test_a_base_declaring_no_mtp_layer_is_refused_naming_the_config_key(self):
+        # convert_lora_to_gguf.py has no --no-nextn; it counts the layer from the base's weights, or stops
+        base = self.base(QWEN35_VREORDER)
+        edit_json(base / "config.json", lambda c: c.pop("mtp_num_hidden_layers"))
+        self.assertLoraRefuses(self.adapter("qwen3.5-0.8b-lora-r8"), base, re.compile(
+            r"config\.json declares no mtp_num_hidden_layers: .* for a LoRA adapter's --base, write the model's "
+            r"mtp_num_hidden_layers \(1 for the released models\) into that config\.json$"))
 
     def test_a_pair_on_the_mtp_layer_is_refused(self):
         # llama.cpp writes it; its runtime refuses the adapter (oracle.py load lora-qwen3.5-0.8b-lora-mtp-f16)
