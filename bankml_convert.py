@@ -82,10 +82,10 @@ the vocabulary paths its set_vocab tries, in order:
     OLMo 2     Olmo2ForCausalLM
                hooks: shape; vocabulary: gpt2
     Qwen3.5    Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
-               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_refusal;
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_pair_refusal;
                vocabulary: gpt2
     Qwen3.5-MoE Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration
-               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_refusal;
+               hooks: shape filter_tensors modify_tensors hparams refuse_directory layer_outputs without_nextn lora_pair_refusal;
                vocabulary: gpt2
     LFM2       Lfm2ForCausalLM, LFM2ForCausalLM
                hooks: shape filter_tensors modify_tensors layer_outputs; vocabulary: gpt2
@@ -2132,6 +2132,9 @@ class Family(NamedTuple):
     without_nextn: Optional[Callable[[dict], dict]] = None
     # why a LoRA adapter on this family is refused, where the adapter path would not reproduce it; None: taken
     lora_refusal: Optional[str] = None
+    # (GGUF name, params) -> why an adapter's LoRA pair on that tensor is refused (llama.cpp writes it and
+    # its runtime refuses the adapter), or None; every tensor the plan maps takes a pair by default
+    lora_pair_refusal: Callable[[str, Any], Optional[str]] = lambda gguf_name, params: None
 
 
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
@@ -3823,9 +3826,13 @@ def qwen35_params(config: dict) -> Qwen35Params:
     no_nextn = bool(config.get(_NO_NEXTN))
     mtp = 0 if no_nextn else config_integer(config, "mtp_num_hidden_layers", 0, minimum=0)
     if not no_nextn and mtp == 0:
+        # The lora command has no --no-nextn (convert_lora_to_gguf.py has none): its base's config.json
+        # must declare the layer, which names no tensor of an adapter bankml takes.
         raise Refusal("config.json declares no mtp_num_hidden_layers: llama.cpp then counts the MTP layers from "
                       "the mtp.* tensors (and stops where there are none), which bankml_convert does not "
-                      "reproduce: convert with --no-nextn (no MTP layer), as llama.cpp does with it")
+                      "reproduce: convert with --no-nextn (no MTP layer), as llama.cpp does with it; for a LoRA "
+                      "adapter's --base, write the model's mtp_num_hidden_layers (1 for the released models) "
+                      "into that config.json")
     if mtp > 1:
         raise Refusal(f"config.json: mtp_num_hidden_layers is {mtp}; one MTP layer (the released models') is "
                       f"reproduced: convert with --no-nextn to leave them out")
@@ -4009,7 +4016,8 @@ def qwen35_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwen35Params)
     if neg_exp:
         refuse_unproven_neg_exp(source)
     rows: tuple[SourceTensor, ...] = ()
-    if p.value_heads != p.key_heads and kind in _QWEN35_V_ROWS and source.shape == qwen35_shape(gguf_name, p):
+    # By the row count alone: a LoRA pair's lora_B has the weight's rows and r columns (lora_tensors).
+    if p.value_heads != p.key_heads and kind in _QWEN35_V_ROWS and source.shape[:1] == qwen35_shape(gguf_name, p)[:1]:
         first, head_rows = _QWEN35_V_ROWS[kind](p)
         # a 1-D tensor's values are its rows here (out_len counts its runs' rows)
         whole = source if len(source.shape) > 1 else source._replace(shape=source.shape + (1,))
@@ -4049,6 +4057,21 @@ def refuse_qwen35_directory(model_dir: Path, config: dict) -> None:
                       f"refuses to load: convert with --no-nextn (no MTP layer), as llama.cpp does with it")
 
 
+_BLOCK_NUMBER = re.compile(r"blk\.(\d+)\.")
+
+
+def qwen35_lora_pair_refusal(gguf_name: str, p: Qwen35Params) -> Optional[str]:
+    """A LoRA pair on the MTP layer: llama.cpp's runtime loads that layer only for MTP drafting, and an
+    adapter naming a tensor it did not load is refused whole (oracle.py load lora-qwen3.5-0.8b-lora-mtp-f16)."""
+    block = _BLOCK_NUMBER.match(gguf_name)
+    if block is None or int(block.group(1)) < p.layers:
+        return None
+    return (f"it is on the MTP layer, which llama.cpp's runtime loads only for MTP drafting; otherwise it refuses "
+            f"the whole adapter (\"LoRA tensor '{gguf_name}' does not exist in base model\"): remove the adapter's "
+            f"mtp.* pairs (they act on MTP drafting alone), or merge the adapter into its base and convert the "
+            f"merged model")
+
+
 QWEN35 = register(Family(
     name="Qwen3.5",
     architectures=("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
@@ -4076,8 +4099,7 @@ QWEN35 = register(Family(
                        for model_type in ("qwen3_5_text", "qwen3_5")),
     model_type_tokenizer="Qwen2Tokenizer",
     without_nextn=qwen35_without_nextn,
-    lora_refusal="LoRA adapters on Qwen3.5 (the V-head reorder of the linear attention's A and B matrices) "
-                 "are not reproduced yet: merge the adapter into the model and convert the merged model",
+    lora_pair_refusal=qwen35_lora_pair_refusal,
 ))
 
 
@@ -4193,9 +4215,7 @@ QWEN35MOE = register(QWEN35._replace(
     layer_outputs=lambda p, block: qwen35_layer_outputs(p.hybrid, block),
     check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
                        for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
-    lora_refusal="LoRA adapters on Qwen3.5-MoE (the V-head reorder of the linear attention's A and B matrices, "
-                 "the stacked experts) are not reproduced yet: merge the adapter into the model and convert the "
-                 "merged model",
+    lora_pair_refusal=lambda gguf_name, p: qwen35_lora_pair_refusal(gguf_name, p.hybrid),
 ))
 
 
@@ -12713,8 +12733,9 @@ def transposed(source: SourceTensor) -> SourceTensor:
 
 def _refuse_other_operations(m: Modified, base_name: str) -> None:
     # LoraTorchTensor has no __add__ (Gemma's +1), and any operation a family adds to Modified later
-    # is one the pair would need its own rule for.
-    plain = Modified(m.name, m.source, m.permute_heads)
+    # is one the pair would need its own rule for.  A reorder of the weight's rows is one of lora_B's
+    # rows, of its columns one of lora_A's (Qwen3.5's V heads: _reorder_v_heads indexes B or A so).
+    plain = Modified(m.name, m.source, m.permute_heads, rows=m.rows, columns=m.columns)
     if m != plain:
         raise Refusal(f"the adapter's LoRA on {base_name!r}: its base tensor is written through an operation "
                       f"llama.cpp's adapter converter does not reproduce on a LoRA pair: {_MERGE_WAY_OUT}")
@@ -12724,8 +12745,9 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
                  out: OutType, tied: bool = False) -> list[PlannedTensor]:
     """The adapter's GGUF tensors in llama.cpp's order: plain tensors through the family's plan, then
     <name>.lora_a and <name>.lora_b of each pair (:501-526), lora_B's rows modified as the base
-    tensor's, token_embd's lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types
-    any tensor (F16 where Q8_0's rows are not whole blocks: every lora_b of rank below 32)."""
+    tensor's (permuted, reordered), lora_A's columns reordered as the base tensor's, token_embd's
+    lora_a transposed (llm_build_inp_embd takes it so), typed as base.py types any tensor (F16 where
+    Q8_0's rows are not whole blocks: every lora_b of rank below 32)."""
     # generate_extra_tensors yields nothing for an adapter (:453-455): no rope_freqs.weight.
     tensors = plan_tensors(plain, family._replace(generated_tensors=no_generated_tensors), p, out, complete=False)
     for t in tensors:
@@ -12744,6 +12766,13 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
                           f"{list(b.shape)}): it changes nothing, and llama.cpp's converter writes its empty "
                           f"tensors in an order that changes from run to run: remove the pair from the adapter")
         name = gguf_tensor_name(family, pair.base_name, p.block_count)
+        if name is None and ".experts." in pair.base_name:
+            # PEFT's target_parameters on transformers' stacked experts (mlp.experts.lora_A.weight and
+            # mlp.experts.base_layer.lora_A.weight): llama.cpp stacks them as experts that never make a
+            # whole layer and stops ("Unprocessed experts").
+            raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is on a mixture's experts (PEFT's "
+                          f"target_parameters), which llama.cpp's converter stops on: retrain without the experts "
+                          f"as targets, or {_MERGE_WAY_OUT}")
         if name is None:
             raise Refusal(f"the adapter's LoRA on {pair.base_name!r} is not on a tensor llama.cpp maps for a "
                           f"{family.name} model with {p.block_count} layers; is --base the adapter's base model?")
@@ -12759,8 +12788,19 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
             raise Refusal(f"a LoRA on the embedding of a base whose output head is tied to it (--base's config.json "
                           f"does not set tie_word_embeddings: false): llama.cpp's runtime applies the pair to "
                           f"the head too, where it does not fit, and stops on the first token: {_MERGE_WAY_OUT}")
+        if name == "output.weight" and tied:
+            # A tied base's file has no output.weight (the runtime reads token_embd.weight for the head),
+            # and the runtime refuses an adapter naming a tensor the model lacks, whole: "LoRA tensor
+            # 'output.weight' does not exist in base model" (oracle.py load lora-qwen3.5-0.8b-lora-head-f16).
+            raise Refusal(f"a LoRA on the output head of a base whose head is its embedding (--base's config.json "
+                          f"does not set tie_word_embeddings: false): llama.cpp's file of that base has no "
+                          f"output.weight, and its runtime refuses the whole adapter (\"LoRA tensor 'output.weight' "
+                          f"does not exist in base model\"): {_MERGE_WAY_OUT}")
         for m in family.modify_tensors(name, b, p):
             _refuse_other_operations(m, pair.base_name)
+            refusal = family.lora_pair_refusal(m.name, p)
+            if refusal is not None:
+                raise Refusal(f"the adapter's LoRA on {pair.base_name!r}: {refusal}")
             rows, cols = family.shape(m.name, p)
             if embedding:
                 rows, cols = cols, rows     # lora_embedding_B is (hidden, r), A (r, vocab)
@@ -12769,9 +12809,10 @@ def lora_tensors(plain: list[SourceTensor], pairs: list[LoraPair], family: Famil
                               f"update, but --base's config.json implies {rows}x{cols}; is --base the adapter's "
                               f"base model?")
             lora_a = transposed(a) if embedding else a
-            for suffix, src, heads in ((".lora_a", lora_a, 0), (".lora_b", m.source, m.permute_heads)):
+            for suffix, src, heads, rows, columns in ((".lora_a", lora_a, 0, (), m.columns),
+                                                      (".lora_b", m.source, m.permute_heads, m.rows, ())):
                 tensors.append(PlannedTensor(m.name + suffix, src, tensor_type(m.name + suffix, src.shape, out),
-                                             tuple(reversed(src.shape)), heads))
+                                             tuple(reversed(src.shape)), heads, parts=rows, columns=columns))
     return tensors
 
 

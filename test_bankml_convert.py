@@ -1162,7 +1162,7 @@ def tensor_bytes_by_name(path: Path) -> dict[str, bytes]:
 # The hooks the docstring's family table names where a family sets its own (params, keys and tensor
 # names are every family's own).
 FAMILY_TABLE_HOOKS = ("shape", "filter_tensors", "modify_tensors", "generated_tensors", "early_kvs", "hparams",
-                      "refuse_directory", "layer_outputs", "without_nextn", "lora_refusal")
+                      "refuse_directory", "layer_outputs", "without_nextn", "lora_refusal", "lora_pair_refusal")
 
 
 def family_table() -> str:
@@ -2549,7 +2549,8 @@ class Qwen35Refusals(Workspace):
     def test_no_mtp_layer_count_is_refused_naming_no_nextn(self):
         d = self.case(QWEN35_NO_MTP)
         edit_json(d / "config.json", lambda c: c.pop("mtp_num_hidden_layers"))
-        self.assertRefuses(d, re.compile(r"config\.json declares no mtp_num_hidden_layers.*" + re.escape(NO_NEXTN_WAY_OUT)))
+        self.assertRefuses(d, re.compile(r"config\.json declares no mtp_num_hidden_layers.*" + re.escape(NO_NEXTN_WAY_OUT)
+                                         + r"; for a LoRA adapter's --base, .*"))
 
     def test_a_layer_count_no_tensors_back_is_refused_before_a_list_as_long(self):
         # Without layer_types the layers' kinds come from the interval: made only once the tensors are there.
@@ -2572,12 +2573,6 @@ class Qwen35Refusals(Workspace):
         self.assertRefuses(d, re.compile(r"tensor 'model\.layers\.0\.linear_attn\.A_log' is F16: .*save the model "
                                          r"in bfloat16"))
 
-    def test_a_lora_adapter_on_qwen35_is_refused(self):
-        base = self.out_dir()
-        shutil.copy(self.case(QWEN35_TEXT) / "config.json", base / "config.json")
-        with self.assertRaisesRegex(bc.Refusal, "is a Qwen3.5 model: LoRA adapters on Qwen3.5"):
-            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
-                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
 # --- LFM2 (issue 36): short-convolution layers between attention layers.  Bytes pinned by the golden runs
@@ -2975,12 +2970,6 @@ class Qwen35MoeRefusals(Workspace):
         self.assertRefuses(d, "config.json has no shared_expert_intermediate_size; Qwen3_5MoeTextConfig's default "
                               "for it is not reproduced: write the model's value")
 
-    def test_a_lora_adapter_on_qwen35_moe_is_refused(self):
-        base = self.out_dir()
-        shutil.copy(self.case(QWEN35_MOE_EXPERTS) / "config.json", base / "config.json")
-        with self.assertRaisesRegex(bc.Refusal, "is a Qwen3.5-MoE model: LoRA adapters on Qwen3.5-MoE"):
-            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
-                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
@@ -7108,6 +7097,13 @@ class LoraRefusals(LoraWorkspace):
             r"^a LoRA on the embedding of a base whose output head is tied to it .*: llama\.cpp's runtime applies "
             r"the pair to the head too, where it does not fit, and stops on the first token: merge the adapter"))
 
+    def test_an_output_head_lora_on_a_base_with_tied_embeddings_is_refused(self):
+        # The same pair converts onto the untied base (lora-qwen3.5-0.8b-lora-embed-head-*).
+        self.assertLoraRefuses(self.adapter("qwen3.5-0.8b-lora-head"), self.base("qwen3.5-0.8b-vreorder"), re.compile(
+            r"^a LoRA on the output head of a base whose head is its embedding .*: llama\.cpp's file of that base has "
+            r"no output\.weight, and its runtime refuses the whole adapter \(\"LoRA tensor 'output\.weight' does not "
+            r"exist in base model\"\)"))
+
     def test_an_embedding_lora_on_a_family_that_cuts_its_embedding_is_refused(self):
         # Gemma3Model.modify_tensors cuts token_embd by the base's tokenizer (Family.embedding_cut_by_tokenizer).
         adapter = self.adapter("gemma-3-1b-lora-r8")
@@ -7181,6 +7177,70 @@ class LoraRefusals(LoraWorkspace):
             "q_proj", "x_proj"))
         self.assertLoraRefuses(adapter, self.base(), re.compile(r"lora_A for 'model\.layers\.0\.self_attn\.q_proj\.weight' "
                                                                 r"but not lora_B"))
+
+
+# --- LoRA on Qwen3.5 (issue 36): bytes pinned by the lora-qwen3.5-* runs; what the V-head reorder does to a pair.
+
+class LoraOnQwen35(LoraWorkspace):
+    def plan(self, adapter: str = "qwen3.5-0.8b-lora-r8", base: str = QWEN35_VREORDER) -> bc.Plan:
+        return bc.plan_lora(self.adapter(adapter), self.base(base), bc.Options(outtype="f32"))
+
+    def tensor(self, plan: bc.Plan, name: str) -> bc.PlannedTensor:
+        return next(t for t in plan.tensors if t.name == name)
+
+    def test_the_v_heads_reorder_moves_lora_bs_rows_and_leaves_lora_a(self):
+        # 2 key heads, 4 value heads of 16 rows, as the base's attn_gate: k0(v0 v1) k1(v0 v1) -> v0(k0 k1) v1(k0 k1)
+        plan = self.plan()
+        gate_b = self.tensor(plan, "blk.0.attn_gate.weight.lora_b")
+        row = gate_b.source.nbytes // gate_b.source.shape[0]
+        self.assertEqual([(p.start - gate_b.source.start) // row for p in gate_b.parts], [0, 32, 16, 48])
+        self.assertEqual([p.shape[0] for p in self.tensor(plan, "blk.0.attn_qkv.weight.lora_b").parts], [64] + [16] * 4)
+        self.assertEqual(len(self.tensor(plan, "blk.0.ssm_beta.weight.lora_b").parts), 4)
+        self.assertEqual({(t.parts, t.columns) for t in plan.tensors if t.name.endswith(".lora_a")}
+                         - {((), ((0, 16), (32, 16), (16, 16), (48, 16)))}, {((), ())})
+
+    def test_out_projs_column_reorder_is_lora_as(self):
+        plan = self.plan()
+        self.assertEqual(self.tensor(plan, "blk.0.ssm_out.weight.lora_a").columns, ((0, 16), (32, 16), (16, 16), (48, 16)))
+        self.assertEqual((self.tensor(plan, "blk.0.ssm_out.weight.lora_b").parts,
+                          self.tensor(plan, "blk.0.ssm_out.weight.lora_b").columns), ((), ()))
+
+    def test_the_wrappers_language_model_names_are_the_text_models(self):
+        names = [t.name for t in self.plan("qwen3.5-0.8b-wrapper-lora-r16", "qwen3.5-0.8b-shape").tensors]
+        self.assertEqual(names, [t.name for t in self.plan().tensors])
+
+    def test_on_qwen35_moe_the_reorder_is_the_same_and_the_shared_experts_pairs_are_taken(self):
+        plan = self.plan("qwen3.5-moe-lora-r8", QWEN35_MOE_EXPERTS)
+        gate_b = self.tensor(plan, "blk.0.attn_gate.weight.lora_b")
+        row = gate_b.source.nbytes // gate_b.source.shape[0]
+        self.assertEqual([(p.start - gate_b.source.start) // row for p in gate_b.parts], [0, 32, 16, 48])
+        self.assertEqual(self.tensor(plan, "blk.0.ssm_out.weight.lora_a").columns, ((0, 16), (32, 16), (16, 16), (48, 16)))
+        self.assertEqual(self.tensor(plan, "blk.0.ffn_gate_inp_shexp.weight.lora_b").dims, (8, 1))
+
+    def test_a_pair_on_the_stacked_experts_is_refused(self):
+        # PEFT's target_parameters names them so; llama.cpp stops on them ("Unprocessed experts").
+        adapter = self.adapter("qwen3.5-moe-lora-r8")
+        for half in "AB":
+            self.rename_tensor(adapter, f"base_model.model.model.layers.0.mlp.shared_expert.up_proj.lora_{half}.weight",
+                               f"base_model.model.model.layers.0.mlp.experts.lora_{half}.weight")
+        self.assertLoraRefuses(adapter, self.base(QWEN35_MOE_EXPERTS), re.compile(
+            r"^the adapter's LoRA on 'model\.layers\.0\.mlp\.experts\.weight' is on a mixture's experts \(PEFT's "
+            r"target_parameters\), which llama\.cpp's converter stops on"))
+
+    def test_a_base_declaring_no_mtp_layer_is_refused_naming_the_config_key(self):
+        # convert_lora_to_gguf.py has no --no-nextn; it counts the layer from the base's weights, or stops
+        base = self.base(QWEN35_VREORDER)
+        edit_json(base / "config.json", lambda c: c.pop("mtp_num_hidden_layers"))
+        self.assertLoraRefuses(self.adapter("qwen3.5-0.8b-lora-r8"), base, re.compile(
+            r"config\.json declares no mtp_num_hidden_layers: .* for a LoRA adapter's --base, write the model's "
+            r"mtp_num_hidden_layers \(1 for the released models\) into that config\.json$"))
+
+    def test_a_pair_on_the_mtp_layer_is_refused(self):
+        # llama.cpp writes it; its runtime refuses the adapter (oracle.py load lora-qwen3.5-0.8b-lora-mtp-f16)
+        self.assertLoraRefuses(self.adapter("qwen3.5-0.8b-lora-mtp"), self.base(QWEN35_VREORDER), re.compile(
+            r"^the adapter's LoRA on 'mtp\.fc\.weight': it is on the MTP layer, which llama\.cpp's runtime loads only "
+            r"for MTP drafting; otherwise it refuses the whole adapter \(\"LoRA tensor 'blk\.4\.nextn\.eh_proj\.weight' "
+            r"does not exist in base model\"\): remove the adapter's mtp\.\* pairs"))
 
 
 # =============================================================================================

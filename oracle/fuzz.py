@@ -3884,7 +3884,7 @@ def run_card_campaign(args) -> int:
 # header and its model card mutated, each converted with convert_lora against its base's config.json.
 # ---------------------------------------------------------------------------------------------
 
-LORA_ADAPTERS = ("smollm2-lora-r8", "qwen2.5-0.5b-lora-r8", "gemma-3-1b-lora-r8")
+LORA_ADAPTERS = ("smollm2-lora-r8", "qwen2.5-0.5b-lora-r8", "gemma-3-1b-lora-r8", "qwen3.5-0.8b-lora-r8")
 
 
 def mutate_adapter(rng: random.Random, adapter: Path) -> str:

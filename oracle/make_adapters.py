@@ -30,13 +30,17 @@ HUB_IDS = {
     "qwen2.5-0.5b-bf16": "Qwen/Qwen2.5-0.5B-Instruct",
     "gemma-3-1b-shape": "google/gemma-3-1b-it",
     "phi-4-mini-gqa": "microsoft/Phi-4-mini-instruct",
+    "qwen3.5-0.8b-vreorder": "Qwen/Qwen3.5-0.8B",
+    "qwen3.5-0.8b-shape": "Qwen/Qwen3.5-0.8B",
+    "qwen3.5-0.8b-untied": "Qwen/Qwen3.5-9B",
+    "qwen3.5-moe-text-experts": "Qwen/Qwen3.5-35B-A3B",
 }
 
 
 def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     case = make_models.CASES_BY_NAME[adapter.base]
     with tempfile.TemporaryDirectory() as t:
@@ -44,7 +48,10 @@ def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
         config = AutoConfig.from_pretrained(base_dir)
     torch.manual_seed(adapter.seed)
     dtype = getattr(torch, adapter.dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # A multimodal wrapper's config (Qwen3.5's) makes the wrapper, whose text model PEFT names
+    # model.language_model.layers.N, as a fine-tune of the released checkpoint has it.
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=dtype)
     model.name_or_path = HUB_IDS[adapter.base]
     model.config._name_or_path = HUB_IDS[adapter.base]
     lora = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=list(adapter.targets),
@@ -66,6 +73,8 @@ def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
         (out / "README.md").unlink()
     if adapter.norms:
         add_mergekit_norms(out / "adapter_model.safetensors", model, g)
+    if adapter.mtp:
+        add_mtp_pairs(out / "adapter_model.safetensors", config, adapter.r, g)
     return out
 
 
@@ -78,6 +87,22 @@ def add_mergekit_norms(path: Path, model, g) -> None:
     for name, p in model.named_parameters():
         if "lora_" not in name and (name.endswith("_layernorm.weight") or name.endswith(".norm.weight")):
             tensors[name.replace(".base_layer", "")] = (torch.randn(p.shape, generator=g) * 0.05 + 1).to(torch.float32)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def add_mtp_pairs(path: Path, config, r: int, g) -> None:
+    """Pairs on Qwen3.5's MTP layer (mtp.fc, its q_proj and up_proj) under PEFT's prefix, as a trainer
+    that keeps the layer saves them (transformers' Qwen3_5ForCausalLM drops it, so PEFT alone cannot)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    text = config.get_text_config()
+    h, heads, head_dim = text.hidden_size, text.num_attention_heads, text.head_dim
+    shapes = {"mtp.fc": (h, 2 * h), "mtp.layers.0.self_attn.q_proj": (2 * heads * head_dim, h),
+              "mtp.layers.0.mlp.up_proj": (text.intermediate_size, h)}
+    tensors = load_file(path)
+    for module, (rows, cols) in shapes.items():
+        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.randn((r, cols), generator=g) * 0.05
+        tensors[f"base_model.model.{module}.lora_B.weight"] = torch.randn((rows, r), generator=g) * 0.05
     save_file(tensors, path, metadata={"format": "pt"})
 
 

@@ -1302,6 +1302,10 @@ QWEN35_CASES: tuple[Case, ...] = (
     Case("qwen3.5-0.8b-no-mtp", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
          text_updates=_QWEN35_LINEAR, mtp_weights=False, dirname="qwen3.5-0.8b-no-mtp",
          description="a transformers-saved Qwen3_5ForCausalLM: mtp_num_hidden_layers 1 kept, no mtp.* weights"),
+    Case("qwen3.5-0.8b-untied", tokenizer="qwen3", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, tied=False, dirname="qwen3.5-0.8b-untied",
+         description="as qwen3.5-0.8b-vreorder with its own output head (the 9B and 27B are untied): the base of "
+                     "an embedding and lm_head LoRA"),
 )
 # LFM2 (issue 36): LFM2-350M's config shrunk to its first 6 layers (conv conv attention conv conv attention,
 # the real pattern's start), hidden 128, 2 heads of the real head_dim 64 over 1 KV head, block_ff_dim 320
@@ -1605,6 +1609,7 @@ CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 # their base directory holds only the case's config.json, all llama.cpp's --base reads.
 LORA_FIXTURES = FIXTURES / "lora"
 _LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_QWEN35_TARGETS = _LLAMA_TARGETS + ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")
 
 
 @dataclass(frozen=True)
@@ -1620,6 +1625,7 @@ class Adapter:
     seed: int = 0
     alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
     norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
+    mtp: bool = False                          # Qwen3.5: pairs on the MTP layer too (a trainer that keeps it)
 
 
 ADAPTERS: tuple[Adapter, ...] = (
@@ -1638,6 +1644,24 @@ ADAPTERS: tuple[Adapter, ...] = (
     # Phi-4-mini (issue 37): attention and MLP, through its fused projections, on the grouped-query shape.
     Adapter("phi-4-mini-lora-r8", "phi-4-mini-gqa", targets=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
             seed=10),
+    # Qwen3.5 (issue 36): every Linear of the text model's layers, the linear attention's in_proj_qkv/z/a/b
+    # and out_proj too, on the V-reorder shape (2 key heads, 4 value heads: the reorder moves lora_B's rows,
+    # and out_proj's lora_A columns), the text model and the multimodal wrapper.
+    Adapter("qwen3.5-0.8b-lora-r8", "qwen3.5-0.8b-vreorder", targets=_QWEN35_TARGETS, seed=10),
+    Adapter("qwen3.5-0.8b-wrapper-lora-r16", "qwen3.5-0.8b-shape", r=16, alpha=32, targets=_QWEN35_TARGETS, seed=11),
+    # ... and pairs on the MTP layer (mtp.fc, its attention and MLP), which transformers' model does not hold
+    # but a trainer that keeps the MTP layer saves: llama.cpp's runtime refuses such an adapter (oracle.py load).
+    Adapter("qwen3.5-0.8b-lora-mtp", "qwen3.5-0.8b-vreorder", targets=("q_proj", "v_proj"), mtp=True, seed=12),
+    # The embedding and the output head, on the untied base (on a tied one, refused: oracle.py's tied runs).
+    # (r 2 and BF16: the two vocabulary-long factors are 1.2 MB so.)
+    Adapter("qwen3.5-0.8b-lora-embed-head", "qwen3.5-0.8b-untied", r=2, alpha=4,
+            targets=("q_proj", "embed_tokens", "lm_head"), dtype="bfloat16", seed=13),
+    Adapter("qwen3.5-0.8b-lora-head", "qwen3.5-0.8b-vreorder", r=2, alpha=4, targets=("q_proj", "lm_head"),
+            dtype="bfloat16", seed=14),
+    # Qwen3.5-MoE: the same targets (the MLP's are the shared expert's: transformers' experts are one
+    # stacked parameter, no Linear for PEFT) and the shared expert's sigmoid gate.
+    Adapter("qwen3.5-moe-lora-r8", "qwen3.5-moe-text-experts", targets=_QWEN35_TARGETS + ("shared_expert_gate",),
+            seed=15),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 

@@ -96,7 +96,11 @@ REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwe
                            "phi-4-mini-chat-tokens-added-only"})
 # Adapters llama.cpp converts and bankml_convert must refuse: a LoRA on the embedding of a base with tied
 # embeddings, which llama.cpp's runtime also applies to the output head, where it aborts (oracle.py load).
-REFUSED_ADAPTERS = frozenset({"smollm2-lora-embed-bf16"})
+# And on Qwen3.5: a LoRA on the MTP layer, whose tensors llama.cpp's runtime loads only for MTP drafting
+# (otherwise it refuses the whole adapter: "LoRA tensor 'blk.4.attn_q.weight' does not exist in base model"),
+# and one on the output head of a tied base, whose file has no output.weight ("LoRA tensor 'output.weight'
+# does not exist in base model").
+REFUSED_ADAPTERS = frozenset({"smollm2-lora-embed-bf16", "qwen3.5-0.8b-lora-mtp", "qwen3.5-0.8b-lora-head"})
 RUNS: tuple[Run, ...] = tuple(
     [Run(c.name, c.name, ("--outtype", "f16"), refused=c.name in REFUSED_CASES) for c in make_models.CASES]
     + [Run("model-name", "bf16", ("--outtype", "f16", "--model-name", "mindx-gen39 merged"))]
