@@ -4037,8 +4037,15 @@ QWEN35 = register(Family(
     # every block, the MTP layer's too, has these; a decoder layer's mixer by its kind
     block_outputs=tuple(_QWEN35_COMMON.values()),
     layer_outputs=qwen35_layer_outputs,
-    check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
-                       for model_type in ("qwen3_5_text", "qwen3_5")),
+    # AutoTokenizer builds Qwen3_5Tokenizer under qwen3_5 whatever the class named (the "qwen35" pipeline),
+    # and the class named under qwen3_5_text: Qwen2Tokenizer's own split, which llama.cpp also names qwen35
+    # on the Qwen3.5 vocabulary (MiniCPM-V-4_6's hash), or the tokenizer.json as written
+    check_builds=(
+        CheckBuild("Qwen2Tokenizer", "qwen3_5_text", "qwen2", "Qwen3 and Qwen3.5 tokenizers, qwen3_5_text config"),
+        CheckBuild("Qwen2Tokenizer", "qwen3_5", "qwen35", "Qwen3 and Qwen3.5 tokenizers, qwen3_5 config"),
+        CheckBuild("TokenizersBackend", "qwen3_5", "qwen35", "Qwen3.5 tokenizer, qwen3_5 config"),
+        CheckBuild("TokenizersBackend", "qwen3_5_text", "qwen35 as written", "Qwen3.5 tokenizer, qwen3_5_text config"),
+    ),
     model_type_tokenizer="Qwen2Tokenizer",
     without_nextn=qwen35_without_nextn,
     lora_refusal="LoRA adapters on Qwen3.5 (the V-head reorder of the linear attention's A and B matrices) "
@@ -4156,7 +4163,9 @@ QWEN35MOE = register(QWEN35._replace(
     accepted_config_keys=frozenset({"text_config", "partial_rotary_factor", "num_experts", "num_experts_per_tok"}),
     block_outputs=_block_outputs(_QWEN35_MOE_COMMON),
     layer_outputs=lambda p, block: qwen35_layer_outputs(p.hybrid, block),
-    check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
+    # Qwen3_5Tokenizer under both model_types, whatever the class named (see Qwen3.5's)
+    check_builds=tuple(CheckBuild(cls, model_type, "qwen35", f"Qwen3.5 tokenizer, {model_type} config")
+                       for cls in ("Qwen2Tokenizer", "TokenizersBackend")
                        for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
     lora_refusal="LoRA adapters on Qwen3.5-MoE (the V-head reorder of the linear attention's A and B matrices, "
                  "the stacked experts) are not reproduced yet: merge the adapter into the model and convert the "
@@ -6741,6 +6750,7 @@ def llama_cpp_pre(chkhsh: str) -> Optional[str]:
 class CheckClasses(NamedTuple):
     letters: str    # \p{L}: general category L*, re-escaped for a [...] class
     numbers: str    # \p{N}: general category N*
+    marks: str      # \p{M}: general category M* (Qwen3.5's letter runs take them)
     spaces: str     # \s: Oniguruma's Unicode White_Space (Python's isspace without U+001C-001F)
 
 
@@ -6753,12 +6763,13 @@ def check_classes() -> CheckClasses:
     return CheckClasses(
         letters=listed(lambda c: unicodedata.category(c).startswith("L")),
         numbers=listed(lambda c: unicodedata.category(c).startswith("N")),
+        marks=listed(lambda c: unicodedata.category(c).startswith("M")),
         spaces=listed(lambda c: c.isspace() and c not in "\x1c\x1d\x1e\x1f"),
     )
 
 
 # The split patterns of the families llama.cpp names, as tokenizers writes them (Oniguruma syntax),
-# each with its Python equivalent over CHKTXT: @L, @N and @S stand for the classes above, so \p{L}
+# each with its Python equivalent over CHKTXT: @L, @N, @M and @S stand for the classes above, so \p{L}
 # becomes [@L], [^\s\p{L}\p{N}] becomes [^@S@L@N] and (?!\S) becomes (?![^@S]).  Both engines
 # backtrack and try alternatives left to right, so the same pattern finds the same matches.
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -6766,6 +6777,9 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5's: a letter run takes the combining marks (\p{M}) too, and the symbol run leaves them out.
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_PATTERNS = {
     # tokenizers' ByteLevel(use_regex=true), GPT-2's pattern: SmolLM, GPT-2, StarCoder
     GPT2_PATTERN: r"'s|'t|'re|'ve|'m|'ll|'d| ?[@L]+| ?[@N]+| ?[^@S@L@N]+|[@S]+(?![^@S])|[@S]+",
@@ -6775,6 +6789,9 @@ _SPLIT_PATTERNS = {
     # Qwen2's Split (qwen2), also Qwen2Tokenizer's PRETOKENIZE_REGEX: single digits
     QWEN2_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L]+|[@N]| ?[^@S@L@N]+[\r\n]*"
                     r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+    # Qwen3.5's Split (qwen35), also Qwen3_5Tokenizer's PRETOKENIZE_REGEX: @M is \p{M} over CHKTXT
+    QWEN35_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L@M]+|[@N]| ?[^@S@L@M@N]+[\r\n]*"
+                     r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
 }
 
 
@@ -6783,7 +6800,7 @@ def check_pattern(onig: str) -> re.Pattern:
     """The compiled Python equivalent, over CHKTXT's characters, of one of _SPLIT_PATTERNS."""
     c = check_classes()
     return re.compile(_SPLIT_PATTERNS[onig].replace("@L", c.letters).replace("@N", c.numbers)
-                      .replace("@S", c.spaces))
+                      .replace("@M", c.marks).replace("@S", c.spaces))
 
 
 class CheckPipeline(NamedTuple):
@@ -6824,6 +6841,10 @@ _LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
+_QWEN35_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                         + json.dumps(QWEN35_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                         'trim_offsets=false,use_regex=false)]')
+_QWEN_POST_PROCESSOR = "ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)"
 # Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
 # normalizer turned every space into U+2581, so it never splits) and its BOS template.
 _GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
@@ -6853,8 +6874,9 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
     "llama3 without BOS": CheckPipeline(rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
                                         post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
                                         nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
-    # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
-    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+    # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False),
+    # dropping the file's split: Qwen3.5's too, as a Qwen3.5 text model's tokenizer_config.json names it.
+    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER, _QWEN35_PRE_TOKENIZER), nfc=True,
                            post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                            split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False),
     # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
@@ -6863,6 +6885,18 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
     "gemma": CheckPipeline(rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
                            post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
                            ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False)),
+    # Qwen3_5Tokenizer.__init__ makes Qwen2Tokenizer's steps with Qwen3.5's split; AutoTokenizer builds it
+    # under qwen3_5, qwen3_5_moe and qwen3_5_moe_text whatever tokenizer_config.json names (transformers
+    # 5.18's MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS).  Measured on the Qwen3.5 tokenizer
+    # (oracle/fetch_qwen35_tokenizer.sh: llama.cpp's "qwen35" hash of Qwen3.5-9B-Instruct) and on Qwen3's,
+    # whose Qwen2 split it replaces.
+    "qwen35": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN35_PRE_TOKENIZER, _QWEN2_PRE_TOKENIZER), nfc=True,
+                            post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN, byte_level_regex=False,
+                            ignore_merges=False),
+    # TokenizersBackend under qwen3_5_text (not in that list): the Qwen3.5 tokenizer.json as written.
+    "qwen35 as written": CheckPipeline(rebuilt=False, pre_tokenizers=(_QWEN35_PRE_TOKENIZER,), nfc=True,
+                                       post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN,
+                                       byte_level_regex=False, ignore_merges=False),
 }
 
 

