@@ -4042,8 +4042,12 @@ QWEN35 = register(Family(
     # on the Qwen3.5 vocabulary (MiniCPM-V-4_6's hash), or the tokenizer.json as written
     check_builds=(
         CheckBuild("Qwen2Tokenizer", "qwen3_5_text", "qwen2", "Qwen3 and Qwen3.5 tokenizers, qwen3_5_text config"),
+        CheckBuild("Qwen2TokenizerFast", "qwen3_5_text", "qwen2", "Qwen3.5 tokenizer, qwen3_5_text config"),
         CheckBuild("Qwen2Tokenizer", "qwen3_5", "qwen35", "Qwen3 and Qwen3.5 tokenizers, qwen3_5 config"),
-        CheckBuild("TokenizersBackend", "qwen3_5", "qwen35", "Qwen3.5 tokenizer, qwen3_5 config"),
+        *(CheckBuild(cls, "qwen3_5", "qwen35", "Qwen3.5 tokenizer, qwen3_5 config")
+          for cls in ("Qwen2TokenizerFast", "TokenizersBackend", "Qwen3_5Tokenizer")),
+        # what transformers 5.18 names when it saves a Qwen3.5 fine-tune's tokenizer
+        CheckBuild("Qwen3_5Tokenizer", "qwen3_5_text", "qwen35", "Qwen3.5 tokenizer, qwen3_5_text config"),
         CheckBuild("TokenizersBackend", "qwen3_5_text", "qwen35 as written", "Qwen3.5 tokenizer, qwen3_5_text config"),
     ),
     model_type_tokenizer="Qwen2Tokenizer",
@@ -4165,7 +4169,7 @@ QWEN35MOE = register(QWEN35._replace(
     layer_outputs=lambda p, block: qwen35_layer_outputs(p.hybrid, block),
     # Qwen3_5Tokenizer under both model_types, whatever the class named (see Qwen3.5's)
     check_builds=tuple(CheckBuild(cls, model_type, "qwen35", f"Qwen3.5 tokenizer, {model_type} config")
-                       for cls in ("Qwen2Tokenizer", "TokenizersBackend")
+                       for cls in ("Qwen2Tokenizer", "Qwen2TokenizerFast", "TokenizersBackend", "Qwen3_5Tokenizer")
                        for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
     lora_refusal="LoRA adapters on Qwen3.5-MoE (the V-head reorder of the linear attention's A and B matrices, "
                  "the stacked experts) are not reproduced yet: merge the adapter into the model and convert the "
@@ -6845,6 +6849,10 @@ _QWEN35_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,patter
                          + json.dumps(QWEN35_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                          'trim_offsets=false,use_regex=false)]')
 _QWEN_POST_PROCESSOR = "ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)"
+# What transformers 5.18 writes when it saves a Qwen3.5 fine-tune's tokenizer: the pipeline the class built,
+# whose ByteLevel trims offsets -- Qwen3_5Tokenizer's split, or Qwen2Tokenizer's (under qwen3_5_text).
+_QWEN35_RESAVED_PRE_TOKENIZER = _QWEN35_PRE_TOKENIZER.replace("trim_offsets=false", "trim_offsets=true")
+_QWEN2_RESAVED_PRE_TOKENIZER = _QWEN2_PRE_TOKENIZER.replace("trim_offsets=false", "trim_offsets=true")
 # Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
 # normalizer turned every space into U+2581, so it never splits) and its BOS template.
 _GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
@@ -6876,7 +6884,8 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
                                         nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
     # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False),
     # dropping the file's split: Qwen3.5's too, as a Qwen3.5 text model's tokenizer_config.json names it.
-    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER, _QWEN35_PRE_TOKENIZER), nfc=True,
+    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER, _QWEN35_PRE_TOKENIZER,
+                                                         _QWEN2_RESAVED_PRE_TOKENIZER), nfc=True,
                            post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                            split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False),
     # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
@@ -6887,10 +6896,11 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
                            ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False)),
     # Qwen3_5Tokenizer.__init__ makes Qwen2Tokenizer's steps with Qwen3.5's split; AutoTokenizer builds it
     # under qwen3_5, qwen3_5_moe and qwen3_5_moe_text whatever tokenizer_config.json names (transformers
-    # 5.18's MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS).  Measured on the Qwen3.5 tokenizer
-    # (oracle/fetch_qwen35_tokenizer.sh: llama.cpp's "qwen35" hash of Qwen3.5-9B-Instruct) and on Qwen3's,
-    # whose Qwen2 split it replaces.
-    "qwen35": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN35_PRE_TOKENIZER, _QWEN2_PRE_TOKENIZER), nfc=True,
+    # 5.18's MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), and where it is named.  Measured on the Qwen3.5
+    # tokenizer (oracle/fetch_qwen35_tokenizer.sh: llama.cpp's "qwen35" hash of Qwen3.5-9B-Instruct), as
+    # transformers 5.18 re-saves it, and on Qwen3's, whose Qwen2 split it replaces.
+    "qwen35": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN35_PRE_TOKENIZER, _QWEN2_PRE_TOKENIZER,
+                                                          _QWEN35_RESAVED_PRE_TOKENIZER), nfc=True,
                             post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN, byte_level_regex=False,
                             ignore_merges=False),
     # TokenizersBackend under qwen3_5_text (not in that list): the Qwen3.5 tokenizer.json as written.

@@ -3636,12 +3636,18 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
 
     def test_qwen35_tokenizer_gives_llama_cpps_qwen35_ids_each_way_transformers_builds_it(self):
         # Qwen3_5Tokenizer (the \p{M} split) under qwen3_5 and qwen3_5_moe_text whatever the class; under
-        # qwen3_5_text the class named: Qwen2Tokenizer's own split, or TokenizersBackend's file as written.
-        for edit in ("qwen3_5_config", "qwen3_5_moe_text_config", "qwen3_5_text_config",
-                     "tokenizers_backend_under_qwen3_5_text"):
+        # qwen3_5_text the class named: Qwen2Tokenizer's own split (Fast or not), TokenizersBackend's file as
+        # written, Qwen3_5Tokenizer; and the files as transformers 5.18 saves a fine-tune's tokenizer.
+        built = {"qwen3_5_config": "Qwen3_5Tokenizer", "qwen3_5_moe_text_config": "Qwen3_5Tokenizer",
+                 "qwen3_5_text_config": "Qwen2Tokenizer", "tokenizersbackend_under_qwen3_5_text": "TokenizersBackend",
+                 "qwen2tokenizerfast_under_qwen3_5_text": "Qwen2Tokenizer",
+                 "qwen3_5tokenizer_under_qwen3_5_text": "Qwen3_5Tokenizer",
+                 "resaved_under_qwen3_5": "Qwen3_5Tokenizer", "resaved_under_qwen3_5_text": "Qwen2Tokenizer"}
+        for edit, tokenizer_class in built.items():
             with self.subTest(edit):
+                recorded = CHKHSH_RECORD["cases"][f"qwen3.5-tokenizer+{edit}"]
+                self.assertEqual((recorded["pre"], recorded["tokenizer_class"]), ("qwen35", tokenizer_class))
                 self.assert_ids_as_llama_cpp(f"qwen3.5-tokenizer+{edit}")
-                self.assertEqual(CHKHSH_RECORD["cases"][f"qwen3.5-tokenizer+{edit}"]["pre"], "qwen35")
 
     def test_qwen35s_split_keeps_the_check_texts_khmer_marks_in_its_words(self):
         # Qwen2Tokenizer's split over the same vocabulary gives other ids (MiniCPM-V-4_6's row of the table).

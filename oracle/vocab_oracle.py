@@ -171,11 +171,36 @@ EDITS: dict[str, Callable[[Path], None]] = {
                                                       "model_type": "qwen3_5_text"}),
     "qwen3_5_moe_text_config": lambda d: write_config(d, {"architectures": ["Qwen3_5MoeForCausalLM"],
                                                           "model_type": "qwen3_5_moe_text"}),
-    # ... and TokenizersBackend named under qwen3_5_text: the tokenizer.json as written.
-    "tokenizers_backend_under_qwen3_5_text": lambda d: (
-        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="TokenizersBackend")),
-        EDITS["qwen3_5_text_config"](d)),
+    # ... and other classes named under qwen3_5_text: TokenizersBackend (the tokenizer.json as written),
+    # Qwen2TokenizerFast (Qwen2Tokenizer), Qwen3_5Tokenizer (what transformers 5 saves a fine-tune's as).
+    **{f"{cls.lower()}_under_qwen3_5_text": (lambda cls: lambda d: (
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class=cls)),
+        EDITS["qwen3_5_text_config"](d)))(cls)
+       for cls in ("TokenizersBackend", "Qwen2TokenizerFast", "Qwen3_5Tokenizer")},
+    # A Qwen3.5 fine-tune's tokenizer as transformers 5.18 saves it: the pipeline its class built (the
+    # ByteLevel trimming offsets; Qwen2Tokenizer's split under qwen3_5_text), the class it built.
+    "resaved_under_qwen3_5": lambda d: (qwen35_resaved(d, "Qwen3_5Tokenizer", None), EDITS["qwen3_5_config"](d)),
+    "resaved_under_qwen3_5_text": lambda d: (qwen35_resaved(d, "Qwen2Tokenizer", QWEN2_SPLIT),
+                                             EDITS["qwen3_5_text_config"](d)),
 }
+
+
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen35_resaved(d: Path, tokenizer_class: str, split: Optional[str]) -> None:
+    """The Qwen3.5 tokenizer's files as transformers 5.18's save_pretrained writes them after building
+    tokenizer_class (measured by saving it): ByteLevel pre-tokenizer and decoder as the class makes
+    them, the class's split (when given), the class named."""
+    def tokenizer(t: dict) -> None:
+        steps = t["pre_tokenizer"]["pretokenizers"]
+        if split is not None:
+            steps[0]["pattern"]["Regex"] = split
+        steps[1]["trim_offsets"] = True
+        t["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    edit_json(d / "tokenizer.json", tokenizer)
+    edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class=tokenizer_class))
 
 
 def _make_models():
@@ -242,7 +267,8 @@ CHKHSH_CASES: dict[str, Case] = {
     # transformers builds it, and Qwen3's under a qwen3_5 config as the stand-in cases have it.
     **{f"{Q35}+{edit}": Case(((Q35, "tokenizer.json"), (Q35, "tokenizer_config.json")), edit)
        for edit in ("qwen3_5_config", "qwen3_5_text_config", "qwen3_5_moe_text_config",
-                    "tokenizers_backend_under_qwen3_5_text")},
+                    "tokenizersbackend_under_qwen3_5_text", "qwen2tokenizerfast_under_qwen3_5_text",
+                    "qwen3_5tokenizer_under_qwen3_5_text", "resaved_under_qwen3_5", "resaved_under_qwen3_5_text")},
     Q3 + "+qwen3_5_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_5_config"),
 }
 
