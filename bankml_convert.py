@@ -4050,7 +4050,7 @@ QWEN35 = register(Family(
         CheckBuild("Qwen3_5Tokenizer", "qwen3_5_text", "qwen35", "Qwen3.5 tokenizer, qwen3_5_text config"),
         CheckBuild("TokenizersBackend", "qwen3_5_text", "qwen35 as written", "Qwen3.5 tokenizer, qwen3_5_text config"),
     ),
-    model_type_tokenizer="Qwen2Tokenizer",
+    # no model_type_tokenizer: the class AutoTokenizer builds over a generic one is in check_builds, measured
     without_nextn=qwen35_without_nextn,
     lora_refusal="LoRA adapters on Qwen3.5 (the V-head reorder of the linear attention's A and B matrices) "
                  "are not reproduced yet: merge the adapter into the model and convert the merged model",
@@ -7436,7 +7436,12 @@ def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict
 # re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
 # (LlamaTokenizer, none) may build different ones.
 _MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
-                               *_SPACE_MARK_CLASSES)
+                               *_SPACE_MARK_CLASSES, *("Qwen2TokenizerFast", "Qwen3_5Tokenizer"))
+# Qwen2TokenizerFast is Qwen2Tokenizer's other name; Qwen3_5Tokenizer, what transformers 5.18 names when it
+# saves a Qwen3.5 fine-tune's tokenizer, rebuilds Qwen2Tokenizer's pipeline with Qwen3.5's split.  Each
+# rebuilds the NFC normalizer; TokenizersBackend applies tokenizer.json's (check_build holds it to the
+# pipeline measured); SpecialVocab writes no key for NFC.
+_NFC_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast", "Qwen3_5Tokenizer", "TokenizersBackend")
 
 
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
@@ -7452,10 +7457,10 @@ def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: di
                       f"rewrites {cls}'s added tokens as llama.cpp writes them; not reproduced")
     if (d / "added_tokens.json").is_file():
         raise Refusal("added_tokens.json: transformers' legacy added tokens are not reproduced")
-    # Qwen2Tokenizer rebuilds NFC itself, GemmaTokenizer its U+2581 Replace, and SpecialVocab writes no
-    # normalizer key for either.
+    # Qwen's classes rebuild NFC themselves (_NFC_CLASSES), GemmaTokenizer its U+2581 Replace, and
+    # SpecialVocab writes no normalizer key for either.
     if tokenizer_json.get("normalizer") is not None and not (
-            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}) and not (
+            cls in _NFC_CLASSES and tokenizer_json["normalizer"] == {"type": "NFC"}) and not (
             cls in _SPACE_MARK_CLASSES and tokenizer_json["normalizer"] == _SPACE_MARK_NORMALIZER):
         raise Refusal(f"tokenizer.json has a normalizer: {cls} drops it while llama.cpp writes "
                       "normalizer flags from it; not supported")

