@@ -4095,9 +4095,20 @@ QWEN35 = register(Family(
     # every block, the MTP layer's too, has these; a decoder layer's mixer by its kind
     block_outputs=tuple(_QWEN35_COMMON.values()),
     layer_outputs=qwen35_layer_outputs,
-    check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
-                       for model_type in ("qwen3_5_text", "qwen3_5")),
-    model_type_tokenizer="Qwen2Tokenizer",
+    # AutoTokenizer builds Qwen3_5Tokenizer under qwen3_5 whatever the class named (the "qwen35" pipeline),
+    # and the class named under qwen3_5_text: Qwen2Tokenizer's own split, which llama.cpp also names qwen35
+    # on the Qwen3.5 vocabulary (MiniCPM-V-4_6's hash), or the tokenizer.json as written
+    check_builds=(
+        CheckBuild("Qwen2Tokenizer", "qwen3_5_text", "qwen2", "Qwen3 and Qwen3.5 tokenizers, qwen3_5_text config"),
+        CheckBuild("Qwen2TokenizerFast", "qwen3_5_text", "qwen2", "Qwen3.5 tokenizer, qwen3_5_text config"),
+        CheckBuild("Qwen2Tokenizer", "qwen3_5", "qwen35", "Qwen3 and Qwen3.5 tokenizers, qwen3_5 config"),
+        *(CheckBuild(cls, "qwen3_5", "qwen35", "Qwen3.5 tokenizer, qwen3_5 config")
+          for cls in ("Qwen2TokenizerFast", "TokenizersBackend", "Qwen3_5Tokenizer")),
+        # what transformers 5.18 names when it saves a Qwen3.5 fine-tune's tokenizer
+        CheckBuild("Qwen3_5Tokenizer", "qwen3_5_text", "qwen35", "Qwen3.5 tokenizer, qwen3_5_text config"),
+        CheckBuild("TokenizersBackend", "qwen3_5_text", "qwen35 as written", "Qwen3.5 tokenizer, qwen3_5_text config"),
+    ),
+    # no model_type_tokenizer: the class AutoTokenizer builds over a generic one is in check_builds, measured
     without_nextn=qwen35_without_nextn,
     lora_pair_refusal=qwen35_lora_pair_refusal,
 ))
@@ -4213,7 +4224,9 @@ QWEN35MOE = register(QWEN35._replace(
     accepted_config_keys=frozenset({"text_config", "partial_rotary_factor", "num_experts", "num_experts_per_tok"}),
     block_outputs=_block_outputs(_QWEN35_MOE_COMMON),
     layer_outputs=lambda p, block: qwen35_layer_outputs(p.hybrid, block),
-    check_builds=tuple(CheckBuild("Qwen2Tokenizer", model_type, "qwen2", f"Qwen3 tokenizer, {model_type} config")
+    # Qwen3_5Tokenizer under both model_types, whatever the class named (see Qwen3.5's)
+    check_builds=tuple(CheckBuild(cls, model_type, "qwen35", f"Qwen3.5 tokenizer, {model_type} config")
+                       for cls in ("Qwen2Tokenizer", "Qwen2TokenizerFast", "TokenizersBackend", "Qwen3_5Tokenizer")
                        for model_type in ("qwen3_5_moe_text", "qwen3_5_moe")),
     lora_pair_refusal=lambda gguf_name, p: qwen35_lora_pair_refusal(gguf_name, p.hybrid),
 ))
@@ -6831,6 +6844,7 @@ def llama_cpp_pre(chkhsh: str) -> Optional[str]:
 class CheckClasses(NamedTuple):
     letters: str    # \p{L}: general category L*, re-escaped for a [...] class
     numbers: str    # \p{N}: general category N*
+    marks: str      # \p{M}: general category M* (Qwen3.5's letter runs take them)
     spaces: str     # \s: Oniguruma's Unicode White_Space (Python's isspace without U+001C-001F)
     upper: str      # [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]: o200k's letters that may open a word
     lower: str      # [\p{Ll}\p{Lm}\p{Lo}\p{M}]: o200k's letters that may end one
@@ -6845,6 +6859,7 @@ def check_classes() -> CheckClasses:
     return CheckClasses(
         letters=listed(lambda c: unicodedata.category(c).startswith("L")),
         numbers=listed(lambda c: unicodedata.category(c).startswith("N")),
+        marks=listed(lambda c: unicodedata.category(c).startswith("M")),
         spaces=listed(lambda c: c.isspace() and c not in "\x1c\x1d\x1e\x1f"),
         upper=listed(lambda c: unicodedata.category(c) in ("Lu", "Lt", "Lm", "Lo") or unicodedata.category(c)[0] == "M"),
         lower=listed(lambda c: unicodedata.category(c) in ("Ll", "Lm", "Lo") or unicodedata.category(c)[0] == "M"),
@@ -6852,7 +6867,7 @@ def check_classes() -> CheckClasses:
 
 
 # The split patterns of the families llama.cpp names, as tokenizers writes them (Oniguruma syntax),
-# each with its Python equivalent over CHKTXT: @L, @N and @S stand for the classes above, so \p{L}
+# each with its Python equivalent over CHKTXT: @L, @N, @M and @S stand for the classes above, so \p{L}
 # becomes [@L], [^\s\p{L}\p{N}] becomes [^@S@L@N] and (?!\S) becomes (?![^@S]).  Both engines
 # backtrack and try alternatives left to right, so the same pattern finds the same matches.
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -6865,6 +6880,9 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
 O200K_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                  r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                  r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5's: a letter run takes the combining marks (\p{M}) too, and the symbol run leaves them out.
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_PATTERNS = {
     # tokenizers' ByteLevel(use_regex=true), GPT-2's pattern: SmolLM, GPT-2, StarCoder
     GPT2_PATTERN: r"'s|'t|'re|'ve|'m|'ll|'d| ?[@L]+| ?[@N]+| ?[^@S@L@N]+|[@S]+(?![^@S])|[@S]+",
@@ -6877,6 +6895,9 @@ _SPLIT_PATTERNS = {
     # o200k's Split (llama.cpp's gpt-4o): @U and @W the word classes above
     O200K_PATTERN: (r"[^\r\n@L@N]?[@U]*[@W]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n@L@N]?[@U]+[@W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                     r"|[@N]{1,3}| ?[^@S@L@N]+[\r\n/]*|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+    # Qwen3.5's Split (qwen35), also Qwen3_5Tokenizer's PRETOKENIZE_REGEX: @M is \p{M} over CHKTXT
+    QWEN35_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L@M]+|[@N]| ?[^@S@L@M@N]+[\r\n]*"
+                     r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
 }
 
 
@@ -6885,7 +6906,8 @@ def check_pattern(onig: str) -> re.Pattern:
     """The compiled Python equivalent, over CHKTXT's characters, of one of _SPLIT_PATTERNS."""
     c = check_classes()
     return re.compile(_SPLIT_PATTERNS[onig].replace("@L", c.letters).replace("@N", c.numbers)
-                      .replace("@S", c.spaces).replace("@U", c.upper).replace("@W", c.lower))
+                      .replace("@M", c.marks).replace("@S", c.spaces).replace("@U", c.upper)
+                      .replace("@W", c.lower))
 
 
 class CheckPipeline(NamedTuple):
@@ -6932,6 +6954,14 @@ _O200K_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern
 _O200K_GPT4O_PRE_TOKENIZER = ('Sequence[Split(behavior="Removed",invert=true,pattern={"Regex":'
                               + json.dumps(O200K_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                               'trim_offsets=true,use_regex=false)]')
+_QWEN35_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                         + json.dumps(QWEN35_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                         'trim_offsets=false,use_regex=false)]')
+_QWEN_POST_PROCESSOR = "ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)"
+# What transformers 5.18 writes when it saves a Qwen3.5 fine-tune's tokenizer: the pipeline the class built,
+# whose ByteLevel trims offsets -- Qwen3_5Tokenizer's split, or Qwen2Tokenizer's (under qwen3_5_text).
+_QWEN35_RESAVED_PRE_TOKENIZER = _QWEN35_PRE_TOKENIZER.replace("trim_offsets=false", "trim_offsets=true")
+_QWEN2_RESAVED_PRE_TOKENIZER = _QWEN2_PRE_TOKENIZER.replace("trim_offsets=false", "trim_offsets=true")
 # Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
 # normalizer turned every space into U+2581, so it never splits) and its BOS template.
 _GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
@@ -6961,8 +6991,10 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
     "llama3 without BOS": CheckPipeline(rebuilt=False, pre_tokenizers=(_LLAMA3_PRE_TOKENIZER,),
                                         post_processors=(_LLAMA3_NO_BOS_POST_PROCESSOR,),
                                         nfc=False, split=LLAMA3_PATTERN, byte_level_regex=False, ignore_merges=True),
-    # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False).
-    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER,), nfc=True,
+    # Qwen2Tokenizer.__init__ makes NFC, Split(PRETOKENIZE_REGEX, isolated), ByteLevel(use_regex=False),
+    # dropping the file's split: Qwen3.5's too, as a Qwen3.5 text model's tokenizer_config.json names it.
+    "qwen2": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN2_PRE_TOKENIZER, _QWEN35_PRE_TOKENIZER,
+                                                         _QWEN2_RESAVED_PRE_TOKENIZER), nfc=True,
                            post_processors=("ByteLevel(add_prefix_space=false,trim_offsets=false,use_regex=false)",),
                            split=QWEN2_PATTERN, byte_level_regex=False, ignore_merges=False),
     # GemmaTokenizer.__init__ makes BPE(vocab, merges, byte_fallback=True, fuse_unk=True), the normalizer
@@ -6983,6 +7015,19 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
     "o200k, gpt-4o's files": CheckPipeline(rebuilt=False, pre_tokenizers=(_O200K_GPT4O_PRE_TOKENIZER,),
                                            post_processors=("null",), nfc=False, split=O200K_PATTERN,
                                            byte_level_regex=False, ignore_merges=False),
+    # Qwen3_5Tokenizer.__init__ makes Qwen2Tokenizer's steps with Qwen3.5's split; AutoTokenizer builds it
+    # under qwen3_5, qwen3_5_moe and qwen3_5_moe_text whatever tokenizer_config.json names (transformers
+    # 5.18's MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), and where it is named.  Measured on the Qwen3.5
+    # tokenizer (oracle/fetch_qwen35_tokenizer.sh: llama.cpp's "qwen35" hash of Qwen3.5-9B-Instruct), as
+    # transformers 5.18 re-saves it, and on Qwen3's, whose Qwen2 split it replaces.
+    "qwen35": CheckPipeline(rebuilt=True, pre_tokenizers=(_QWEN35_PRE_TOKENIZER, _QWEN2_PRE_TOKENIZER,
+                                                          _QWEN35_RESAVED_PRE_TOKENIZER), nfc=True,
+                            post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN, byte_level_regex=False,
+                            ignore_merges=False),
+    # TokenizersBackend under qwen3_5_text (not in that list): the Qwen3.5 tokenizer.json as written.
+    "qwen35 as written": CheckPipeline(rebuilt=False, pre_tokenizers=(_QWEN35_PRE_TOKENIZER,), nfc=True,
+                                       post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN,
+                                       byte_level_regex=False, ignore_merges=False),
 }
 
 
@@ -7533,7 +7578,12 @@ def refuse_swapped_tokenizer_class(tokenizer_config: dict, config: Optional[dict
 # re-saves one) load tokenizer.json as written; Qwen2Tokenizer rebuilds Qwen's pipeline; others
 # (LlamaTokenizer, none) may build different ones.
 _MEASURED_TOKENIZER_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
-                               *_SPACE_MARK_CLASSES)
+                               *_SPACE_MARK_CLASSES, *("Qwen2TokenizerFast", "Qwen3_5Tokenizer"))
+# Qwen2TokenizerFast is Qwen2Tokenizer's other name; Qwen3_5Tokenizer, what transformers 5.18 names when it
+# saves a Qwen3.5 fine-tune's tokenizer, rebuilds Qwen2Tokenizer's pipeline with Qwen3.5's split.  Each
+# rebuilds the NFC normalizer; TokenizersBackend applies tokenizer.json's (check_build holds it to the
+# pipeline measured); SpecialVocab writes no key for NFC.
+_NFC_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast", "Qwen3_5Tokenizer", "TokenizersBackend")
 
 
 def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: dict) -> None:
@@ -7551,10 +7601,10 @@ def refuse_unported_features(d: Path, tokenizer_json: dict, tokenizer_config: di
         # transformers 5.18 reads it only without an added_tokens_decoder (Phi-4-mini ships both), and
         # llama.cpp's gpt2 path never does.
         raise Refusal("added_tokens.json: transformers' legacy added tokens are not reproduced")
-    # Qwen2Tokenizer rebuilds NFC itself, GemmaTokenizer its U+2581 Replace, and SpecialVocab writes no
-    # normalizer key for either.
+    # Qwen's classes rebuild NFC themselves (_NFC_CLASSES), GemmaTokenizer its U+2581 Replace, and
+    # SpecialVocab writes no normalizer key for either.
     if tokenizer_json.get("normalizer") is not None and not (
-            cls == "Qwen2Tokenizer" and tokenizer_json["normalizer"] == {"type": "NFC"}) and not (
+            cls in _NFC_CLASSES and tokenizer_json["normalizer"] == {"type": "NFC"}) and not (
             cls in _SPACE_MARK_CLASSES and tokenizer_json["normalizer"] == _SPACE_MARK_NORMALIZER):
         raise Refusal(f"tokenizer.json has a normalizer: {cls} drops it while llama.cpp writes "
                       "normalizer flags from it; not supported")

