@@ -6742,6 +6742,8 @@ class CheckClasses(NamedTuple):
     letters: str    # \p{L}: general category L*, re-escaped for a [...] class
     numbers: str    # \p{N}: general category N*
     spaces: str     # \s: Oniguruma's Unicode White_Space (Python's isspace without U+001C-001F)
+    upper: str      # [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]: o200k's letters that may open a word
+    lower: str      # [\p{Ll}\p{Lm}\p{Lo}\p{M}]: o200k's letters that may end one
 
 
 @lru_cache(maxsize=None)
@@ -6754,6 +6756,8 @@ def check_classes() -> CheckClasses:
         letters=listed(lambda c: unicodedata.category(c).startswith("L")),
         numbers=listed(lambda c: unicodedata.category(c).startswith("N")),
         spaces=listed(lambda c: c.isspace() and c not in "\x1c\x1d\x1e\x1f"),
+        upper=listed(lambda c: unicodedata.category(c) in ("Lu", "Lt", "Lm", "Lo") or unicodedata.category(c)[0] == "M"),
+        lower=listed(lambda c: unicodedata.category(c) in ("Ll", "Lm", "Lo") or unicodedata.category(c)[0] == "M"),
     )
 
 
@@ -6766,6 +6770,11 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k's (tiktoken's GPT-4o encoding, gpt-oss's tokenizer): words split where the case changes, a
+# contraction kept on its word, up to 3 digits, punctuation with trailing newlines or slashes.
+O200K_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_PATTERNS = {
     # tokenizers' ByteLevel(use_regex=true), GPT-2's pattern: SmolLM, GPT-2, StarCoder
     GPT2_PATTERN: r"'s|'t|'re|'ve|'m|'ll|'d| ?[@L]+| ?[@N]+| ?[^@S@L@N]+|[@S]+(?![^@S])|[@S]+",
@@ -6775,6 +6784,9 @@ _SPLIT_PATTERNS = {
     # Qwen2's Split (qwen2), also Qwen2Tokenizer's PRETOKENIZE_REGEX: single digits
     QWEN2_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L]+|[@N]| ?[^@S@L@N]+[\r\n]*"
                     r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+    # o200k's Split (llama.cpp's gpt-4o): @U and @W the word classes above
+    O200K_PATTERN: (r"[^\r\n@L@N]?[@U]*[@W]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n@L@N]?[@U]+[@W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                    r"|[@N]{1,3}| ?[^@S@L@N]+[\r\n/]*|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
 }
 
 
@@ -6783,7 +6795,7 @@ def check_pattern(onig: str) -> re.Pattern:
     """The compiled Python equivalent, over CHKTXT's characters, of one of _SPLIT_PATTERNS."""
     c = check_classes()
     return re.compile(_SPLIT_PATTERNS[onig].replace("@L", c.letters).replace("@N", c.numbers)
-                      .replace("@S", c.spaces))
+                      .replace("@S", c.spaces).replace("@U", c.upper).replace("@W", c.lower))
 
 
 class CheckPipeline(NamedTuple):
@@ -6824,6 +6836,9 @@ _LLAMA3_NO_BOS_POST_PROCESSOR = ('Sequence[ByteLevel(add_prefix_space=true,trim_
 _QWEN2_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
                         + json.dumps(QWEN2_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
                         'trim_offsets=false,use_regex=false)]')
+_O200K_PRE_TOKENIZER = ('Sequence[Split(behavior="Isolated",invert=false,pattern={"Regex":'
+                        + json.dumps(O200K_PATTERN) + '}),ByteLevel(add_prefix_space=false,'
+                        'trim_offsets=true,use_regex=false)]')
 # Gemma 3's tokenizer.json (what GemmaTokenizer.__init__ builds itself: a Split on " " after the
 # normalizer turned every space into U+2581, so it never splits) and its BOS template.
 _GEMMA_PRE_TOKENIZER = 'Split(behavior="MergedWithPrevious",invert=false,pattern={"String":" "})'
@@ -6863,6 +6878,11 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
     "gemma": CheckPipeline(rebuilt=True, pre_tokenizers=(_GEMMA_PRE_TOKENIZER,),
                            post_processors=(_GEMMA_POST_PROCESSOR,), nfc=False, split=None, byte_level_regex=False,
                            ignore_merges=False, byte_fallback=True, add_bos_eos=(True, False)),
+    # o200k as tokenizer.json writes it (gpt-oss's PreTrainedTokenizerFast: TokenizersBackend): the Split
+    # above, the byte map, merges ignored for a piece in the vocabulary, a ByteLevel post-processor.
+    "o200k": CheckPipeline(rebuilt=False, pre_tokenizers=(_O200K_PRE_TOKENIZER,),
+                           post_processors=("ByteLevel(add_prefix_space=true,trim_offsets=false,use_regex=true)",),
+                           nfc=False, split=O200K_PATTERN, byte_level_regex=False, ignore_merges=True),
 }
 
 

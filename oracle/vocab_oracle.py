@@ -36,6 +36,8 @@ REF = Path(os.environ.get("BANKML_REF", Path(os.environ.get("BANKML_REF_DIR", HE
                           / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
 RECORDED = HERE / "recorded" / "vocab.json"
 CHKHSH_RECORDED = HERE / "recorded" / "chkhsh.json"
+# The tokenizers fetched with the reference (oracle/fetch_gptoss_tokenizer.sh), one folder per package.
+NPM_FIXTURES = Path(os.environ.get("BANKML_REF_DIR", HERE / ".ref")) / "npm"
 
 # The directories recorded: which fixture folder each file comes from, and an optional edit that turns
 # a real directory into a variant exercising another rule. oracle/fixtures stores a file once when
@@ -160,6 +162,8 @@ EDITS: dict[str, Callable[[Path], None]] = {
         architectures=["GraniteForCausalLM"], model_type="granite")),
     "olmo2_config": lambda d: edit_json(d / "config.json", lambda c: c.update(
         architectures=["Olmo2ForCausalLM"], model_type="olmo2")),
+    # gpt-oss's tokenizer ships beside a gpt_oss config; the class is the files' own (PreTrainedTokenizerFast).
+    "gpt_oss_config": lambda d: write_config(d, {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}),
     # SmolLM3-3B's tokenizer, derived by make_models from Llama 3's (no BOS in its template), under its config.
     "smollm3": lambda d: (_make_models().smollm3_tokenizer(d), write_config(
         d, {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"})),
@@ -207,6 +211,7 @@ CASES: dict[str, Case] = {
 # yet.  Llama-3.2 files are read from ../shared/fixtures only (Meta's licence: never copied here).
 L3 = "Llama-3.2-1B-Instruct"
 Q3 = "Qwen3-tokenizer"
+GPTOSS = "tokenizer-gptoss-3.7.2"     # make_models.GPTOSS_NPM
 _LLAMA3 = tuple((L3, f) for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"))
 CHKHSH_CASES: dict[str, Case] = {
     **{name: case for name, case in CASES.items() if not name.startswith("TinyLlama")},
@@ -225,6 +230,8 @@ CHKHSH_CASES: dict[str, Case] = {
     Q3 + "+qwen3_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_config"),
     "TinyLlama-1.1B-Chat-v1.0+gemma_shape": Case(tuple(("TinyLlama-1.1B-Chat-v1.0", f) for f in (
         "tokenizer.json", "tokenizer_config.json")), "gemma_shape"),
+    # gpt-oss-20b's o200k tokenizer (fetched into the reference's npm folder: oracle/fetch_gptoss_tokenizer.sh).
+    GPTOSS + "+gpt_oss_config": Case(((GPTOSS, "tokenizer.json"), (GPTOSS, "tokenizer_config.json")), "gpt_oss_config"),
 }
 
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
@@ -233,7 +240,8 @@ TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", 
 def fixture_roots() -> list[Path]:
     """The shipped fixtures first; the shared ones for files the project does not ship."""
     shipped = Path(os.environ.get("BANKML_FIXTURES", HERE / "fixtures"))
-    return [shipped, HERE.parent.parent / "shared" / "fixtures"]     # ../shared beside the clone
+    return [shipped, HERE.parent.parent / "shared" / "fixtures",     # ../shared beside the clone
+            NPM_FIXTURES]
 
 
 def file_sha256(path: Path) -> str:
