@@ -313,6 +313,10 @@ GGML_TYPES = {
 # The types the converter writes.
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
 QK8_0 = GGML_TYPES[GGML_Q8_0].block
+# ... and MXFP4, which it only repacks from a checkpoint's own MXFP4 blocks (gpt-oss's experts), whatever
+# the output type: 32 E2M1 codes under one E8M0 scale, the scale byte first.
+GGML_MXFP4 = 39
+QK_MXFP4 = GGML_TYPES[GGML_MXFP4].block
 
 
 def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
@@ -9609,6 +9613,24 @@ def q8_0_blocks(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
     return b"".join(q8_0_block(bits[i:i + QK8_0], lanes) for i in range(0, len(bits), QK8_0))
 
 
+def mxfp4_block(scale: int, codes: bytes) -> bytes:
+    """One GGML block_mxfp4 from one block of OpenAI's MXFP4 checkpoints (gpt-oss's _blocks and _scales),
+    as llama.cpp's GptOssModel.repack_mxfp4 moves its bits, no value decoded: the E8M0 scale byte as it is,
+    then the 32 four-bit codes, which OpenAI stores in order two to a byte (code 2i in byte i's low nibble,
+    2i + 1 in its high one) and GGML as byte j = code j | code j + 16 << 4."""
+    if len(codes) != QK_MXFP4 // 2:
+        raise ValueError(f"an MXFP4 block holds {QK_MXFP4 // 2} bytes of codes, not {len(codes)}")
+    nibbles = [b >> shift & 15 for b in codes for shift in (0, 4)]
+    return bytes([scale] + [nibbles[j] | nibbles[j + 16] << 4 for j in range(16)])
+
+
+def mxfp4_blocks(scales: bytes, codes: bytes) -> bytes:
+    """mxfp4_block of each scale and its 16 bytes of codes, in order."""
+    if len(codes) != len(scales) * (QK_MXFP4 // 2):
+        raise ValueError(f"{len(scales)} MXFP4 scales need {len(scales) * 16} bytes of codes, not {len(codes)}")
+    return b"".join(mxfp4_block(scale, codes[16 * i:16 * i + 16]) for i, scale in enumerate(scales))
+
+
 # Each output type's rule: its bytes from the float32 bits of the values.  F16 from F16 goes
 # through float32 too, which is exact: numpy's astype(float16) of float16 data is the identity.
 _FROM_F32_BITS = {GGML_F32: _f32_bytes, GGML_F16: _f16_bytes, GGML_BF16: _bf16_bytes, GGML_Q8_0: q8_0_blocks}
@@ -10016,6 +10038,31 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
         for b in _positions(odd_blocks, 2):
             out[34 * b:34 * b + 34] = bytes(34)
     return bytes(out)
+
+
+# --- MXFP4 repacked (mxfp4_blocks), a whole chunk of blocks at once: each block's first and last 8 bytes of
+# --- codes gathered by 8-byte strides, their nibbles moved as big-integer lanes, and the result laid into
+# --- the 17-byte blocks by 17-byte strides.  Byte moves only, so it holds on any host.
+
+def _mxfp4_chunk(scales: bytes, codes: bytes) -> bytearray:
+    """mxfp4_blocks(scales, codes) at C speed.  Byte i < 8 of a block's codes holds codes 2i, 2i + 1 and
+    byte 8 + i codes 16 + 2i, 17 + 2i, so GGML's byte 2i is (low | low << 4) of that pair of bytes and its
+    byte 2i + 1 is (high >> 4 | high)."""
+    n = len(scales)
+    if len(codes) != n * (QK_MXFP4 // 2):
+        raise ValueError(f"{n} MXFP4 scales need {n * 16} bytes of codes, not {len(codes)}")
+    halves = memoryview(codes).cast("Q")     # 8-byte units: a block's first half, then its second
+    first = int.from_bytes(halves[0::2].tobytes(), "little")
+    second = int.from_bytes(halves[1::2].tobytes(), "little")
+    low = _lane_constant(0x0F, 1, 8 * n)
+    even = ((first & low) | (second & low) << 4).to_bytes(8 * n, "little")
+    odd = ((first >> 4 & low) | (second & low << 4)).to_bytes(8 * n, "little")
+    out = bytearray(17 * n)
+    out[0::17] = scales
+    for i in range(8):
+        out[1 + 2 * i::17] = even[i::8]
+        out[2 + 2 * i::17] = odd[i::8]
+    return out
 
 
 # --- The conversions: every (source dtype, GGML type) pair, its exact and its fast form, and the

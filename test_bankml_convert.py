@@ -5365,6 +5365,30 @@ class Q8_0Products(unittest.TestCase):
             self.assertEqual(bc._int8_of_products(data[cut:] + data[:cut]), want[shift:] + want[:shift], shift)
 
 
+# --- MXFP4 repacked (gpt-oss's experts): bits moved, no value decoded; the bytes llama.cpp writes are pinned by
+# --- the golden runs gpt-oss-20b-mxfp4-*.
+
+class Mxfp4Repack(unittest.TestCase):
+    def test_a_block_is_its_scale_then_code_j_low_and_code_j_plus_16_high(self):
+        # codes 0..31 in OpenAI's order: byte i holds code 2i low and 2i + 1 high
+        codes = bytes(((2 * i) & 15) | ((2 * i + 1) & 15) << 4 for i in range(16))
+        # code k is k % 16 here, so GGML's byte j is (j % 16) | (j % 16) << 4
+        self.assertEqual(bc.mxfp4_block(0x7F, codes), bytes([0x7F] + [j | j << 4 for j in range(16)]))
+        distinct = bytes(range(16))      # codes 0, 0, 1, 0, ...: the two halves' nibbles differ
+        nibbles = [b >> s & 15 for b in distinct for s in (0, 4)]
+        self.assertEqual(bc.mxfp4_block(1, distinct)[1:], bytes(nibbles[j] | nibbles[j + 16] << 4 for j in range(16)))
+
+    def test_the_fast_repack_is_the_block_rule_on_any_bytes(self):
+        rng = random.Random(37)
+        for n in (0, 1, 2, 7, 1000):
+            scales, codes = rng.getrandbits(8 * n).to_bytes(n, "little"), rng.getrandbits(128 * n).to_bytes(16 * n, "little")
+            with self.subTest(n):
+                self.assertEqual(bytes(bc._mxfp4_chunk(scales, codes)), bc.mxfp4_blocks(scales, codes))
+
+    def test_a_chunk_without_whole_blocks_of_codes_is_refused(self):
+        with self.assertRaises(ValueError):
+            bc._mxfp4_chunk(b"\x00", bytes(15))
+
 # =============================================================================================
 # The output path: names derived from the model made one safe file name or refused, outputs named as inputs refused.
 # =============================================================================================
