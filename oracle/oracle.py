@@ -141,7 +141,9 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
     # ... and two Mamba2 groups with an untied head, in q8_0 too.
-    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))])
+    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))]
+    # gpt-oss (issue 37): every output type from the released MXFP4 experts and from a fine-tune's BF16 ones.
+    + [Run(f"{c.name}-{t}", c.name, ("--outtype", t)) for c in make_models.GPT_OSS_CASES for t in OTHER_OUTTYPES])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
