@@ -4911,10 +4911,10 @@ def gpt_oss_modify_tensors(gguf_name: str, source: SourceTensor, p: GptOssParams
         _refuse_gpt_oss_shape(source, (e, ff, h))
         return [Modified(gguf_name, source._replace(shape=(e, h, ff)), transposed=Transposed(source, 0, 1))]
     if kind == "ffn_gate_up_exps.bias":
-        # a source row is still 2 x ff values (its nbytes), of which the columns named are written
+        # each expert's bias a one-row matrix whose every other column is taken: no record per column
         _refuse_gpt_oss_shape(source, (e, 2 * ff))
-        return [Modified(f"blk.{block}.{name}.bias", source._replace(shape=(e, ff)),
-                         columns=tuple((2 * j + first, 1) for j in range(ff)))
+        return [Modified(f"blk.{block}.{name}.bias", source._replace(shape=(e, ff), nbytes=e * ff * width),
+                         transposed=Transposed(source._replace(shape=(e, 1, 2 * ff)), first, 2))
                 for name, first in (("ffn_gate_exps", 0), ("ffn_up_exps", 1))]
     return [Modified(gguf_name, source)]
 
@@ -10627,13 +10627,16 @@ def transposed_rows(job: Job, f) -> bytes:
     tr, view = job.tensor.transposed, job.source
     width = _DTYPE_BYTES[view.dtype]
     matrices, rows, columns = tr.source.shape
-    out_rows = view.shape[1]
+    out_rows = (columns - tr.first + tr.step - 1) // tr.step
+    # a job's rows are the written tensor's (numpy's): a matrix's row each, or a whole matrix where the
+    # written tensor is 2-D (a bias: each expert's one-row matrix transposed to a column)
+    per = matrices * out_rows // _row_count(view)
     code = {1: "B", 2: "H", 4: "I"}[width]
     pieces = []
-    r = job.first_row
-    while r < job.first_row + job.rows:
+    r, end = job.first_row * per, (job.first_row + job.rows) * per
+    while r < end:
         matrix, row = divmod(r, out_rows)
-        n = min(out_rows - row, job.first_row + job.rows - r)
+        n = min(out_rows - row, end - r)
         first = tr.first + tr.step * row
         span = tr.step * (n - 1) + 1
         gathered = b"".join(
@@ -14134,6 +14137,14 @@ def _source_note(t: PlannedTensor) -> str:
     src = t.source
     if src.data is not None:
         return f"  <- generated from {src.path.name}"
+    if t.mxfp4 is not None:
+        m = t.mxfp4
+        rows = "" if m.step == 1 else f", rows {m.first}::{m.step}"
+        return f"  <- MXFP4 repacked: {m.blocks.name} and {m.scales.name}{rows} ({m.blocks.path.name})"
+    if t.transposed is not None:
+        tr = t.transposed
+        cols = "" if tr.step == 1 else f", columns {tr.first}::{tr.step}"
+        return f"  <- {tr.source.name} {src.dtype} {_shape_text(tr.source.shape)} transposed{cols} ({src.path.name})"
     if t.parts:
         files = ", ".join(dict.fromkeys(p.path.name for p in t.parts))
         return f"  <- {len(t.parts)} stacked: {src.name} {src.dtype} {_shape_text(t.parts[0].shape)} each ({files})"
@@ -14145,7 +14156,12 @@ def _source_json(t: PlannedTensor) -> dict:
     return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
             "file": t.source.path.name, "permuted": bool(t.permute_heads),
             **({"generated": True} if t.source.data is not None else {}),
-            **({"stacked": [{"name": p.name, "file": p.path.name} for p in t.parts]} if t.parts else {})}
+            **({"stacked": [{"name": p.name, "file": p.path.name} for p in t.parts]} if t.parts else {}),
+            **({"mxfp4": {"blocks": t.mxfp4.blocks.name, "scales": t.mxfp4.scales.name, "rows": [t.mxfp4.first, t.mxfp4.step],
+                          "file": t.mxfp4.blocks.path.name, "scales_file": t.mxfp4.scales.path.name}}
+               if t.mxfp4 is not None else {}),
+            **({"transposed": {"name": t.transposed.source.name, "shape": list(t.transposed.source.shape),
+                               "columns": [t.transposed.first, t.transposed.step]}} if t.transposed is not None else {})}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:
