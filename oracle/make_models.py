@@ -1530,6 +1530,15 @@ BENCH_CASES += (
                      "weights (~4.5 GB)"),
 )
 
+# Issue 37's bench: gpt-oss-20b's config (written above as the Hub ships it) cut to 3 of its 24 layers, its
+# experts in MXFP4 as released, the real tokenizer (fetched), random weights, untied (~3.6 GB in one file).
+BENCH_CASES += (
+    Case("full-gpt-oss-20b-3-layers", full_size=True, dirname="gpt-oss-20b-3-layers", seed="full", tokenizer="gpt-oss",
+         config_from=GPT_OSS_20B, layers=3,
+         config_updates=(("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]),),
+         description="gpt-oss-20b config with 3 layers, MXFP4 experts, the real tokenizer, random weights (~3.6 GB)"),
+)
+
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
@@ -1969,7 +1978,12 @@ def inject_specials(data: bytearray, dtype: str, count: int) -> None:
 def mxfp4_bytes(spec: TensorSpec, seed: str) -> bytes:
     """An MXFP4 _blocks tensor's bytes (two random 4-bit codes each) or a _scales tensor's: E8M0 exponents
     2**-8..2**-1 (118..126), the range trained weights' blocks have, so the model's values stay finite."""
-    data = random_bytes(random.Random(f"{seed}/{spec.name}"), spec.count)
+    n = spec.count
+    if n <= RANDBYTES_MAX:
+        data = random_bytes(random.Random(f"{seed}/{spec.name}"), n)
+    else:       # a full-size tensor, drawn a piece at a time as random_weight_bytes draws them
+        data = b"".join(random_bytes(random.Random(f"{seed}/{spec.name}/{k}"), min(n, start + RANDBYTES_MAX) - start)
+                        for k, start in enumerate(range(0, n, RANDBYTES_MAX)))
     if spec.name.endswith("_scales"):
         return data.translate(bytes(118 + b % 9 for b in range(256)))
     return data
