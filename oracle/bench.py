@@ -629,7 +629,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--case", default=FULL_CASE, choices=sorted(make_models.CASES_BY_NAME), metavar="CASE",
                    help=f"the generated model to convert (default {FULL_CASE}; the suite's: "
                         f"{', '.join(b.case for b in SUITE)})")
-    p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
+    p.add_argument("--outtypes", nargs="+", choices=[*bankml_convert.OUT_TYPES, "auto"], metavar="TYPE",
                    help="output types to convert to (default: the suite's for a suite case, else every one "
                         "bankml supports)")
     p.add_argument("--stages", action="store_true",
