@@ -614,6 +614,7 @@ GRANITE_4_H_TINY = "granite-4.0-h-tiny"
 _GRANITE_4_H_TYPES = ["attention" if i % 10 == 5 else "mamba" for i in range(40)]
 GPT_OSS_20B = "gpt-oss-20b"
 GPT_OSS_20B_BF16 = "gpt-oss-20b-bf16"
+GPT_OSS_120B = "gpt-oss-120b"
 _GPT_OSS_20B_CONFIG = {
     "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002,
     "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
@@ -917,6 +918,12 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
     # The same as a fine-tune saves it: the experts dequantized to BF16, no quantization_config.
     GPT_OSS_20B_BF16: {
         "config.json": {k: v for k, v in _GPT_OSS_20B_CONFIG.items() if k != "quantization_config"},
+        "generation_config.json": _GPT_OSS_GENERATION,
+    },
+    # gpt-oss-120b's: the 20b's keys and values with its 36 layers and 128 experts, as the Hub publishes them.
+    GPT_OSS_120B: {
+        "config.json": {**_GPT_OSS_20B_CONFIG, "layer_types": ["sliding_attention", "full_attention"] * 18,
+                        "num_hidden_layers": 36, "num_local_experts": 128},
         "generation_config.json": _GPT_OSS_GENERATION,
     },
 }
@@ -1316,6 +1323,10 @@ GPT_OSS_CASES: tuple[Case, ...] = (
          tied=False, text_updates=_GPT_OSS_LAYERS, shards=2, dirname="gpt-oss-20b-bf16",
          description="gpt-oss-20b as a fine-tune saves it: BF16 experts (gate_up_proj interleaved, down_proj), "
                      "no quantization_config, two shards"),
+    Case("gpt-oss-120b-mxfp4", tokenizer="gpt-oss", config_from=GPT_OSS_120B, dims=GPT_OSS_TINY, head_dim=64,
+         tied=False, text_updates=_GPT_OSS_LAYERS, shards=3, dirname="gpt-oss-120b",
+         description="gpt-oss-120b's config (its 128 experts kept) shrunk as the 20b's, MXFP4 as released, three "
+                     "shards"),
 )
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,

@@ -142,8 +142,11 @@ RUNS: tuple[Run, ...] = tuple(
        for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
     # ... and two Mamba2 groups with an untied head, in q8_0 too.
     + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))]
-    # gpt-oss (issue 37): every output type from the released MXFP4 experts and from a fine-tune's BF16 ones.
-    + [Run(f"{c.name}-{t}", c.name, ("--outtype", t)) for c in make_models.GPT_OSS_CASES for t in OTHER_OUTTYPES])
+    # gpt-oss (issue 37): every output type from the released MXFP4 experts and from a fine-tune's BF16 ones;
+    # the 120b's 128 experts in q8_0 too.
+    + [Run(f"{case}-{t}", case, ("--outtype", t)) for case in ("gpt-oss-20b-mxfp4", "gpt-oss-20b-bf16")
+       for t in OTHER_OUTTYPES]
+    + [Run("gpt-oss-120b-mxfp4-q8_0", "gpt-oss-120b-mxfp4", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
