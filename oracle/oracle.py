@@ -204,7 +204,12 @@ RUNS: tuple[Run, ...] = tuple(
     # Qwen3.5 with its own tokenizer (fetched: oracle/fetch_qwen35_tokenizer.sh; each case's f16 run is
     # above, as the Hub ships it, as transformers 5.18 saves a fine-tune's, naming TokenizersBackend): the
     # wrapper in q8_0 too.
-    + [Run("qwen3.5-0.8b-tokenizer-q8_0", "qwen3.5-0.8b-tokenizer", ("--outtype", "q8_0"))])
+    + [Run("qwen3.5-0.8b-tokenizer-q8_0", "qwen3.5-0.8b-tokenizer", ("--outtype", "q8_0"))]
+    # gpt-oss (issue 37): every output type from the released MXFP4 experts and from a fine-tune's BF16 ones;
+    # the 120b's 128 experts in q8_0 too.
+    + [Run(f"{case}-{t}", case, ("--outtype", t)) for case in ("gpt-oss-20b-mxfp4", "gpt-oss-20b-bf16")
+       for t in OTHER_OUTTYPES]
+    + [Run("gpt-oss-120b-mxfp4-q8_0", "gpt-oss-120b-mxfp4", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
