@@ -1586,6 +1586,8 @@ class Report(NamedTuple):
     base_inputs: tuple[InputFile, ...] = ()     # and that config.json (the last input read)
     # A split output's shards, the first (out, sha256, bytes above) among them; () for one file.
     shards: tuple[InputFile, ...] = ()
+    # (tensor, count) of the values the conversion made +-inf (F16 past 65,504), in file order
+    infinities: tuple[tuple[str, int], ...] = ()
 
 
 class TensorPlan(NamedTuple):
@@ -10677,11 +10679,11 @@ def infinity_count(data, dtype: str) -> int:
     screen runs."""
     code, pos, neg = _INFINITIES[dtype]
     width = 2 if code == "H" else 4
-    view = memoryview(data).cast("B")
-    top = bytes(view[width - 1::width])
+    view = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
+    top = view[width - 1::width] if isinstance(view, (bytes, bytearray)) else bytes(view[width - 1::width])
     if not (top.count(pos >> (8 * width - 8)) or top.count(neg >> (8 * width - 8))):
         return 0
-    values = array(code, view.tobytes())
+    values = array(code, bytes(view))
     if not _LITTLE_ENDIAN_HOST:
         values.byteswap()
     return values.count(pos) + values.count(neg)
@@ -10820,6 +10822,23 @@ def job_pieces(job: Job, f, buffer: bytearray, files: Optional[dict] = None) -> 
 
 
 _DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4}
+
+
+def job_infinities(job: Job, pieces: list, f, buffer: bytearray) -> int:
+    """How many values job_pieces made +-inf in this job's pieces (infinities_made): the source is read
+    again only where the output holds one, which weights nowhere near F16's range never do."""
+    t = job.tensor
+    if t.mxfp4 is not None or t.ggml_type not in (GGML_F16, GGML_BF16):
+        return 0
+    if not any(infinity_count(p, _GGML_FLOAT_NAMES[t.ggml_type]) for p in pieces):
+        return 0
+    if t.transposed is not None:
+        source = transposed_rows(job, f)
+    elif job.source.data is not None:
+        source = memoryview(job.source.data)[job.src_pos:job.src_pos + job.src_len]
+    else:
+        source = _read_exactly(f, job.src_pos, memoryview(buffer)[:job.src_len])
+    return infinities_made(pieces, t.ggml_type, source, job.source.dtype)
 
 
 def mxfp4_job_pieces(job: Job, blocks_file, scales_file) -> Iterator[bytes]:
@@ -12172,13 +12191,13 @@ class Written(NamedTuple):
 
 def write_shards(fds: list[int], shards: list[list[PlannedTensor]], finish_plan: Callable[[], Plan],
                  workers: int = 1, hasher: InputHasher | None = None,
-                 progress=None) -> tuple[list[Written], Plan]:
+                 progress=None, infinities: Optional[dict] = None) -> tuple[list[Written], Plan]:
     """Write into the empty files fds the GGUF shards (shard_tensors) of a plan that finish_plan()
     completes (it must keep the shards' tensors, in order), hashing each as it goes; what was written
     of each, and the plan.  With workers, they start converting tensor data before finish_plan() is
     called, so the vocabulary is read while they work, and write into whichever shard a job is in;
     where not one can be forked, this process converts alone, shard after shard.  OSErrors are
-    raised as they are."""
+    raised as they are.  infinities, if given, gets each tensor's count of values made +-inf (job_infinities)."""
     clock = stage_clock()
     later = later_shard_headers(shards)
     unplaced = shard_jobs(shards, [0] * len(shards))
@@ -12186,7 +12205,7 @@ def write_shards(fds: list[int], shards: list[list[PlannedTensor]], finish_plan:
     if workers > 1 and len(unplaced) > 1 and can_write_in_workers():
         try:
             plan, shas, headers = _convert_in_workers(fds, shards, unplaced, later, finish_plan, workers, hasher,
-                                                      progress, clock)
+                                                      progress, clock, infinities)
         except _CannotFork:
             pass
     if plan is None:
@@ -12207,7 +12226,7 @@ def write_shards(fds: list[int], shards: list[list[PlannedTensor]], finish_plan:
             try:
                 for piece in header.pieces():
                     w.write(piece)
-                _write_tensor_data(w, by_shard[i], progress, offsets[i], total)
+                _write_tensor_data(w, by_shard[i], progress, offsets[i], total, infinities)
                 shas.append(w.close())
             except BaseException:
                 w.abort()
@@ -12245,18 +12264,22 @@ def shard_offsets(headers: list[Header], jobs: list[Job]) -> tuple[list[int], in
 
 
 def _write_tensor_data(w: HashingWriter, jobs: list[Job], progress=None, before: int = 0,
-                       total: int | None = None) -> None:
+                       total: int | None = None, infinities: Optional[dict] = None) -> None:
     files: dict[Path, object] = {}
     buffer = bytearray(max((j.src_len for j in jobs), default=0))
     total = gguf_size(jobs) if total is None else total
     try:
         for job in jobs:
-            written = 0
-            for piece in job_pieces(job, source_file(files, job.source), buffer, files):
-                w.write(piece)
-                written += len(piece)
+            f = source_file(files, job.source)
+            pieces = list(job_pieces(job, f, buffer, files))
+            written = sum(map(len, pieces))
             if written != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {written} bytes, planned {job.out_len}")
+            made = job_infinities(job, pieces, f, buffer)
+            if made and infinities is not None:
+                infinities[job.tensor.name] = infinities.get(job.tensor.name, 0) + made
+            for piece in pieces:
+                w.write(piece)
             w.write(bytes(job.pad_after))
             if progress:
                 progress(before + job.out_pos + job.out_len + job.pad_after, total, job.tensor.name)
@@ -12310,6 +12333,9 @@ _RECORD_MAX = 512
 # The error kinds: what the parent raises for them is a Refusal, an OSError (with that errno),
 # or a ConversionFailed that is a bug or a fault of the machine.
 _REFUSED, _OS_ERROR, _BUG, _FAULT = -1, -2, -3, -4
+# Not an error: a job's count of values made +-inf (job_infinities), then the job number and the count.
+_INFINITIES_MADE = -5
+_MADE = struct.Struct("<iQ")
 _REPORTS_PER_READ = 1024            # _DONE records one read of the report pipe may take
 
 
@@ -12321,7 +12347,7 @@ def gguf_size(jobs: list[Job]) -> int:
 def _convert_in_workers(fds: list[int], shards: list[list[PlannedTensor]], unplaced: list[Job],
                         later: list[Header], finish_plan: Callable[[], Plan], workers: int,
                         hasher: InputHasher | None, progress=None,
-                        clock: Any = None) -> tuple[Plan, list[str], list[Header]]:
+                        clock: Any = None, infinities: Optional[dict] = None) -> tuple[Plan, list[str], list[Header]]:
     """Convert jobs in forked workers that pwrite straight into the output's shards, and hash each
     in order; the finished plan, each shard's sha256 and header.  Only the first shard's header
     waits for the plan: every later shard's (later) is known already, so where its data starts too.
@@ -12407,7 +12433,8 @@ def _convert_in_workers(fds: list[int], shards: list[list[PlannedTensor]], unpla
         if hasher:
             hasher.start()      # threads only after forking: fork copies just the calling thread
         flusher = _Flusher(fds[0])
-        finished = _hash_as_done(fds, jobs, read_end, shas, todo, flusher, progress, *shard_offsets(headers, jobs))
+        finished = _hash_as_done(fds, jobs, read_end, shas, todo, flusher, progress, *shard_offsets(headers, jobs),
+                                 infinities=infinities)
         if clock:
             clock.lap("tensor data: hashing the output as workers finish")
         waited = [os.wait4(pid, 0) for pid in pids]     # all exited: their report ends closed
@@ -12547,10 +12574,14 @@ def _worker(fds: list[int], unplaced: list[Job], starts: list[int], todo: int, r
         kept_bytes = 0
         for i in iter(lambda: _next_job(todo), None):
             job = unplaced[i]
-            pieces = list(job_pieces(job, source_file(files, job.source), buffer, files))
+            f = source_file(files, job.source)
+            pieces = list(job_pieces(job, f, buffer, files))
             if sum(map(len, pieces)) != job.out_len:
                 raise ConversionFailed(f"{job.tensor.name}: converted {sum(map(len, pieces))} bytes, "
                                        f"planned {job.out_len}")
+            made = job_infinities(job, pieces, f, buffer)
+            if made:    # rare: its own record, before the job's, so the common record stays one int
+                os.write(report, _DONE.pack(_INFINITIES_MADE) + _MADE.pack(i, made))
             kept.append((i, pieces))
             kept_bytes += job.out_len
             if data_start is None:
@@ -12747,7 +12778,8 @@ class _Flusher:
 
 
 def _hash_as_done(fds: list[int], jobs: list[Job], report: int, shas: list, todo: _JobQueue, flusher: _Flusher,
-                  progress=None, offsets: Sequence[int] = (0,), total: int = 0) -> bool:
+                  progress=None, offsets: Sequence[int] = (0,), total: int = 0,
+                  infinities: Optional[dict] = None) -> bool:
     """Hash the output's shards in file order as the workers report jobs written, each into its own
     sha256 (begun with its header); True once all are, False if the reports ended first (every worker
     has exited).  A worker's error record is raised.  offsets, total: shard_offsets', for progress."""
@@ -12764,6 +12796,14 @@ def _hash_as_done(fds: list[int], jobs: list[Job], report: int, shas: list, todo
         at = 0
         while len(pending) - at >= _DONE.size:
             (i,) = _DONE.unpack_from(pending, at)
+            if i == _INFINITIES_MADE:
+                if len(pending) - at < _DONE.size + _MADE.size:
+                    break       # the rest of the record is in the next read
+                n, made = _MADE.unpack_from(pending, at + _DONE.size)
+                at += _DONE.size + _MADE.size
+                if infinities is not None:
+                    infinities[jobs[n].tensor.name] = infinities.get(jobs[n].tensor.name, 0) + made
+                continue
             at += _DONE.size
             if i < 0:
                 raise _worker_error(i, pending[at:], report)
@@ -12908,7 +12948,9 @@ def write_planned(model_dir: Path, out: Path, options: Options, pin, source: str
         with Commit(options.notice) as commit:
             fds = [commit.create(path) for path in outputs]
             try:
-                written, plan = write_shards(fds[:len(paths)], shards, finish_plan, workers, hasher, options.progress)
+                infinities: dict[str, int] = {}
+                written, plan = write_shards(fds[:len(paths)], shards, finish_plan, workers, hasher, options.progress,
+                                             infinities)
                 read = hasher.result() if hasher else input_sizes(plan.inputs, snapshot)
             except BaseException:
                 if hasher:
@@ -12919,7 +12961,8 @@ def write_planned(model_dir: Path, out: Path, options: Options, pin, source: str
             report = Report(paths[0], written[0].sha256, written[0].size, len(plan.tensors),
                             len(plan.kvs) + (len(split_kvs(0, 0, 0)) if split else 0), plan.params, plan.name,
                             read[:len(read) - n_base], options, plan.outtype.name, base, read[len(read) - n_base:],
-                            tuple(InputFile(p.name, w.size, w.sha256) for p, w in zip(paths, written)) if split else ())
+                            tuple(InputFile(p.name, w.size, w.sha256) for p, w in zip(paths, written)) if split else (),
+                            tuple((t.name, infinities[t.name]) for t in plan.tensors if t.name in infinities))
             if pin is not None:
                 write_all(fds[-1], fork_json(report, source).encode("utf-8"))
             commit.commit(lambda: snapshot.check(plan.inputs), retire=retired)
@@ -15772,6 +15815,7 @@ def report_json(report: Report, seconds: float, fork: Optional[Path] = None, com
         "general.name": report.name, "params": report.params,
         "tensor_count": report.tensors, "kv_count": report.kv,
         "tool": f"bankml_convert {__version__}", "reference": LORA_REFERENCE if report.base else REFERENCE,
+        "infinities": dict(report.infinities),     # tensor -> values the conversion made +-inf
     })
     if report.base:
         doc["base"] = report.base
@@ -16973,11 +17017,22 @@ def _print_conversion(args: argparse.Namespace, report: Report, started: float, 
     if unapplied:
         # Said even with --quiet: the file is not what a user who left the adapter there may think.
         _notice(unapplied)
+    if report.infinities:
+        _notice(infinities_warning(report.infinities))     # said even with --quiet, for the same reason
     if not args.quiet:
         _say(_summary(report, command))
         for note in (after_conversion_notes(Path(args.model_dir), report.name) if command == "convert" else []):
             _notice(note)
     return 0
+
+
+def infinities_warning(infinities: Sequence[tuple[str, int]]) -> str:
+    """What a conversion that made values +-inf says (llama.cpp says nothing): how many, where, the way out."""
+    total = sum(n for _, n in infinities)
+    shown = ", ".join(f"{name} {n:,}" for name, n in infinities[:3]) + (", ..." if len(infinities) > 3 else "")
+    return (f"warning: {total:,} value{'s' if total != 1 else ''} became +-inf ({shown}): they are past the output "
+            f"type's range (F16's largest is 65,504), as in llama.cpp's file; convert with --outtype bf16 (or auto "
+            f"for a BF16 model; f32 for values past BF16's) to keep them")
 
 
 def adapter_not_applied(model_dir: Path) -> Optional[str]:

@@ -9427,6 +9427,43 @@ class GGMLMnistFiles(unittest.TestCase):
 
 # --- The command line and the pin.
 
+class ValuesMadeInfinite(Workspace):
+    """A conversion says how many values it made +-inf, tensor by tensor (issue 41: llama.cpp says nothing)."""
+
+    def with_large_weights(self) -> Path:
+        d = Path(shutil.copytree(EXAMPLE, Path(tempfile.mkdtemp(dir=self.tmp)) / EXAMPLE.name))
+        path = d / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        n = struct.unpack_from("<Q", data)[0]
+        at = 8 + n + json.loads(data[8:8 + n])["model.layers.0.mlp.down_proj.weight"]["data_offsets"][0]
+        struct.pack_into("<3H", data, at, 0x4789, 0xC974, 0x7F80)     # 70,144, -999,424 and a source +inf
+        path.write_bytes(bytes(data))
+        return d
+
+    def test_both_writers_count_the_values_past_f16s_range_and_not_the_sources_infinities(self):
+        d = self.with_large_weights()
+        for workers in (1, 2):
+            with self.subTest(workers=workers):
+                r = bc.convert(d, self.tmp / f"w{workers}.gguf", bc.Options(workers=workers))
+                self.assertEqual(r.infinities, (("blk.0.ffn_down.weight", 2),))
+
+    def test_the_command_line_warns_and_the_json_counts_them(self):
+        d, out = self.with_large_weights(), self.out_dir() / "x.gguf"
+        r = cli(d, "-o", out, "--quiet")
+        self.assertEqual(r.code, 0)
+        self.assertIn("warning: 2 values became +-inf (blk.0.ffn_down.weight 2): they are past the output type's "
+                      "range (F16's largest is 65,504)", r.err)
+        doc = json.loads(cli(d, "-o", out, "--json").out)
+        self.assertEqual(doc["infinities"], {"blk.0.ffn_down.weight": 2})
+
+    def test_a_type_that_holds_them_says_nothing(self):
+        d = self.with_large_weights()
+        r = cli(d, "-o", self.out_dir() / "x.gguf", "--outtype", "bf16")
+        self.assertEqual(r.code, 0)
+        self.assertNotIn("+-inf", r.err)
+        self.assertEqual(bc.convert(d, self.tmp / "b.gguf", bc.Options(outtype="bf16")).infinities, ())
+
+
 class CommandLine(Workspace):
     def test_success_prints_sha256_and_path_on_stdout_and_one_summary_line_on_stderr(self):
         # stderr is not a terminal here, so no progress line: only the summary.
