@@ -2929,6 +2929,195 @@ class Qwen35MoeRefusals(Workspace):
                                                              if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
+# --- Gemma 4 (issue 37): E2B and E4B -- shared-KV layers, per-layer embeddings, two head sizes, the
+# --- generated rope_freqs, the gemma4 vocabulary.  Bytes pinned by the golden runs gemma-4-*; Gemma 4's
+# --- tokenizer (Google's terms) is not available offline: the cases take TinyLlama's Apache-2.0
+# --- byte-fallback tokenizer.json, which Gemma4Model reads the same way (LlamaHfVocab).
+
+GEMMA4_E2B, GEMMA4_E4B, GEMMA4_TEXT = "gemma-4-e2b-shape", "gemma-4-e4b-shape", "gemma-4-e2b-text-f16"
+
+
+def drop_tensor(d: Path, dropped: str) -> None:
+    """The case's checkpoint without the tensor named dropped."""
+    for f in d.glob("*.safetensors"):
+        relayout_safetensors(f, lambda ts: [t for t in ts if t[0] != dropped])
+
+
+class Gemma4KeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def kvs(self, d: Path) -> dict:
+        return {k.key: k for k in self.plan(d).kvs}
+
+    def tensors(self, d: Path, **options) -> dict:
+        return {t.name: t for t in self.plan(d, **options).tensors}
+
+    def test_gemma4_writes_textmodels_keys_then_gemma3s_and_its_own_after_the_file_type(self):
+        keys = [k.key for k in self.plan(self.case(GEMMA4_E2B)).kvs
+                if k.key.startswith("gemma4.") or k.key == "general.file_type"]
+        self.assertEqual(keys, [k if k == "general.file_type" else f"gemma4.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "rope.freq_base_swa", "attention.layer_norm_rms_epsilon",
+            "attention.key_length", "attention.value_length", "general.file_type", "final_logit_softcapping",
+            "attention.sliding_window", "attention.shared_kv_layers", "embedding_length_per_layer_input",
+            "attention.sliding_window_pattern", "attention.key_length_swa", "attention.value_length_swa",
+            "rope.dimension_count", "rope.dimension_count_swa")])
+
+    def test_the_head_sizes_are_the_full_layers_and_the_sliding_layers(self):
+        kvs = self.kvs(self.case(GEMMA4_E2B))
+        self.assertEqual([kvs[f"gemma4.{k}"].value for k in (
+            "attention.key_length", "attention.key_length_swa", "rope.dimension_count", "rope.dimension_count_swa")],
+            [32, 16, 32, 16])
+
+    def test_double_wide_mlp_widens_the_shared_layers_feed_forward_length(self):
+        ff = self.kvs(self.case(GEMMA4_E2B))["gemma4.feed_forward_length"]
+        self.assertEqual((ff.vtype, ff.array, ff.value), (bc.GGUF_INT32, True, [128] * 5 + [256] * 5))
+        self.assertEqual(self.kvs(self.case(GEMMA4_E4B))["gemma4.feed_forward_length"].value, 128)
+
+    def test_the_last_layer_is_full_attention_whatever_layer_types_says(self):
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "config.json", lambda c: c["text_config"]["layer_types"].__setitem__(9, "sliding_attention"))
+        self.assertEqual(self.kvs(d)["gemma4.attention.sliding_window_pattern"].value, [True] * 4 + [False] + [True] * 4 + [False])
+
+    def test_without_layer_types_five_sliding_layers_come_before_each_full_one(self):
+        d = self.case(GEMMA4_E4B)      # layer_types: five sliding layers, then a full one, twice
+        edit_json(d / "config.json", lambda c: c["text_config"].pop("layer_types"))
+        self.assertEqual(self.plan(d).kvs, self.plan(self.case(GEMMA4_E4B)).kvs)
+
+    def test_full_layer_kv_heads_of_their_own_are_written_per_layer(self):
+        heads = self.kvs(self.case("gemma-4-e2b-per-layer-config"))["gemma4.attention.head_count_kv"]
+        self.assertEqual((heads.vtype, heads.array, heads.value), (bc.GGUF_INT32, True, [1, 1, 1, 1, 2] * 2))
+        self.assertFalse(self.kvs(self.case(GEMMA4_E2B))["gemma4.attention.head_count_kv"].array)
+
+    def test_rope_freqs_leaves_all_but_the_rotated_quarter_of_a_full_head_unrotated(self):
+        rope = self.plan(self.case(GEMMA4_E2B)).tensors[0]
+        self.assertEqual((rope.name, rope.ggml_type, rope.dims), ("rope_freqs.weight", bc.GGML_F32, (16,)))
+        self.assertEqual(struct.unpack("<16f", rope.source.data), tuple([1.0] * 4 + [struct.unpack("<f", struct.pack("<f", 1e30))[0]] * 12))
+
+    def test_a_shared_layer_has_no_kv_of_its_own_and_a_double_wide_mlp(self):
+        tensors = self.tensors(self.case(GEMMA4_E2B))
+        self.assertIn("blk.4.attn_k.weight", tensors)
+        self.assertEqual({f"blk.5.{n}" for n in ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")} & set(tensors), set())
+        self.assertEqual(tensors["blk.5.ffn_up.weight"].dims, (64, 256))
+
+    def test_per_layer_embedding_tensors_are_named_and_typed_as_llama_cpp_writes_them(self):
+        tensors = self.tensors(self.case(GEMMA4_E2B), outtype="q8_0")
+        for name, ggml_type, dims in (("per_layer_token_embd.weight", bc.GGML_Q8_0, (160, 32000)),
+                                      ("per_layer_model_proj.weight", bc.GGML_Q8_0, (64, 160)),
+                                      ("per_layer_proj_norm.weight", bc.GGML_F32, (16,)),
+                                      ("blk.0.inp_gate.weight", bc.GGML_Q8_0, (64, 16)),
+                                      ("blk.0.proj.weight", bc.GGML_F16, (16, 64)),     # rows of 16: F16
+                                      ("blk.0.post_norm.weight", bc.GGML_F32, (64,)),
+                                      ("blk.0.layer_output_scale.weight", bc.GGML_F32, (1,))):
+            with self.subTest(name):
+                self.assertEqual((tensors[name].ggml_type, tensors[name].dims), (ggml_type, dims))
+
+    def test_no_norm_is_shifted_by_one(self):
+        self.assertFalse(any(t.add_one for t in self.plan(self.case(GEMMA4_E2B)).tensors))
+
+    def test_the_vision_and_audio_towers_are_dropped(self):
+        for name in ("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight",
+                     "model.embed_vision.embedding_projection.weight", "model.audio_tower.layers.0.x.weight",
+                     "model.embed_audio.embedding_projection.weight"):
+            self.assertIsNone(bc.gemma4_filter_tensors(name), name)
+        self.assertEqual(bc.gemma4_filter_tensors("model.language_model.norm.weight"), "model.norm.weight")
+
+    def test_the_vocabulary_is_gemma4s_with_merges_and_no_pre_tokenizer_then_the_two_flags(self):
+        kvs = self.plan(self.case(GEMMA4_E2B)).kvs
+        keys = [k.key for k in kvs if k.key.startswith("tokenizer.")]
+        self.assertEqual(keys[:5], ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                                    "tokenizer.ggml.token_type", "tokenizer.ggml.merges"])
+        self.assertNotIn("tokenizer.ggml.pre", keys)
+        self.assertEqual(keys[-1], "tokenizer.ggml.add_space_prefix")
+        values = {k.key: k.value for k in kvs}
+        self.assertEqual((values["tokenizer.ggml.model"], values["tokenizer.ggml.add_bos_token"],
+                          values["tokenizer.ggml.add_space_prefix"]), ("gemma4", True, False))
+
+    def test_add_bos_token_true_takes_the_place_of_the_tokenizers_flag_or_comes_last(self):
+        def add_flags(d: Path) -> list:
+            return [(k.key, k.value) for k in self.plan(d).kvs if k.key.startswith("tokenizer.ggml.add_")]
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "tokenizer.json", lambda c: c.update(post_processor=None))
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(add_bos_token=False))
+        self.assertEqual(add_flags(d)[0], ("tokenizer.ggml.add_bos_token", True))
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("add_bos_token"))
+        self.assertEqual(add_flags(d)[-2:], [("tokenizer.ggml.add_space_prefix", False),
+                                             ("tokenizer.ggml.add_bos_token", True)])
+
+    def test_the_chat_markers_are_user_defined_whatever_their_type(self):
+        tokens = ["<pad>", "<|channel>", "<channel|>", '<|"|>', "<|tool_call>", "hello"]
+        self.assertEqual(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL]),
+                         [bc.CONTROL] + [bc.USER_DEFINED] * 4 + [bc.NORMAL])
+
+
+class Gemma4Refusals(Workspace):
+    def edit_text(self, case: str, change) -> Path:
+        d = self.case(case)
+        edit_json(d / "config.json", lambda c: change(c.get("text_config", c)))
+        return d
+
+    def test_a_shared_layer_whose_reused_kv_is_of_the_other_kind_is_refused(self):
+        # llama.cpp converts it; its runtime aborts (llama-kv-cache.cpp: GGML_ASSERT(map_layer_ids.find(il_reuse) ...)).
+        self.assertRefuses(self.case("gemma-4-e2b-shared-kv-mismatch"), re.compile(
+            r"config\.json: layer 6 shares the KV of layer 4 as llama\.cpp's runtime assigns it \(the last unshared "
+            r"layer must be full attention and the one before it sliding\), but layer 4 is not sliding attention: "
+            r"the runtime aborts on the file llama\.cpp's converter writes; not converted"))
+
+    def test_fewer_than_two_unshared_layers_are_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(num_kv_shared_layers=9))
+        self.assertRefuses(d, re.compile(r"config\.json: 9 of 10 layers share KV, leaving fewer than two .*aborts.*"))
+
+    def test_the_mixture_of_experts_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(enable_moe_block=True, num_experts=4, top_k_experts=2))
+        self.assertRefuses(d, re.compile(r"config\.json describes Gemma 4's mixture of experts \(26B-A4B\).*"))
+
+    def test_keys_shared_as_values_are_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(attention_k_eq_v=True))
+        self.assertRefuses(d, re.compile(r"config\.json sets attention_k_eq_v \(Gemma 4 31B.*"))
+
+    def test_bidirectional_attention_over_all_tokens_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(use_bidirectional_attention="all"))
+        self.assertRefuses(d, re.compile(r"config\.json: use_bidirectional_attention 'all' makes the model "
+                                         r"non-causal.*"))
+
+    def test_a_full_attention_rope_other_than_proportional_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t["rope_parameters"]["full_attention"].update(rope_type="default"))
+        self.assertRefuses(d, re.compile(r"config\.json: the full-attention rope_type is 'default'; llama\.cpp's "
+                                         r"Gemma 4 converter takes proportional only.*"))
+
+    def test_a_full_head_size_equal_to_the_sliding_one_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(global_head_dim=16))
+        self.assertRefuses(d, re.compile(r"config\.json: the full-attention layers' head_dim is head_dim 16 itself; "
+                                         r"llama\.cpp's Gemma 4 converter then finds no full-attention head_dim.*"))
+
+    def test_per_layer_config_overriding_more_than_the_heads_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(per_layer_config={"4": {"head_dim": 32, "sliding_window": 8}}))
+        self.assertRefuses(d, re.compile(r"config\.json: per_layer_config sets sliding_window for layer 4; .*"))
+
+    def test_a_per_layer_vocabulary_of_another_size_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(vocab_size_per_layer_input=262144))
+        self.assertRefuses(d, re.compile(r"config\.json: vocab_size_per_layer_input 262144 is not vocab_size 32000; .*"))
+
+    def test_a_missing_per_layer_embedding_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        drop_tensor(d, "model.language_model.embed_tokens_per_layer.weight")
+        self.assertRefuses(d, re.compile(r"config\.json gives a per-layer embedding .* but the checkpoint has no "
+                                         r"model\.embed_tokens_per_layer\.weight: .*"))
+
+    def test_a_tokenizer_model_beside_tokenizer_json_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        (d / "tokenizer.model").write_bytes(b"\x0a\x00")
+        self.assertRefuses(d, re.compile(r"tokenizer\.model beside a Gemma 4 tokenizer\.json: .*"))
+
+    def test_a_lora_adapter_on_gemma_4_is_refused(self):
+        base = self.out_dir()
+        shutil.copy(self.case(GEMMA4_E2B) / "config.json", base / "config.json")
+        with self.assertRaisesRegex(bc.Refusal, "is a Gemma 4 model: LoRA adapters on Gemma 4 are not reproduced yet"):
+            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
+                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
+
+
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
 
 ROPE_SCALING_REFUSED = ("config.json: rope_scaling asks for rope scaling ({}); llama.cpp writes rope factors for it "
@@ -2973,7 +3162,9 @@ class RefusalsFamiliesShare(Workspace):
                 ("lfm2 attention", "lfm2-350m-shape", "model.layers.2.self_attn.v_proj.weight", "blk.2.attn_v.weight", 2),
                 ("granite 4.0-h mamba2", "granite-4.0-h-micro-shape", "model.layers.0.mamba.D", "blk.0.ssm_d", 0),
                 ("granite 4.0-h shared expert", "granite-4.0-h-tiny-shape", "model.layers.1.shared_mlp.output_linear.weight",
-                 "blk.1.ffn_down_shexp.weight", 1))
+                 "blk.1.ffn_down_shexp.weight", 1),
+                ("gemma 4 unshared layer's kv", "gemma-4-e2b-shape", "model.language_model.layers.4.self_attn.k_proj.weight",
+                 "blk.4.attn_k.weight", 4))
         for name, case, dropped, missing, layer in rows:
             with self.subTest(name):
                 d = self.case(case)
@@ -6357,6 +6548,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "lfm2-350m-shape", "lfm2-350m-f32",                             # LFM2: F32 shortconv.conv, from BF16 and F32
     "qwen3.5-35b-a3b-shape",                                        # Qwen3.5-MoE: its experts, F32 routers
     "granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape",        # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, experts
+    "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
 })
 
 

@@ -949,6 +949,67 @@ SPM_CASES: tuple[Case, ...] = tuple(
     for c in (shape, replace(shape, name=shape.name + "-f16", dtype="F16",
                              description=shape.description + " (F16 source)")))
 
+# - Gemma 4 (issue 37): gemma-4-E2B-it's and gemma-4-E4B-it's config.json (Gemma4ForConditionalGeneration; the
+#   text part: E2B 35 layers of hidden 1536, four sliding layers then a full one, the last 20 sharing the KV of
+#   the last unshared layer of their kind, a 256-wide per-layer embedding per layer, the MLP double width in
+#   the shared layers; E4B 42 layers of hidden 2560, five sliding then a full one, 18 shared, 2 KV heads, no
+#   double-wide MLP; both sliding head_dim 256 and full 512, proportional rope over a quarter of the full
+#   heads, softcap 30, tied) with the keys and values of Google's published configs -- written from those
+#   published values, not copied from a file seen offline; the vision and audio towers' configs abbreviated
+#   (their tensors are dropped by the text conversion).
+GEMMA_4_E2B_IT = "gemma-4-E2B-it"
+GEMMA_4_E4B_IT = "gemma-4-E4B-it"
+GEMMA_4_E2B_TEXT = "gemma-4-E2B-it-text"
+
+
+def _gemma4_text(hidden: int, ff: int, layers: int, kv_heads: int, shared: int, period: int, double_wide: bool) -> dict:
+    return {
+        "attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": False, "bos_token_id": 2,
+        "dtype": "bfloat16", "enable_moe_block": False, "eos_token_id": 1, "final_logit_softcapping": 30.0,
+        "global_head_dim": 512, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": hidden,
+        "hidden_size_per_layer_input": 256, "initializer_range": 0.02, "intermediate_size": ff,
+        "layer_types": ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(layers)],
+        "max_position_embeddings": 131072, "model_type": "gemma4_text", "moe_intermediate_size": None,
+        "num_attention_heads": 8, "num_experts": None, "num_global_key_value_heads": None,
+        "num_hidden_layers": layers, "num_key_value_heads": kv_heads, "num_kv_shared_layers": shared,
+        "pad_token_id": 0, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                               "rope_type": "proportional"},
+                            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        "sliding_window": 512, "tie_word_embeddings": True, "top_k_experts": None,
+        "use_bidirectional_attention": None, "use_cache": True, "use_double_wide_mlp": double_wide,
+        "vocab_size": 262144, "vocab_size_per_layer_input": 262144}
+
+
+def _gemma4_config(text: dict) -> dict:
+    return {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "audio_config": {"hidden_size": 1024, "model_type": "gemma4_audio", "num_attention_heads": 8,
+                         "num_hidden_layers": 12, "output_proj_dims": 1536},
+        "audio_token_id": 258881, "boa_token_id": 256000, "boi_token_id": 255999, "dtype": "bfloat16",
+        "eoa_token_id": 258883, "eoa_token_index": 258883, "eoi_token_id": 258882, "eos_token_id": [1, 106],
+        "image_token_id": 258880, "initializer_range": 0.02, "model_type": "gemma4", "text_config": text,
+        "tie_word_embeddings": True, "transformers_version": "5.5.0.dev0", "video_token_id": 258884,
+        "vision_config": {"head_dim": 64, "hidden_size": 768, "intermediate_size": 3072,
+                          "model_type": "gemma4_vision", "num_attention_heads": 12, "num_hidden_layers": 16,
+                          "num_key_value_heads": 12, "patch_size": 16, "pooling_kernel_size": 3,
+                          "position_embedding_size": 10240},
+        "vision_soft_tokens_per_image": 280}
+
+
+_GEMMA4_GENERATION = {"bos_token_id": 2, "do_sample": True, "eos_token_id": [1, 106, 50], "pad_token_id": 0,
+                      "temperature": 1.0, "top_k": 64, "top_p": 0.95, "transformers_version": "5.5.0.dev0"}
+WRITTEN_FIXTURES.update({
+    GEMMA_4_E2B_IT: {"config.json": _gemma4_config(_gemma4_text(1536, 6144, 35, 1, 20, 5, True)),
+                     "generation_config.json": _GEMMA4_GENERATION},
+    GEMMA_4_E4B_IT: {"config.json": _gemma4_config(_gemma4_text(2560, 10240, 42, 2, 18, 6, False)),
+                     "generation_config.json": _GEMMA4_GENERATION},
+    # E2B's text part as Gemma4ForCausalLM (model_type gemma4_text), as a text-only fine-tune saves it.
+    GEMMA_4_E2B_TEXT: {"config.json": {**_gemma4_text(1536, 6144, 35, 1, 20, 5, True),
+                                       "architectures": ["Gemma4ForCausalLM"], "transformers_version": "5.5.0.dev0"},
+                       "generation_config.json": _GEMMA4_GENERATION},
+})
+
 
 # Small cases share one seed, so cases that differ only in a name, a file layout or a config key
 # hold the same tensor values, and their GGUFs can differ only where that difference reaches.
@@ -1249,6 +1310,48 @@ GRANITE4H_CASES: tuple[Case, ...] = (
          description="granite-4.0-h-tiny's config (the hybrid layers, routed experts with a shared expert, "
                      "tied), BF16; SmolLM2's tokenizer"),
 )
+# Gemma 4 (issue 37): E2B's config shrunk to 10 layers (sliding x4, full, twice) with the last 5 sharing KV
+# (the last unshared layer full, the one before it sliding, as in the 35); E4B's to 12 (sliding x5, full,
+# twice), the last 6 shared; hidden 64, 2 heads of 16 (sliding) and 32 (full: twice, as 256 and 512), the
+# per-layer embedding 16 wide per layer; TinyLlama's byte-fallback tokenizer.json (the llama_hf shape
+# Gemma4Model reads) stands in for Gemma 4's (Google's terms; not available offline), at its 32,000 tokens.
+GEMMA4_TINY = Dims(hidden_size=64, intermediate_size=128, num_hidden_layers=10, num_attention_heads=2,
+                   num_key_value_heads=1, vocab_size=32000, max_position_embeddings=131072)
+_GEMMA4_E2B_SHRUNK = (("layer_types", (["sliding_attention"] * 4 + ["full_attention"]) * 2),
+                      ("num_kv_shared_layers", 5), ("global_head_dim", 32), ("hidden_size_per_layer_input", 16),
+                      ("vocab_size_per_layer_input", 32000))
+_GEMMA4_E4B_SHRUNK = (("layer_types", (["sliding_attention"] * 5 + ["full_attention"]) * 2),
+                      ("num_kv_shared_layers", 6), ("global_head_dim", 32), ("hidden_size_per_layer_input", 16),
+                      ("vocab_size_per_layer_input", 32000))
+GEMMA4_CASES: tuple[Case, ...] = (
+    Case("gemma-4-e2b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_E2B_IT,
+         dims=GEMMA4_TINY, head_dim=16, text_updates=_GEMMA4_E2B_SHRUNK, dirname="gemma-4-e2b-it",
+         description="gemma-4-E2B-it's config (per-layer embeddings, shared KV, double-wide MLP in the shared "
+                     "layers, proportional rope), BF16; TinyLlama's byte-fallback tokenizer.json"),
+    Case("gemma-4-e4b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_E4B_IT,
+         dims=replace(GEMMA4_TINY, num_hidden_layers=12, num_key_value_heads=2), head_dim=16, text_updates=_GEMMA4_E4B_SHRUNK,
+         dirname="gemma-4-e4b-it",
+         description="gemma-4-E4B-it's config (as E2B with 2 KV heads, full attention every 6th, no double-wide "
+                     "MLP), BF16"),
+    Case("gemma-4-e2b-text-f16", dtype="F16", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=GEMMA_4_E2B_TEXT, dims=GEMMA4_TINY, head_dim=16, text_updates=_GEMMA4_E2B_SHRUNK, tied=False,
+         dirname="gemma-4-e2b-it-text",
+         description="E2B's text part as Gemma4ForCausalLM (model.layers.*), untied, from F16 weights"),
+    # The config as transformers 5 saves it: per_layer_config written out (global_head_dim dropped), here
+    # with 2 KV heads in the full layers, which llama.cpp then writes as a per-layer head_count_kv array.
+    Case("gemma-4-e2b-per-layer-config", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=GEMMA_4_E2B_IT, dims=GEMMA4_TINY, head_dim=16,
+         text_updates=_GEMMA4_E2B_SHRUNK + (("per_layer_config", {"4": {"head_dim": 32, "num_key_value_heads": 2},
+                                                                  "9": {"head_dim": 32, "num_key_value_heads": 2}}),),
+         dirname="gemma-4-e2b-per-layer-config",
+         description="the E2B shape with per_layer_config as transformers 5 saves it, KV heads per full layer"),
+    # llama.cpp converts it, its runtime aborts on it: 4 shared layers leave layer 5 (sliding) the last
+    # unshared one, whose KV the shared full layer 9 would reuse.
+    Case("gemma-4-e2b-shared-kv-mismatch", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=GEMMA_4_E2B_IT, dims=GEMMA4_TINY, head_dim=16,
+         text_updates=_GEMMA4_E2B_SHRUNK + (("num_kv_shared_layers", 4),), dirname="gemma-4-e2b-shared-kv-mismatch",
+         description="the E2B shape with 4 shared layers: the last unshared layer is sliding attention"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1384,6 +1487,7 @@ CASES: tuple[Case, ...] = (
     *LFM2_CASES,
     *QWEN35_MOE_CASES,
     *GRANITE4H_CASES,
+    *GEMMA4_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -2295,6 +2399,54 @@ def granite4h_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
+def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+    """Gemma4ForConditionalGeneration's state_dict as transformers 5.18 saves it: the text model under
+    model.language_model. (each layer's attention of its kind's head_dim, no k/v projections or k norm in the
+    layers that share KV, the MLP double width there when use_double_wide_mlp, four norms, the per-layer
+    input gate, projection and norm, layer_scalar; the per-layer embedding, its projection and norm), then
+    a token of each tower (dropped by the text conversion)."""
+    wrapper = "text_config" in config
+    text = config["text_config"] if wrapper else config
+    h, heads, kv = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads
+    layers, ple = dims.num_hidden_layers, text["hidden_size_per_layer_input"]
+    first_shared = layers - text["num_kv_shared_layers"]
+    kinds = iter(enumerate(text["layer_types"]))
+
+    def layer(p: str) -> list[TensorSpec]:
+        i, kind = next(kinds)
+        full_override = next(iter(text.get("per_layer_config", {}).values()), {"head_dim": text.get("global_head_dim")})
+        hd = full_override["head_dim"] if kind == "full_attention" else text["head_dim"]
+        kv_heads = full_override.get("num_key_value_heads", kv) if kind == "full_attention" else kv
+        shared = i >= first_shared
+        ff = dims.intermediate_size * (2 if shared and text["use_double_wide_mlp"] else 1)
+        attention = [TensorSpec(p + "self_attn.q_proj.weight", (heads * hd, h)),
+                     TensorSpec(p + "self_attn.q_norm.weight", (hd,))]
+        if not shared:
+            attention += [TensorSpec(p + "self_attn.k_norm.weight", (hd,)),
+                          TensorSpec(p + "self_attn.k_proj.weight", (kv_heads * hd, h)),
+                          TensorSpec(p + "self_attn.v_proj.weight", (kv_heads * hd, h))]
+        return ([TensorSpec(p + "layer_scalar", (1,))] + attention
+                + [TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd))] + mlp_specs(p + "mlp.", h, ff)
+                + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                             "post_feedforward_layernorm")
+                + [TensorSpec(p + "per_layer_input_gate.weight", (ple, h)),
+                   TensorSpec(p + "per_layer_projection.weight", (h, ple)),
+                   TensorSpec(p + "post_per_layer_input_norm.weight", (h,))])
+
+    t = "model.language_model." if wrapper else "model."
+    tied = text.get("tie_word_embeddings", True)
+    specs = causal_lm_specs(dims, tied, layer, t)
+    specs[len(specs) - (1 if tied else 2):len(specs) - (1 if tied else 2)] = [
+        TensorSpec(t + "embed_tokens_per_layer.weight", (text["vocab_size_per_layer_input"], layers * ple)),
+        TensorSpec(t + "per_layer_model_projection.weight", (layers * ple, h)),
+        TensorSpec(t + "per_layer_projection_norm.weight", (ple,))]
+    if not wrapper:
+        return specs
+    return specs + [TensorSpec("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", (32, 32)),
+                    TensorSpec("model.embed_vision.embedding_projection.weight", (h, 32)),
+                    TensorSpec("model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", (32, 32)),
+                    TensorSpec("model.embed_audio.embedding_projection.weight", (h, 32))]
+
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
     dims = dims_of(config) if case.full_size else case.dims
@@ -2314,6 +2466,8 @@ def case_entries(case: Case) -> list[Entry]:
         specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts)
     elif config.get("model_type") == "granitemoehybrid":
         specs = granite4h_tensor_specs(dims, config)
+    elif config.get("model_type") in ("gemma4", "gemma4_text"):
+        specs = gemma4_tensor_specs(dims, config)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

@@ -63,7 +63,8 @@ OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 # Cases llama.cpp converts and bankml_convert must refuse (its output would not be what the user needs).
 # Qwen3.5 without its MTP weights: llama.cpp counts the MTP layer it declares and writes no tensors for
 # it, a file llama.cpp's runtime refuses to load (bankml asks for --no-nextn).
-REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwen3.5-moe-no-mtp"})
+REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwen3.5-moe-no-mtp",
+                           "gemma-4-e2b-shared-kv-mismatch"})
 # Adapters llama.cpp converts and bankml_convert must refuse: a LoRA on the embedding of a base with tied
 # embeddings, which llama.cpp's runtime also applies to the output head, where it aborts (oracle.py load).
 REFUSED_ADAPTERS = frozenset({"smollm2-lora-embed-bf16"})
@@ -141,7 +142,11 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
     # ... and two Mamba2 groups with an untied head, in q8_0 too.
-    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))])
+    + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))]
+    # Gemma 4 (issue 37): every output type for the E2B and E4B shapes and E2B's text model (F16, untied).
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("gemma-4-e2b-shape", "gemma-4-e4b-shape", "gemma-4-e2b-text-f16") for t in OTHER_OUTTYPES]
+    + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
