@@ -86,8 +86,7 @@ the vocabulary paths its set_vocab tries, in order:
     Granite 4.0-H GraniteMoeHybridForCausalLM
                hooks: shape filter_tensors modify_tensors refuse_directory layer_outputs lora_refusal; vocabulary: gpt2
     Gemma 4    Gemma4ForCausalLM, Gemma4ForConditionalGeneration
-               hooks: shape filter_tensors generated_tensors hparams refuse_directory layer_outputs lora_refusal;
-               vocabulary: gemma4
+               hooks: shape filter_tensors generated_tensors hparams refuse_directory layer_outputs; vocabulary: gemma4
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -5051,8 +5050,6 @@ GEMMA4 = register(Family(
     block_outputs=tuple(_GEMMA4_COMMON.values()),
     layer_outputs=gemma4_layer_outputs,
     embedding_cut_by_tokenizer=True,        # Gemma3Model's cut, which the gemma4 kind's vocabulary check makes empty
-    lora_refusal="LoRA adapters on Gemma 4 are not reproduced yet: merge the adapter into the model and convert "
-                 "the merged model",
 ))
 
 

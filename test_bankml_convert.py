@@ -3110,13 +3110,6 @@ class Gemma4Refusals(Workspace):
         (d / "tokenizer.model").write_bytes(b"\x0a\x00")
         self.assertRefuses(d, re.compile(r"tokenizer\.model beside a Gemma 4 tokenizer\.json: .*"))
 
-    def test_a_lora_adapter_on_gemma_4_is_refused(self):
-        base = self.out_dir()
-        shutil.copy(self.case(GEMMA4_E2B) / "config.json", base / "config.json")
-        with self.assertRaisesRegex(bc.Refusal, "is a Gemma 4 model: LoRA adapters on Gemma 4 are not reproduced yet"):
-            bc.convert_lora(ORACLE / "fixtures" / "lora" / sorted(p.name for p in (ORACLE / "fixtures" / "lora").iterdir()
-                                                             if p.is_dir())[0], self.out_dir() / "a.gguf", base)
-
 
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
 
@@ -6663,7 +6656,7 @@ class LoraWorkspace(Workspace):
 
 class LoraAdaptersAreLlamaCppsBytes(LoraWorkspace):
     """For every recorded LoRA run, convert_lora writes llama.cpp's exact file (SmolLM2, Llama 3.2,
-    Qwen2.5 and Gemma 3 bases; r 8, 16 and 32; safetensors and .bin; with and without PEFT's card;
+    Qwen2.5, Gemma 3 and Gemma 4 bases; r 8, 16 and 32; safetensors and .bin; with and without PEFT's card;
     an embedding LoRA in BF16; each in f32, f16, bf16 and q8_0)."""
 
     def check_run(self, run_name: str):

@@ -29,6 +29,7 @@ HUB_IDS = {
     "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
     "qwen2.5-0.5b-bf16": "Qwen/Qwen2.5-0.5B-Instruct",
     "gemma-3-1b-shape": "google/gemma-3-1b-it",
+    "gemma-4-e2b-shape": "google/gemma-4-E2B-it",
 }
 
 
@@ -46,7 +47,7 @@ def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.name_or_path = HUB_IDS[adapter.base]
     model.config._name_or_path = HUB_IDS[adapter.base]
-    lora = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=list(adapter.targets),
+    lora = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_regex or list(adapter.targets),
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
                       alora_invocation_tokens=list(adapter.alora_tokens) or None)
     model = get_peft_model(model, lora, autocast_adapter_dtype=adapter.dtype == "float32")

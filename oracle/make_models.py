@@ -1588,6 +1588,9 @@ class Adapter:
     seed: int = 0
     alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
     norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
+    # a PEFT target_modules regex instead of targets (Gemma 4's multimodal model: the text model's
+    # projections only, as its vision tower's clippable linears are no modules PEFT can wrap)
+    target_regex: Optional[str] = None
 
 
 ADAPTERS: tuple[Adapter, ...] = (
@@ -1603,6 +1606,9 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("gemma-3-1b-lora-r8", "gemma-3-1b-shape", seed=8),
     Adapter("smollm2-alora-norms", "bf16", targets=("q_proj", "k_proj"), alora_tokens=(1, 4093, 49151), norms=True,
             seed=9),
+    # Gemma 4 (issue 37): attention and MLP targets of the text model, the shared layers' absent k/v skipped.
+    Adapter("gemma-4-e2b-lora-r8", "gemma-4-e2b-shape", seed=10,
+            target_regex=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
