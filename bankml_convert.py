@@ -8896,8 +8896,10 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     return llama_hf_read(model_dir, config, vocab_size)[0]
 
 
-def llama_hf_read(model_dir: Path, config: dict, vocab_size: int) -> tuple[Vocab, dict]:
-    """llama_hf_vocab's Vocab, and the tokenizer.json it was read from (for a path that reads more of it)."""
+def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
+                  classes: tuple[str, ...] = ("LlamaTokenizer",)) -> tuple[Vocab, dict]:
+    """llama_hf_vocab's Vocab, and the tokenizer.json it was read from (for a path that reads more of it),
+    for a tokenizer_config.json naming one of ``classes``: LlamaTokenizer's, or GemmaTokenizer's (Gemma 4)."""
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json")
     tokenizer_json = optional_json(d / "tokenizer.json")
@@ -8910,9 +8912,10 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int) -> tuple[Vocab
             and isinstance(decoder, dict) and decoder.get("type") == "Sequence"):
         raise Refusal("tokenizer.json is not a byte-fallback BPE with a Sequence decoder: llama.cpp would take "
                       "its llama_hf or gpt2 path in a way not reproduced")
-    if tokenizer_config.get("tokenizer_class") != "LlamaTokenizer":
-        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: on the llama_hf path only "
-                      f"LlamaTokenizer is measured against llama.cpp")
+    tokenizer_class = tokenizer_config.get("tokenizer_class")
+    if tokenizer_class not in classes:
+        raise Refusal(f"tokenizer_class {tokenizer_class!r}: on this path only {' and '.join(classes)} "
+                      f"{'is' if len(classes) == 1 else 'are'} measured against llama.cpp")
     for name in ("added_tokens.json", "tekken.json"):
         if (d / name).is_file():
             raise Refusal(f"{name} beside a tokenizer.json without tokenizer.model: not reproduced")
@@ -8926,17 +8929,25 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int) -> tuple[Vocab
     if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
         raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
     special_tokens_map = optional_json(d / "special_tokens_map.json")
-    named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
+    gemma = tokenizer_class == "GemmaTokenizer"
+    if gemma:
+        if special_tokens_map is not None:
+            raise Refusal("special_tokens_map.json beside a GemmaTokenizer tokenizer.json: transformers 5 may merge "
+                          "its tokens into the special ones; not measured against llama.cpp")
+        named = gemma_tokenizer_special_contents(tokenizer_config)
+    else:
+        named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
 
     vocab = base_vocab(tokenizer_json)
     ids = {token: i for i, token in enumerate(vocab)}
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
     for t in from_json + (from_config or []):
-        if ids.get(t.content) != t.id or not t.special or t.content not in named:
-            # transformers would give it a new id, or count it special or not by rules not ported.
-            raise Refusal(f"added token {t.content!r} (id {t.id}) is not a named special token of the vocabulary; "
-                          f"not reproduced on the llama_hf path")
+        # transformers would give it a new id, or (LlamaTokenizer) count it special or not by rules not ported;
+        # GemmaTokenizer counts only the named ones special, whatever the added tokens' flags say.
+        if ids.get(t.content) != t.id or not gemma and (not t.special or t.content not in named):
+            what = "a token of the vocabulary at that id" if gemma else "a named special token of the vocabulary"
+            raise Refusal(f"added token {t.content!r} (id {t.id}) is not {what}; not reproduced on the llama_hf path")
     missing = [c for c in named if c not in ids]
     if missing:
         raise Refusal(f"special token {missing[0]!r} is not in tokenizer.json's vocabulary: transformers would add "
@@ -8950,6 +8961,35 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int) -> tuple[Vocab
     sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
     return llama_model_vocab(list(vocab), [-1000.0] * len(vocab), toktypes, sids, flags,
                              chat_template(d, tokenizer_config), add_prefix_space), tokenizer_json
+
+
+# GemmaTokenizer.__init__'s named tokens where tokenizer_config.json leaves a key out (a null one: none).
+_GEMMA_TOKENIZER_DEFAULTS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+                             "mask_token": "<mask>"}
+
+
+def gemma_tokenizer_special_contents(tokenizer_config: dict) -> list[str]:
+    """transformers 5's all_special_tokens of a GemmaTokenizer: the named tokens (GemmaTokenizer's defaults
+    for the keys left out), every other *_token key with a string value (model-specific: Gemma 4's
+    <|turn>, <|channel>, <|image>, ...), and extra_special_tokens (additional_special_tokens where it has
+    none) -- a list of tokens, or a dict of more model-specific ones; or a Refusal for another shape."""
+    named = [c for key in STANDARD_TOKEN_KEYS
+             if (c := token_content(tokenizer_config.get(key, _GEMMA_TOKENIZER_DEFAULTS.get(key)))) is not None]
+    for key, value in tokenizer_config.items():
+        if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and not isinstance(value, (str, bool, type(None))):
+            raise Refusal(f"tokenizer_config.json {key}: a model-specific special token that is not a string; "
+                          f"not reproduced")
+    model_specific = [value for key, value in tokenizer_config.items()
+                      if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and isinstance(value, str)]
+    extra = tokenizer_config.get("extra_special_tokens") or tokenizer_config.get("additional_special_tokens") or []
+    if isinstance(extra, dict):
+        model_specific += list(extra.values())
+        extra = []
+    tokens = named + model_specific + (extra if isinstance(extra, list) else [None])
+    if not all(isinstance(t, str) for t in tokens):
+        raise Refusal("tokenizer_config.json extra_special_tokens must be a list of strings or an object of them; "
+                      "another shape is not reproduced")
+    return list(dict.fromkeys(tokens))
 
 
 # --- gemma4: Gemma 4's tokenizer.json -------------------------------------------------------------
@@ -8969,7 +9009,7 @@ def gemma4_token_types(tokens: Sequence[str], toktypes: Sequence[int]) -> list[i
 
 def gemma4_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     """The vocabulary Gemma4Model.set_vocab writes, or a Refusal (llama_hf_vocab's, for the shapes it takes)."""
-    v, tokenizer_json = llama_hf_read(model_dir, config, vocab_size)
+    v, tokenizer_json = llama_hf_read(model_dir, config, vocab_size, ("GemmaTokenizer", "LlamaTokenizer"))
     return v._replace(model="gemma4", toktypes=gemma4_token_types(v.tokens, v.toktypes),
                       merges=merges_as_written(tokenizer_json), pre="")
 

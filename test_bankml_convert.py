@@ -3045,11 +3045,6 @@ class Gemma4KeysAndTensors(Workspace):
         self.assertEqual(add_flags(d)[-2:], [("tokenizer.ggml.add_space_prefix", False),
                                              ("tokenizer.ggml.add_bos_token", True)])
 
-    def test_the_chat_markers_are_user_defined_whatever_their_type(self):
-        tokens = ["<pad>", "<|channel>", "<channel|>", '<|"|>', "<|tool_call>", "hello"]
-        self.assertEqual(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL]),
-                         [bc.CONTROL] + [bc.USER_DEFINED] * 4 + [bc.NORMAL])
-
 
 class Gemma4Refusals(Workspace):
     def edit_text(self, case: str, change) -> Path:
@@ -4314,6 +4309,59 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
         d = self.recorded_case_dir(self.NAME)
         edit_json(d / "tokenizer.json", lambda t: t.update(decoder={"type": "ByteFallback"}))
         self.assert_hf_refused(d, "Sequence decoder")
+
+
+class Gemma4Vocabulary(Workspace):
+    """The gemma4 kind: Gemma4Model.set_vocab over tokenizer.json (LlamaHfVocab), for LlamaTokenizer files
+    and for GemmaTokenizer ones of Gemma 4's structure (transformers 5's special tokens: the named ones,
+    the model-specific *_token keys, extra_special_tokens).  Bytes pinned by the golden runs
+    gemma-4-e2b-shape-* and gemma-4-e2b-gemma4-tokenizer-*."""
+
+    def test_gemma_tokenizer_specials_are_the_named_the_model_specific_and_the_extra_ones(self):
+        self.assertEqual(bc.gemma_tokenizer_special_contents(
+            {"bos_token": "<bos>", "pad_token": None, "boi_token": "<|image>", "add_bos_token": True,
+             "extra_special_tokens": ["<|video|>"]}),
+            ["<bos>", "<eos>", "<unk>", "<mask>", "<|image>", "<|video|>"])
+
+    def test_gemma_tokenizer_takes_additional_special_tokens_or_an_object_of_extra_ones(self):
+        self.assertEqual(bc.gemma_tokenizer_special_contents({"additional_special_tokens": ["<x>"]})[-1], "<x>")
+        self.assertEqual(bc.gemma_tokenizer_special_contents({"extra_special_tokens": {"image_token": "<i>"}})[-1], "<i>")
+        with self.assertRaises(bc.Refusal):
+            bc.gemma_tokenizer_special_contents({"extra_special_tokens": [{"content": "<x>"}]})
+
+    def test_gemma4_structure_types_the_special_ones_control_and_the_chat_markers_user_defined(self):
+        d = self.case("gemma-4-e2b-gemma4-tokenizer")
+        v = bc.gemma4_vocab(d, json.loads((d / "config.json").read_text())["text_config"], 262144)
+        types = {t: v.toktypes[i] for i, t in enumerate(v.tokens) if t in
+                 ("<bos>", "<mask>", "<|turn>", "<|video|>", "<|tool>", "<|tool_call>", "<|channel>", "[multimodal]", "<unused0>")}
+        self.assertEqual(types, {"<bos>": bc.CONTROL, "<mask>": bc.CONTROL, "<|turn>": bc.CONTROL, "<|video|>": bc.CONTROL,
+                                 "<|tool>": bc.CONTROL, "<|tool_call>": bc.USER_DEFINED, "<|channel>": bc.USER_DEFINED,
+                                 "[multimodal]": bc.NORMAL, "<unused0>": bc.NORMAL})
+
+    def test_the_chat_markers_are_user_defined_whatever_their_type(self):
+        tokens = ["<pad>", "<|channel>", "<channel|>", '<|"|>', "<|tool_call>", "hello"]
+        self.assertEqual(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL]),
+                         [bc.CONTROL] + [bc.USER_DEFINED] * 4 + [bc.NORMAL])
+
+    def test_a_gemma_tokenizers_special_tokens_map_json_is_refused(self):
+        d = self.case("gemma-4-e2b-gemma4-tokenizer")
+        (d / "special_tokens_map.json").write_text('{"bos_token": "<bos>"}', encoding="utf-8")
+        self.assertRefuses(d, re.compile(r"special_tokens_map\.json beside a GemmaTokenizer tokenizer\.json: .*"))
+
+    def test_an_added_token_away_from_its_vocabulary_id_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="GemmaTokenizer"))
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 31999, "content": "<s>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": False}))
+        self.assertRefuses(d, "added token '<s>' (id 31999) is not a token of the vocabulary at that id; not "
+                              "reproduced on the llama_hf path")
+
+    def test_another_tokenizer_class_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assertRefuses(d, "tokenizer_class 'PreTrainedTokenizerFast': on this path only GemmaTokenizer and "
+                              "LlamaTokenizer are measured against llama.cpp")
 
 
 class SentencePieceConversion(Workspace):

