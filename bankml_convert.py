@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B), and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B), and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -86,7 +86,8 @@ the vocabulary paths its set_vocab tries, in order:
     Granite 4.0-H GraniteMoeHybridForCausalLM
                hooks: shape filter_tensors modify_tensors refuse_directory layer_outputs lora_refusal; vocabulary: gpt2
     Gemma 4    Gemma4ForCausalLM, Gemma4ForConditionalGeneration
-               hooks: shape filter_tensors generated_tensors hparams refuse_directory layer_outputs; vocabulary: gemma4
+               hooks: shape filter_tensors modify_tensors generated_tensors hparams refuse_directory layer_outputs;
+               vocabulary: gemma4
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -4698,8 +4699,9 @@ GRANITE4H = register(Family(
 # unshared layer of their kind (no k/v projections of their own), a per-layer embedding (PLE) feeding
 # every layer, a double-wide MLP in the shared layers.  Unlike Gemma 3, no norm is shifted by +1; the
 # full-attention layers' proportional rope is a generated rope_freqs tensor.  The vocabulary is the
-# gemma4 tokenizer kind (tokenizer.json read as LlamaHfVocab).  The mixture of experts (26B-A4B) and the
-# k = v attention (31B) are refused until a case proves them.
+# gemma4 tokenizer kind (tokenizer.json read as LlamaHfVocab).  The 31B's full layers take their values
+# from their keys (attention_k_eq_v: no v_proj, their own KV head count); the mixture of experts (26B-A4B) is
+# refused until a case proves it.
 
 class Gemma4Params(NamedTuple):
     """The hyperparameters Gemma4Model writes, as Gemma4TextConfig fills them: TextModel's (head_dim the
@@ -4715,6 +4717,7 @@ class Gemma4Params(NamedTuple):
     head_dim_full: int                  # the full-attention layers' head size (per_layer_config's)
     head_count_kv_full: Optional[int]   # per_layer_config's KV heads of the full layers; None: head_count_kv
     double_wide: bool                   # use_double_wide_mlp: the shared layers' MLP twice as wide
+    k_eq_v: bool                        # attention_k_eq_v (31B): a full layer's keys are its values, no v_proj
     rope_dims_swa: int
     rope_rotated_full: int              # rope_freqs' leading 1.0s (the rotated pairs of a full head)
 
@@ -4832,9 +4835,6 @@ def gemma4_params(config: dict) -> Gemma4Params:
     if config.get("enable_moe_block") or any(config.get(key) is not None for key in _GEMMA4_MOE_KEYS):
         raise Refusal("config.json describes Gemma 4's mixture of experts (26B-A4B); its experts, router scale "
                       "and expert keys are not reproduced yet: use llama.cpp's converter")
-    if config.get("attention_k_eq_v"):
-        raise Refusal("config.json sets attention_k_eq_v (Gemma 4 31B: keys and values share one projection); "
-                      "not reproduced yet: use llama.cpp's converter")
     if config.get("use_bidirectional_attention") not in (None, "vision"):
         raise Refusal(f"config.json: use_bidirectional_attention {config.get('use_bidirectional_attention')!r} "
                       f"makes the model non-causal and changes its sliding window; not reproduced")
@@ -4879,7 +4879,7 @@ def gemma4_params(config: dict) -> Gemma4Params:
         final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
         shared_kv_layers=shared, per_layer_width=ple, per_layer_vocab=per_layer_vocab, sliding=sliding,
         head_dim_full=head_dim_full, head_count_kv_full=kv_full,
-        double_wide=bool(config.get("use_double_wide_mlp")),
+        double_wide=bool(config.get("use_double_wide_mlp")), k_eq_v=bool(config.get("attention_k_eq_v")),
         rope_dims_swa=int(head_dim_swa * _rope_factor(rope, 1.0)), rope_rotated_full=rotated)
 
 
@@ -4967,10 +4967,27 @@ _GEMMA4_BLOCK_TENSORS = {**_GEMMA4_COMMON, **_GEMMA4_KV, **_GEMMA4_PER_LAYER,
 
 
 def gemma4_layer_outputs(p: Gemma4Params, block: int) -> tuple[str, ...]:
-    """What a layer needs beyond the names every layer has (llama.cpp's loader requires each): its own KV
-    unless it shares another's, and the per-layer embedding's gate, projection and norm when there is one."""
-    own_kv = tuple(_GEMMA4_KV.values()) if block < p.first_shared else ()
-    return own_kv + (tuple(_GEMMA4_PER_LAYER.values()) if p.per_layer_width else ())
+    """What a layer needs beyond the names every layer has (llama.cpp's loader requires each, or would take
+    the keys for the values without it): its own KV unless it shares another's (no values of their own in a
+    full layer of attention_k_eq_v), and the per-layer embedding's gate, projection and norm when there is one."""
+    own_kv = tuple(name for name in _GEMMA4_KV.values() if name != "attn_v.weight" or not gemma4_keys_are_values(p, block))
+    return (own_kv if block < p.first_shared else ()) + (tuple(_GEMMA4_PER_LAYER.values()) if p.per_layer_width else ())
+
+
+def gemma4_keys_are_values(p: Gemma4Params, block: int) -> bool:
+    """Whether a layer's values are its keys (attention_k_eq_v's full-attention layers: no v_proj)."""
+    return p.k_eq_v and not p.sliding[block]
+
+
+def gemma4_modify_tensors(gguf_name: str, source: SourceTensor, p: Gemma4Params) -> list[Modified]:
+    """TextModel.modify_tensors (Gemma4Model shifts no norm): every tensor as it is; a v_proj where
+    attention_k_eq_v makes the keys the values refused, as llama.cpp's runtime would use it instead."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and parts[2] == "attn_v" and gemma4_keys_are_values(p, int(parts[1])):
+        raise Refusal(f"tensor {source.name!r}: layer {parts[1]} is full attention with attention_k_eq_v, whose "
+                      f"values are its keys, but the checkpoint has a v_proj for it, which llama.cpp's runtime would "
+                      f"use instead; not converted")
+    return [Modified(gguf_name, source)]
 
 
 def gemma4_shape(gguf_name: str, p: Gemma4Params) -> tuple[int, ...]:
@@ -5040,6 +5057,7 @@ GEMMA4 = register(Family(
     optional_tensors=frozenset({"output.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight",
                                 "per_layer_proj_norm.weight"}),
     shape=gemma4_shape,
+    modify_tensors=gemma4_modify_tensors,
     generated_tensors=gemma4_generated_tensors,
     hparams=merged_text_config,
     # Gemma4TextConfig has the expert keys (null in the dense models; refused otherwise by gemma4_params)

@@ -2929,12 +2929,12 @@ class Qwen35MoeRefusals(Workspace):
                                                              if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
-# --- Gemma 4 (issue 37): E2B and E4B -- shared-KV layers, per-layer embeddings, two head sizes, the
-# --- generated rope_freqs, the gemma4 vocabulary.  Bytes pinned by the golden runs gemma-4-*; Gemma 4's
+# --- Gemma 4 (issue 37): E2B, E4B and 31B -- shared-KV layers, per-layer embeddings, two head sizes, keys
+# --- as values, the generated rope_freqs, the gemma4 vocabulary.  Bytes pinned by the golden runs gemma-4-*; Gemma 4's
 # --- tokenizer (Google's terms) is not available offline: the cases take TinyLlama's Apache-2.0
 # --- byte-fallback tokenizer.json, which Gemma4Model reads the same way (LlamaHfVocab).
 
-GEMMA4_E2B, GEMMA4_E4B, GEMMA4_TEXT = "gemma-4-e2b-shape", "gemma-4-e4b-shape", "gemma-4-e2b-text-f16"
+GEMMA4_E2B, GEMMA4_E4B = "gemma-4-e2b-shape", "gemma-4-e4b-shape"
 
 
 def drop_tensor(d: Path, dropped: str) -> None:
@@ -2989,6 +2989,13 @@ class Gemma4KeysAndTensors(Workspace):
         heads = self.kvs(self.case("gemma-4-e2b-per-layer-config"))["gemma4.attention.head_count_kv"]
         self.assertEqual((heads.vtype, heads.array, heads.value), (bc.GGUF_INT32, True, [1, 1, 1, 1, 2] * 2))
         self.assertFalse(self.kvs(self.case(GEMMA4_E2B))["gemma4.attention.head_count_kv"].array)
+
+    def test_keys_as_values_leave_the_full_layers_without_attn_v_and_with_their_own_kv_heads(self):
+        plan = self.plan(self.case("gemma-4-31b-shape"))
+        names = {t.name for t in plan.tensors}
+        self.assertEqual(("blk.0.attn_v.weight" in names, "blk.5.attn_v.weight" in names), (True, False))
+        heads = {k.key: k for k in plan.kvs}["gemma4.attention.head_count_kv"]
+        self.assertEqual((heads.array, heads.value), (True, [2, 2, 2, 2, 2, 1] * 2))
 
     def test_rope_freqs_leaves_all_but_the_rotated_quarter_of_a_full_head_unrotated(self):
         rope = self.plan(self.case(GEMMA4_E2B)).tensors[0]
@@ -3067,9 +3074,10 @@ class Gemma4Refusals(Workspace):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(enable_moe_block=True, num_experts=4, top_k_experts=2))
         self.assertRefuses(d, re.compile(r"config\.json describes Gemma 4's mixture of experts \(26B-A4B\).*"))
 
-    def test_keys_shared_as_values_are_refused(self):
-        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(attention_k_eq_v=True))
-        self.assertRefuses(d, re.compile(r"config\.json sets attention_k_eq_v \(Gemma 4 31B.*"))
+    def test_a_v_proj_where_the_keys_are_the_values_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(attention_k_eq_v=True, num_global_key_value_heads=1))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.language_model\.layers\.4\.self_attn\.v_proj\.weight': "
+                                         r"layer 4 is full attention with attention_k_eq_v, whose values are its keys.*"))
 
     def test_bidirectional_attention_over_all_tokens_is_refused(self):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(use_bidirectional_attention="all"))

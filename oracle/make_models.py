@@ -1010,6 +1010,10 @@ SPM_CASES: tuple[Case, ...] = tuple(
 GEMMA_4_E2B_IT = "gemma-4-E2B-it"
 GEMMA_4_E4B_IT = "gemma-4-E4B-it"
 GEMMA_4_E2B_TEXT = "gemma-4-E2B-it-text"
+# - gemma-4-31B-it's (60 layers of hidden 5376, five sliding then a full one, 32 heads over 16 KV heads of 256 in
+#   the sliding layers, 4 of 512 in the full ones whose keys are their values -- attention_k_eq_v --, no
+#   per-layer embedding, no shared KV, sliding window 1024, tied), likewise written from its published values.
+GEMMA_4_31B_IT = "gemma-4-31B-it"
 
 
 def _gemma4_text(hidden: int, ff: int, layers: int, kv_heads: int, shared: int, period: int, double_wide: bool) -> dict:
@@ -1053,6 +1057,11 @@ WRITTEN_FIXTURES.update({
     GEMMA_4_E2B_IT: {"config.json": _gemma4_config(_gemma4_text(1536, 6144, 35, 1, 20, 5, True)),
                      "generation_config.json": _GEMMA4_GENERATION},
     GEMMA_4_E4B_IT: {"config.json": _gemma4_config(_gemma4_text(2560, 10240, 42, 2, 18, 6, False)),
+                     "generation_config.json": _GEMMA4_GENERATION},
+    GEMMA_4_31B_IT: {"config.json": _gemma4_config({
+        **_gemma4_text(5376, 21504, 60, 16, 0, 6, False), "attention_k_eq_v": True, "hidden_size_per_layer_input": 0,
+        "max_position_embeddings": 262144, "num_attention_heads": 32, "num_global_key_value_heads": 4,
+        "sliding_window": 1024}),
                      "generation_config.json": _GEMMA4_GENERATION},
     # E2B's text part as Gemma4ForCausalLM (model_type gemma4_text), as a text-only fine-tune saves it.
     GEMMA_4_E2B_TEXT: {"config.json": {**_gemma4_text(1536, 6144, 35, 1, 20, 5, True),
@@ -1404,6 +1413,16 @@ GEMMA4_CASES: tuple[Case, ...] = (
          dirname="gemma-4-e2b-it-gemma4-tokenizer",
          description="the E2B shape with a tokenizer of Gemma 4's structure (Gemma 3's vocabulary, fetched, "
                      "with Gemma 4's markers and tokenizer_config.json)"),
+    # gemma-4-31B-it's config shrunk to 12 layers (five sliding, then a full one, twice), 4 heads over 2 KV heads
+    # of 16 in the sliding layers and one of 32 in the full ones, keys as values there, no per-layer embedding.
+    Case("gemma-4-31b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_31B_IT,
+         dims=replace(GEMMA4_TINY, num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=262144), head_dim=16,
+         text_updates=(("layer_types", (["sliding_attention"] * 5 + ["full_attention"]) * 2), ("global_head_dim", 32),
+                       ("num_global_key_value_heads", 1), ("vocab_size_per_layer_input", 32000)),
+         dirname="gemma-4-31b-it",
+         description="gemma-4-31B-it's config (attention_k_eq_v: the full layers' keys are their values, 1 KV head "
+                     "there; no per-layer embedding, no shared KV), BF16"),
     # llama.cpp converts it, its runtime aborts on it: 4 shared layers leave layer 5 (sliding) the last
     # unshared one, whose KV the shared full layer 9 would reuse.
     Case("gemma-4-e2b-shared-kv-mismatch", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
@@ -2480,23 +2499,27 @@ def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     def layer(p: str) -> list[TensorSpec]:
         i, kind = next(kinds)
         full_override = next(iter(text.get("per_layer_config", {}).values()), {"head_dim": text.get("global_head_dim")})
-        hd = full_override["head_dim"] if kind == "full_attention" else text["head_dim"]
-        kv_heads = full_override.get("num_key_value_heads", kv) if kind == "full_attention" else kv
+        full = kind == "full_attention"
+        if full and text.get("attention_k_eq_v"):
+            full_override = {**full_override, "num_key_value_heads": text["num_global_key_value_heads"]}
+        hd = full_override["head_dim"] if full else text["head_dim"]
+        kv_heads = full_override.get("num_key_value_heads", kv) if full else kv
         shared = i >= first_shared
         ff = dims.intermediate_size * (2 if shared and text["use_double_wide_mlp"] else 1)
         attention = [TensorSpec(p + "self_attn.q_proj.weight", (heads * hd, h)),
                      TensorSpec(p + "self_attn.q_norm.weight", (hd,))]
         if not shared:
             attention += [TensorSpec(p + "self_attn.k_norm.weight", (hd,)),
-                          TensorSpec(p + "self_attn.k_proj.weight", (kv_heads * hd, h)),
-                          TensorSpec(p + "self_attn.v_proj.weight", (kv_heads * hd, h))]
+                          TensorSpec(p + "self_attn.k_proj.weight", (kv_heads * hd, h))]
+            if not (full and text.get("attention_k_eq_v")):     # there the keys are the values: no v_proj
+                attention.append(TensorSpec(p + "self_attn.v_proj.weight", (kv_heads * hd, h)))
         return ([TensorSpec(p + "layer_scalar", (1,))] + attention
                 + [TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd))] + mlp_specs(p + "mlp.", h, ff)
                 + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                              "post_feedforward_layernorm")
-                + [TensorSpec(p + "per_layer_input_gate.weight", (ple, h)),
-                   TensorSpec(p + "per_layer_projection.weight", (h, ple)),
-                   TensorSpec(p + "post_per_layer_input_norm.weight", (h,))])
+                + ([TensorSpec(p + "per_layer_input_gate.weight", (ple, h)),
+                    TensorSpec(p + "per_layer_projection.weight", (h, ple)),
+                    TensorSpec(p + "post_per_layer_input_norm.weight", (h,))] if ple else []))
 
     t = "model.language_model." if wrapper else "model."
     tied = text.get("tie_word_embeddings", True)
@@ -2504,7 +2527,7 @@ def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     specs[len(specs) - (1 if tied else 2):len(specs) - (1 if tied else 2)] = [
         TensorSpec(t + "embed_tokens_per_layer.weight", (text["vocab_size_per_layer_input"], layers * ple)),
         TensorSpec(t + "per_layer_model_projection.weight", (layers * ple, h)),
-        TensorSpec(t + "per_layer_projection_norm.weight", (ple,))]
+        TensorSpec(t + "per_layer_projection_norm.weight", (ple,))] if ple else []
     if not wrapper:
         return specs
     return specs + [TensorSpec("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", (32, 32)),
