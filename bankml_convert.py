@@ -9,7 +9,7 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B), and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B, 26B-A4B), and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and Qwen3.5-MoE --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -4700,8 +4700,9 @@ GRANITE4H = register(Family(
 # every layer, a double-wide MLP in the shared layers.  Unlike Gemma 3, no norm is shifted by +1; the
 # full-attention layers' proportional rope is a generated rope_freqs tensor.  The vocabulary is the
 # gemma4 tokenizer kind (tokenizer.json read as LlamaHfVocab).  The 31B's full layers take their values
-# from their keys (attention_k_eq_v: no v_proj, their own KV head count); the mixture of experts (26B-A4B) is
-# refused until a case proves it.
+# from their keys (attention_k_eq_v: no v_proj, their own KV head count); the 26B-A4B's layers add a mixture
+# of experts beside the dense MLP (the router's projection, scale and per-expert scale, the experts' fused
+# gate/up and down as Gemma 4 saves them, three more norms).
 
 class Gemma4Params(NamedTuple):
     """The hyperparameters Gemma4Model writes, as Gemma4TextConfig fills them: TextModel's (head_dim the
@@ -4720,6 +4721,9 @@ class Gemma4Params(NamedTuple):
     k_eq_v: bool                        # attention_k_eq_v (31B): a full layer's keys are its values, no v_proj
     rope_dims_swa: int
     rope_rotated_full: int              # rope_freqs' leading 1.0s (the rotated pairs of a full head)
+    experts: int = 0                    # num_experts with enable_moe_block (26B-A4B); 0: dense
+    experts_used: int = 0               # top_k_experts
+    expert_width: int = 0               # moe_intermediate_size: one expert's
 
     block_count = text_part("block_count")
     vocab_size = text_part("vocab_size")
@@ -4739,7 +4743,7 @@ _GEMMA4_DEFAULTS = TextDefaults(num_hidden_layers=30, max_position_embeddings=13
 _GEMMA4_DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                            "rope_theta": 1_000_000.0}}
-# The mixture-of-experts keys (26B-A4B): TextModel and Gemma4Model write expert keys from them.
+# The mixture-of-experts keys (26B-A4B): TextModel and Gemma4Model write expert keys from any of them that is set.
 _GEMMA4_MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size", "expert_intermediate_size")
 
 
@@ -4832,9 +4836,13 @@ def _rope_factor(entry: dict, default: float) -> float:
 def gemma4_params(config: dict) -> Gemma4Params:
     """The Gemma 4 hyperparameters of config.json (after text_config is merged), with Gemma4TextConfig's
     defaults, or a Refusal for anything llama.cpp would treat otherwise or its runtime would not load."""
-    if config.get("enable_moe_block") or any(config.get(key) is not None for key in _GEMMA4_MOE_KEYS):
-        raise Refusal("config.json describes Gemma 4's mixture of experts (26B-A4B); its experts, router scale "
-                      "and expert keys are not reproduced yet: use llama.cpp's converter")
+    moe = bool(config.get("enable_moe_block"))
+    given = [config.get(key) is not None for key in _GEMMA4_MOE_KEYS]
+    consistent = all(given[:3]) if moe else not any(given)
+    if not consistent or given[3]:
+        raise Refusal("config.json: Gemma 4's mixture of experts needs enable_moe_block with num_experts, "
+                      "top_k_experts and moe_intermediate_size, and a dense model none of them (llama.cpp writes "
+                      "expert keys for any that is set); another mix is not reproduced")
     if config.get("use_bidirectional_attention") not in (None, "vision"):
         raise Refusal(f"config.json: use_bidirectional_attention {config.get('use_bidirectional_attention')!r} "
                       f"makes the model non-causal and changes its sliding window; not reproduced")
@@ -4880,6 +4888,9 @@ def gemma4_params(config: dict) -> Gemma4Params:
         shared_kv_layers=shared, per_layer_width=ple, per_layer_vocab=per_layer_vocab, sliding=sliding,
         head_dim_full=head_dim_full, head_count_kv_full=kv_full,
         double_wide=bool(config.get("use_double_wide_mlp")), k_eq_v=bool(config.get("attention_k_eq_v")),
+        experts=config_integer(config, "num_experts") if moe else 0,
+        experts_used=config_integer(config, "top_k_experts") if moe else 0,
+        expert_width=config_integer(config, "moe_intermediate_size") if moe else 0,
         rope_dims_swa=int(head_dim_swa * _rope_factor(rope, 1.0)), rope_rotated_full=rotated)
 
 
@@ -4889,6 +4900,8 @@ def gemma4_hparam_kvs(p: Gemma4Params, file_type: int) -> list[KV]:
     per-layer arrays in the scalars' places where the config makes them differ by layer."""
     a, t = "gemma4", p.text
     kvs = text_model_kvs(a, t, file_type)
+    if p.experts:
+        kvs = moe_text_model_kvs(a, MoeParams(t, p.experts, p.experts_used, p.expert_width), file_type)
     at = next(i for i, kv in enumerate(kvs) if kv.key == f"{a}.rope.freq_base")
     kvs.insert(at + 1, KV(f"{a}.rope.freq_base_swa", GGUF_FLOAT32, p.rope_freq_base_swa))
     if p.double_wide:
@@ -4908,6 +4921,7 @@ def gemma4_hparam_kvs(p: Gemma4Params, file_type: int) -> list[KV]:
         KV(f"{a}.attention.sliding_window_pattern", GGUF_BOOL, list(p.sliding), array=True),
         KV(f"{a}.attention.key_length_swa", GGUF_UINT32, t.head_dim),
         KV(f"{a}.attention.value_length_swa", GGUF_UINT32, t.head_dim),
+        *([KV(f"{a}.expert_feed_forward_length", GGUF_UINT32, p.expert_width)] if p.experts else []),
         KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.head_dim_full),
         KV(f"{a}.rope.dimension_count_swa", GGUF_UINT32, p.rope_dims_swa),
     ]
@@ -4962,7 +4976,20 @@ _GEMMA4_PER_LAYER = {
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
 }
-_GEMMA4_BLOCK_TENSORS = {**_GEMMA4_COMMON, **_GEMMA4_KV, **_GEMMA4_PER_LAYER,
+# A mixture-of-experts layer's (26B-A4B), beside the dense MLP: the experts as Gemma 4 saves them, stacked
+# already (Gemma4Model.filter_tensors names them *.weight), the router, and Gemma4Model.modify_tensors' two
+# scales.
+_GEMMA4_EXPERTS = {
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+}
+_GEMMA4_BLOCK_TENSORS = {**_GEMMA4_COMMON, **_GEMMA4_KV, **_GEMMA4_PER_LAYER, **_GEMMA4_EXPERTS,
                          "layer_scalar": "layer_output_scale.weight"}
 
 
@@ -4971,7 +4998,8 @@ def gemma4_layer_outputs(p: Gemma4Params, block: int) -> tuple[str, ...]:
     the keys for the values without it): its own KV unless it shares another's (no values of their own in a
     full layer of attention_k_eq_v), and the per-layer embedding's gate, projection and norm when there is one."""
     own_kv = tuple(name for name in _GEMMA4_KV.values() if name != "attn_v.weight" or not gemma4_keys_are_values(p, block))
-    return (own_kv if block < p.first_shared else ()) + (tuple(_GEMMA4_PER_LAYER.values()) if p.per_layer_width else ())
+    return ((own_kv if block < p.first_shared else ()) + (tuple(_GEMMA4_PER_LAYER.values()) if p.per_layer_width else ())
+            + (tuple(_GEMMA4_EXPERTS.values()) if p.experts else ()))
 
 
 def gemma4_keys_are_values(p: Gemma4Params, block: int) -> bool:
@@ -5011,7 +5039,13 @@ def gemma4_shape(gguf_name: str, p: Gemma4Params) -> tuple[int, ...]:
         "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff),
         "post_attention_norm": (h,), "post_ffw_norm": (h,), "post_norm": (h,),
         "inp_gate": (ple, h), "proj": (h, ple), "layer_output_scale": (1,),
+        "pre_ffw_norm_2": (h,), "post_ffw_norm_1": (h,), "post_ffw_norm_2": (h,),
+        "ffn_gate_up_exps": (p.experts, 2 * p.expert_width, h), "ffn_down_exps": (p.experts, h, p.expert_width),
     }
+    if gguf_name.endswith(".scale"):        # the router's scale (ffn_gate_inp) and the per-expert one (ffn_down_exps)
+        return (h,) if kind == "ffn_gate_inp" else (p.experts,)
+    if kind == "ffn_gate_inp":
+        return p.experts, h
     return shapes[kind] if kind in shapes else text_shape(gguf_name, t)
 
 

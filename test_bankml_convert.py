@@ -2929,8 +2929,8 @@ class Qwen35MoeRefusals(Workspace):
                                                              if p.is_dir())[0], self.out_dir() / "a.gguf", base)
 
 
-# --- Gemma 4 (issue 37): E2B, E4B and 31B -- shared-KV layers, per-layer embeddings, two head sizes, keys
-# --- as values, the generated rope_freqs, the gemma4 vocabulary.  Bytes pinned by the golden runs gemma-4-*; Gemma 4's
+# --- Gemma 4 (issue 37): E2B, E4B, 31B and 26B-A4B -- shared-KV layers, per-layer embeddings, two head
+# --- sizes, keys as values, the mixture of experts, the generated rope_freqs, the gemma4 vocabulary.  Bytes pinned by the golden runs gemma-4-*; Gemma 4's
 # --- tokenizer (Google's terms) is not available offline: the cases take TinyLlama's Apache-2.0
 # --- byte-fallback tokenizer.json, which Gemma4Model reads the same way (LlamaHfVocab).
 
@@ -2996,6 +2996,25 @@ class Gemma4KeysAndTensors(Workspace):
         self.assertEqual(("blk.0.attn_v.weight" in names, "blk.5.attn_v.weight" in names), (True, False))
         heads = {k.key: k for k in plan.kvs}["gemma4.attention.head_count_kv"]
         self.assertEqual((heads.array, heads.value), (True, [2, 2, 2, 2, 2, 1] * 2))
+
+    def test_the_mixtures_keys_are_textmodels_expert_counts_and_gemma4s_expert_width(self):
+        keys = [k.key[len("gemma4."):] for k in self.plan(self.case("gemma-4-26b-a4b-shape")).kvs
+                if k.key.startswith("gemma4.")]
+        self.assertEqual(keys[keys.index("attention.layer_norm_rms_epsilon") + 1:][:3],
+                         ["expert_count", "expert_used_count", "attention.key_length"])
+        self.assertEqual(keys[keys.index("attention.value_length_swa") + 1], "expert_feed_forward_length")
+
+    def test_the_experts_are_written_as_stacked_with_the_router_and_its_scales_f32(self):
+        tensors = self.tensors(self.case("gemma-4-26b-a4b-shape"), outtype="q8_0")
+        for name, ggml_type, dims in (("blk.0.ffn_gate_up_exps.weight", bc.GGML_Q8_0, (64, 64, 4)),
+                                      ("blk.0.ffn_down_exps.weight", bc.GGML_Q8_0, (32, 64, 4)),
+                                      ("blk.0.ffn_gate_inp.weight", bc.GGML_F32, (64, 4)),
+                                      ("blk.0.ffn_gate_inp.scale", bc.GGML_F32, (64,)),
+                                      ("blk.0.ffn_down_exps.scale", bc.GGML_F32, (4,)),
+                                      ("blk.0.pre_ffw_norm_2.weight", bc.GGML_F32, (64,)),
+                                      ("blk.0.ffn_up.weight", bc.GGML_Q8_0, (64, 64))):
+            with self.subTest(name):
+                self.assertEqual((tensors[name].ggml_type, tensors[name].dims), (ggml_type, dims))
 
     def test_rope_freqs_leaves_all_but_the_rotated_quarter_of_a_full_head_unrotated(self):
         rope = self.plan(self.case(GEMMA4_E2B)).tensors[0]
@@ -3070,9 +3089,11 @@ class Gemma4Refusals(Workspace):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(num_kv_shared_layers=9))
         self.assertRefuses(d, re.compile(r"config\.json: 9 of 10 layers share KV, leaving fewer than two .*aborts.*"))
 
-    def test_the_mixture_of_experts_is_refused(self):
-        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(enable_moe_block=True, num_experts=4, top_k_experts=2))
-        self.assertRefuses(d, re.compile(r"config\.json describes Gemma 4's mixture of experts \(26B-A4B\).*"))
+    def test_expert_keys_without_the_mixture_or_a_mixture_without_them_are_refused(self):
+        for change in (lambda t: t.update(num_experts=4), lambda t: t.update(enable_moe_block=True, num_experts=4)):
+            d = self.edit_text(GEMMA4_E2B, change)
+            self.assertRefuses(d, re.compile(r"config\.json: Gemma 4's mixture of experts needs enable_moe_block with "
+                                             r"num_experts, top_k_experts and moe_intermediate_size, .*"))
 
     def test_a_v_proj_where_the_keys_are_the_values_is_refused(self):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(attention_k_eq_v=True, num_global_key_value_heads=1))
@@ -3160,7 +3181,9 @@ class RefusalsFamiliesShare(Workspace):
                 ("granite 4.0-h shared expert", "granite-4.0-h-tiny-shape", "model.layers.1.shared_mlp.output_linear.weight",
                  "blk.1.ffn_down_shexp.weight", 1),
                 ("gemma 4 unshared layer's kv", "gemma-4-e2b-shape", "model.language_model.layers.4.self_attn.k_proj.weight",
-                 "blk.4.attn_k.weight", 4))
+                 "blk.4.attn_k.weight", 4),
+                ("gemma 4 router scale", "gemma-4-26b-a4b-shape", "model.language_model.layers.1.router.scale",
+                 "blk.1.ffn_gate_inp.scale", 1))
         for name, case, dropped, missing, layer in rows:
             with self.subTest(name):
                 d = self.case(case)

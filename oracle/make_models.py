@@ -1014,6 +1014,10 @@ GEMMA_4_E2B_TEXT = "gemma-4-E2B-it-text"
 #   the sliding layers, 4 of 512 in the full ones whose keys are their values -- attention_k_eq_v --, no
 #   per-layer embedding, no shared KV, sliding window 1024, tied), likewise written from its published values.
 GEMMA_4_31B_IT = "gemma-4-31B-it"
+# - gemma-4-26B-A4B-it's (30 layers of hidden 2816, the 31B's attention pattern with 16 heads over 8 KV heads and
+#   2 in the full layers, keys as values there; each layer a 2112-wide MLP beside 128 experts of 704, 8 per
+#   token), likewise.
+GEMMA_4_26B_A4B_IT = "gemma-4-26B-A4B-it"
 
 
 def _gemma4_text(hidden: int, ff: int, layers: int, kv_heads: int, shared: int, period: int, double_wide: bool) -> dict:
@@ -1063,6 +1067,12 @@ WRITTEN_FIXTURES.update({
         "max_position_embeddings": 262144, "num_attention_heads": 32, "num_global_key_value_heads": 4,
         "sliding_window": 1024}),
                      "generation_config.json": _GEMMA4_GENERATION},
+    GEMMA_4_26B_A4B_IT: {"config.json": _gemma4_config({
+        **_gemma4_text(2816, 2112, 30, 8, 0, 6, False), "attention_k_eq_v": True, "enable_moe_block": True,
+        "hidden_size_per_layer_input": 0, "max_position_embeddings": 262144, "moe_intermediate_size": 704,
+        "num_attention_heads": 16, "num_experts": 128, "num_global_key_value_heads": 2, "sliding_window": 1024,
+        "top_k_experts": 8}),
+                         "generation_config.json": _GEMMA4_GENERATION},
     # E2B's text part as Gemma4ForCausalLM (model_type gemma4_text), as a text-only fine-tune saves it.
     GEMMA_4_E2B_TEXT: {"config.json": {**_gemma4_text(1536, 6144, 35, 1, 20, 5, True),
                                        "architectures": ["Gemma4ForCausalLM"], "transformers_version": "5.5.0.dev0"},
@@ -1423,6 +1433,16 @@ GEMMA4_CASES: tuple[Case, ...] = (
          dirname="gemma-4-31b-it",
          description="gemma-4-31B-it's config (attention_k_eq_v: the full layers' keys are their values, 1 KV head "
                      "there; no per-layer embedding, no shared KV), BF16"),
+    # gemma-4-26B-A4B-it's config shrunk as the 31B's, each layer's MLP 64 wide beside 4 experts of 32 (2 per token).
+    Case("gemma-4-26b-a4b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_26B_A4B_IT,
+         dims=replace(GEMMA4_TINY, num_hidden_layers=12, intermediate_size=64, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=262144), head_dim=16,
+         text_updates=(("layer_types", (["sliding_attention"] * 5 + ["full_attention"]) * 2), ("global_head_dim", 32),
+                       ("num_global_key_value_heads", 1), ("vocab_size_per_layer_input", 32000), ("num_experts", 4),
+                       ("top_k_experts", 2), ("moe_intermediate_size", 32)),
+         dirname="gemma-4-26b-a4b-it",
+         description="gemma-4-26B-A4B-it's config (a mixture of experts beside each layer's MLP, keys as values in "
+                     "the full layers), BF16"),
     # llama.cpp converts it, its runtime aborts on it: 4 shared layers leave layer 5 (sliding) the last
     # unshared one, whose KV the shared full layer 9 would reuse.
     Case("gemma-4-e2b-shared-kv-mismatch", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
@@ -2517,9 +2537,19 @@ def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
                 + [TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd))] + mlp_specs(p + "mlp.", h, ff)
                 + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                              "post_feedforward_layernorm")
+                + (experts(p) if text.get("enable_moe_block") else [])
                 + ([TensorSpec(p + "per_layer_input_gate.weight", (ple, h)),
                     TensorSpec(p + "per_layer_projection.weight", (h, ple)),
                     TensorSpec(p + "post_per_layer_input_norm.weight", (h,))] if ple else []))
+
+    def experts(p: str) -> list[TensorSpec]:
+        # Gemma4TextDecoderLayer's router and experts (stacked, as transformers holds them) and their norms.
+        e, eff = text["num_experts"], text["moe_intermediate_size"]
+        return [TensorSpec(p + "router.scale", (h,)), TensorSpec(p + "router.per_expert_scale", (e,)),
+                TensorSpec(p + "router.proj.weight", (e, h)), TensorSpec(p + "experts.gate_up_proj", (e, 2 * eff, h)),
+                TensorSpec(p + "experts.down_proj", (e, h, eff)),
+                *norm_specs(p, h, "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                            "pre_feedforward_layernorm_2")]
 
     t = "model.language_model." if wrapper else "model."
     tied = text.get("tie_word_embeddings", True)

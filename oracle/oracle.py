@@ -143,9 +143,10 @@ RUNS: tuple[Run, ...] = tuple(
        for case in ("granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape") for t in OTHER_OUTTYPES]
     # ... and two Mamba2 groups with an untied head, in q8_0 too.
     + [Run("granite-4.0-h-micro-groups-q8_0", "granite-4.0-h-micro-groups", ("--outtype", "q8_0"))]
-    # Gemma 4 (issue 37): every output type for the E2B, E4B and 31B shapes and E2B's text model (F16, untied).
+    # Gemma 4 (issue 37): every output type for the E2B, E4B, 31B and 26B-A4B shapes and E2B's text model (F16, untied).
     + [Run(f"{case}-{t}", case, ("--outtype", t))
-       for case in ("gemma-4-e2b-shape", "gemma-4-e4b-shape", "gemma-4-e2b-text-f16", "gemma-4-31b-shape")
+       for case in ("gemma-4-e2b-shape", "gemma-4-e4b-shape", "gemma-4-e2b-text-f16", "gemma-4-31b-shape",
+                    "gemma-4-26b-a4b-shape")
        for t in OTHER_OUTTYPES]
     + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
