@@ -4714,7 +4714,7 @@ class Gemma4Params(NamedTuple):
     shared_kv_layers: int
     per_layer_width: int                # hidden_size_per_layer_input: 0 without a per-layer embedding
     per_layer_vocab: int                # vocab_size_per_layer_input: the per-layer embedding's rows
-    sliding: tuple[bool, ...]           # per layer, sliding attention (layer_types, the last forced full)
+    layers: Gemma4Layers                # which layers are sliding attention
     head_dim_full: int                  # the full-attention layers' head size (per_layer_config's)
     head_count_kv_full: Optional[int]   # per_layer_config's KV heads of the full layers; None: head_count_kv
     double_wide: bool                   # use_double_wide_mlp: the shared layers' MLP twice as wide
@@ -4747,51 +4747,82 @@ _GEMMA4_DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_thet
 _GEMMA4_MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size", "expert_intermediate_size")
 
 
-def gemma4_layer_types(config: dict, layers: int) -> tuple[bool, ...]:
-    """Per layer, whether it is sliding attention, as Gemma4TextConfig.__post_init__ leaves layer_types:
-    config.json's (one per layer), or five sliding layers to a full one; the last layer made full either
-    way.  Or a Refusal."""
+class Gemma4Layers(NamedTuple):
+    """Which layers are sliding attention, as Gemma4TextConfig leaves layer_types, with no list as long as a
+    layer count no tensor has backed yet: config.json's list (the last layer made full), or the default
+    pattern, five sliding layers to a full one and the last full."""
+    count: int
+    written: tuple[bool, ...]       # config.json's layer_types as sliding flags; () for the default pattern
+
+    def sliding(self, i: int) -> bool:
+        if self.written:
+            return self.written[i]
+        return (i + 1) % 6 != 0 and i != self.count - 1
+
+    def full_count(self, start: int, stop: int) -> int:
+        """The full-attention layers among start..stop-1."""
+        if self.written:
+            return self.written[start:stop].count(False)
+        last = self.count - 1
+        return stop // 6 - start // 6 + (start <= last < stop and self.count % 6 != 0)
+
+    def first(self, sliding: bool, start: int, stop: int) -> Optional[int]:
+        """The first layer of the kind among start..stop-1, or None (in the default pattern one of every six
+        layers is full and the last is: seven layers and the last say it)."""
+        candidates = range(start, stop) if self.written else \
+            itertools.chain(range(start, min(stop, start + 7)), range(max(start, stop - 1), stop))
+        return next((i for i in candidates if self.sliding(i) == sliding), None)
+
+
+def gemma4_layer_types(config: dict, layers: int) -> Gemma4Layers:
+    """The layers' kinds as Gemma4TextConfig.__post_init__ leaves layer_types (config.json's, one per layer,
+    or its default pattern; the last layer made full either way), or a Refusal."""
     types = config.get("layer_types")
     if types is None:
-        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+        return Gemma4Layers(layers, ())
     if not isinstance(types, list) or len(types) != layers or \
             any(t not in ("sliding_attention", "full_attention") for t in types):
         raise Refusal(f"config.json: layer_types must name sliding_attention or full_attention for each of the "
                       f"{layers} layers")
-    return tuple(t == "sliding_attention" for t in types[:-1]) + (False,)
+    return Gemma4Layers(layers, tuple(t == "sliding_attention" for t in types[:-1]) + (False,))
 
 
-def gemma4_full_layer_config(config: dict, sliding: tuple[bool, ...], head_dim: int, kv_heads: int
+def gemma4_full_layer_config(config: dict, layers: Gemma4Layers, head_dim: int, kv_heads: int
                              ) -> tuple[int, Optional[int]]:
     """(head_dim, KV heads or None) of the full-attention layers as Gemma4Model reads them from the hparams'
-    per_layer_config: config.json's, or the one Gemma4TextConfig builds from global_head_dim (512) and, with
-    attention_k_eq_v, num_global_key_value_heads -- less every override equal to the global value, which
-    transformers drops.  Or a Refusal where llama.cpp stops, or where the layers would differ in a way its
-    one value per kind of layer does not say."""
+    per_layer_config: config.json's, or the one Gemma4TextConfig builds for every full layer from
+    global_head_dim (512) and, with attention_k_eq_v, num_global_key_value_heads -- less every override equal
+    to the global value, which transformers drops.  Or a Refusal where llama.cpp stops, or where the layers
+    would differ in a way its one value per kind of layer does not say."""
     per_layer = config.get("per_layer_config")
     if per_layer is None:
-        override: dict = {"head_dim": config_integer(config, "global_head_dim", 512)}
+        kv_full = kv_heads
         if config.get("attention_k_eq_v") and config.get("num_global_key_value_heads") is not None:
-            override["num_key_value_heads"] = config_integer(config, "num_global_key_value_heads")
-        per_layer = {str(i): override for i, s in enumerate(sliding) if not s}
-    if not isinstance(per_layer, dict) or any(not isinstance(v, dict) for v in per_layer.values()):
-        raise Refusal("config.json: per_layer_config must map layer numbers to objects")
-    resolved: dict[int, tuple[int, int]] = {}
-    for key, entry in per_layer.items():
-        if not re.fullmatch(r"[0-9]{1,6}", str(key)) or int(key) >= len(sliding):
-            raise Refusal(f"config.json: per_layer_config has the key {key!r}, not a layer number below "
-                          f"{len(sliding)}; transformers rejects it")
-        other = sorted(set(entry) - {"head_dim", "num_key_value_heads"})
-        if other:
-            raise Refusal(f"config.json: per_layer_config sets {other[0]} for layer {key}; llama.cpp's Gemma 4 "
-                          f"converter reads head_dim and num_key_value_heads only")
-        layer = int(key)
-        values = (config_integer(entry, "head_dim", head_dim), config_integer(entry, "num_key_value_heads", kv_heads))
-        if sliding[layer] and values != (head_dim, kv_heads):
-            raise Refusal(f"config.json: per_layer_config overrides sliding layer {layer}; llama.cpp's Gemma 4 "
-                          f"converter writes one head size and KV head count for all sliding layers")
-        resolved[layer] = values
-    full = {resolved.get(i, (head_dim, kv_heads)) for i, s in enumerate(sliding) if not s}
+            kv_full = config_integer(config, "num_global_key_value_heads")
+        full = {(config_integer(config, "global_head_dim", 512), kv_full)}
+    else:
+        if not isinstance(per_layer, dict) or any(not isinstance(v, dict) for v in per_layer.values()):
+            raise Refusal("config.json: per_layer_config must map layer numbers to objects")
+        full, overridden = set(), set()
+        for key, entry in per_layer.items():
+            if not re.fullmatch(r"[0-9]{1,6}", str(key)) or int(key) >= layers.count:
+                raise Refusal(f"config.json: per_layer_config has the key {key!r}, not a layer number below "
+                              f"{layers.count}; transformers rejects it")
+            other = sorted(set(entry) - {"head_dim", "num_key_value_heads"})
+            if other:
+                raise Refusal(f"config.json: per_layer_config sets {other[0]} for layer {key}; llama.cpp's Gemma 4 "
+                              f"converter reads head_dim and num_key_value_heads only")
+            layer = int(key)
+            values = (config_integer(entry, "head_dim", head_dim), config_integer(entry, "num_key_value_heads", kv_heads))
+            if layers.sliding(layer):
+                if values != (head_dim, kv_heads):
+                    raise Refusal(f"config.json: per_layer_config overrides sliding layer {layer}; llama.cpp's "
+                                  f"Gemma 4 converter writes one head size and KV head count for all sliding layers")
+                continue
+            full.add(values)
+            overridden.add(layer)
+        if len(overridden) < layers.full_count(0, layers.count):
+            full.add((head_dim, kv_heads))      # a full layer without an override takes the global values
     if len(full) > 1:
         raise Refusal(f"config.json: per_layer_config gives the full-attention layers different head sizes or KV "
                       f"heads {sorted(full)}; llama.cpp's Gemma 4 converter writes one value for all of them")
@@ -4854,8 +4885,8 @@ def gemma4_params(config: dict) -> Gemma4Params:
     rope, full, sliding_rope = gemma4_rope(config)
     text = gemma_text(config, _GEMMA4_DEFAULTS)
     layers = text.block_count
-    sliding = gemma4_layer_types(config, layers)
-    head_dim_full, kv_full = gemma4_full_layer_config(config, sliding, text.head_dim, text.head_count_kv)
+    kinds = gemma4_layer_types(config, layers)
+    head_dim_full, kv_full = gemma4_full_layer_config(config, kinds, text.head_dim, text.head_count_kv)
     shared = config_integer(config, "num_kv_shared_layers", 0, minimum=0)
     first_shared = layers - shared
     # llama.cpp's runtime gives a shared layer the KV cache of layer first_shared - 1 (full attention) or
@@ -4863,14 +4894,14 @@ def gemma4_params(config: dict) -> Gemma4Params:
     if first_shared < 2:
         raise Refusal(f"config.json: {shared} of {layers} layers share KV, leaving fewer than two that make their "
                       f"own; llama.cpp's runtime aborts on such a model (it converts it)")
-    for layer in range(first_shared, layers):
-        reused = first_shared - (2 if sliding[layer] else 1)
-        if sliding[reused] != sliding[layer]:
-            kind = "sliding" if sliding[layer] else "full"
+    for sliding in (True, False):
+        layer = kinds.first(sliding, first_shared, layers)
+        reused = first_shared - (2 if sliding else 1)
+        if layer is not None and kinds.sliding(reused) != sliding:
             raise Refusal(f"config.json: layer {layer} shares the KV of layer {reused} as llama.cpp's runtime "
                           f"assigns it (the last unshared layer must be full attention and the one before it "
-                          f"sliding), but layer {reused} is not {kind} attention: the runtime aborts on the "
-                          f"file llama.cpp's converter writes; not converted")
+                          f"sliding), but layer {reused} is not {'sliding' if sliding else 'full'} attention: the "
+                          f"runtime aborts on the file llama.cpp's converter writes; not converted")
     ple = config.get("hidden_size_per_layer_input")
     ple = 0 if not ple else config_integer(config, "hidden_size_per_layer_input")
     per_layer_vocab = config_integer(config, "vocab_size_per_layer_input", 262144)
@@ -4885,7 +4916,7 @@ def gemma4_params(config: dict) -> Gemma4Params:
         sliding_window=config_integer(config, "sliding_window", 512),
         rope_freq_base_swa=config_number(sliding_rope, "rope_theta", 10_000.0),
         final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
-        shared_kv_layers=shared, per_layer_width=ple, per_layer_vocab=per_layer_vocab, sliding=sliding,
+        shared_kv_layers=shared, per_layer_width=ple, per_layer_vocab=per_layer_vocab, layers=kinds,
         head_dim_full=head_dim_full, head_count_kv_full=kv_full,
         double_wide=bool(config.get("use_double_wide_mlp")), k_eq_v=bool(config.get("attention_k_eq_v")),
         experts=config_integer(config, "num_experts") if moe else 0,
@@ -4909,7 +4940,7 @@ def gemma4_hparam_kvs(p: Gemma4Params, file_type: int) -> list[KV]:
         kvs = [KV(kv.key, GGUF_INT32, widths, array=True) if kv.key == f"{a}.feed_forward_length" else kv
                for kv in kvs]
     if p.head_count_kv_full is not None:
-        heads = [t.head_count_kv if s else p.head_count_kv_full for s in p.sliding]
+        heads = [t.head_count_kv if p.layers.sliding(i) else p.head_count_kv_full for i in range(t.block_count)]
         kvs = [KV(kv.key, GGUF_INT32, heads, array=True) if kv.key == f"{a}.attention.head_count_kv" else kv
                for kv in kvs]
     if p.final_logit_softcapping is not None:
@@ -4918,7 +4949,8 @@ def gemma4_hparam_kvs(p: Gemma4Params, file_type: int) -> list[KV]:
         KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
         KV(f"{a}.attention.shared_kv_layers", GGUF_UINT32, p.shared_kv_layers),
         KV(f"{a}.embedding_length_per_layer_input", GGUF_UINT32, p.per_layer_width),
-        KV(f"{a}.attention.sliding_window_pattern", GGUF_BOOL, list(p.sliding), array=True),
+        KV(f"{a}.attention.sliding_window_pattern", GGUF_BOOL, [p.layers.sliding(i) for i in range(t.block_count)],
+           array=True),
         KV(f"{a}.attention.key_length_swa", GGUF_UINT32, t.head_dim),
         KV(f"{a}.attention.value_length_swa", GGUF_UINT32, t.head_dim),
         *([KV(f"{a}.expert_feed_forward_length", GGUF_UINT32, p.expert_width)] if p.experts else []),
@@ -5004,7 +5036,7 @@ def gemma4_layer_outputs(p: Gemma4Params, block: int) -> tuple[str, ...]:
 
 def gemma4_keys_are_values(p: Gemma4Params, block: int) -> bool:
     """Whether a layer's values are its keys (attention_k_eq_v's full-attention layers: no v_proj)."""
-    return p.k_eq_v and not p.sliding[block]
+    return p.k_eq_v and not p.layers.sliding(block)
 
 
 def gemma4_modify_tensors(gguf_name: str, source: SourceTensor, p: Gemma4Params) -> list[Modified]:
@@ -5029,7 +5061,7 @@ def gemma4_shape(gguf_name: str, p: Gemma4Params) -> tuple[int, ...]:
     if parts[0] != "blk":
         return top[parts[0]] if parts[0] in top else text_shape(gguf_name, t)
     block, kind = int(parts[1]), parts[2]
-    full = not p.sliding[block]
+    full = not p.layers.sliding(block)
     hd = p.head_dim_full if full else t.head_dim
     kv = p.head_count_kv_full if full and p.head_count_kv_full is not None else t.head_count_kv
     ff = t.feed_forward_length * (2 if p.double_wide and block >= p.first_shared else 1)

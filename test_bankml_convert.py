@@ -2985,6 +2985,17 @@ class Gemma4KeysAndTensors(Workspace):
         edit_json(d / "config.json", lambda c: c["text_config"].pop("layer_types"))
         self.assertEqual(self.plan(d).kvs, self.plan(self.case(GEMMA4_E4B)).kvs)
 
+    def test_the_default_layer_pattern_answers_as_its_list_would_without_making_it(self):
+        for count in range(1, 26):
+            written = tuple((i + 1) % 6 != 0 for i in range(count - 1)) + (False,)
+            default, listed = bc.Gemma4Layers(count, ()), bc.Gemma4Layers(count, written)
+            for start in range(count):
+                for stop in range(start, count + 1):
+                    for sliding in (True, False):
+                        self.assertEqual(default.first(sliding, start, stop), listed.first(sliding, start, stop))
+                    self.assertEqual(default.full_count(start, stop), listed.full_count(start, stop))
+            self.assertEqual([default.sliding(i) for i in range(count)], list(written))
+
     def test_full_layer_kv_heads_of_their_own_are_written_per_layer(self):
         heads = self.kvs(self.case("gemma-4-e2b-per-layer-config"))["gemma4.attention.head_count_kv"]
         self.assertEqual((heads.vtype, heads.array, heads.value), (bc.GGUF_INT32, True, [1, 1, 1, 1, 2] * 2))
@@ -3084,6 +3095,14 @@ class Gemma4Refusals(Workspace):
             r"config\.json: layer 6 shares the KV of layer 4 as llama\.cpp's runtime assigns it \(the last unshared "
             r"layer must be full attention and the one before it sliding\), but layer 4 is not sliding attention: "
             r"the runtime aborts on the file llama\.cpp's converter writes; not converted"))
+
+    def test_a_layer_count_no_tensors_back_is_refused_before_a_list_as_long(self):
+        # Without layer_types the layers' kinds come from the default pattern (Gemma4Layers): no list is made.
+        d = self.edit_text(GEMMA4_E4B, lambda t: (t.pop("layer_types"),
+                                                  t.update(num_hidden_layers=2**31 - 1, num_kv_shared_layers=0)))
+        p = run_in_1_gib(d, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual((p.returncode, p.stdout), (2, ""))
+        self.assertIn("embed_tokens_per_layer.weight' has shape [32000, 192], but config.json implies", p.stderr)
 
     def test_fewer_than_two_unshared_layers_are_refused(self):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(num_kv_shared_layers=9))
