@@ -4743,6 +4743,8 @@ _GEMMA4_DEFAULTS = TextDefaults(num_hidden_layers=30, max_position_embeddings=13
 _GEMMA4_DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                            "rope_theta": 1_000_000.0}}
+# Gemma4TextConfig's boolean fields that decide what is written.
+_GEMMA4_FLAGS = ("enable_moe_block", "attention_k_eq_v", "use_double_wide_mlp", "attention_bias")
 # The mixture-of-experts keys (26B-A4B): TextModel and Gemma4Model write expert keys from any of them that is set.
 _GEMMA4_MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size", "expert_intermediate_size")
 
@@ -4867,6 +4869,10 @@ def _rope_factor(entry: dict, default: float) -> float:
 def gemma4_params(config: dict) -> Gemma4Params:
     """The Gemma 4 hyperparameters of config.json (after text_config is merged), with Gemma4TextConfig's
     defaults, or a Refusal for anything llama.cpp would treat otherwise or its runtime would not load."""
+    for key in _GEMMA4_FLAGS:
+        if key in config and type(config[key]) is not bool:
+            raise Refusal(f"config.json: {key} is {config[key]!r}; Gemma4TextConfig takes true or false only (with "
+                          f"another value transformers rejects the config and llama.cpp reads config.json raw)")
     moe = bool(config.get("enable_moe_block"))
     given = [config.get(key) is not None for key in _GEMMA4_MOE_KEYS]
     consistent = all(given[:3]) if moe else not any(given)
