@@ -4743,6 +4743,13 @@ _GEMMA4_DEFAULTS = TextDefaults(num_hidden_layers=30, max_position_embeddings=13
 _GEMMA4_DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                            "rope_theta": 1_000_000.0}}
+# Gemma4TextConfig's fields that take no null (transformers rejects the config, and llama.cpp's converter
+# stops where its tokenizer is loaded), and global_head_dim, whose null becomes a full-layer head_dim of None
+# that llama.cpp stops on.
+_GEMMA4_REQUIRED_VALUES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                           "rms_norm_eps", "sliding_window", "vocab_size_per_layer_input",
+                           "hidden_size_per_layer_input", "num_kv_shared_layers", "global_head_dim")
 # Gemma4TextConfig's boolean fields that decide what is written.
 _GEMMA4_FLAGS = ("enable_moe_block", "attention_k_eq_v", "use_double_wide_mlp", "attention_bias")
 # The mixture-of-experts keys (26B-A4B): TextModel and Gemma4Model write expert keys from any of them that is set.
@@ -4869,10 +4876,14 @@ def _rope_factor(entry: dict, default: float) -> float:
 def gemma4_params(config: dict) -> Gemma4Params:
     """The Gemma 4 hyperparameters of config.json (after text_config is merged), with Gemma4TextConfig's
     defaults, or a Refusal for anything llama.cpp would treat otherwise or its runtime would not load."""
+    for key in _GEMMA4_REQUIRED_VALUES:
+        if key in config and config[key] is None:
+            raise Refusal(f"config.json: {key} is null; Gemma4TextConfig rejects it, and llama.cpp's converter "
+                          f"stops on it (loading the tokenizer): write the model's value")
     for key in _GEMMA4_FLAGS:
         if key in config and type(config[key]) is not bool:
-            raise Refusal(f"config.json: {key} is {config[key]!r}; Gemma4TextConfig takes true or false only (with "
-                          f"another value transformers rejects the config and llama.cpp reads config.json raw)")
+            raise Refusal(f"config.json: {key} is {config[key]!r}; Gemma4TextConfig takes true or false only, and "
+                          f"llama.cpp's converter stops on another value (loading the tokenizer)")
     moe = bool(config.get("enable_moe_block"))
     given = [config.get(key) is not None for key in _GEMMA4_MOE_KEYS]
     consistent = all(given[:3]) if moe else not any(given)

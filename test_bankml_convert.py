@@ -3104,10 +3104,14 @@ class Gemma4Refusals(Workspace):
         self.assertEqual((p.returncode, p.stdout), (2, ""))
         self.assertIn("embed_tokens_per_layer.weight' has shape [32000, 192], but config.json implies", p.stderr)
 
+    def test_a_null_where_gemma4textconfig_takes_none_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(sliding_window=None))
+        self.assertRefuses(d, re.compile(r"config\.json: sliding_window is null; Gemma4TextConfig rejects it, .*"))
+
     def test_a_flag_that_is_not_a_boolean_is_refused(self):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(use_double_wide_mlp="yes"))
         self.assertRefuses(d, re.compile(r"config\.json: use_double_wide_mlp is 'yes'; Gemma4TextConfig takes true or "
-                                         r"false only .*"))
+                                         r"false only, .*"))
 
     def test_fewer_than_two_unshared_layers_are_refused(self):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(num_kv_shared_layers=9))
