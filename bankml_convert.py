@@ -4704,6 +4704,33 @@ GRANITE4H = register(Family(
 # of experts beside the dense MLP (the router's projection, scale and per-expert scale, the experts' fused
 # gate/up and down as Gemma 4 saves them, three more norms).
 
+class Gemma4Layers(NamedTuple):
+    """Which layers are sliding attention, as Gemma4TextConfig leaves layer_types, with no list as long as a
+    layer count no tensor has backed yet: config.json's list (the last layer made full), or the default
+    pattern, five sliding layers to a full one and the last full."""
+    count: int
+    written: tuple[bool, ...]       # config.json's layer_types as sliding flags; () for the default pattern
+
+    def sliding(self, i: int) -> bool:
+        if self.written:
+            return self.written[i]
+        return (i + 1) % 6 != 0 and i != self.count - 1
+
+    def full_count(self, start: int, stop: int) -> int:
+        """The full-attention layers among start..stop-1."""
+        if self.written:
+            return self.written[start:stop].count(False)
+        last = self.count - 1
+        return stop // 6 - start // 6 + (start <= last < stop and self.count % 6 != 0)
+
+    def first(self, sliding: bool, start: int, stop: int) -> Optional[int]:
+        """The first layer of the kind among start..stop-1, or None (in the default pattern one of every six
+        layers is full and the last is: seven layers and the last say it)."""
+        candidates = range(start, stop) if self.written else \
+            itertools.chain(range(start, min(stop, start + 7)), range(max(start, stop - 1), stop))
+        return next((i for i in candidates if self.sliding(i) == sliding), None)
+
+
 class Gemma4Params(NamedTuple):
     """The hyperparameters Gemma4Model writes, as Gemma4TextConfig fills them: TextModel's (head_dim the
     sliding layers', key_length the full layers'), then Gemma3Model's and its own."""
@@ -4754,33 +4781,6 @@ _GEMMA4_REQUIRED_VALUES = ("vocab_size", "hidden_size", "intermediate_size", "nu
 _GEMMA4_FLAGS = ("enable_moe_block", "attention_k_eq_v", "use_double_wide_mlp", "attention_bias")
 # The mixture-of-experts keys (26B-A4B): TextModel and Gemma4Model write expert keys from any of them that is set.
 _GEMMA4_MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size", "expert_intermediate_size")
-
-
-class Gemma4Layers(NamedTuple):
-    """Which layers are sliding attention, as Gemma4TextConfig leaves layer_types, with no list as long as a
-    layer count no tensor has backed yet: config.json's list (the last layer made full), or the default
-    pattern, five sliding layers to a full one and the last full."""
-    count: int
-    written: tuple[bool, ...]       # config.json's layer_types as sliding flags; () for the default pattern
-
-    def sliding(self, i: int) -> bool:
-        if self.written:
-            return self.written[i]
-        return (i + 1) % 6 != 0 and i != self.count - 1
-
-    def full_count(self, start: int, stop: int) -> int:
-        """The full-attention layers among start..stop-1."""
-        if self.written:
-            return self.written[start:stop].count(False)
-        last = self.count - 1
-        return stop // 6 - start // 6 + (start <= last < stop and self.count % 6 != 0)
-
-    def first(self, sliding: bool, start: int, stop: int) -> Optional[int]:
-        """The first layer of the kind among start..stop-1, or None (in the default pattern one of every six
-        layers is full and the last is: seven layers and the last say it)."""
-        candidates = range(start, stop) if self.written else \
-            itertools.chain(range(start, min(stop, start + 7)), range(max(start, stop - 1), stop))
-        return next((i for i in candidates if self.sliding(i) == sliding), None)
 
 
 def gemma4_layer_types(config: dict, layers: int) -> Gemma4Layers:
@@ -4919,8 +4919,8 @@ def gemma4_params(config: dict) -> Gemma4Params:
                           f"assigns it (the last unshared layer must be full attention and the one before it "
                           f"sliding), but layer {reused} is not {'sliding' if sliding else 'full'} attention: the "
                           f"runtime aborts on the file llama.cpp's converter writes; not converted")
-    ple = config.get("hidden_size_per_layer_input")
-    ple = 0 if not ple else config_integer(config, "hidden_size_per_layer_input")
+    # Gemma4TextConfig's default is E2B's 256; the larger models write 0 (no per-layer embedding).
+    ple = config_integer(config, "hidden_size_per_layer_input", 256, minimum=0)
     per_layer_vocab = config_integer(config, "vocab_size_per_layer_input", 262144)
     if ple and per_layer_vocab != text.vocab_size:
         raise Refusal(f"config.json: vocab_size_per_layer_input {per_layer_vocab} is not vocab_size "
@@ -5115,7 +5115,7 @@ def refuse_gemma4_directory(model_dir: Path, config: dict) -> None:
                       "to the SentencePiece model's size, which bankml_convert does not reproduce; remove it "
                       "(Gemma 4 reads tokenizer.json)")
     text = merged_text_config(config)
-    if not text.get("hidden_size_per_layer_input"):
+    if text.get("hidden_size_per_layer_input", 256) == 0:
         return
     sources, _ = index_tensors(model_dir)
     names = {gemma4_filter_tensors(t.name) for t in sources}

@@ -3147,6 +3147,11 @@ class Gemma4Refusals(Workspace):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(per_layer_config={"4": {"head_dim": 32, "sliding_window": 8}}))
         self.assertRefuses(d, re.compile(r"config\.json: per_layer_config sets sliding_window for layer 4; .*"))
 
+    def test_without_a_per_layer_width_gemma4textconfigs_256_is_expected(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.pop("hidden_size_per_layer_input"))
+        self.assertRefuses(d, "tensor 'model.language_model.embed_tokens_per_layer.weight' has shape [32000, 160], "
+                              "but config.json implies [32000, 2560]")
+
     def test_a_per_layer_vocabulary_of_another_size_is_refused(self):
         d = self.edit_text(GEMMA4_E2B, lambda t: t.update(vocab_size_per_layer_input=262144))
         self.assertRefuses(d, re.compile(r"config\.json: vocab_size_per_layer_input 262144 is not vocab_size 32000; .*"))
