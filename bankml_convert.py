@@ -11,8 +11,9 @@
 writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.gguf --outtype T``
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
-Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE
-and gpt-oss (its MXFP4 experts repacked as llama.cpp repacks them) --, and PEFT LoRA adapters as llama.cpp's
+Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B, 26B-A4B), Phi-4-mini (as Phi-3),
+and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE and gpt-oss (its MXFP4 experts
+repacked as llama.cpp repacks them) --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -94,6 +95,9 @@ the vocabulary paths its set_vocab tries, in order:
                hooks: shape filter_tensors modify_tensors refuse_directory layer_outputs lora_refusal; vocabulary: gpt2
     gpt-oss    GptOssForCausalLM
                hooks: shape modify_tensors refuse_directory lora_refusal; vocabulary: gpt2
+    Gemma 4    Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+               hooks: shape filter_tensors modify_tensors generated_tensors hparams refuse_directory layer_outputs;
+               vocabulary: gemma4
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -5040,6 +5044,468 @@ GPT_OSS = register(Family(
 ))
 
 
+# --- Gemma 4 --------------------------------------------------------------------------------------
+# Gemma 4 (llama.cpp's Gemma4Model, on Gemma3Model): Gemma4ForCausalLM, and the text part of
+# Gemma4ForConditionalGeneration (its vision and audio towers dropped) -- E2B and E4B: sliding and full
+# attention layers of two head sizes, the last num_kv_shared_layers layers reusing the KV of the last
+# unshared layer of their kind (no k/v projections of their own), a per-layer embedding (PLE) feeding
+# every layer, a double-wide MLP in the shared layers.  Unlike Gemma 3, no norm is shifted by +1; the
+# full-attention layers' proportional rope is a generated rope_freqs tensor.  The vocabulary is the
+# gemma4 tokenizer kind (tokenizer.json read as LlamaHfVocab).  The 31B's full layers take their values
+# from their keys (attention_k_eq_v: no v_proj, their own KV head count); the 26B-A4B's layers add a mixture
+# of experts beside the dense MLP (the router's projection, scale and per-expert scale, the experts' fused
+# gate/up and down as Gemma 4 saves them, three more norms).
+
+class Gemma4Layers(NamedTuple):
+    """Which layers are sliding attention, as Gemma4TextConfig leaves layer_types, with no list as long as a
+    layer count no tensor has backed yet: config.json's list (the last layer made full), or the default
+    pattern, five sliding layers to a full one and the last full."""
+    count: int
+    written: tuple[bool, ...]       # config.json's layer_types as sliding flags; () for the default pattern
+
+    def sliding(self, i: int) -> bool:
+        if self.written:
+            return self.written[i]
+        return (i + 1) % 6 != 0 and i != self.count - 1
+
+    def full_count(self, start: int, stop: int) -> int:
+        """The full-attention layers among start..stop-1."""
+        if self.written:
+            return self.written[start:stop].count(False)
+        last = self.count - 1
+        return stop // 6 - start // 6 + (start <= last < stop and self.count % 6 != 0)
+
+    def first(self, sliding: bool, start: int, stop: int) -> Optional[int]:
+        """The first layer of the kind among start..stop-1, or None (in the default pattern one of every six
+        layers is full and the last is: seven layers and the last say it)."""
+        candidates = range(start, stop) if self.written else \
+            itertools.chain(range(start, min(stop, start + 7)), range(max(start, stop - 1), stop))
+        return next((i for i in candidates if self.sliding(i) == sliding), None)
+
+
+class Gemma4Params(NamedTuple):
+    """The hyperparameters Gemma4Model writes, as Gemma4TextConfig fills them: TextModel's (head_dim the
+    sliding layers', key_length the full layers'), then Gemma3Model's and its own."""
+    text: TextParams
+    sliding_window: int
+    rope_freq_base_swa: float
+    final_logit_softcapping: Optional[float]
+    shared_kv_layers: int
+    per_layer_width: int                # hidden_size_per_layer_input: 0 without a per-layer embedding
+    per_layer_vocab: int                # vocab_size_per_layer_input: the per-layer embedding's rows
+    layers: Gemma4Layers                # which layers are sliding attention
+    head_dim_full: int                  # the full-attention layers' head size (per_layer_config's)
+    head_count_kv_full: Optional[int]   # per_layer_config's KV heads of the full layers; None: head_count_kv
+    double_wide: bool                   # use_double_wide_mlp: the shared layers' MLP twice as wide
+    k_eq_v: bool                        # attention_k_eq_v (31B): a full layer's keys are its values, no v_proj
+    rope_dims_swa: int
+    rope_rotated_full: int              # rope_freqs' leading 1.0s (the rotated pairs of a full head)
+    experts: int = 0                    # num_experts with enable_moe_block (26B-A4B); 0: dense
+    experts_used: int = 0               # top_k_experts
+    expert_width: int = 0               # moe_intermediate_size: one expert's
+
+    block_count = text_part("block_count")
+    vocab_size = text_part("vocab_size")
+
+    @property
+    def first_shared(self) -> int:
+        return self.text.block_count - self.shared_kv_layers
+
+
+# Gemma4TextConfig's defaults (transformers 5.18); it has a head_dim of its own, so the heads are not
+# checked against the hidden size.
+_GEMMA4_DEFAULTS = TextDefaults(num_hidden_layers=30, max_position_embeddings=131072, hidden_size=2304,
+                                intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
+                                rope_theta=None, rms_norm_eps=1e-6, vocab_size=262144, null_key_value_heads=4,
+                                uneven_heads=None)
+# Gemma4TextConfig's rope_parameters when config.json has none.
+_GEMMA4_DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1_000_000.0}}
+# Gemma4TextConfig's fields that take no null (transformers rejects the config, and llama.cpp's converter
+# stops where its tokenizer is loaded), and global_head_dim, whose null becomes a full-layer head_dim of None
+# that llama.cpp stops on.
+_GEMMA4_REQUIRED_VALUES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                           "rms_norm_eps", "sliding_window", "vocab_size_per_layer_input",
+                           "hidden_size_per_layer_input", "num_kv_shared_layers", "global_head_dim")
+# Gemma4TextConfig's boolean fields that decide what is written.
+_GEMMA4_FLAGS = ("enable_moe_block", "attention_k_eq_v", "use_double_wide_mlp", "attention_bias")
+# The mixture-of-experts keys (26B-A4B): TextModel and Gemma4Model write expert keys from any of them that is set.
+_GEMMA4_MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size", "expert_intermediate_size")
+
+
+def gemma4_layer_types(config: dict, layers: int) -> Gemma4Layers:
+    """The layers' kinds as Gemma4TextConfig.__post_init__ leaves layer_types (config.json's, one per layer,
+    or its default pattern; the last layer made full either way), or a Refusal."""
+    types = config.get("layer_types")
+    if types is None:
+        return Gemma4Layers(layers, ())
+    if not isinstance(types, list) or len(types) != layers or \
+            any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise Refusal(f"config.json: layer_types must name sliding_attention or full_attention for each of the "
+                      f"{layers} layers")
+    return Gemma4Layers(layers, tuple(t == "sliding_attention" for t in types[:-1]) + (False,))
+
+
+def gemma4_full_layer_config(config: dict, layers: Gemma4Layers, head_dim: int, kv_heads: int
+                             ) -> tuple[int, Optional[int]]:
+    """(head_dim, KV heads or None) of the full-attention layers as Gemma4Model reads them from the hparams'
+    per_layer_config: config.json's, or the one Gemma4TextConfig builds for every full layer from
+    global_head_dim (512) and, with attention_k_eq_v, num_global_key_value_heads -- less every override equal
+    to the global value, which transformers drops.  Or a Refusal where llama.cpp stops, or where the layers
+    would differ in a way its one value per kind of layer does not say."""
+    per_layer = config.get("per_layer_config")
+    if per_layer is None:
+        kv_full = kv_heads
+        if config.get("attention_k_eq_v") and config.get("num_global_key_value_heads") is not None:
+            kv_full = config_integer(config, "num_global_key_value_heads")
+        full = {(config_integer(config, "global_head_dim", 512), kv_full)}
+    else:
+        if not isinstance(per_layer, dict) or any(not isinstance(v, dict) for v in per_layer.values()):
+            raise Refusal("config.json: per_layer_config must map layer numbers to objects")
+        full, overridden = set(), set()
+        for key, entry in per_layer.items():
+            if not re.fullmatch(r"[0-9]{1,6}", str(key)) or int(key) >= layers.count:
+                raise Refusal(f"config.json: per_layer_config has the key {key!r}, not a layer number below "
+                              f"{layers.count}; transformers rejects it")
+            other = sorted(set(entry) - {"head_dim", "num_key_value_heads"})
+            if other:
+                raise Refusal(f"config.json: per_layer_config sets {other[0]} for layer {key}; llama.cpp's Gemma 4 "
+                              f"converter reads head_dim and num_key_value_heads only")
+            layer = int(key)
+            values = (config_integer(entry, "head_dim", head_dim), config_integer(entry, "num_key_value_heads", kv_heads))
+            if layers.sliding(layer):
+                if values != (head_dim, kv_heads):
+                    raise Refusal(f"config.json: per_layer_config overrides sliding layer {layer}; llama.cpp's "
+                                  f"Gemma 4 converter writes one head size and KV head count for all sliding layers")
+                continue
+            full.add(values)
+            overridden.add(layer)
+        if len(overridden) < layers.full_count(0, layers.count):
+            full.add((head_dim, kv_heads))      # a full layer without an override takes the global values
+    if len(full) > 1:
+        raise Refusal(f"config.json: per_layer_config gives the full-attention layers different head sizes or KV "
+                      f"heads {sorted(full)}; llama.cpp's Gemma 4 converter writes one value for all of them")
+    full_head_dim, full_kv = full.pop()
+    if full_head_dim == head_dim:
+        # transformers drops an override equal to the global value, and llama.cpp then finds no head_dim.
+        raise Refusal(f"config.json: the full-attention layers' head_dim is head_dim {head_dim} itself; llama.cpp's "
+                      f"Gemma 4 converter then finds no full-attention head_dim and stops")
+    return full_head_dim, None if full_kv == kv_heads else full_kv
+
+
+def gemma4_rope(config: dict) -> tuple[dict, dict, dict]:
+    """rope_parameters (Gemma4TextConfig's default when null) and its full_attention and sliding_attention
+    entries, or a Refusal for a rope llama.cpp's Gemma 4 converter stops on or that is not reproduced."""
+    rope = config.get("rope_parameters")
+    if rope is None:
+        rope = _GEMMA4_DEFAULT_ROPE
+    full, sliding = (rope.get("full_attention"), rope.get("sliding_attention")) if isinstance(rope, dict) else (None, None)
+    if not isinstance(full, dict) or not isinstance(sliding, dict):
+        raise Refusal("config.json: Gemma 4's rope_parameters must have a full_attention and a sliding_attention "
+                      "object (llama.cpp's converter reads both)")
+    if full.get("rope_type") != "proportional":
+        raise Refusal(f"config.json: the full-attention rope_type is {full.get('rope_type')!r}; llama.cpp's Gemma 4 "
+                      f"converter takes proportional only (it stops on the rest)")
+    if sliding.get("rope_type", "default") != "default":
+        raise Refusal(f"config.json: the sliding-attention rope_type is {sliding.get('rope_type')!r}; only default "
+                      f"is reproduced")
+    for name, entry in (("full_attention", full), ("sliding_attention", sliding)):
+        if "rope_theta" not in entry:
+            raise Refusal(f"config.json: rope_parameters' {name} has no rope_theta; llama.cpp then leaves a key "
+                          f"out or moves it, which bankml_convert does not reproduce")
+    return rope, full, sliding
+
+
+def _rope_factor(entry: dict, default: float) -> float:
+    factor = entry.get("partial_rotary_factor", default)
+    if type(factor) not in (int, float) or not 0 < factor <= 1:
+        raise Refusal(f"config.json: partial_rotary_factor is {factor!r}; expected a number in (0, 1]")
+    return factor
+
+
+def gemma4_params(config: dict) -> Gemma4Params:
+    """The Gemma 4 hyperparameters of config.json (after text_config is merged), with Gemma4TextConfig's
+    defaults, or a Refusal for anything llama.cpp would treat otherwise or its runtime would not load."""
+    for key in _GEMMA4_REQUIRED_VALUES:
+        if key in config and config[key] is None:
+            raise Refusal(f"config.json: {key} is null; Gemma4TextConfig rejects it, and llama.cpp's converter "
+                          f"stops on it (loading the tokenizer): write the model's value")
+    for key in _GEMMA4_FLAGS:
+        if key in config and type(config[key]) is not bool:
+            raise Refusal(f"config.json: {key} is {config[key]!r}; Gemma4TextConfig takes true or false only, and "
+                          f"llama.cpp's converter stops on another value (loading the tokenizer)")
+    moe = bool(config.get("enable_moe_block"))
+    given = [config.get(key) is not None for key in _GEMMA4_MOE_KEYS]
+    consistent = all(given[:3]) if moe else not any(given)
+    if not consistent or given[3]:
+        raise Refusal("config.json: Gemma 4's mixture of experts needs enable_moe_block with num_experts, "
+                      "top_k_experts and moe_intermediate_size, and a dense model none of them (llama.cpp writes "
+                      "expert keys for any that is set); another mix is not reproduced")
+    if config.get("use_bidirectional_attention") not in (None, "vision"):
+        raise Refusal(f"config.json: use_bidirectional_attention {config.get('use_bidirectional_attention')!r} "
+                      f"makes the model non-causal and changes its sliding window; not reproduced")
+    if config.get("sliding_window_pattern") == 1:
+        raise Refusal("config.json: sliding_window_pattern 1 makes llama.cpp write no sliding window, which its "
+                      "Gemma 4 loader requires; set the model's sliding_window_pattern")
+    if config.get("attention_bias"):
+        raise Refusal("config.json sets attention_bias: true; llama.cpp's Gemma 4 has no q/k/v biases to map")
+    rope, full, sliding_rope = gemma4_rope(config)
+    text = gemma_text(config, _GEMMA4_DEFAULTS)
+    layers = text.block_count
+    kinds = gemma4_layer_types(config, layers)
+    head_dim_full, kv_full = gemma4_full_layer_config(config, kinds, text.head_dim, text.head_count_kv)
+    shared = config_integer(config, "num_kv_shared_layers", 0, minimum=0)
+    first_shared = layers - shared
+    # llama.cpp's runtime gives a shared layer the KV cache of layer first_shared - 1 (full attention) or
+    # first_shared - 2 (sliding), asserting there are two unshared layers and the reused one is its kind.
+    if first_shared < 2:
+        raise Refusal(f"config.json: {shared} of {layers} layers share KV, leaving fewer than two that make their "
+                      f"own; llama.cpp's runtime aborts on such a model (it converts it)")
+    for sliding in (True, False):
+        layer = kinds.first(sliding, first_shared, layers)
+        reused = first_shared - (2 if sliding else 1)
+        if layer is not None and kinds.sliding(reused) != sliding:
+            raise Refusal(f"config.json: layer {layer} shares the KV of layer {reused} as llama.cpp's runtime "
+                          f"assigns it (the last unshared layer must be full attention and the one before it "
+                          f"sliding), but layer {reused} is not {'sliding' if sliding else 'full'} attention: the "
+                          f"runtime aborts on the file llama.cpp's converter writes; not converted")
+    # Gemma4TextConfig's default is E2B's 256; the larger models write 0 (no per-layer embedding).
+    ple = config_integer(config, "hidden_size_per_layer_input", 256, minimum=0)
+    per_layer_vocab = config_integer(config, "vocab_size_per_layer_input", 262144)
+    if ple and per_layer_vocab != text.vocab_size:
+        raise Refusal(f"config.json: vocab_size_per_layer_input {per_layer_vocab} is not vocab_size "
+                      f"{text.vocab_size}; llama.cpp's loader reads the per-layer embedding as one row per token")
+    head_dim_swa = text.head_dim
+    softcap = config.get("final_logit_softcapping")
+    rotated = int(head_dim_full * _rope_factor(full, 1.0) / 2)
+    return Gemma4Params(
+        text._replace(rope_freq_base=config_number(full, "rope_theta", 1_000_000.0), key_length=head_dim_full),
+        sliding_window=config_integer(config, "sliding_window", 512),
+        rope_freq_base_swa=config_number(sliding_rope, "rope_theta", 10_000.0),
+        final_logit_softcapping=config_number(config, "final_logit_softcapping", 0.0) if softcap else None,
+        shared_kv_layers=shared, per_layer_width=ple, per_layer_vocab=per_layer_vocab, layers=kinds,
+        head_dim_full=head_dim_full, head_count_kv_full=kv_full,
+        double_wide=bool(config.get("use_double_wide_mlp")), k_eq_v=bool(config.get("attention_k_eq_v")),
+        experts=config_integer(config, "num_experts") if moe else 0,
+        experts_used=config_integer(config, "top_k_experts") if moe else 0,
+        expert_width=config_integer(config, "moe_intermediate_size") if moe else 0,
+        rope_dims_swa=int(head_dim_swa * _rope_factor(rope, 1.0)), rope_rotated_full=rotated)
+
+
+def gemma4_hparam_kvs(p: Gemma4Params, file_type: int) -> list[KV]:
+    """TextModel's keys (key_length the full layers' head size, written where TextModel writes it), then
+    Gemma3Model's and Gemma4Model's after general.file_type; the feed-forward lengths and KV heads as
+    per-layer arrays in the scalars' places where the config makes them differ by layer."""
+    a, t = "gemma4", p.text
+    kvs = text_model_kvs(a, t, file_type)
+    if p.experts:
+        kvs = moe_text_model_kvs(a, MoeParams(t, p.experts, p.experts_used, p.expert_width), file_type)
+    at = next(i for i, kv in enumerate(kvs) if kv.key == f"{a}.rope.freq_base")
+    kvs.insert(at + 1, KV(f"{a}.rope.freq_base_swa", GGUF_FLOAT32, p.rope_freq_base_swa))
+    if p.double_wide:
+        widths = [t.feed_forward_length * (1 if i < p.first_shared else 2) for i in range(t.block_count)]
+        kvs = [KV(kv.key, GGUF_INT32, widths, array=True) if kv.key == f"{a}.feed_forward_length" else kv
+               for kv in kvs]
+    if p.head_count_kv_full is not None:
+        heads = [t.head_count_kv if p.layers.sliding(i) else p.head_count_kv_full for i in range(t.block_count)]
+        kvs = [KV(kv.key, GGUF_INT32, heads, array=True) if kv.key == f"{a}.attention.head_count_kv" else kv
+               for kv in kvs]
+    if p.final_logit_softcapping is not None:
+        kvs.append(KV(f"{a}.final_logit_softcapping", GGUF_FLOAT32, p.final_logit_softcapping))
+    return kvs + [
+        KV(f"{a}.attention.sliding_window", GGUF_UINT32, p.sliding_window),
+        KV(f"{a}.attention.shared_kv_layers", GGUF_UINT32, p.shared_kv_layers),
+        KV(f"{a}.embedding_length_per_layer_input", GGUF_UINT32, p.per_layer_width),
+        KV(f"{a}.attention.sliding_window_pattern", GGUF_BOOL, [p.layers.sliding(i) for i in range(t.block_count)],
+           array=True),
+        KV(f"{a}.attention.key_length_swa", GGUF_UINT32, t.head_dim),
+        KV(f"{a}.attention.value_length_swa", GGUF_UINT32, t.head_dim),
+        *([KV(f"{a}.expert_feed_forward_length", GGUF_UINT32, p.expert_width)] if p.experts else []),
+        KV(f"{a}.rope.dimension_count", GGUF_UINT32, p.head_dim_full),
+        KV(f"{a}.rope.dimension_count_swa", GGUF_UINT32, p.rope_dims_swa),
+    ]
+
+
+def gemma4_generated_tensors(p: Gemma4Params) -> list[GeneratedTensor]:
+    """Gemma4Model.generate_extra_tensors: the full layers' rope_freqs, one factor per pair of a full head --
+    1.0 for the rotated pairs, 1e30 (as float32) for the rest, so ggml's neox rope leaves them unrotated."""
+    pairs = p.head_dim_full // 2
+    factors = [1.0] * p.rope_rotated_full + [1e30] * (pairs - p.rope_rotated_full)
+    return [GeneratedTensor("rope_freqs.weight", struct.pack(f"<{len(factors)}f", *factors), (len(factors),))]
+
+
+def gemma4_vocab_kvs(p: Gemma4Params, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+    """Gemma4Model.set_vocab: the gemma4 kind's keys, then add_space_prefix False and add_bos_token True
+    (in its place where SpecialVocab wrote it already)."""
+    add_bos = KV("tokenizer.ggml.add_bos_token", GGUF_BOOL, True)
+    kvs = [add_bos if kv.key == add_bos.key else kv for kv in tokenizer_kvs]
+    kvs.append(KV("tokenizer.ggml.add_space_prefix", GGUF_BOOL, False))
+    if add_bos not in kvs:
+        kvs.append(add_bos)
+    return kvs
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.GEMMA4 (layer_scalar is Gemma4Model.filter_tensors' layer_scalar.weight).
+_GEMMA4_TOP_TENSORS = {
+    **_LLAMA_TOP_TENSORS,
+    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+}
+_GEMMA4_COMMON = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+# The KV a layer makes (a shared layer has none in transformers' checkpoints; one saved with them is taken).
+_GEMMA4_KV = {
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+_GEMMA4_PER_LAYER = {
+    "per_layer_input_gate.weight": "inp_gate.weight",
+    "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+}
+# A mixture-of-experts layer's (26B-A4B), beside the dense MLP: the experts as Gemma 4 saves them, stacked
+# already (Gemma4Model.filter_tensors names them *.weight), the router, and Gemma4Model.modify_tensors' two
+# scales.
+_GEMMA4_EXPERTS = {
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+}
+_GEMMA4_BLOCK_TENSORS = {**_GEMMA4_COMMON, **_GEMMA4_KV, **_GEMMA4_PER_LAYER, **_GEMMA4_EXPERTS,
+                         "layer_scalar": "layer_output_scale.weight"}
+
+
+def gemma4_layer_outputs(p: Gemma4Params, block: int) -> tuple[str, ...]:
+    """What a layer needs beyond the names every layer has (llama.cpp's loader requires each, or would take
+    the keys for the values without it): its own KV unless it shares another's (no values of their own in a
+    full layer of attention_k_eq_v), and the per-layer embedding's gate, projection and norm when there is one."""
+    own_kv = tuple(name for name in _GEMMA4_KV.values() if name != "attn_v.weight" or not gemma4_keys_are_values(p, block))
+    return ((own_kv if block < p.first_shared else ()) + (tuple(_GEMMA4_PER_LAYER.values()) if p.per_layer_width else ())
+            + (tuple(_GEMMA4_EXPERTS.values()) if p.experts else ()))
+
+
+def gemma4_keys_are_values(p: Gemma4Params, block: int) -> bool:
+    """Whether a layer's values are its keys (attention_k_eq_v's full-attention layers: no v_proj)."""
+    return p.k_eq_v and not p.layers.sliding(block)
+
+
+def gemma4_modify_tensors(gguf_name: str, source: SourceTensor, p: Gemma4Params) -> list[Modified]:
+    """TextModel.modify_tensors (Gemma4Model shifts no norm): every tensor as it is; a v_proj where
+    attention_k_eq_v makes the keys the values refused, as llama.cpp's runtime would use it instead."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and parts[2] == "attn_v" and gemma4_keys_are_values(p, int(parts[1])):
+        raise Refusal(f"tensor {source.name!r}: layer {parts[1]} is full attention with attention_k_eq_v, whose "
+                      f"values are its keys, but the checkpoint has a v_proj for it, which llama.cpp's runtime would "
+                      f"use instead; not converted")
+    return [Modified(gguf_name, source)]
+
+
+def gemma4_shape(gguf_name: str, p: Gemma4Params) -> tuple[int, ...]:
+    """The HF shape (rows first) a Gemma 4 tensor must have: a layer's attention of its kind's head size and
+    KV heads, its MLP double wide when shared and use_double_wide_mlp, the per-layer embedding's tensors."""
+    t = p.text
+    h, ple, layers = t.embedding_length, p.per_layer_width, t.block_count
+    parts = gguf_name.split(".")
+    top = {"per_layer_token_embd": (p.per_layer_vocab, layers * ple), "per_layer_model_proj": (layers * ple, h),
+           "per_layer_proj_norm": (ple,)}
+    if parts[0] != "blk":
+        return top[parts[0]] if parts[0] in top else text_shape(gguf_name, t)
+    block, kind = int(parts[1]), parts[2]
+    full = not p.layers.sliding(block)
+    hd = p.head_dim_full if full else t.head_dim
+    kv = p.head_count_kv_full if full and p.head_count_kv_full is not None else t.head_count_kv
+    ff = t.feed_forward_length * (2 if p.double_wide and block >= p.first_shared else 1)
+    shapes = {
+        "attn_q": (t.head_count * hd, h), "attn_k": (kv * hd, h), "attn_v": (kv * hd, h),
+        "attn_output": (h, t.head_count * hd), "attn_q_norm": (hd,), "attn_k_norm": (hd,),
+        "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff),
+        "post_attention_norm": (h,), "post_ffw_norm": (h,), "post_norm": (h,),
+        "inp_gate": (ple, h), "proj": (h, ple), "layer_output_scale": (1,),
+        "pre_ffw_norm_2": (h,), "post_ffw_norm_1": (h,), "post_ffw_norm_2": (h,),
+        "ffn_gate_up_exps": (p.experts, 2 * p.expert_width, h), "ffn_down_exps": (p.experts, h, p.expert_width),
+    }
+    if gguf_name.endswith(".scale"):        # the router's scale (ffn_gate_inp) and the per-expert one (ffn_down_exps)
+        return (h,) if kind == "ffn_gate_inp" else (p.experts,)
+    if kind == "ffn_gate_inp":
+        return p.experts, h
+    return shapes[kind] if kind in shapes else text_shape(gguf_name, t)
+
+
+def gemma4_filter_tensors(hf_name: str) -> Optional[str]:
+    """TextModel.filter_tensors: the vision and audio towers and their embedders dropped, "language_model."
+    taken out of the name (both layouts of Gemma4ForConditionalGeneration become model.*)."""
+    if hf_name.startswith(_MULTIMODAL_PREFIXES) or any(part in hf_name for part in _MULTIMODAL_PARTS):
+        return None
+    return dropped_buffers(hf_name.replace("language_model.", ""))
+
+
+def refuse_gemma4_directory(model_dir: Path, config: dict) -> None:
+    """The per-layer embedding's top tensors must be there when the config has one (llama.cpp writes a file
+    without them, which its loader refuses); a tokenizer.model beside tokenizer.json is refused, as
+    Gemma3Model.modify_tensors would then cut token_embd to its piece count (not reproduced)."""
+    if (model_dir / "tokenizer.model").is_file():
+        raise Refusal("tokenizer.model beside a Gemma 4 tokenizer.json: llama.cpp's converter then cuts token_embd "
+                      "to the SentencePiece model's size, which bankml_convert does not reproduce; remove it "
+                      "(Gemma 4 reads tokenizer.json)")
+    text = merged_text_config(config)
+    if text.get("hidden_size_per_layer_input", 256) == 0:
+        return
+    sources, _ = index_tensors(model_dir)
+    names = {gemma4_filter_tensors(t.name) for t in sources}
+    for hf_name, gguf_name in _GEMMA4_TOP_TENSORS.items():
+        if gguf_name.startswith("per_layer_") and hf_name not in names:
+            raise Refusal(f"config.json gives a per-layer embedding (hidden_size_per_layer_input) but the checkpoint "
+                          f"has no {hf_name}: llama.cpp would write a file its loader refuses; the checkpoint is "
+                          f"incomplete")
+
+
+GEMMA4 = register(Family(
+    name="Gemma 4",
+    architectures=("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
+    model_types=("gemma4_text", "gemma4"),
+    gguf_arch="gemma4",
+    params=gemma4_params,
+    hparam_kvs=gemma4_hparam_kvs,
+    vocab_kvs=gemma4_vocab_kvs,
+    top_tensors=_GEMMA4_TOP_TENSORS,
+    block_tensors=_GEMMA4_BLOCK_TENSORS,
+    # tied embeddings; the per-layer embedding's (E2B, E4B) are checked by refuse_gemma4_directory
+    optional_tensors=frozenset({"output.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight",
+                                "per_layer_proj_norm.weight"}),
+    shape=gemma4_shape,
+    modify_tensors=gemma4_modify_tensors,
+    generated_tensors=gemma4_generated_tensors,
+    hparams=merged_text_config,
+    # Gemma4TextConfig has the expert keys (null in the dense models; refused otherwise by gemma4_params)
+    accepted_config_keys=frozenset({"text_config", "num_experts", "top_k_experts"}),
+    vocab_paths=("gemma4",),
+    filter_tensors=gemma4_filter_tensors,
+    refuse_directory=refuse_gemma4_directory,
+    block_outputs=tuple(_GEMMA4_COMMON.values()),
+    layer_outputs=gemma4_layer_outputs,
+    embedding_cut_by_tokenizer=True,        # Gemma3Model's cut, which the gemma4 kind's vocabulary check makes empty
+))
+
+
 # ---------------------------------------------------------------------------------------------
 # Naming: general.name, organization, basename, finetune, version and size label, exactly as
 # gguf-py's metadata.py heuristics derive them from _name_or_path and the directory's name.
@@ -9017,6 +9483,13 @@ def llama_hf_special_contents(tokenizer_config: dict, special_tokens_map: Option
 def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     """The vocabulary llama.cpp's llama_hf path writes: tokenizer.json's tokens in id order, every
     score -1000, BYTE for <0xHH> tokens, CONTROL for transformers' special ids, no padding."""
+    return llama_hf_read(model_dir, config, vocab_size)[0]
+
+
+def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
+                  classes: tuple[str, ...] = ("LlamaTokenizer",)) -> tuple[Vocab, dict]:
+    """llama_hf_vocab's Vocab, and the tokenizer.json it was read from (for a path that reads more of it),
+    for a tokenizer_config.json naming one of ``classes``: LlamaTokenizer's, or GemmaTokenizer's (Gemma 4)."""
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json")
     tokenizer_json = optional_json(d / "tokenizer.json")
@@ -9029,9 +9502,10 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
             and isinstance(decoder, dict) and decoder.get("type") == "Sequence"):
         raise Refusal("tokenizer.json is not a byte-fallback BPE with a Sequence decoder: llama.cpp would take "
                       "its llama_hf or gpt2 path in a way not reproduced")
-    if tokenizer_config.get("tokenizer_class") != "LlamaTokenizer":
-        raise Refusal(f"tokenizer_class {tokenizer_config.get('tokenizer_class')!r}: on the llama_hf path only "
-                      f"LlamaTokenizer is measured against llama.cpp")
+    tokenizer_class = tokenizer_config.get("tokenizer_class")
+    if tokenizer_class not in classes:
+        raise Refusal(f"tokenizer_class {tokenizer_class!r}: on this path only {' and '.join(classes)} "
+                      f"{'is' if len(classes) == 1 else 'are'} measured against llama.cpp")
     for name in ("added_tokens.json", "tekken.json"):
         if (d / name).is_file():
             raise Refusal(f"{name} beside a tokenizer.json without tokenizer.model: not reproduced")
@@ -9045,17 +9519,25 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
     if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
         raise Refusal(f"tokenizer_config.json add_prefix_space {add_prefix_space!r} is not a boolean")
     special_tokens_map = optional_json(d / "special_tokens_map.json")
-    named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
+    gemma = tokenizer_class == "GemmaTokenizer"
+    if gemma:
+        if special_tokens_map is not None:
+            raise Refusal("special_tokens_map.json beside a GemmaTokenizer tokenizer.json: transformers 5 may merge "
+                          "its tokens into the special ones; not measured against llama.cpp")
+        named = gemma_tokenizer_special_contents(tokenizer_config)
+    else:
+        named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
 
     vocab = base_vocab(tokenizer_json)
     ids = {token: i for i, token in enumerate(vocab)}
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
     for t in from_json + (from_config or []):
-        if ids.get(t.content) != t.id or not t.special or t.content not in named:
-            # transformers would give it a new id, or count it special or not by rules not ported.
-            raise Refusal(f"added token {t.content!r} (id {t.id}) is not a named special token of the vocabulary; "
-                          f"not reproduced on the llama_hf path")
+        # transformers would give it a new id, or (LlamaTokenizer) count it special or not by rules not ported;
+        # GemmaTokenizer counts only the named ones special, whatever the added tokens' flags say.
+        if ids.get(t.content) != t.id or not gemma and (not t.special or t.content not in named):
+            what = "a token of the vocabulary at that id" if gemma else "a named special token of the vocabulary"
+            raise Refusal(f"added token {t.content!r} (id {t.id}) is not {what}; not reproduced on the llama_hf path")
     missing = [c for c in named if c not in ids]
     if missing:
         raise Refusal(f"special token {missing[0]!r} is not in tokenizer.json's vocabulary: transformers would add "
@@ -9068,7 +9550,71 @@ def llama_hf_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
                 for i, t in enumerate(vocab)]
     sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
     return llama_model_vocab(list(vocab), [-1000.0] * len(vocab), toktypes, sids, flags,
-                             chat_template(d, tokenizer_config), add_prefix_space)
+                             chat_template(d, tokenizer_config), add_prefix_space), tokenizer_json
+
+
+# GemmaTokenizer.__init__'s named tokens where tokenizer_config.json leaves a key out (a null one: none).
+_GEMMA_TOKENIZER_DEFAULTS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+                             "mask_token": "<mask>"}
+
+
+def gemma_tokenizer_special_contents(tokenizer_config: dict) -> list[str]:
+    """transformers 5's all_special_tokens of a GemmaTokenizer: the named tokens (GemmaTokenizer's defaults
+    for the keys left out), every other *_token key with a string value (model-specific: Gemma 4's
+    <|turn>, <|channel>, <|image>, ...), and extra_special_tokens (additional_special_tokens where it has
+    none) -- a list of tokens, or a dict of more model-specific ones; or a Refusal for another shape."""
+    named = [c for c in (token_content(tokenizer_config.get(key, _GEMMA_TOKENIZER_DEFAULTS.get(key)))
+                         for key in STANDARD_TOKEN_KEYS) if c is not None]
+    for key, value in tokenizer_config.items():
+        if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and not isinstance(value, (str, bool, type(None))):
+            raise Refusal(f"tokenizer_config.json {key}: a model-specific special token that is not a string; "
+                          f"not reproduced")
+    model_specific = [value for key, value in tokenizer_config.items()
+                      if key.endswith("_token") and key not in STANDARD_TOKEN_KEYS and isinstance(value, str)]
+    extra = tokenizer_config.get("extra_special_tokens") or tokenizer_config.get("additional_special_tokens") or []
+    if isinstance(extra, dict):
+        model_specific += list(extra.values())
+        extra = []
+    tokens = named + model_specific + (extra if isinstance(extra, list) else [None])
+    if not all(isinstance(t, str) for t in tokens):
+        raise Refusal("tokenizer_config.json extra_special_tokens must be a list of strings or an object of them; "
+                      "another shape is not reproduced")
+    return list(dict.fromkeys(tokens))
+
+
+# --- gemma4: Gemma 4's tokenizer.json -------------------------------------------------------------
+# Gemma4Model.set_vocab: the llama_hf path's tokens, scores and types (LlamaHfVocab), the chat channel and
+# tool-call markers made USER_DEFINED so they are always rendered, the merges (SpecialVocab with
+# load_merges), tokenizer.ggml.model "gemma4" and no pre-tokenizer name.
+
+# The tokens Gemma4Model always writes USER_DEFINED, whatever their type: the chat parser reads them.
+GEMMA4_VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                                   "<tool_response|>", '<|"|>'})
+
+
+def gemma4_token_types(tokens: Sequence[str], toktypes: Sequence[int]) -> list[int]:
+    """The token types Gemma4Model writes: LlamaHfVocab's, but USER_DEFINED for GEMMA4_VISIBLE_TOKENS."""
+    return [USER_DEFINED if t in GEMMA4_VISIBLE_TOKENS else k for t, k in zip(tokens, toktypes)]
+
+
+def gemma4_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
+    """The vocabulary Gemma4Model.set_vocab writes, or a Refusal (llama_hf_vocab's, for the shapes it takes)."""
+    v, tokenizer_json = llama_hf_read(model_dir, config, vocab_size, ("GemmaTokenizer", "LlamaTokenizer"))
+    return v._replace(model="gemma4", toktypes=gemma4_token_types(v.tokens, v.toktypes),
+                      merges=merges_as_written(tokenizer_json), pre="")
+
+
+def gemma4_kvs(v: Vocab) -> list[KV]:
+    """The tokenizer.* keys Gemma4Model.set_vocab writes before its own two: model, tokens, scores, token
+    types, then SpecialVocab's (merges first); no tokenizer.ggml.pre."""
+    kv = KvList()
+    kv.string("tokenizer.ggml.model", v.model)
+    kv.array("tokenizer.ggml.tokens", GGUF_STRING, string_array(v.tokens))
+    kv.array("tokenizer.ggml.scores", GGUF_FLOAT32, number_array(v.scores or ()))
+    kv.array("tokenizer.ggml.token_type", GGUF_INT32, number_array(v.toktypes))
+    kv.array("tokenizer.ggml.merges", GGUF_STRING, string_array(v.merges))
+    add_special_vocab(kv, v)
+    return kv.items()
 
 
 # --- Phi-3's SentencePiece variant ----------------------------------------------------------------
@@ -9183,10 +9729,24 @@ PHI3_SPM = TokenizerKind(
     kvs=spm_kvs,
 )
 
+
+def _has_tokenizer_json(model_dir: Path) -> bool:
+    # Gemma4Model.set_vocab has no other path: without tokenizer.json llama.cpp stops.
+    return (model_dir / "tokenizer.json").is_file()
+
+
+GEMMA4_HF = TokenizerKind(
+    model="gemma4",
+    files=LLAMA_HF.files,
+    taken=_has_tokenizer_json,
+    vocab=gemma4_vocab,
+    kvs=gemma4_kvs,
+)
+
 # Each path under the name of llama.cpp's method (_set_vocab_<name>); a Family's vocab_paths lists the
 # ones its set_vocab tries, in its order.
 TOKENIZER_KINDS: dict[str, TokenizerKind] = {"sentencepiece": SPM, "llama_hf": LLAMA_HF, "gpt2": BPE,
-                                              "phi3_sentencepiece": PHI3_SPM}
+                                              "phi3_sentencepiece": PHI3_SPM, "gemma4": GEMMA4_HF}
 
 
 def tokenizer_kind(model_dir: Path, family: Family) -> TokenizerKind:

@@ -2972,6 +2972,245 @@ class Qwen35MoeRefusals(Workspace):
 
 
 
+# --- Gemma 4 (issue 37): E2B, E4B, 31B and 26B-A4B -- shared-KV layers, per-layer embeddings, two head
+# --- sizes, keys as values, the mixture of experts, the generated rope_freqs, the gemma4 vocabulary.  Bytes pinned by the golden runs gemma-4-*; Gemma 4's
+# --- tokenizer (Google's terms) is not available offline: the cases take TinyLlama's Apache-2.0
+# --- byte-fallback tokenizer.json, which Gemma4Model reads the same way (LlamaHfVocab).
+
+GEMMA4_E2B, GEMMA4_E4B = "gemma-4-e2b-shape", "gemma-4-e4b-shape"
+
+
+def drop_tensor(d: Path, dropped: str) -> None:
+    """The case's checkpoint without the tensor named dropped."""
+    for f in d.glob("*.safetensors"):
+        relayout_safetensors(f, lambda ts: [t for t in ts if t[0] != dropped])
+
+
+class Gemma4KeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def kvs(self, d: Path) -> dict:
+        return {k.key: k for k in self.plan(d).kvs}
+
+    def tensors(self, d: Path, **options) -> dict:
+        return {t.name: t for t in self.plan(d, **options).tensors}
+
+    def test_gemma4_writes_textmodels_keys_then_gemma3s_and_its_own_after_the_file_type(self):
+        keys = [k.key for k in self.plan(self.case(GEMMA4_E2B)).kvs
+                if k.key.startswith("gemma4.") or k.key == "general.file_type"]
+        self.assertEqual(keys, [k if k == "general.file_type" else f"gemma4.{k}" for k in (
+            "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "rope.freq_base", "rope.freq_base_swa", "attention.layer_norm_rms_epsilon",
+            "attention.key_length", "attention.value_length", "general.file_type", "final_logit_softcapping",
+            "attention.sliding_window", "attention.shared_kv_layers", "embedding_length_per_layer_input",
+            "attention.sliding_window_pattern", "attention.key_length_swa", "attention.value_length_swa",
+            "rope.dimension_count", "rope.dimension_count_swa")])
+
+    def test_the_head_sizes_are_the_full_layers_and_the_sliding_layers(self):
+        kvs = self.kvs(self.case(GEMMA4_E2B))
+        self.assertEqual([kvs[f"gemma4.{k}"].value for k in (
+            "attention.key_length", "attention.key_length_swa", "rope.dimension_count", "rope.dimension_count_swa")],
+            [32, 16, 32, 16])
+
+    def test_double_wide_mlp_widens_the_shared_layers_feed_forward_length(self):
+        ff = self.kvs(self.case(GEMMA4_E2B))["gemma4.feed_forward_length"]
+        self.assertEqual((ff.vtype, ff.array, ff.value), (bc.GGUF_INT32, True, [128] * 5 + [256] * 5))
+        self.assertEqual(self.kvs(self.case(GEMMA4_E4B))["gemma4.feed_forward_length"].value, 128)
+
+    def test_the_last_layer_is_full_attention_whatever_layer_types_says(self):
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "config.json", lambda c: c["text_config"]["layer_types"].__setitem__(9, "sliding_attention"))
+        self.assertEqual(self.kvs(d)["gemma4.attention.sliding_window_pattern"].value, [True] * 4 + [False] + [True] * 4 + [False])
+
+    def test_without_layer_types_five_sliding_layers_come_before_each_full_one(self):
+        d = self.case(GEMMA4_E4B)      # layer_types: five sliding layers, then a full one, twice
+        edit_json(d / "config.json", lambda c: c["text_config"].pop("layer_types"))
+        self.assertEqual(self.plan(d).kvs, self.plan(self.case(GEMMA4_E4B)).kvs)
+
+    def test_the_default_layer_pattern_answers_as_its_list_would_without_making_it(self):
+        for count in range(1, 26):
+            written = tuple((i + 1) % 6 != 0 for i in range(count - 1)) + (False,)
+            default, listed = bc.Gemma4Layers(count, ()), bc.Gemma4Layers(count, written)
+            for start in range(count):
+                for stop in range(start, count + 1):
+                    for sliding in (True, False):
+                        self.assertEqual(default.first(sliding, start, stop), listed.first(sliding, start, stop))
+                    self.assertEqual(default.full_count(start, stop), listed.full_count(start, stop))
+            self.assertEqual([default.sliding(i) for i in range(count)], list(written))
+
+    def test_full_layer_kv_heads_of_their_own_are_written_per_layer(self):
+        heads = self.kvs(self.case("gemma-4-e2b-per-layer-config"))["gemma4.attention.head_count_kv"]
+        self.assertEqual((heads.vtype, heads.array, heads.value), (bc.GGUF_INT32, True, [1, 1, 1, 1, 2] * 2))
+        self.assertFalse(self.kvs(self.case(GEMMA4_E2B))["gemma4.attention.head_count_kv"].array)
+
+    def test_keys_as_values_leave_the_full_layers_without_attn_v_and_with_their_own_kv_heads(self):
+        plan = self.plan(self.case("gemma-4-31b-shape"))
+        names = {t.name for t in plan.tensors}
+        self.assertEqual(("blk.0.attn_v.weight" in names, "blk.5.attn_v.weight" in names), (True, False))
+        heads = {k.key: k for k in plan.kvs}["gemma4.attention.head_count_kv"]
+        self.assertEqual((heads.array, heads.value), (True, [2, 2, 2, 2, 2, 1] * 2))
+
+    def test_the_mixtures_keys_are_textmodels_expert_counts_and_gemma4s_expert_width(self):
+        keys = [k.key[len("gemma4."):] for k in self.plan(self.case("gemma-4-26b-a4b-shape")).kvs
+                if k.key.startswith("gemma4.")]
+        self.assertEqual(keys[keys.index("attention.layer_norm_rms_epsilon") + 1:][:3],
+                         ["expert_count", "expert_used_count", "attention.key_length"])
+        self.assertEqual(keys[keys.index("attention.value_length_swa") + 1], "expert_feed_forward_length")
+
+    def test_the_experts_are_written_as_stacked_with_the_router_and_its_scales_f32(self):
+        tensors = self.tensors(self.case("gemma-4-26b-a4b-shape"), outtype="q8_0")
+        for name, ggml_type, dims in (("blk.0.ffn_gate_up_exps.weight", bc.GGML_Q8_0, (64, 64, 4)),
+                                      ("blk.0.ffn_down_exps.weight", bc.GGML_Q8_0, (32, 64, 4)),
+                                      ("blk.0.ffn_gate_inp.weight", bc.GGML_F32, (64, 4)),
+                                      ("blk.0.ffn_gate_inp.scale", bc.GGML_F32, (64,)),
+                                      ("blk.0.ffn_down_exps.scale", bc.GGML_F32, (4,)),
+                                      ("blk.0.pre_ffw_norm_2.weight", bc.GGML_F32, (64,)),
+                                      ("blk.0.ffn_up.weight", bc.GGML_Q8_0, (64, 64))):
+            with self.subTest(name):
+                self.assertEqual((tensors[name].ggml_type, tensors[name].dims), (ggml_type, dims))
+
+    def test_rope_freqs_leaves_all_but_the_rotated_quarter_of_a_full_head_unrotated(self):
+        rope = self.plan(self.case(GEMMA4_E2B)).tensors[0]
+        self.assertEqual((rope.name, rope.ggml_type, rope.dims), ("rope_freqs.weight", bc.GGML_F32, (16,)))
+        self.assertEqual(struct.unpack("<16f", rope.source.data), tuple([1.0] * 4 + [struct.unpack("<f", struct.pack("<f", 1e30))[0]] * 12))
+
+    def test_a_shared_layer_has_no_kv_of_its_own_and_a_double_wide_mlp(self):
+        tensors = self.tensors(self.case(GEMMA4_E2B))
+        self.assertIn("blk.4.attn_k.weight", tensors)
+        self.assertEqual({f"blk.5.{n}" for n in ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")} & set(tensors), set())
+        self.assertEqual(tensors["blk.5.ffn_up.weight"].dims, (64, 256))
+
+    def test_per_layer_embedding_tensors_are_named_and_typed_as_llama_cpp_writes_them(self):
+        tensors = self.tensors(self.case(GEMMA4_E2B), outtype="q8_0")
+        for name, ggml_type, dims in (("per_layer_token_embd.weight", bc.GGML_Q8_0, (160, 32000)),
+                                      ("per_layer_model_proj.weight", bc.GGML_Q8_0, (64, 160)),
+                                      ("per_layer_proj_norm.weight", bc.GGML_F32, (16,)),
+                                      ("blk.0.inp_gate.weight", bc.GGML_Q8_0, (64, 16)),
+                                      ("blk.0.proj.weight", bc.GGML_F16, (16, 64)),     # rows of 16: F16
+                                      ("blk.0.post_norm.weight", bc.GGML_F32, (64,)),
+                                      ("blk.0.layer_output_scale.weight", bc.GGML_F32, (1,))):
+            with self.subTest(name):
+                self.assertEqual((tensors[name].ggml_type, tensors[name].dims), (ggml_type, dims))
+
+    def test_no_norm_is_shifted_by_one(self):
+        self.assertFalse(any(t.add_one for t in self.plan(self.case(GEMMA4_E2B)).tensors))
+
+    def test_the_vision_and_audio_towers_are_dropped(self):
+        for name in ("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight",
+                     "model.embed_vision.embedding_projection.weight", "model.audio_tower.layers.0.x.weight",
+                     "model.embed_audio.embedding_projection.weight"):
+            self.assertIsNone(bc.gemma4_filter_tensors(name), name)
+        self.assertEqual(bc.gemma4_filter_tensors("model.language_model.norm.weight"), "model.norm.weight")
+
+    def test_the_vocabulary_is_gemma4s_with_merges_and_no_pre_tokenizer_then_the_two_flags(self):
+        kvs = self.plan(self.case(GEMMA4_E2B)).kvs
+        keys = [k.key for k in kvs if k.key.startswith("tokenizer.")]
+        self.assertEqual(keys[:5], ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                                    "tokenizer.ggml.token_type", "tokenizer.ggml.merges"])
+        self.assertNotIn("tokenizer.ggml.pre", keys)
+        self.assertEqual(keys[-1], "tokenizer.ggml.add_space_prefix")
+        values = {k.key: k.value for k in kvs}
+        self.assertEqual((values["tokenizer.ggml.model"], values["tokenizer.ggml.add_bos_token"],
+                          values["tokenizer.ggml.add_space_prefix"]), ("gemma4", True, False))
+
+    def test_add_bos_token_true_takes_the_place_of_the_tokenizers_flag_or_comes_last(self):
+        def add_flags(d: Path) -> list:
+            return [(k.key, k.value) for k in self.plan(d).kvs if k.key.startswith("tokenizer.ggml.add_")]
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "tokenizer.json", lambda c: c.update(post_processor=None))
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(add_bos_token=False))
+        self.assertEqual(add_flags(d)[0], ("tokenizer.ggml.add_bos_token", True))
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("add_bos_token"))
+        self.assertEqual(add_flags(d)[-2:], [("tokenizer.ggml.add_space_prefix", False),
+                                             ("tokenizer.ggml.add_bos_token", True)])
+
+
+class Gemma4Refusals(Workspace):
+    def edit_text(self, case: str, change) -> Path:
+        d = self.case(case)
+        edit_json(d / "config.json", lambda c: change(c.get("text_config", c)))
+        return d
+
+    def test_a_shared_layer_whose_reused_kv_is_of_the_other_kind_is_refused(self):
+        # llama.cpp converts it; its runtime aborts (llama-kv-cache.cpp: GGML_ASSERT(map_layer_ids.find(il_reuse) ...)).
+        self.assertRefuses(self.case("gemma-4-e2b-shared-kv-mismatch"), re.compile(
+            r"config\.json: layer 6 shares the KV of layer 4 as llama\.cpp's runtime assigns it \(the last unshared "
+            r"layer must be full attention and the one before it sliding\), but layer 4 is not sliding attention: "
+            r"the runtime aborts on the file llama\.cpp's converter writes; not converted"))
+
+    def test_a_layer_count_no_tensors_back_is_refused_before_a_list_as_long(self):
+        # Without layer_types the layers' kinds come from the default pattern (Gemma4Layers): no list is made.
+        d = self.edit_text(GEMMA4_E4B, lambda t: (t.pop("layer_types"),
+                                                  t.update(num_hidden_layers=2**31 - 1, num_kv_shared_layers=0)))
+        p = run_in_1_gib(d, "-o", self.out_dir() / "x.gguf")
+        self.assertEqual((p.returncode, p.stdout), (2, ""))
+        self.assertIn("embed_tokens_per_layer.weight' has shape [32000, 192], but config.json implies", p.stderr)
+
+    def test_a_null_where_gemma4textconfig_takes_none_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(sliding_window=None))
+        self.assertRefuses(d, re.compile(r"config\.json: sliding_window is null; Gemma4TextConfig rejects it, .*"))
+
+    def test_a_flag_that_is_not_a_boolean_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(use_double_wide_mlp="yes"))
+        self.assertRefuses(d, re.compile(r"config\.json: use_double_wide_mlp is 'yes'; Gemma4TextConfig takes true or "
+                                         r"false only, .*"))
+
+    def test_fewer_than_two_unshared_layers_are_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(num_kv_shared_layers=9))
+        self.assertRefuses(d, re.compile(r"config\.json: 9 of 10 layers share KV, leaving fewer than two .*aborts.*"))
+
+    def test_expert_keys_without_the_mixture_or_a_mixture_without_them_are_refused(self):
+        for change in (lambda t: t.update(num_experts=4), lambda t: t.update(enable_moe_block=True, num_experts=4)):
+            d = self.edit_text(GEMMA4_E2B, change)
+            self.assertRefuses(d, re.compile(r"config\.json: Gemma 4's mixture of experts needs enable_moe_block with "
+                                             r"num_experts, top_k_experts and moe_intermediate_size, .*"))
+
+    def test_a_v_proj_where_the_keys_are_the_values_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(attention_k_eq_v=True, num_global_key_value_heads=1))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.language_model\.layers\.4\.self_attn\.v_proj\.weight': "
+                                         r"layer 4 is full attention with attention_k_eq_v, whose values are its keys.*"))
+
+    def test_bidirectional_attention_over_all_tokens_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(use_bidirectional_attention="all"))
+        self.assertRefuses(d, re.compile(r"config\.json: use_bidirectional_attention 'all' makes the model "
+                                         r"non-causal.*"))
+
+    def test_a_full_attention_rope_other_than_proportional_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t["rope_parameters"]["full_attention"].update(rope_type="default"))
+        self.assertRefuses(d, re.compile(r"config\.json: the full-attention rope_type is 'default'; llama\.cpp's "
+                                         r"Gemma 4 converter takes proportional only.*"))
+
+    def test_a_full_head_size_equal_to_the_sliding_one_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(global_head_dim=16))
+        self.assertRefuses(d, re.compile(r"config\.json: the full-attention layers' head_dim is head_dim 16 itself; "
+                                         r"llama\.cpp's Gemma 4 converter then finds no full-attention head_dim.*"))
+
+    def test_per_layer_config_overriding_more_than_the_heads_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(per_layer_config={"4": {"head_dim": 32, "sliding_window": 8}}))
+        self.assertRefuses(d, re.compile(r"config\.json: per_layer_config sets sliding_window for layer 4; .*"))
+
+    def test_without_a_per_layer_width_gemma4textconfigs_256_is_expected(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.pop("hidden_size_per_layer_input"))
+        self.assertRefuses(d, "tensor 'model.language_model.embed_tokens_per_layer.weight' has shape [32000, 160], "
+                              "but config.json implies [32000, 2560]")
+
+    def test_a_per_layer_vocabulary_of_another_size_is_refused(self):
+        d = self.edit_text(GEMMA4_E2B, lambda t: t.update(vocab_size_per_layer_input=262144))
+        self.assertRefuses(d, re.compile(r"config\.json: vocab_size_per_layer_input 262144 is not vocab_size 32000; .*"))
+
+    def test_a_missing_per_layer_embedding_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        drop_tensor(d, "model.language_model.embed_tokens_per_layer.weight")
+        self.assertRefuses(d, re.compile(r"config\.json gives a per-layer embedding .* but the checkpoint has no "
+                                         r"model\.embed_tokens_per_layer\.weight: .*"))
+
+    def test_a_tokenizer_model_beside_tokenizer_json_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        (d / "tokenizer.model").write_bytes(b"\x0a\x00")
+        self.assertRefuses(d, re.compile(r"tokenizer\.model beside a Gemma 4 tokenizer\.json: .*"))
+
+
 # --- Refusals several families share: one rule, one test, a row per family that applies it.
 
 ROPE_SCALING_REFUSED = ("config.json: rope_scaling asks for rope scaling ({}); llama.cpp writes rope factors for it "
@@ -3016,7 +3255,11 @@ class RefusalsFamiliesShare(Workspace):
                 ("lfm2 attention", "lfm2-350m-shape", "model.layers.2.self_attn.v_proj.weight", "blk.2.attn_v.weight", 2),
                 ("granite 4.0-h mamba2", "granite-4.0-h-micro-shape", "model.layers.0.mamba.D", "blk.0.ssm_d", 0),
                 ("granite 4.0-h shared expert", "granite-4.0-h-tiny-shape", "model.layers.1.shared_mlp.output_linear.weight",
-                 "blk.1.ffn_down_shexp.weight", 1))
+                 "blk.1.ffn_down_shexp.weight", 1),
+                ("gemma 4 unshared layer's kv", "gemma-4-e2b-shape", "model.language_model.layers.4.self_attn.k_proj.weight",
+                 "blk.4.attn_k.weight", 4),
+                ("gemma 4 router scale", "gemma-4-26b-a4b-shape", "model.language_model.layers.1.router.scale",
+                 "blk.1.ffn_gate_inp.scale", 1))
         for name, case, dropped, missing, layer in rows:
             with self.subTest(name):
                 d = self.case(case)
@@ -4470,6 +4713,59 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
         d = self.recorded_case_dir(self.NAME)
         edit_json(d / "tokenizer.json", lambda t: t.update(decoder={"type": "ByteFallback"}))
         self.assert_hf_refused(d, "Sequence decoder")
+
+
+class Gemma4Vocabulary(Workspace):
+    """The gemma4 kind: Gemma4Model.set_vocab over tokenizer.json (LlamaHfVocab), for LlamaTokenizer files
+    and for GemmaTokenizer ones of Gemma 4's structure (transformers 5's special tokens: the named ones,
+    the model-specific *_token keys, extra_special_tokens).  Bytes pinned by the golden runs
+    gemma-4-e2b-shape-* and gemma-4-e2b-gemma4-tokenizer-*."""
+
+    def test_gemma_tokenizer_specials_are_the_named_the_model_specific_and_the_extra_ones(self):
+        self.assertEqual(bc.gemma_tokenizer_special_contents(
+            {"bos_token": "<bos>", "pad_token": None, "boi_token": "<|image>", "add_bos_token": True,
+             "extra_special_tokens": ["<|video|>"]}),
+            ["<bos>", "<eos>", "<unk>", "<mask>", "<|image>", "<|video|>"])
+
+    def test_gemma_tokenizer_takes_additional_special_tokens_or_an_object_of_extra_ones(self):
+        self.assertEqual(bc.gemma_tokenizer_special_contents({"additional_special_tokens": ["<x>"]})[-1], "<x>")
+        self.assertEqual(bc.gemma_tokenizer_special_contents({"extra_special_tokens": {"image_token": "<i>"}})[-1], "<i>")
+        with self.assertRaises(bc.Refusal):
+            bc.gemma_tokenizer_special_contents({"extra_special_tokens": [{"content": "<x>"}]})
+
+    def test_gemma4_structure_types_the_special_ones_control_and_the_chat_markers_user_defined(self):
+        d = self.case("gemma-4-e2b-gemma4-tokenizer")
+        v = bc.gemma4_vocab(d, json.loads((d / "config.json").read_text())["text_config"], 262144)
+        types = {t: v.toktypes[i] for i, t in enumerate(v.tokens) if t in
+                 ("<bos>", "<mask>", "<|turn>", "<|video|>", "<|tool>", "<|tool_call>", "<|channel>", "[multimodal]", "<unused0>")}
+        self.assertEqual(types, {"<bos>": bc.CONTROL, "<mask>": bc.CONTROL, "<|turn>": bc.CONTROL, "<|video|>": bc.CONTROL,
+                                 "<|tool>": bc.CONTROL, "<|tool_call>": bc.USER_DEFINED, "<|channel>": bc.USER_DEFINED,
+                                 "[multimodal]": bc.NORMAL, "<unused0>": bc.NORMAL})
+
+    def test_the_chat_markers_are_user_defined_whatever_their_type(self):
+        tokens = ["<pad>", "<|channel>", "<channel|>", '<|"|>', "<|tool_call>", "hello"]
+        self.assertEqual(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL]),
+                         [bc.CONTROL] + [bc.USER_DEFINED] * 4 + [bc.NORMAL])
+
+    def test_a_gemma_tokenizers_special_tokens_map_json_is_refused(self):
+        d = self.case("gemma-4-e2b-gemma4-tokenizer")
+        (d / "special_tokens_map.json").write_text('{"bos_token": "<bos>"}', encoding="utf-8")
+        self.assertRefuses(d, re.compile(r"special_tokens_map\.json beside a GemmaTokenizer tokenizer\.json: .*"))
+
+    def test_an_added_token_away_from_its_vocabulary_id_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="GemmaTokenizer"))
+        edit_json(d / "tokenizer.json", lambda t: t["added_tokens"].append(
+            {"id": 31999, "content": "<s>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": False}))
+        self.assertRefuses(d, "added token '<s>' (id 31999) is not a token of the vocabulary at that id; not "
+                              "reproduced on the llama_hf path")
+
+    def test_another_tokenizer_class_is_refused(self):
+        d = self.case(GEMMA4_E2B)
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+        self.assertRefuses(d, "tokenizer_class 'PreTrainedTokenizerFast': on this path only GemmaTokenizer and "
+                              "LlamaTokenizer are measured against llama.cpp")
 
 
 class SentencePieceConversion(Workspace):
@@ -7006,6 +7302,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "granite-4.0-h-micro-shape", "granite-4.0-h-tiny-shape",        # Granite 4.0-H: F32 ssm_a/ssm_d, -exp, experts
     "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
+    "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
 })
 
 
@@ -7120,7 +7417,7 @@ class LoraWorkspace(Workspace):
 
 class LoraAdaptersAreLlamaCppsBytes(LoraWorkspace):
     """For every recorded LoRA run, convert_lora writes llama.cpp's exact file (SmolLM2, Llama 3.2,
-    Qwen2.5 and Gemma 3 bases; r 8, 16 and 32; safetensors and .bin; with and without PEFT's card;
+    Qwen2.5, Gemma 3 and Gemma 4 bases; r 8, 16 and 32; safetensors and .bin; with and without PEFT's card;
     an embedding LoRA in BF16; each in f32, f16, bf16 and q8_0)."""
 
     def check_run(self, run_name: str):

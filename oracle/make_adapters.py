@@ -34,6 +34,7 @@ HUB_IDS = {
     "qwen3.5-0.8b-shape": "Qwen/Qwen3.5-0.8B",
     "qwen3.5-0.8b-untied": "Qwen/Qwen3.5-9B",
     "qwen3.5-moe-text-experts": "Qwen/Qwen3.5-35B-A3B",
+    "gemma-4-e2b-shape": "google/gemma-4-E2B-it",
 }
 
 
@@ -54,7 +55,7 @@ def make_adapter(adapter: make_models.Adapter, root: Path) -> Path:
     model = auto.from_config(config, dtype=dtype)
     model.name_or_path = HUB_IDS[adapter.base]
     model.config._name_or_path = HUB_IDS[adapter.base]
-    lora = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=list(adapter.targets),
+    lora = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_regex or list(adapter.targets),
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
                       alora_invocation_tokens=list(adapter.alora_tokens) or None)
     model = get_peft_model(model, lora, autocast_adapter_dtype=adapter.dtype == "float32")

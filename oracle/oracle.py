@@ -93,7 +93,10 @@ OTHER_OUTTYPES = ("f32", "bf16", "q8_0", "auto")
 REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwen3.5-moe-no-mtp",
                            # Phi-4-mini's chat tokens outside the model vocab: llama.cpp writes them at the ids
                            # tokenizers gives them (200,000...), not the model's (200,019...)
-                           "phi-4-mini-chat-tokens-added-only"})
+                           "phi-4-mini-chat-tokens-added-only",
+                           # Gemma 4 whose shared layers would reuse the KV of a layer of the other kind: the
+                           # runtime aborts on llama.cpp's file
+                           "gemma-4-e2b-shared-kv-mismatch"})
 # Adapters llama.cpp converts and bankml_convert must refuse: a LoRA on the embedding of a base with tied
 # embeddings, which llama.cpp's runtime also applies to the output head, where it aborts (oracle.py load).
 # And on Qwen3.5: a LoRA on the MTP layer, whose tensors llama.cpp's runtime loads only for MTP drafting
@@ -209,7 +212,15 @@ RUNS: tuple[Run, ...] = tuple(
     # the 120b's 128 experts in q8_0 too.
     + [Run(f"{case}-{t}", case, ("--outtype", t)) for case in ("gpt-oss-20b-mxfp4", "gpt-oss-20b-bf16")
        for t in OTHER_OUTTYPES]
-    + [Run("gpt-oss-120b-mxfp4-q8_0", "gpt-oss-120b-mxfp4", ("--outtype", "q8_0"))])
+    + [Run("gpt-oss-120b-mxfp4-q8_0", "gpt-oss-120b-mxfp4", ("--outtype", "q8_0"))]
+    # Gemma 4 (issue 37): every output type for the E2B, E4B, 31B and 26B-A4B shapes and E2B's text model (F16, untied).
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("gemma-4-e2b-shape", "gemma-4-e4b-shape", "gemma-4-e2b-text-f16", "gemma-4-31b-shape",
+                    "gemma-4-26b-a4b-shape")
+       for t in OTHER_OUTTYPES]
+    + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
+    # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
+    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
