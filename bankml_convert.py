@@ -17577,10 +17577,10 @@ def _print_conversion(args: argparse.Namespace, report: Report, started: float, 
     if unapplied:
         # Said even with --quiet: the file is not what a user who left the adapter there may think.
         _notice(unapplied)
-    if report.infinities:
-        _notice(infinities_warning(report.infinities))     # said even with --quiet, for the same reason
     if not args.quiet:
         _say(_summary(report, command))
+        if report.infinities:       # after the summary; --json carries them for a script, as with --quiet
+            _notice(infinities_warning(report.infinities))
         for note in (after_conversion_notes(Path(args.model_dir), report.name) if command == "convert" else []):
             _notice(note)
     return 0

@@ -9746,10 +9746,13 @@ class ValuesMadeInfinite(Workspace):
 
     def test_the_command_line_warns_and_the_json_counts_them(self):
         d, out = self.with_large_weights(), self.out_dir() / "x.gguf"
-        r = cli(d, "-o", out, "--quiet")
+        r = cli(d, "-o", out)
         self.assertEqual(r.code, 0)
-        self.assertIn("warning: 2 values became +-inf (blk.0.ffn_down.weight 2): they are past the output type's "
-                      "range (F16's largest is 65,504)", r.err)
+        summary, warning = r.err.splitlines()[-2:]
+        self.assertTrue(summary.startswith("bankml convert: 'Smollm2 Tiny'"), summary)
+        self.assertTrue(warning.startswith("bankml convert: warning: 2 values became +-inf (blk.0.ffn_down.weight 2): "
+                                           "they are past the output type's range (F16's largest is 65,504)"), warning)
+        self.assertEqual(cli(d, "-o", out, "--quiet").err, "")      # --quiet: the summary and this too
         doc = json.loads(cli(d, "-o", out, "--json").out)
         self.assertEqual(doc["infinities"], {"blk.0.ffn_down.weight": 2})
 
@@ -9763,12 +9766,14 @@ class ValuesMadeInfinite(Workspace):
 
 class CommandLine(Workspace):
     def test_success_prints_sha256_and_path_on_stdout_and_one_summary_line_on_stderr(self):
-        # stderr is not a terminal here, so no progress line: only the summary.
+        # stderr is not a terminal here, so no progress line: only the summary (the case's special values past
+        # F16's range then have their warning line, ValuesMadeInfinite's).
         out = self.out_dir() / "cli.gguf"
         r = cli(self.case("bf16"), "-o", out)
         self.assertEqual((r.code, r.out), (0, f"{GOLDEN['bf16']['sha256']}  {out}\n"))
-        self.assertEqual(r.err, f"bankml convert: 'Bf16': 20 tensors, 30 metadata keys, 3,219,776 parameters, "
-                                f"{GOLDEN['bf16']['bytes']:,} bytes -> {out}\n")
+        self.assertEqual(r.err.splitlines()[0], f"bankml convert: 'Bf16': 20 tensors, 30 metadata keys, "
+                                                f"3,219,776 parameters, {GOLDEN['bf16']['bytes']:,} bytes -> {out}")
+        self.assertEqual([line.split(":")[1] for line in r.err.splitlines()[1:]], [" warning"])
 
     def test_quiet_silences_the_summary(self):
         out = self.out_dir() / "quiet.gguf"
@@ -9785,7 +9790,7 @@ class CommandLine(Workspace):
         self.assertTrue(out.is_file())
         dry = cli(d, "-o", out, "--dry-run")
         for what, line, wanted in (("sha256 line", done.out, f"{GOLDEN['bf16']['sha256']}  {shown}\n"),
-                                   ("summary", done.err, f"bytes -> {shown}\n"),
+                                   ("summary", done.err.splitlines(keepends=True)[0], f"bytes -> {shown}\n"),
                                    ("dry run", dry.out.split("\n")[0], f"would write {shown} (replacing it): ")):
             with self.subTest(what):
                 self.assertIn(wanted, line)
