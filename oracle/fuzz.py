@@ -154,6 +154,16 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
              tied=False, config_updates=mm._MOE_EXPERTS, fused_experts=True), 6),
     (mm.Case("fuzz-moe", tokenizer="qwen3", config_from=mm.QWEN3_30B_A3B, dims=mm.QWEN3_MOE_TINY, head_dim=16,
              tied=False, config_updates=mm._MOE_EXPERTS), 4),
+    # The families of issues 36 and 37, as their golden cases are (hybrid layers, MTP, -exp(A_log), short
+    # convolutions, Mamba2; gpt-oss's MXFP4 U8 blocks and scales; Gemma 4's per-layer embeddings and shared KV;
+    # Phi-4-mini's o200k vocabulary with gaps).  Those whose tokenizer is fetched (oracle/fetch_*.sh) are left
+    # out, saying so, where it is absent.
+    (mm.CASES_BY_NAME["qwen3.5-0.8b-text"], 4),
+    (mm.CASES_BY_NAME["lfm2-350m-shape"], 3),
+    (mm.CASES_BY_NAME["granite-4.0-h-micro-shape"], 3),
+    (mm.CASES_BY_NAME["gemma-4-e2b-shape"], 3),
+    (mm.CASES_BY_NAME["gpt-oss-20b-mxfp4"], 3),
+    (mm.CASES_BY_NAME["phi-4-mini-gqa"], 2),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
 
@@ -162,7 +172,11 @@ def build_bases(root: Path) -> dict[str, Path]:
     """Every base directory under root, checked to convert; read-only from here on (inputs hard-link it)."""
     bases = {}
     for case, _ in BASES:
-        d = mm.make_case(case, root)
+        try:
+            d = mm.make_case(case, root)
+        except mm.FixtureAbsent as e:
+            print(f"fuzz: base {case.name} left out: {e}", file=sys.stderr)
+            continue
         out = root / f"{case.name}.check.gguf"
         bc.convert(d, out, bc.Options())
         out.unlink()
@@ -1154,7 +1168,7 @@ def build_input(seed: str, index: int, bases: dict[str, Path], run: Path,
         shutil.rmtree(run)
     (run / "out").mkdir(parents=True)
     rng = random.Random(f"{seed}/{index}")
-    base = weighted(rng, [(c.name, w) for c, w in BASES])
+    base = weighted(rng, [(c.name, w) for c, w in BASES if c.name in bases])
     n = rng.choice([1, 1, 1, 1, 2, 2, 3])
     model = run / "in" / bases[base].name
     link_base(bases[base], model)
