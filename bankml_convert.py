@@ -11230,7 +11230,6 @@ def _pieces(view: memoryview, step: int, fast) -> Iterator:
 
 # An infinity's bit patterns, per type: (little-endian values as array typecode, +inf, -inf).
 _INFINITIES = {"F16": ("H", 0x7C00, 0xFC00), "BF16": ("H", 0x7F80, 0xFF80), "F32": ("I", 0x7F800000, 0xFF800000)}
-_GGML_FLOAT_NAMES = {GGML_F16: "F16", GGML_BF16: "BF16", GGML_F32: "F32"}
 
 
 def infinity_count(data, dtype: str) -> int:
@@ -11239,11 +11238,11 @@ def infinity_count(data, dtype: str) -> int:
     screen runs."""
     code, pos, neg = _INFINITIES[dtype]
     width = 2 if code == "H" else 4
-    view = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
-    top = view[width - 1::width] if isinstance(view, (bytes, bytearray)) else bytes(view[width - 1::width])
+    raw = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B").tobytes()
+    top = raw[width - 1::width]
     if not (top.count(pos >> (8 * width - 8)) or top.count(neg >> (8 * width - 8))):
         return 0
-    values = array(code, bytes(view))
+    values = array(code, raw)
     if not _LITTLE_ENDIAN_HOST:
         values.byteswap()
     return values.count(pos) + values.count(neg)
@@ -11252,7 +11251,7 @@ def infinity_count(data, dtype: str) -> int:
 def infinities_made(out_pieces: Iterable, ggml_type: int, source, source_dtype: str) -> int:
     """How many values a conversion made infinite: the output's infinities (F16 or BF16 data) less the
     source's, which were infinite already.  0 for every other output type."""
-    dtype = _GGML_FLOAT_NAMES.get(ggml_type)
+    dtype = GGML_TYPES[ggml_type].name
     if dtype not in ("F16", "BF16"):
         return 0
     made = sum(infinity_count(p, dtype) for p in out_pieces)
@@ -11390,7 +11389,7 @@ def job_infinities(job: Job, pieces: list, f, buffer: bytearray) -> int:
     t = job.tensor
     if t.mxfp4 is not None or t.ggml_type not in (GGML_F16, GGML_BF16):
         return 0
-    if not any(infinity_count(p, _GGML_FLOAT_NAMES[t.ggml_type]) for p in pieces):
+    if not any(infinity_count(p, GGML_TYPES[t.ggml_type].name) for p in pieces):
         return 0
     if t.transposed is not None:
         source = transposed_rows(job, f)
@@ -17238,8 +17237,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def pin_json(pin: Pin) -> dict:
     """A pin's promises, for inspect --json."""
-    files = lambda fs: [{"name": f.name, "bytes": f.size, "sha256": f.sha256} for f in fs]
-    return {"output": files([pin.output])[0], "inputs": files(pin.inputs), "base_inputs": files(pin.base_inputs),
+    files = lambda fs: [input_json(f) for f in fs]
+    return {"output": input_json(pin.output), "inputs": files(pin.inputs), "base_inputs": files(pin.base_inputs),
             "beside": files(pin.companions), "source": pin.source, "command": pin.command}
 
 
