@@ -12,6 +12,7 @@ writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.g
 (commit 0c1e57098, as vendored by llama-cpp-python 0.3.36) for the families in FAMILIES -- Llama
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
 Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B, 26B-A4B), Phi-4-mini (as Phi-3),
+SmolVLM and SmolVLM2 (their text model),
 and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE and gpt-oss (its MXFP4 experts
 repacked as llama.cpp repacks them) --, and PEFT LoRA adapters as llama.cpp's
 convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
@@ -98,6 +99,8 @@ the vocabulary paths its set_vocab tries, in order:
     Gemma 4    Gemma4ForCausalLM, Gemma4ForConditionalGeneration
                hooks: shape filter_tensors modify_tensors generated_tensors hparams refuse_directory layer_outputs;
                vocabulary: gemma4
+    SmolVLM    Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
+               hooks: filter_tensors modify_tensors generated_tensors hparams; vocabulary: sentencepiece, llama_hf, gpt2
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -5506,6 +5509,111 @@ GEMMA4 = register(Family(
 ))
 
 
+# --- SmolVLM --------------------------------------------------------------------------------------
+# SmolVLM and SmolVLM2 (Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration): their text model,
+# which llama.cpp converts with LlamaModel -- text_config's architectures (VLlama3ForCausalLM) pick the class
+# -- under the llama architecture, the SigLIP tower and the connector dropped.  (The projector is another
+# output of the same directory: --mmproj.)
+
+# What transformers 5.18's @strict Idefics3Config / SmolVLMConfig, their vision config and LlamaConfig type
+# exactly: another type makes AutoConfig raise, and llama.cpp then reads config.json as written, without the
+# classes' defaults -- a path bankml_convert does not reproduce.  bool is not int there.
+_SMOLVLM_STRICT_TYPES = (
+    ("", {"scale_factor": (int,), "image_token_id": (int,), "use_cache": (bool,), "tie_word_embeddings": (bool,),
+          "pad_token_id": (int, type(None))}),
+    ("vision_config's ", {"hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
+                          "num_attention_heads": (int,), "num_channels": (int,), "image_size": (int, list),
+                          "patch_size": (int, list), "hidden_act": (str,), "layer_norm_eps": (float,),
+                          "attention_dropout": (float, int), "initializer_range": (float,)}),
+    ("text_config's ", {**_QWEN_STRICT_TYPES, "head_dim": (int, type(None)), "attention_bias": (bool,),
+                        "mlp_bias": (bool,), "tie_word_embeddings": (bool,)}),
+)
+# The keys LlamaConfig's to_dict() always holds: in TextModel's merge the text_config's win whether config.json
+# writes them there or LlamaConfig's defaults fill them, so the wrapper's own (its vocab_size, its
+# tie_word_embeddings) never reach the text model; nor does a rope_theta beside text_config (LlamaConfig folds
+# its own into rope_parameters, where TextModel reads the theta).
+_SMOLVLM_TEXT_CLASS_KEYS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "head_dim", "attention_bias", "mlp_bias",
+    "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling"})
+# What gguf-py reads from config.json as the file holds it, not from the merged hparams: the name heuristics'
+# _name_or_path and SpecialVocab's *_token_id fallbacks (the top level's first, then text_config's).
+_SMOLVLM_RAW_KEYS = ("_name_or_path",) + tuple(f"{t}_token_id" for t in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
+
+
+def refuse_unstrict_smolvlm_config(config: dict) -> None:
+    """A Refusal for a value of a type the SmolVLM config classes reject (_SMOLVLM_STRICT_TYPES)."""
+    for where, types in _SMOLVLM_STRICT_TYPES:
+        part = config if not where else config.get(where.split("'")[0])
+        if not isinstance(part, dict):
+            continue        # a null vision_config is Idefics3VisionConfig's defaults; a text_config is checked below
+        for key, allowed in types.items():
+            if key in part and type(part[key]) not in allowed:
+                raise Refusal(f"config.json: {where}{key} is {part[key]!r}; transformers' config class rejects "
+                              f"it (it takes {' or '.join('null' if t is type(None) else t.__name__ for t in allowed)}), "
+                              f"and llama.cpp then reads config.json without the classes' defaults, which "
+                              f"bankml_convert does not reproduce")
+
+
+def smolvlm_hparams(config: dict) -> dict:
+    """The hparams LlamaModel reads for a SmolVLM directory: text_config over the wrapper's keys (TextModel's
+    merge), the wrapper's keys the text config class always holds left out, model_type the wrapper's (what
+    AutoTokenizer builds the tokenizer by) and gguf-py's raw reads as config.json has them; or a Refusal for a
+    text model llama.cpp would not convert with LlamaModel as VLlama3ForCausalLM."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise Refusal("config.json has no text_config object: llama.cpp then takes the wrapper's architecture "
+                      f"{config.get('architectures')!r} as the text model's, which it has no text class for")
+    architectures = text.get("architectures")
+    if architectures is None:
+        raise Refusal("config.json's text_config names no architectures: llama.cpp then takes the wrapper's "
+                      f"architecture {config.get('architectures')!r} as the text model's and stops (it has no text "
+                      "class for it); write the released text_config's \"architectures\": [\"VLlama3ForCausalLM\"]")
+    if architectures != ["VLlama3ForCausalLM"]:
+        raise Refusal(f"config.json's text_config architectures {architectures!r}: llama.cpp converts the text "
+                      f"model with that architecture's class; bankml_convert reproduces SmolVLM's text model as "
+                      f"[\"VLlama3ForCausalLM\"] only, as released")
+    if text.get("model_type", "llama") != "llama":
+        raise Refusal(f"config.json's text_config model_type {text.get('model_type')!r}: transformers builds "
+                      f"another config class for it; bankml_convert reproduces SmolVLM's Llama text model only")
+    refuse_unstrict_smolvlm_config(config)
+    merged = {**{k: v for k, v in config.items() if k not in _SMOLVLM_TEXT_CLASS_KEYS}, **text,
+              "model_type": config.get("model_type")}
+    for key in _SMOLVLM_RAW_KEYS:
+        merged.pop(key, None)
+        if key in config:
+            merged[key] = config[key]
+    return merged
+
+
+def smolvlm_filter_tensors(hf_name: str) -> Optional[str]:
+    """LlamaModel.filter_tensors takes "text_model." out of the name (model.text_model.layers.* becomes
+    model.layers.*), then TextModel's drops the tower (model.vision_model.*) and the connector."""
+    name = hf_name.replace("text_model.", "")
+    if name.startswith(_MULTIMODAL_PREFIXES) or any(part in name for part in _MULTIMODAL_PARTS):
+        return None
+    return dropped_buffers(name.replace("language_model.", ""))
+
+
+SMOLVLM = register(LLAMA._replace(
+    name="SmolVLM",
+    architectures=("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
+    model_types=("idefics3", "smolvlm"),
+    hparams=smolvlm_hparams,
+    accepted_config_keys=frozenset({"text_config"}),
+    filter_tensors=smolvlm_filter_tensors,
+    # AutoTokenizer builds the class named under idefics3 (GPT2Tokenizer rebuilds the BPE without SmolLM's
+    # Digits step), and TokenizersBackend under smolvlm whatever the class (transformers 5.18's
+    # MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): tokenizer.json as written, Digits included.
+    check_builds=(
+        CheckBuild("GPT2Tokenizer", "idefics3", "gpt2", "SmolLM2 tokenizer with SmolVLM's image tokens, idefics3 config"),
+        *(CheckBuild(cls, "smolvlm", "smollm as written",
+                     "SmolLM2 tokenizer with SmolVLM's image tokens, smolvlm config")
+          for cls in ("GPT2Tokenizer", "PreTrainedTokenizerFast", "TokenizersBackend")),
+    ),
+))
+
+
 # ---------------------------------------------------------------------------------------------
 # Naming: general.name, organization, basename, finetune, version and size label, exactly as
 # gguf-py's metadata.py heuristics derive them from _name_or_path and the directory's name.
@@ -7632,6 +7740,8 @@ O200K_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{L
 # Qwen3.5's: a letter run takes the combining marks (\p{M}) too, and the symbol run leaves them out.
 QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                   r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizers' Digits(individual_digits=true): each numeric character (Rust's char::is_numeric: Nd, Nl, No) alone.
+DIGITS_PATTERN = r"\p{N}"
 _SPLIT_PATTERNS = {
     # tokenizers' ByteLevel(use_regex=true), GPT-2's pattern: SmolLM, GPT-2, StarCoder
     GPT2_PATTERN: r"'s|'t|'re|'ve|'m|'ll|'d| ?[@L]+| ?[@N]+| ?[^@S@L@N]+|[@S]+(?![^@S])|[@S]+",
@@ -7644,6 +7754,7 @@ _SPLIT_PATTERNS = {
     # o200k's Split (llama.cpp's gpt-4o): @U and @W the word classes above
     O200K_PATTERN: (r"[^\r\n@L@N]?[@U]*[@W]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n@L@N]?[@U]+[@W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                     r"|[@N]{1,3}| ?[^@S@L@N]+[\r\n/]*|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
+    DIGITS_PATTERN: r"[@N]",
     # Qwen3.5's Split (qwen35), also Qwen3_5Tokenizer's PRETOKENIZE_REGEX: @M is \p{M} over CHKTXT
     QWEN35_PATTERN: (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n@L@N]?[@L@M]+|[@N]| ?[^@S@L@M@N]+[\r\n]*"
                      r"|[@S]*[\r\n]+|[@S]+(?![^@S])|[@S]+"),
@@ -7773,6 +7884,11 @@ CHECK_PIPELINES: dict[str, CheckPipeline] = {
                                                           _QWEN35_RESAVED_PRE_TOKENIZER), nfc=True,
                             post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN, byte_level_regex=False,
                             ignore_merges=False),
+    # SmolLM's tokenizer.json as written (TokenizersBackend: SmolVLM2's, under model_type smolvlm): Digits
+    # isolates every digit, then ByteLevel's GPT-2 split and byte map; merges applied, no post-processor.
+    "smollm as written": CheckPipeline(rebuilt=False, pre_tokenizers=(f"Sequence[Digits(individual_digits=true),{_BYTE_LEVEL}]",),
+                                       post_processors=("null",), nfc=False, split=DIGITS_PATTERN,
+                                       byte_level_regex=True, ignore_merges=False),
     # TokenizersBackend under qwen3_5_text (not in that list): the Qwen3.5 tokenizer.json as written.
     "qwen35 as written": CheckPipeline(rebuilt=False, pre_tokenizers=(_QWEN35_PRE_TOKENIZER,), nfc=True,
                                        post_processors=(_QWEN_POST_PROCESSOR,), split=QWEN35_PATTERN,

@@ -3498,6 +3498,98 @@ class GptOssCheckpointRefusals(Workspace):
                               "and F32 are converted (llama.cpp's F16 path is reproduced for those alone)")
 
 
+# --- SmolVLM / SmolVLM2 (issue 38): the text model of an Idefics3 or SmolVLM wrapper, which llama.cpp converts
+# --- with LlamaModel.  Bytes pinned by the golden runs smolvlm-*; SmolVLM's tokenizer is SmolLM2's with its
+# --- image tokens (make_models.smolvlm_tokenizer, from SmolLM2's Apache-2.0 files).
+
+SMOLVLM, SMOLVLM2 = "smolvlm-256m-shape", "smolvlm2-256m-shape"
+
+
+class SmolVLMTextModel(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(**options))
+
+    def test_the_text_model_is_written_under_llama_from_model_text_model(self):
+        plan = self.plan(self.case(SMOLVLM))
+        self.assertEqual(next(k.value for k in plan.kvs if k.key == "general.architecture"), "llama")
+        sources = {t.source.name for t in plan.tensors}
+        self.assertIn("model.text_model.layers.0.self_attn.q_proj.weight", sources)
+        self.assertEqual({n.split(".")[0] if n.startswith("lm_head") else ".".join(n.split(".")[:2]) for n in sources},
+                         {"model.text_model", "lm_head"})
+
+    def test_the_tower_and_the_connector_are_dropped(self):
+        for name in ("model.vision_model.encoder.layers.0.mlp.fc1.weight",
+                     "model.vision_model.embeddings.patch_embedding.weight",
+                     "model.connector.modality_projection.proj.weight"):
+            with self.subTest(name):
+                self.assertIsNone(bc.smolvlm_filter_tensors(name))
+
+    def test_text_configs_keys_win_and_the_wrappers_text_class_keys_never_reach_it(self):
+        # The wrapper's vocab_size (or rope_theta) beside text_config: LlamaConfig's to_dict() holds its own.
+        hparams = bc.smolvlm_hparams({"architectures": ["SmolVLMForConditionalGeneration"], "model_type": "smolvlm",
+                                      "vocab_size": 1, "rope_theta": 5.0, "scale_factor": 4,
+                                      "text_config": {"architectures": ["VLlama3ForCausalLM"], "hidden_size": 64}})
+        self.assertEqual((hparams.get("vocab_size"), hparams.get("rope_theta"), hparams["hidden_size"],
+                          hparams["scale_factor"]), (None, None, 64, 4))
+
+    def test_model_type_is_the_wrappers_for_the_tokenizer_the_rest_the_text_models(self):
+        hparams = bc.smolvlm_hparams({"model_type": "idefics3", "text_config": {
+            "architectures": ["VLlama3ForCausalLM"], "model_type": "llama"}})
+        self.assertEqual(hparams["model_type"], "idefics3")
+
+    def test_the_name_and_special_ids_gguf_py_reads_raw_are_the_top_levels(self):
+        hparams = bc.smolvlm_hparams({"model_type": "smolvlm", "_name_or_path": "HuggingFaceTB/SmolVLM2-256M",
+                                      "pad_token_id": 128002, "text_config": {
+                                          "architectures": ["VLlama3ForCausalLM"], "_name_or_path": "/fsx/run",
+                                          "pad_token_id": 2, "bos_token_id": 1}})
+        self.assertEqual((hparams["_name_or_path"], hparams["pad_token_id"], "bos_token_id" in hparams),
+                         ("HuggingFaceTB/SmolVLM2-256M", 128002, False))
+
+    def test_a_text_config_naming_no_heads_takes_llamaconfigs_32(self):
+        params = self.plan(self.case("smolvlm2-no-heads")).kvs
+        kvs = {k.key: k.value for k in params}
+        self.assertEqual((kvs["llama.attention.head_count"], kvs["llama.attention.head_count_kv"]), (32, 32))
+
+    def test_smolvlm2s_tokenizer_is_read_as_written_smolvlms_as_gpt2tokenizer_rebuilds_it(self):
+        self.assertEqual(bc.measured_build("GPT2Tokenizer", "smolvlm").pipeline, "smollm as written")
+        self.assertEqual(bc.measured_build("GPT2Tokenizer", "idefics3").pipeline, "gpt2")
+
+
+class SmolVLMRefusals(Workspace):
+    def edit(self, case: str, change) -> Path:
+        d = self.case(case)
+        edit_json(d / "config.json", change)
+        return d
+
+    def test_a_text_config_naming_no_architectures_is_refused(self):
+        d = self.edit(SMOLVLM, lambda c: c["text_config"].pop("architectures"))
+        self.assertRefuses(d, re.compile(r"config\.json's text_config names no architectures: llama\.cpp then takes "
+                                         r"the wrapper's architecture \['Idefics3ForConditionalGeneration'\] as the "
+                                         r"text model's and stops .*"))
+
+    def test_a_wrapper_without_text_config_is_refused(self):
+        d = self.edit(SMOLVLM2, lambda c: c.pop("text_config"))
+        self.assertRefuses(d, re.compile(r"config\.json has no text_config object: .*"))
+
+    def test_a_text_architecture_other_than_vllama3_is_refused(self):
+        d = self.edit(SMOLVLM, lambda c: c["text_config"].update(architectures=["MistralForCausalLM"]))
+        self.assertRefuses(d, re.compile(r"config\.json's text_config architectures \['MistralForCausalLM'\]: .*"))
+
+    def test_a_text_model_type_other_than_llama_is_refused(self):
+        d = self.edit(SMOLVLM2, lambda c: c["text_config"].update(model_type="mistral"))
+        self.assertRefuses(d, re.compile(r"config\.json's text_config model_type 'mistral': .*"))
+
+    def test_a_value_a_config_class_rejects_is_refused(self):
+        for where, change in (("", lambda c: c.update(scale_factor=4.0)),
+                              ("vision_config's ", lambda c: c["vision_config"].update(image_size=512.0)),
+                              ("text_config's ", lambda c: c["text_config"].update(rms_norm_eps=0))):
+            with self.subTest(where):
+                d = self.edit(SMOLVLM, change)
+                self.assertRefuses(d, re.compile(rf"config\.json: {where}\w+ is .*; transformers' config class "
+                                                 rf"rejects it \(it takes .*\), and llama\.cpp then reads config\.json "
+                                                 rf"without the classes' defaults, .*"))
+
+
 # =============================================================================================
 # Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
 # =============================================================================================
@@ -7303,6 +7395,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
+    "smolvlm-256m-shape",                                           # SmolVLM: a wrapper's text model, tower dropped
 })
 
 

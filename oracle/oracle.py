@@ -220,7 +220,12 @@ RUNS: tuple[Run, ...] = tuple(
        for t in OTHER_OUTTYPES]
     + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
-    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))])
+    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))]
+    # SmolVLM / SmolVLM2 (issue 38), the text model: every output type for SmolVLM-256M (Idefics3) and SmolVLM2;
+    # SmolVLM-Instruct and the headless SmolVLM2-2.2B text_config in q8_0 too.
+    + [Run(f"{case}-{t}", case, ("--outtype", t))
+       for case in ("smolvlm-256m-shape", "smolvlm2-256m-shape") for t in OTHER_OUTTYPES]
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0")) for case in ("smolvlm-instruct-shape", "smolvlm2-no-heads")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 

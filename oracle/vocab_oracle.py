@@ -189,7 +189,29 @@ EDITS: dict[str, Callable[[Path], None]] = {
     "resaved_under_qwen3_5": lambda d: (qwen35_resaved(d, "Qwen3_5Tokenizer", None), EDITS["qwen3_5_config"](d)),
     "resaved_under_qwen3_5_text": lambda d: (qwen35_resaved(d, "Qwen2Tokenizer", QWEN2_SPLIT),
                                              EDITS["qwen3_5_text_config"](d)),
+    # SmolVLM's tokenizer (make_models': SmolLM2's with the image tokens) under its configs: AutoTokenizer
+    # builds the class named under idefics3 (GPT2Tokenizer: no Digits step), TokenizersBackend under smolvlm
+    # whatever the class (tokenizer.json as written); with a "3 3" merge, which only the first applies.
+    **{f"smolvlm_{model_type}{'_' + cls.lower() if cls else ''}{'_digit_merge' if merge else ''}":
+       (lambda model_type, cls, merge: lambda d: smolvlm_directory(d, model_type, cls, merge))(model_type, cls, merge)
+       for model_type, cls, merge in (("idefics3", None, False), ("smolvlm", None, False),
+                                      ("smolvlm", "TokenizersBackend", False), ("smolvlm", "PreTrainedTokenizerFast", False),
+                                      ("idefics3", None, True), ("smolvlm", None, True))},
 }
+
+
+def smolvlm_directory(d: Path, model_type: str, tokenizer_class: Optional[str], digit_merge: bool) -> None:
+    """SmolLM2's tokenizer made SmolVLM's under a config of model_type (idefics3: SmolVLM, smolvlm: SmolVLM2),
+    the class renamed where given; digit_merge adds the token "33" and its merge first."""
+    if digit_merge:
+        edit_json(d / "tokenizer.json", lambda t: (t["model"]["vocab"].update({"33": len(t["model"]["vocab"])}),
+                                                   t["model"]["merges"].insert(0, "3 3")))
+    _make_models().smolvlm_tokenizer(d, "smolvlm" if model_type == "idefics3" else "smolvlm2")
+    if tokenizer_class is not None:
+        edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class=tokenizer_class))
+    write_config(d, {"architectures": ["Idefics3ForConditionalGeneration" if model_type == "idefics3" else
+                                       "SmolVLMForConditionalGeneration"], "model_type": model_type,
+                     "text_config": {"architectures": ["VLlama3ForCausalLM"], "model_type": "llama"}})
 
 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -283,6 +305,8 @@ CHKHSH_CASES: dict[str, Case] = {
                     "tokenizersbackend_under_qwen3_5_text", "qwen2tokenizerfast_under_qwen3_5_text",
                     "qwen3_5tokenizer_under_qwen3_5_text", "resaved_under_qwen3_5", "resaved_under_qwen3_5_text")},
     Q3 + "+qwen3_5_config": Case(((Q3, "tokenizer.json"), (Q3, "tokenizer_config.json")), "qwen3_5_config"),
+    # SmolVLM's tokenizer under SmolVLM's (idefics3) and SmolVLM2's (smolvlm) configs, each way it is built.
+    **{f"{I}+{edit}": Case(_INSTRUCT, edit) for edit in EDITS if edit.startswith("smolvlm_")},
 }
 
 TYPE_TAGS = {"UINT32": "u32", "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str"}
