@@ -7263,7 +7263,7 @@ class OutputIsLlamaCppsBytes(Workspace):
                              no_nextn="--no-nextn" in args,
                              split_max_tensors=bc.split_count(value("--split-max-tensors", None)),
                              split_max_size=bc.split_size(value("--split-max-size", None)),
-                             no_tensor_first_split="--no-tensor-first-split" in args)
+                             no_tensor_first_split="--no-tensor-first-split" in args, mmproj="--mmproj" in args)
         out = self.out_dir() / "OUT.gguf"
         if run["refused_by_bankml"]:
             with self.assertRaises(bc.Refusal):
@@ -7303,6 +7303,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
+    "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
 })
 
 
