@@ -3572,10 +3572,7 @@ class Gemma3Projector(Workspace):
                               "tower to convert (convert the text model without --mmproj)", "--mmproj")
 
     def test_transformers_4_52_layout_is_refused_as_llama_cpp_writes_no_tensors_for_it(self):
-        d = self.case("gemma-3-4b-shape")
-        for name in make_models.PROCESSOR_FILES:
-            shutil.copy(self.case(self.VISION) / name, d / name)
-        self.assertRefuses(d, re.compile(r"tensor 'model\.(vision_tower|multi_modal_projector)\..*' is in the layout "
+        self.assertRefuses(self.case("gemma-3-4b-vision-new-layout"), re.compile(r"tensor 'model\.(vision_tower|multi_modal_projector)\..*' is in the layout "
                                          r"transformers 4\.52 and later save .* it writes a projector with no tensors\..*"),
                            "--mmproj")
 
@@ -10394,6 +10391,10 @@ class LlamaCppHabits(Workspace):
                 self.assertIn(field, doc)
         self.assertEqual(json.loads(cli("--print-supported-models", "--json").out)["supported_models"]["qwen35"],
                          ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"])
+
+    def test_print_supported_models_lists_the_projectors_under_clip(self):
+        self.assertEqual(json.loads(cli("--print-supported-models", "--json").out)["supported_models"]["clip"],
+                         list(bc.PROJECTORS))
 
     def test_help_lists_the_flags_that_change_nothing_and_only_those_under_that_heading(self):
         r = cli("--help")

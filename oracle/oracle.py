@@ -224,7 +224,10 @@ RUNS: tuple[Run, ...] = tuple(
     # Vision projectors (issue 38, --mmproj): Gemma 3's SigLIP tower and projector in every output type llama.cpp
     # takes there (its text model is the case's f16 run above).
     + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
-       for t in ("f32", "f16", "bf16", "q8_0", "auto")])
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
+    + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
+           refused=True)])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
