@@ -2168,7 +2168,8 @@ class ModelParams(Protocol):
     """What the code outside a family reads of the hyperparameters its params function returns: a
     TextParams has these, and a family's own record (GemmaParams, MoeParams, ...) holds one as text and
     reads these through it (text_part), with more of its own that only its functions read.
-    test_bankml_convert.py checks every registered family's return type."""
+    test_bankml_convert.py checks every registered family's return type.  A projector's (PROJECTORS) needs
+    only block_count: it has no vocabulary."""
     block_count: int        # the blocks blk.N the plan expects
     vocab_size: int         # the rows of token_embd, and the vocabulary's length
 

@@ -1221,6 +1221,14 @@ class Seams(Workspace):
             for field in wanted:
                 self.assertTrue(hasattr(record, field), f"{family.name}: {record.__name__} has no {field}")
 
+    def test_projectors_are_registered_apart_and_their_params_have_a_block_count(self):
+        import typing
+        self.assertEqual({f.output for f in bc.FAMILIES.values()}, {"model"})
+        for family in bc.PROJECTORS.values():
+            self.assertEqual(family.output, "mmproj", family.name)
+            record = typing.get_type_hints(family.params, vars(bc))["return"]
+            self.assertTrue(hasattr(record, "block_count"), f"{family.name}: {record.__name__} has no block_count")
+
     def test_each_measured_tokenizer_is_under_its_familys_model_type_and_names_a_pipeline(self):
         families = {id(f): f for f in bc.FAMILIES.values()}.values()
         pairs = [(b.tokenizer_class, b.model_type) for f in families for b in f.check_builds]
