@@ -1764,6 +1764,11 @@ GEMMA3_MMPROJ_CASES: tuple[Case, ...] = (
          head_dim=16, dirname="gemma-3-4b-it-vision", hub_vision=GEMMA3_SIGLIP_SHRUNK,
          description="gemma-3-4b-it's config with its SigLIP tower shrunk (2 layers, width 64; image 896, "
                      "patch 14), the Hub's tensor names and processor files, BF16"),
+    # An image of 448 in patches of 14 (32 a side) pooled to 256 tokens (16 a side): a factor of 2 where the
+    # released models' is 4, which llama.cpp writes then (clip.vision.projector.scale_factor), as for tinygemma3.
+    Case("gemma-3-4b-vision-pool-2", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it-vision-448", hub_vision=GEMMA3_SIGLIP_SHRUNK + (("image_size", 448),),
+         description="the gemma-3-4b-vision case with images of 448: the projector's pooling factor 2, written"),
     # llama.cpp's Gemma 3 projector converter keeps none of these names: it writes a projector with no tensors
     Case("gemma-3-4b-vision-new-layout", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
          head_dim=16, dirname="gemma-3-4b-it-vision-resaved", hub_vision=GEMMA3_SIGLIP_SHRUNK, vision_prefix="model.",
