@@ -9445,6 +9445,12 @@ class InspectCommand(AroundWorkspace):
     def test_inspect_of_a_text_model_names_no_projector(self):
         self.assertNotIn("projector", cli("inspect", self.case("gemma-3-1b-shape")).out)
 
+    def test_the_projector_command_of_a_hostile_directory_name_is_one_escaped_line(self):
+        d = self.case("gemma-3-4b-vision")
+        d = d.rename(d.with_name("vision\nrm -rf ~"))
+        line = next(l for l in cli("inspect", d).out.splitlines() if "projector" in l)
+        self.assertEqual(line, f"also holds a vision projector: bankml_convert.py '{d.parent}/vision\\nrm -rf ~' --mmproj")
+
 
 # --- verify
 
@@ -9724,6 +9730,10 @@ class DryRunCommand(AroundWorkspace):
         (d / "tokenizer.json").unlink()
         self.assertRefuses(d, "no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                               "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported", "--dry-run")
+
+    def test_dry_run_of_a_projector_plans_it_and_names_no_other(self):
+        d = bc.dry_run(self.case("gemma-3-4b-vision"), self.tmp / "never.gguf", bc.Options(mmproj=True))
+        self.assertEqual(({kv.key: kv.value for kv in d.plan.kvs}["general.type"], d.projector), ("mmproj", None))
 
     def test_dry_run_of_a_directory_with_a_projector_ends_with_the_command_that_writes_it(self):
         d = self.case("gemma-3-4b-vision")
