@@ -10196,9 +10196,10 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 
 # Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
 # as llama_model_quantize does): the MoE routers and the short convolutions (Qwen3.5's, LFM2's, Granite 4.0-H's),
-# which the families here have.
+# which the families here have, and a projector's position embeddings (v.position_embd, a.position_embd)
+# where its tensor_force_quant forces no other type.
 _F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"], ["ssm_conv1d", "weight"],
-                 ["shortconv", "conv", "weight"])
+                 ["shortconv", "conv", "weight"], ["position_embd", "weight"])
 
 
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:

@@ -5408,6 +5408,20 @@ class OutputTypeRules(unittest.TestCase):
             self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", (576,), out), bc.GGML_F32)
         self.assertEqual(bc.tensor_type("token_embd.weight", (49152, 576), bc.OUT_TYPES["f32"]), bc.GGML_F32)
 
+    def test_a_projectors_position_embeddings_stay_f32(self):
+        for out in bc.OUT_TYPES.values():
+            for name in ("v.position_embd.weight", "a.position_embd.weight"):
+                self.assertEqual(bc.tensor_type(name, (4096, 64), out), bc.GGML_F32, (name, out.name))
+
+    def test_a_forced_type_wins_over_the_output_types_but_not_over_f32_vectors_and_norms(self):
+        forced = bc.GEMMA3_PROJECTOR
+        q8 = bc.OUT_TYPES["q8_0"]
+        self.assertEqual(bc.planned_type(forced, "multi_modal_projector.mm_input_projection.weight",
+                                         "mm.input_projection.weight", (64, 32), q8), bc.GGML_F16)
+        # Gemma 3 forces anything named input_projection to F16; a 1-D one stays F32 (prepare_tensors' rule after it)
+        self.assertEqual(bc.planned_type(forced, "multi_modal_projector.mm_input_projection.bias",
+                                         "mm.input_projection.bias", (32,), q8), bc.GGML_F32)
+
     def test_every_type_an_out_type_writes_has_a_conversion_from_every_source_dtype(self):
         for out in bc.OUT_TYPES.values():
             written = {out.matrix_type, out.vector_type} | ({out.partial_rows_type} - {None})
