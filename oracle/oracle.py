@@ -225,7 +225,17 @@ RUNS: tuple[Run, ...] = tuple(
     # SmolVLM-Instruct and the headless SmolVLM2-2.2B text_config in q8_0 too.
     + [Run(f"{case}-{t}", case, ("--outtype", t))
        for case in ("smolvlm-256m-shape", "smolvlm2-256m-shape") for t in OTHER_OUTTYPES]
-    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0")) for case in ("smolvlm-instruct-shape", "smolvlm2-no-heads")])
+    + [Run(f"{case}-q8_0", case, ("--outtype", "q8_0")) for case in ("smolvlm-instruct-shape", "smolvlm2-no-heads")]
+    # Vision projectors (issue 38, --mmproj): Gemma 3's SigLIP tower and projector in every output type llama.cpp
+    # takes there (its text model is the case's f16 run above).
+    + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # ... with a pooling factor other than 4 (its key written), in q8_0 too
+    + [Run(f"gemma-3-4b-vision-pool-2-mmproj-{t}", "gemma-3-4b-vision-pool-2", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")]
+    # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
+    + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
+           refused=True)])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
