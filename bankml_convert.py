@@ -15,7 +15,7 @@ writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.g
 Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B, 26B-A4B), Phi-4-mini (as Phi-3),
 SmolVLM and SmolVLM2 (their text model),
 and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE and gpt-oss (its MXFP4 experts
-repacked as llama.cpp repacks them) --, their vision projectors with --mmproj (PROJECTORS: Gemma 3's),
+repacked as llama.cpp repacks them) --, their vision projectors with --mmproj (PROJECTORS: Gemma 3's, SmolVLM's),
 and PEFT LoRA adapters as llama.cpp's convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -107,6 +107,8 @@ The vision projectors (PROJECTORS, --mmproj; "Model families" under "Vision proj
 output "mmproj" through the same seam:
 
     Gemma 3 projector   Gemma3ForConditionalGeneration: SigLIP tower (v.*) and projector (mm.*), type gemma3
+    SmolVLM projector   Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration: SigLIP tower (v.*) and
+                        connector (mm.model.fc), type idefics3
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -5986,6 +5988,119 @@ GEMMA3_PROJECTOR = register_projector(Family(
     output="mmproj",
     forced_type=gemma3_projector_forced_type,
     blocks=(_SIGLIP + "encoder.layers.", "v.blk."),
+))
+
+
+# --- SmolVLM's projector --------------------------------------------------------------------------
+# Idefics3ForConditionalGeneration's and SmolVLMForConditionalGeneration's SigLIP tower and connector, as
+# llama.cpp's SmolVLMModel (conversion/smolvlm.py) writes them with --mmproj: projector type "idefics3".
+
+class SmolVLMProjectorParams(NamedTuple):
+    vision: VisionParams
+    layer_norm_eps: float
+    scale_factor: int           # pixel shuffle's: the connector takes scale_factor ** 2 patches at a time
+    preproc_image_size: int     # the processor's size.longest_edge, else the tower's image_size
+
+    block_count = property(lambda p: p.vision.block_count)
+
+
+# Idefics3VisionConfig's and SmolVLMVisionConfig's defaults (transformers 5.18: the same), taken whatever
+# model_type vision_config names -- the wrapper's class builds its own vision config from it.
+_SMOLVLM_VISION_DEFAULTS = VisionDefaults("", hidden_size=1152, intermediate_size=3072, num_hidden_layers=12,
+                                          num_attention_heads=16, image_size=224, patch_size=32)
+
+
+def smolvlm_preproc_image_size(processor: dict, image_size: int) -> int:
+    """SmolVLMModel's clip.vision.preproc_image_size: the processor's size.longest_edge, else the tower's
+    image_size; or a Refusal where llama.cpp's converter stops (a size that is not an object, a longest_edge
+    gguf-py cannot write as a uint32)."""
+    size = processor.get("size", {})
+    if not isinstance(size, dict):
+        raise Refusal(f"the processor config's size is {_short(size)}; llama.cpp's SmolVLM converter reads its "
+                      f"longest_edge and stops on anything but an object")
+    if "longest_edge" not in size:
+        return image_size
+    edge = size["longest_edge"]
+    if type(edge) is not int or not 0 <= edge < 2**32:
+        raise Refusal(f"the processor config's size.longest_edge is {_short(edge)}; llama.cpp writes it as a uint32 "
+                      f"and stops on anything else")
+    return edge
+
+
+def smolvlm_projector_params(config: dict, processor: dict) -> SmolVLMProjectorParams:
+    """SmolVLMModel's hyperparameters: the tower's (its config class's defaults, whatever model_type
+    vision_config names), the text model's hidden size (LlamaConfig's default 4096) as the projection's
+    width, the tower's layer norm epsilon (1e-6 by default), the wrapper's scale_factor (2 by default) and the
+    processor's longest edge; or a Refusal for a value the config classes reject."""
+    refuse_unstrict_smolvlm_config(config)
+    vision = {k: v for k, v in config["vision_config"].items() if k != "model_type"}
+    tower = vision_params({**config, "vision_config": vision}, processor, _SMOLVLM_VISION_DEFAULTS,
+                          config_integer(text_config_of(config), "hidden_size", 4096))
+    return SmolVLMProjectorParams(
+        tower, config_number(vision, "layer_norm_eps", 1e-6), config_integer(config, "scale_factor", 2),
+        smolvlm_preproc_image_size(processor, tower.image_size))
+
+
+def smolvlm_projector_kvs(p: SmolVLMProjectorParams, file_type: int) -> list[KV]:
+    """MmprojModel's keys, then SmolVLMModel's: the projector type, the tower's epsilon, the scale factor
+    (always written), GELU, the processor's image size."""
+    return mmproj_vision_kvs(p.vision, file_type) + [
+        KV("clip.projector_type", GGUF_STRING, "idefics3"),
+        KV("clip.vision.attention.layer_norm_epsilon", GGUF_FLOAT32, p.layer_norm_eps),
+        KV("clip.vision.projector.scale_factor", GGUF_UINT32, p.scale_factor),
+        KV("clip.use_gelu", GGUF_BOOL, True),
+        KV("clip.vision.preproc_image_size", GGUF_UINT32, p.preproc_image_size),
+    ]
+
+
+def smolvlm_projector_shape(gguf_name: str, p: SmolVLMProjectorParams) -> tuple[int, ...]:
+    """SigLIP's shapes, and the connector's: the text's width by the tower's times scale_factor squared
+    (pixel shuffle folds that many patches into one)."""
+    if gguf_name == "mm.model.fc.weight":
+        return p.vision.projection_dim, p.vision.embedding_length * p.scale_factor ** 2
+    return siglip_shape(gguf_name, p.vision)
+
+
+def smolvlm_projector_filter_tensors(hf_name: str) -> Optional[str]:
+    """SmolVLMModel.filter_tensors: the tower and the connector only, then MmprojModel's (a text model's
+    names dropped) and prepare_tensors' buffer skip."""
+    if not any(part in hf_name for part in ("vision_tower", "vision_model", "model.connector")):
+        return None
+    return None if "language_model." in hf_name else dropped_buffers(hf_name)
+
+
+def smolvlm_projector_forced_type(hf_name: str, gguf_name: str, out: Any) -> Optional[int]:
+    """SmolVLMModel.tensor_force_quant: the embeddings (patch and position) always F32; then MmprojModel's rule."""
+    if ".embeddings." in hf_name:
+        return GGML_F32
+    return mmproj_forced_type(hf_name, gguf_name, out)
+
+
+_SMOLVLM_TOWER = "model.vision_model."
+SMOLVLM_PROJECTOR = register_projector(Family(
+    name="SmolVLM projector",
+    architectures=("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
+    model_types=("idefics3", "smolvlm"),
+    gguf_arch="clip",
+    params=smolvlm_projector_params,
+    hparam_kvs=smolvlm_projector_kvs,
+    vocab_kvs=no_vocab_kvs,
+    top_tensors={
+        _SMOLVLM_TOWER + "embeddings.patch_embedding.weight": "v.patch_embd.weight",
+        _SMOLVLM_TOWER + "embeddings.patch_embedding.bias": "v.patch_embd.bias",
+        _SMOLVLM_TOWER + "embeddings.position_embedding.weight": "v.position_embd.weight",
+        _SMOLVLM_TOWER + "post_layernorm.weight": "v.post_ln.weight",
+        _SMOLVLM_TOWER + "post_layernorm.bias": "v.post_ln.bias",
+        "model.connector.modality_projection.proj.weight": "mm.model.fc.weight",
+    },
+    block_tensors=_SIGLIP_BLOCK_TENSORS,
+    optional_tensors=frozenset(),
+    shape=smolvlm_projector_shape,
+    vocab_paths=(),
+    filter_tensors=smolvlm_projector_filter_tensors,
+    output="mmproj",
+    forced_type=smolvlm_projector_forced_type,
+    blocks=(_SMOLVLM_TOWER + "encoder.layers.", "v.blk."),
 ))
 
 

@@ -3688,6 +3688,71 @@ class Gemma3Projector(Workspace):
                               "(llama.cpp writes them as float32)", "--mmproj")
 
 
+# --- SmolVLM's projector (--mmproj, projector type idefics3): bytes pinned by the golden runs smolvlm-*-mmproj-*.
+
+class SmolVLMProjector(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(mmproj=True, **options))
+
+    def kvs(self, d: Path) -> dict:
+        return {kv.key: kv.value for kv in self.plan(d).kvs}
+
+    def test_keys_are_mmproj_models_then_smolvlm_models_in_order(self):
+        keys = [kv.key for kv in self.plan(self.case(SMOLVLM)).kvs]
+        self.assertEqual(keys[keys.index("clip.vision.image_std") + 1:], [
+            "clip.projector_type", "clip.vision.attention.layer_norm_epsilon", "clip.vision.projector.scale_factor",
+            "clip.use_gelu", "clip.vision.preproc_image_size", "general.quantization_version"])
+
+    def test_the_projector_is_idefics3s_with_the_wrappers_scale_factor_and_the_processors_longest_edge(self):
+        kvs = self.kvs(self.case("smolvlm-instruct-shape"))
+        self.assertEqual((kvs["clip.projector_type"], kvs["clip.vision.projector.scale_factor"],
+                          kvs["clip.vision.preproc_image_size"], kvs["clip.vision.image_size"]), ("idefics3", 3, 1536, 384))
+
+    def test_without_a_longest_edge_the_preprocessed_size_is_the_towers_image_size(self):
+        d = self.case(SMOLVLM)
+        edit_json(d / "preprocessor_config.json", lambda c: c.pop("size"))
+        self.assertEqual(self.kvs(d)["clip.vision.preproc_image_size"], 512)
+
+    def test_the_connector_is_mm_model_fc_and_the_embeddings_stay_f32_in_every_type(self):
+        tensors = {t.name: t.ggml_type for t in self.plan(self.case(SMOLVLM), outtype="f16").tensors}
+        self.assertEqual((tensors["v.patch_embd.weight"], tensors["v.position_embd.weight"],
+                          tensors["mm.model.fc.weight"], tensors["v.blk.0.ffn_up.weight"]),
+                         (bc.GGML_F32, bc.GGML_F32, bc.GGML_F16, bc.GGML_F16))
+
+    def test_the_wrappers_class_builds_the_tower_whatever_model_type_vision_config_names(self):
+        d = self.case(SMOLVLM2)
+        edit_json(d / "config.json", lambda c: c["vision_config"].update(model_type="siglip_vision_model"))
+        self.assertEqual(self.kvs(d), self.kvs(self.case(SMOLVLM2)))
+
+    def test_the_tower_and_text_widths_take_the_config_classes_defaults(self):
+        p = bc.smolvlm_projector_params({"vision_config": {}, "text_config": {}},
+                                        {"image_mean": [0.5], "image_std": [0.5]})
+        self.assertEqual((p.vision.embedding_length, p.vision.patch_size, p.vision.projection_dim, p.layer_norm_eps,
+                          p.scale_factor, p.preproc_image_size), (1152, 32, 4096, 1e-6, 2, 224))
+
+    def test_the_text_model_is_not_converted_into_the_projector(self):
+        names = {t.source.name for t in self.plan(self.case(SMOLVLM)).tensors}
+        self.assertFalse({n for n in names if "text_model." in n or n.startswith("lm_head")})
+
+    def test_a_size_that_is_not_an_object_is_refused(self):
+        d = self.case(SMOLVLM)
+        edit_json(d / "preprocessor_config.json", lambda c: c.update(size=2048))
+        self.assertRefuses(d, "the processor config's size is 2048; llama.cpp's SmolVLM converter reads its "
+                              "longest_edge and stops on anything but an object", "--mmproj")
+
+    def test_a_longest_edge_that_is_no_uint32_is_refused(self):
+        d = self.case(SMOLVLM)
+        edit_json(d / "preprocessor_config.json", lambda c: c.update(size={"longest_edge": 2048.0}))
+        self.assertRefuses(d, "the processor config's size.longest_edge is 2048.0; llama.cpp writes it as a uint32 "
+                              "and stops on anything else", "--mmproj")
+
+    def test_a_value_a_config_class_rejects_is_refused_for_the_projector_too(self):
+        d = self.case(SMOLVLM)
+        edit_json(d / "config.json", lambda c: c.update(scale_factor=4.0))
+        self.assertRefuses(d, re.compile(r"config\.json: scale_factor is 4\.0; transformers' config class rejects it.*"),
+                           "--mmproj")
+
+
 # =============================================================================================
 # Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
 # =============================================================================================

@@ -235,7 +235,13 @@ RUNS: tuple[Run, ...] = tuple(
        for t in ("f16", "q8_0")]
     # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
     + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
-           refused=True)])
+           refused=True)]
+    # SmolVLM's projector (issue 38, --mmproj: idefics3): every output type llama.cpp takes there for SmolVLM-256M and
+    # SmolVLM2 (scale factor 4, SigLIP of patch 16 at 512), f16 and q8_0 for SmolVLM-Instruct (3, patch 14 at 384).
+    + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
+       for case in ("smolvlm-256m-shape", "smolvlm2-256m-shape") for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    + [Run(f"smolvlm-instruct-shape-mmproj-{t}", "smolvlm-instruct-shape", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
