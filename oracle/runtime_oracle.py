@@ -238,8 +238,9 @@ def error_line(stderr: str, stdout: str, returncode: int) -> str:
     hit = re.sub(r"\S*/vendor/llama\.cpp/", "", hit)     # the source path, from the vendored tree's root
     assertion = re.search(r"\S+:\d+: GGML_ASSERT.*", hit)   # without a log prefix it may land after
     hit = assertion.group(0) if assertion else hit
-    # An abort's backtrace (ggml's, through gdb, on stdout): the first frame of llama.cpp's own, where it failed.
-    frame = next((m.group(1) for m in map(re.compile(r"#\d+\s+0x[0-9a-f]+ in (\S+?)\(").match, stdout.splitlines())
+    # An abort's backtrace (ggml's, through gdb, on stdout): the first frame of llama.cpp's own, where it failed
+    # (a frame without its argument types, as a static binary gives some, reads "name ()").
+    frame = next((m.group(1) for m in map(re.compile(r"#\d+\s+0x[0-9a-f]+ in (\S+?) ?\(").match, stdout.splitlines())
                   if m and not m.group(1).startswith(("ggml_", "_", "std::"))), None)
     if frame:
         hit += f" (in {frame})"

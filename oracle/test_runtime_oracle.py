@@ -142,6 +142,14 @@ class MtmdLog(unittest.TestCase):
         self.assertEqual(ro.error_line(stderr, "", 1), "E mtmd_init_from_file: error: mismatch between text model "
                          "(n_embd = 32) and mmproj (n_embd = 64)")
 
+    def test_an_abort_names_the_first_frame_of_llama_cpps_own_even_without_argument_types(self):
+        stderr = "tools/mtmd/mtmd-helper.cpp:226: GGML_ASSERT(idx >= 0) failed\n"
+        stdout = ("#2  0x00005651abcc5868 in ggml_abort ()\n"
+                  "#3  0x00005651ab8a85f3 in mtmd_helper_eval_chunk_single ()\n"
+                  "#4  0x00005651ab5e2627 in eval_message(mtmd_cli_context&, common_chat_msg&) ()\n")
+        self.assertEqual(ro.error_line(stderr, stdout, -6), "killed by SIGABRT: tools/mtmd/mtmd-helper.cpp:226: "
+                         "GGML_ASSERT(idx >= 0) failed (in mtmd_helper_eval_chunk_single)")
+
 
 class CheckRuns(unittest.TestCase):
     """check_runs with the conversions and the runtime replaced: what it asks for and says."""
