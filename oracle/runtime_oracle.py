@@ -135,8 +135,9 @@ def text_run_of(run: oracle.Run, golden: dict, runs: Optional[tuple] = None) -> 
     """The recorded text conversion a projector run is loaded beside: an f16 run of the same case
     (not a projector, adapter, split or refused run) among oracle.RUNS, the case's plain one
     (--outtype f16 alone) before any other (--no-nextn, ...); None when none is recorded."""
-    candidates = [r for r in (oracle.RUNS if runs is None else runs) if r.case == run.case and not is_projector(r) and not r.adapter
-                  and not r.split and not r.refused and r.outtype == "f16" and r.name in golden]
+    candidates = [r for r in (oracle.RUNS if runs is None else runs)
+                  if r.case == run.case and not is_projector(r) and not r.adapter and not r.split and not r.refused
+                  and r.outtype == "f16" and r.name in golden]
     return min(candidates, key=lambda r: r.args != ("--outtype", "f16"), default=None)
 
 
@@ -151,7 +152,8 @@ def text_model(run: oracle.Run, golden: dict, digests: dict, reference: bool,
     """The text model a projector run is loaded beside, and what it is (a run's name, or the
     reference's conversion); made once a case, and again when a text run of the case, loaded in
     between, has removed it."""
-    if run.case not in texts or texts[run.case][0].path is not None and not texts[run.case][0].path.exists():
+    made = texts[run.case][0] if run.case in texts else None
+    if made is None or (made.path is not None and not made.path.exists()):
         text_run = text_run_of(run, golden)
         texts[run.case] = ((made_as_recorded(text_run, golden, digests, reference), text_run.name) if text_run
                            else (made_by_reference(reference_text_run(run)),

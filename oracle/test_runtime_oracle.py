@@ -93,7 +93,8 @@ class TextModelOfAProjector(unittest.TestCase):
 
     def test_without_a_recorded_run_the_reference_converts_the_case_in_f16(self):
         run = ro.reference_text_run(PROJECTOR)
-        self.assertEqual((run.case, run.args, run.refused, ro.is_projector(run)), ("g", ("--outtype", "f16"), False, False))
+        self.assertEqual((run.case, run.args, run.refused, ro.is_projector(run)),
+                         ("g", ("--outtype", "f16"), False, False))
 
 
 # llama-mtmd-cli -v's lines that runtime_oracle reads (as logged on the reference's gemma-3-4b projector).
@@ -120,7 +121,8 @@ class MtmdLog(unittest.TestCase):
 
     def test_an_encoded_and_decoded_image_is_ok_with_its_tokens_and_width(self):
         result = ro.encoded_image(ENCODED, "\n abc def\n")
-        self.assertEqual(result, ro.Loaded(True, "image encoded (256 tokens of width 32), decoded, generated 'abc def'"))
+        self.assertEqual(result, ro.Loaded(True, "image encoded (256 tokens of width 32), decoded, "
+                                                 "generated 'abc def'"))
 
     def test_the_tokens_of_every_slice_are_counted(self):
         sliced = ENCODED.replace("[32, 256, 1]\n", "[32, 256, 1]\nD clip_encode: output embedding shape [32, 64, 1]\n")
