@@ -220,7 +220,20 @@ RUNS: tuple[Run, ...] = tuple(
        for t in OTHER_OUTTYPES]
     + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
-    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))])
+    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))]
+    # Vision projectors (issue 38, --mmproj): Gemma 3's SigLIP tower and projector in every output type llama.cpp
+    # takes there (its text model is the case's f16 run above).
+    + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # ... with a pooling factor other than 4 (its key written), in q8_0 too
+    + [Run(f"gemma-3-4b-vision-pool-2-mmproj-{t}", "gemma-3-4b-vision-pool-2", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")]
+    # ... split as a text model splits (every shard compared)
+    + [Run("gemma-3-4b-vision-mmproj-split-tensors-q8_0", "gemma-3-4b-vision",
+           ("--mmproj", "--outtype", "q8_0", "--split-max-tensors", "10"))]
+    # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
+    + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
+           refused=True)])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
