@@ -1655,6 +1655,13 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
                           f"converter stops on the flag for it): convert without it")
         config = family.without_nextn(config)
     if family.output == "mmproj":
+        if options.split_max_tensors or options.split_max_size or options.no_tensor_first_split:
+            # llama.cpp writes the shards, but its clip loader reads one file: the first shard fails to load
+            # ("unable to find tensor v.blk.0.attn_out.weight", oracle.py load)
+            raise Refusal("--mmproj with a split flag: llama.cpp's converter writes the projector in shards, but its "
+                          "runtime (llama-mtmd-cli, llama-server --mmproj) loads a projector from one file only and "
+                          "cannot use them: convert it without --split-max-tensors, --split-max-size and "
+                          "--no-tensor-first-split")
         # MmprojModel reads the vision config with keys of its own: TextModel's shared refusals do not apply.
         params = family.params(config, processor_config(model_dir))
     else:
