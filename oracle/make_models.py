@@ -2019,6 +2019,17 @@ BENCH_CASES += (
          description="gemma-4-E2B-it's config, Gemma 4's tokenizer structure, random BF16 weights in 2 shards"),
 )
 
+# Issue 38's bench: gemma-3-4b-it's whole SigLIP tower as released (27 layers of width 1152, 16 heads, MLP 4304,
+# image 896 in patches of 14) and its projector, random BF16 weights (~830 MB), beside a text model kept tiny
+# (2 layers of width 32: its bytes are 1% of the directory's, so the floor's copy is the tower's).
+BENCH_CASES += (
+    Case("full-gemma-3-4b-vision", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it-vision", seed="full",
+         hub_vision=(("hidden_size", 1152), ("intermediate_size", 4304), ("num_hidden_layers", 27),
+                     ("num_attention_heads", 16), ("image_size", 896), ("patch_size", 14)),
+         description="gemma-3-4b-it's SigLIP tower and projector full size, a tiny text model, BF16 (~0.85 GB)"),
+)
+
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
