@@ -7323,8 +7323,10 @@ def _in_make_test(run: dict) -> bool:
 
 
 def _add_golden_tests():
-    # LoRA runs (an "adapter" key) are LoraAdaptersAreLlamaCppsBytes'.
-    for name in filter(lambda n: "adapter" not in GOLDEN[n] and _in_make_test(GOLDEN[n]), GOLDEN):
+    # LoRA runs (an "adapter" key) are LoraAdaptersAreLlamaCppsBytes'.  Projector runs (--mmproj, issue 38)
+    # are recorded ahead of the projector seam that converts them: left out until it lands.
+    for name in filter(lambda n: "adapter" not in GOLDEN[n] and "--mmproj" not in GOLDEN[n]["args"]
+                       and _in_make_test(GOLDEN[n]), GOLDEN):
         def test(self, name=name):
             self.check_run(name)
         test.__doc__ = f"oracle run {name!r}: {GOLDEN[name]['command']}"

@@ -1168,6 +1168,10 @@ class Case:
     text_updates: tuple[tuple[str, object], ...] = ()
     mtp_weights: bool = True                   # Qwen3.5: the mtp.* tensors mtp_num_hidden_layers declares
     dense_ffn: bool = True                     # intermediate_size written (Qwen3.5-MoE's config class has none)
+    # A projector case (--mmproj): vision_config's keys set instead of VISION_TINY's, and the whole vision
+    # tower written (not a few tensors to be dropped); the image processor's files, a key of PROCESSOR_FILES.
+    vision_updates: tuple[tuple[str, object], ...] = ()
+    processor: Optional[str] = None
 
     @property
     def directory_name(self) -> str:
@@ -1735,6 +1739,63 @@ GEMMA4_CASES: tuple[Case, ...] = (
          text_updates=_GEMMA4_E2B_SHRUNK + (("num_kv_shared_layers", 4),), dirname="gemma-4-e2b-shared-kv-mismatch",
          description="the E2B shape with 4 shared layers: the last unshared layer is sliding attention"),
 )
+# Qwen3.5's projector (issue 38, --mmproj; llama.cpp's qwen3vl class): the image processor's files.  As Qwen's
+# Hub repos ship them (Qwen/Qwen3.5-2B-Base's preprocessor_config.json as a public transcript of its download
+# prints it, key for key: Qwen3VLProcessor, Qwen2VLImageProcessorFast, patch 16, temporal patch 2, merge 2, mean
+# and std 0.5; the video processor's file as public fixtures of Qwen3.5 repos quote it), and as transformers 5
+# saves a fine-tune's processor: one processor_config.json, each processor nested, keys sorted (its
+# Qwen3VLProcessor as a public printout of a transformers 5 save shows it).  Qwen's files are Apache-2.0.
+_QWEN35_MEAN_STD = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+_QWEN35_VIDEO_PROCESSOR = {
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "patch_size": 16, "temporal_patch_size": 2,
+    "merge_size": 2, **_QWEN35_MEAN_STD, "processor_class": "Qwen3VLProcessor",
+    "video_processor_type": "Qwen3VLVideoProcessor"}
+_QWEN35_SAVED_FLAGS = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True}
+PROCESSOR_FILES: dict[str, dict[str, dict]] = {
+    "qwen3.5": {
+        "preprocessor_config.json": {
+            "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+            "merge_size": 2, **_QWEN35_MEAN_STD, "processor_class": "Qwen3VLProcessor",
+            "image_processor_type": "Qwen2VLImageProcessorFast"},
+        "video_preprocessor_config.json": _QWEN35_VIDEO_PROCESSOR,
+    },
+    "qwen3.5-resaved-transformers-5": {
+        "processor_config.json": {
+            "image_processor": {
+                **_QWEN35_SAVED_FLAGS, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Qwen2VLImageProcessor",
+                "image_std": [0.5, 0.5, 0.5], "merge_size": 2, "patch_size": 16, "resample": 3,
+                "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+                "temporal_patch_size": 2},
+            "processor_class": "Qwen3VLProcessor",
+            "video_processor": {
+                **_QWEN35_SAVED_FLAGS, "do_sample_frames": True, "fps": 2, **_QWEN35_MEAN_STD,
+                "max_frames": 768, "merge_size": 2, "min_frames": 4, "patch_size": 16, "resample": 3,
+                "rescale_factor": 0.00392156862745098, "return_metadata": False,
+                "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "temporal_patch_size": 2,
+                "video_processor_type": "Qwen3VLVideoProcessor"}},
+    },
+}
+# The vision towers shrunk (blocks, width, heads and MLP width small; patch 16, temporal patch 2, merge 2 and the
+# 2304 learned positions (a 48 x 48 grid, image_size 768) kept real, no deepstack layers as in every Qwen3.5),
+# out_hidden_size the shrunk text width: Qwen3.5-0.8B's 12 blocks of 768 (12 heads, MLP 4x) as 2 of 32 (2 heads,
+# MLP 64); Qwen3.5-35B-A3B's 27 of 1152 (16 heads, MLP 4304: not whole Q8_0 blocks, llama.cpp's F16 fallback) as
+# 3 of 64 (4 heads, MLP 240: not whole blocks either).
+_QWEN35_0_8B_TOWER = (("depth", 2), ("hidden_size", 32), ("num_heads", 2), ("intermediate_size", 64),
+                      ("out_hidden_size", QWEN35_TINY.hidden_size))
+_QWEN35_35B_TOWER = (("depth", 3), ("hidden_size", 64), ("num_heads", 4), ("intermediate_size", 240),
+                     ("out_hidden_size", QWEN35_TINY.hidden_size))
+QWEN35_VISION_CASES: tuple[Case, ...] = (
+    Case("qwen3.5-0.8b-vision", tokenizer="qwen3", config_from=QWEN3_5_0_8B, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, vision_updates=_QWEN35_0_8B_TOWER, processor="qwen3.5",
+         dirname="qwen3.5-0.8b-vision",
+         description="the qwen3.5-0.8b-shape case with its whole vision tower (shrunk) and the image and video "
+                     "processor files as Qwen ships them: the --mmproj base"),
+    Case("qwen3.5-35b-a3b-vision", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_MOE, dense_ffn=False, fused_experts=True, vision_updates=_QWEN35_35B_TOWER,
+         processor="qwen3.5-resaved-transformers-5", dirname="qwen3.5-35b-a3b-vision",
+         description="the qwen3.5-35b-a3b-shape case with its whole vision tower (shrunk) and processor_config.json "
+                     "as transformers 5 saves a fine-tune's (the image processor nested)"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1874,6 +1935,7 @@ CASES: tuple[Case, ...] = (
     *QWEN35_TOKENIZER_CASES,
     *GPT_OSS_CASES,
     *GEMMA4_CASES,
+    *QWEN35_VISION_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -2087,7 +2149,7 @@ def case_config(case: Case) -> dict:
             num_hidden_layers=dims.num_hidden_layers, num_attention_heads=dims.num_attention_heads,
             num_key_value_heads=dims.num_key_value_heads, vocab_size=dims.vocab_size,
             max_position_embeddings=dims.max_position_embeddings)
-        config["vision_config"].update(VISION_TINY)
+        config["vision_config"].update(dict(case.vision_updates) if case.vision_updates else VISION_TINY)
         if case.head_dim is not None:
             config["text_config"]["head_dim"] = case.head_dim
         config["text_config"].update(case.text_updates)
@@ -2722,12 +2784,14 @@ def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
-def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool = False) -> list[TensorSpec]:
+def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool = False,
+                        tower: bool = False) -> list[TensorSpec]:
     """Qwen3_5ForCausalLM's state_dict (Qwen3_5ForConditionalGeneration's: the text model under
     model.language_model., a vision tower under model.visual.) in module order: each layer its
     linear-attention (Qwen3_5GatedDeltaNet) or gated full attention, the MLP, the two norms; then the
     mtp.* block when mtp_weights (the released checkpoints hold it; transformers drops it on save).
-    Qwen3.5-MoE's (num_experts) has the mixture for the MLP, its experts stacked where fused."""
+    Qwen3.5-MoE's (num_experts) has the mixture for the MLP, its experts stacked where fused.  The vision
+    tower is a few tensors the text conversion drops, or with tower the whole of it (qwen35_vision_specs)."""
     wrapper = "text_config" in config
     text = config["text_config"] if wrapper else config
     h, hd = dims.hidden_size, text["head_dim"]
@@ -2771,7 +2835,9 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool
     kinds = iter(text["layer_types"])
     specs = causal_lm_specs(dims, text.get("tie_word_embeddings", True), lambda p: layer(p, next(kinds)),
                             "model.language_model." if wrapper else "model.")
-    if wrapper:
+    if wrapper and tower:
+        specs += qwen35_vision_specs(config["vision_config"])
+    elif wrapper:
         v = "model.visual."
         specs += [TensorSpec(v + "patch_embed.proj.weight", (32, 3, 2, 4, 4)),
                   TensorSpec(v + "blocks.0.attn.qkv.weight", (96, 32)), TensorSpec(v + "blocks.0.norm1.weight", (32,)),
@@ -2785,6 +2851,34 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool
             specs += [TensorSpec("mtp.fc.weight", (h, 2 * h)),
                       *norm_specs("mtp.", h, "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")]
     return specs
+
+
+def qwen35_vision_specs(vision: dict) -> list[TensorSpec]:
+    """Qwen3_5VisionModel's state_dict under model.visual. in module order: the patch embedding (a Conv3d
+    over temporal_patch_size frames), the learned position embedding, each block's two LayerNorms,
+    attention (qkv fused, proj) and MLP (linear_fc1, linear_fc2, all with biases), then the merger (its
+    LayerNorm on one patch, linear_fc1 over spatial_merge_size**2 patches, linear_fc2 to out_hidden_size)."""
+    v, h = "model.visual.", vision["hidden_size"]
+    merged = h * vision["spatial_merge_size"] ** 2
+
+    def linear(name: str, rows: int, cols: int) -> list[TensorSpec]:
+        return [TensorSpec(name + ".weight", (rows, cols)), TensorSpec(name + ".bias", (rows,))]
+
+    patch = vision["patch_size"]
+    specs = [TensorSpec(v + "patch_embed.proj.weight",
+                        (h, vision["in_channels"], vision["temporal_patch_size"], patch, patch)),
+             TensorSpec(v + "patch_embed.proj.bias", (h,)),
+             TensorSpec(v + "pos_embed.weight", (vision["num_position_embeddings"], h))]
+    for i in range(vision["depth"]):
+        b = f"{v}blocks.{i}."
+        specs += [TensorSpec(b + "norm1.weight", (h,)), TensorSpec(b + "norm1.bias", (h,)),
+                  TensorSpec(b + "norm2.weight", (h,)), TensorSpec(b + "norm2.bias", (h,)),
+                  *linear(b + "attn.qkv", 3 * h, h), *linear(b + "attn.proj", h, h),
+                  *linear(b + "mlp.linear_fc1", vision["intermediate_size"], h),
+                  *linear(b + "mlp.linear_fc2", h, vision["intermediate_size"])]
+    return specs + [TensorSpec(v + "merger.norm.weight", (h,)), TensorSpec(v + "merger.norm.bias", (h,)),
+                    *linear(v + "merger.linear_fc1", merged, merged),
+                    *linear(v + "merger.linear_fc2", vision["out_hidden_size"], merged)]
 
 
 def lfm2_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
@@ -2959,7 +3053,7 @@ def case_entries(case: Case) -> list[Entry]:
     elif config.get("model_type") == "lfm2":
         specs = lfm2_tensor_specs(dims, config)
     elif config.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
-        specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts)
+        specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts, bool(case.vision_updates))
     elif config.get("model_type") == "granitemoehybrid":
         specs = granite4h_tensor_specs(dims, config)
     elif config.get("model_type") == "gpt_oss":
@@ -3017,6 +3111,10 @@ def make_case(case: Case, root: Path) -> Path:
         write_mistral_files(case, entries, out)
     if case.card is not None:
         (out / "README.md").write_bytes(MODEL_CARDS[case.card].encode("utf-8"))
+    if case.processor is not None:
+        # Each file in its own key order, indented 2, as the Hub file or save_pretrained has it.
+        for file_name, content in PROCESSOR_FILES[case.processor].items():
+            (out / file_name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     return out
 
 

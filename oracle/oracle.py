@@ -220,7 +220,11 @@ RUNS: tuple[Run, ...] = tuple(
        for t in OTHER_OUTTYPES]
     + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
-    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))])
+    + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))]
+    # Qwen3.5's projector (issue 38, --mmproj; llama.cpp's qwen3vl class): every output type for the dense
+    # and the MoE model's vision tower, the processor's files as Qwen ships them and as transformers 5 saves them.
+    + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
+       for case in ("qwen3.5-0.8b-vision", "qwen3.5-35b-a3b-vision") for t in ("f32", "f16", "bf16", "q8_0", "auto")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
