@@ -1169,7 +1169,7 @@ class Case:
     mtp_weights: bool = True                   # Qwen3.5: the mtp.* tensors mtp_num_hidden_layers declares
     dense_ffn: bool = True                     # intermediate_size written (Qwen3.5-MoE's config class has none)
     # A projector case (--mmproj): vision_config's keys set instead of VISION_TINY's, and the whole vision
-    # tower written (not a few tensors to be dropped); the image processor's files, a key of PROCESSOR_FILES.
+    # tower written (not a few tensors to be dropped); the image processor's files, a key of PROCESSORS.
     vision_updates: tuple[tuple[str, object], ...] = ()
     processor: Optional[str] = None
 
@@ -1751,7 +1751,7 @@ _QWEN35_VIDEO_PROCESSOR = {
     "merge_size": 2, **_QWEN35_MEAN_STD, "processor_class": "Qwen3VLProcessor",
     "video_processor_type": "Qwen3VLVideoProcessor"}
 _QWEN35_SAVED_FLAGS = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True}
-PROCESSOR_FILES: dict[str, dict[str, dict]] = {
+PROCESSORS: dict[str, dict[str, dict]] = {
     "qwen3.5": {
         "preprocessor_config.json": {
             "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
@@ -3113,7 +3113,7 @@ def make_case(case: Case, root: Path) -> Path:
         (out / "README.md").write_bytes(MODEL_CARDS[case.card].encode("utf-8"))
     if case.processor is not None:
         # Each file in its own key order, indented 2, as the Hub file or save_pretrained has it.
-        for file_name, content in PROCESSOR_FILES[case.processor].items():
+        for file_name, content in PROCESSORS[case.processor].items():
             (out / file_name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     return out
 

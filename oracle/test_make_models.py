@@ -298,9 +298,9 @@ class ProjectorCases(unittest.TestCase):
 
     def test_writes_the_processor_files_of_its_key(self):
         self.assertEqual({p.name for p in self.dir.iterdir() if "processor" in p.name},
-                         set(mm.PROCESSOR_FILES["qwen3.5"]))
+                         set(mm.PROCESSORS["qwen3.5"]))
         read = json.loads((self.dir / "preprocessor_config.json").read_text(encoding="utf-8"))
-        self.assertEqual(read, mm.PROCESSOR_FILES["qwen3.5"]["preprocessor_config.json"])
+        self.assertEqual(read, mm.PROCESSORS["qwen3.5"]["preprocessor_config.json"])
 
     def test_saves_every_tensor_of_the_shrunk_vision_tower(self):
         vision = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))["vision_config"]
