@@ -7263,7 +7263,7 @@ class OutputIsLlamaCppsBytes(Workspace):
                              no_nextn="--no-nextn" in args,
                              split_max_tensors=bc.split_count(value("--split-max-tensors", None)),
                              split_max_size=bc.split_size(value("--split-max-size", None)),
-                             no_tensor_first_split="--no-tensor-first-split" in args)
+                             no_tensor_first_split="--no-tensor-first-split" in args, mmproj="--mmproj" in args)
         out = self.out_dir() / "OUT.gguf"
         if run["refused_by_bankml"]:
             with self.assertRaises(bc.Refusal):
@@ -7303,6 +7303,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
+    "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
 })
 
 
@@ -7323,10 +7324,8 @@ def _in_make_test(run: dict) -> bool:
 
 
 def _add_golden_tests():
-    # LoRA runs (an "adapter" key) are LoraAdaptersAreLlamaCppsBytes'.  Projector runs (--mmproj, issue 38)
-    # are recorded ahead of the projector seam that converts them: left out until it lands.
-    for name in filter(lambda n: "adapter" not in GOLDEN[n] and "--mmproj" not in GOLDEN[n]["args"]
-                       and _in_make_test(GOLDEN[n]), GOLDEN):
+    # LoRA runs (an "adapter" key) are LoraAdaptersAreLlamaCppsBytes'.
+    for name in filter(lambda n: "adapter" not in GOLDEN[n] and _in_make_test(GOLDEN[n]), GOLDEN):
         def test(self, name=name):
             self.check_run(name)
         test.__doc__ = f"oracle run {name!r}: {GOLDEN[name]['command']}"

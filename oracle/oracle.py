@@ -221,6 +221,10 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
     + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))]
+    # Vision projectors (issue 38, --mmproj): Gemma 3's SigLIP tower and projector in every output type llama.cpp
+    # takes there (its text model is the case's f16 run above).
+    + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
     # Qwen3.5's projector (issue 38, --mmproj; llama.cpp's qwen3vl class): every output type for the dense
     # and the MoE model's vision tower, the processor's files as Qwen ships them and as transformers 5 saves them.
     + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
