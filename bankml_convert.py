@@ -5635,7 +5635,7 @@ def processor_floats(processor: dict, key: str) -> tuple[float, ...]:
         raise Refusal(f"the processor config ({' / '.join(PROCESSOR_FILES)}) has no {key}; llama.cpp's "
                       f"converter stops without it: copy the base model's processor files into the directory")
     if not isinstance(values, list) or not values or any(type(v) is not float for v in values):
-        raise Refusal(f"the processor config's {key} is {_short(repr(values))}; expected a list of decimal "
+        raise Refusal(f"the processor config's {key} is {_short(values)}; expected a list of decimal "
                       f"numbers (llama.cpp writes them as float32)")
     try:
         struct.pack(f"<{len(values)}f", *values)
@@ -5777,7 +5777,7 @@ def gemma3_projector_params(config: dict, processor: dict) -> Gemma3ProjectorPar
     vision = vision_params(config, processor, SIGLIP_DEFAULTS, config_integer(text_config_of(config), "hidden_size", 2304))
     seq = processor.get("image_seq_length", 256)
     if type(seq) is not int or not 1 <= seq < 2**31:
-        raise Refusal(f"the processor config's image_seq_length is {_short(repr(seq))}; expected a whole number "
+        raise Refusal(f"the processor config's image_seq_length is {_short(seq)}; expected a whole number "
                       f"from 1 (llama.cpp's converter takes its square root)")
     factor = (vision.image_size // vision.patch_size) // int(seq ** 0.5)
     return Gemma3ProjectorParams(
@@ -16288,6 +16288,22 @@ class Inspection(NamedTuple):
     unreadable: list[str]           # files whose header could not be read, with the reason
     plan: Optional[Plan]            # the conversion's plan (directories the converter accepts)
     refusal: Optional[str]          # why the converter refuses it, or None
+    projector: Optional[str] = None     # the command that writes the vision projector it also holds
+
+
+def projector_command(model_dir: Path, options: Options) -> Optional[str]:
+    """The command that writes the vision projector a model directory also holds (projector_of finds one
+    for its architecture and that projector plans without a refusal), as one escaped line; None where it
+    holds none this tool writes, and for a projector's own run."""
+    if options.mmproj:
+        return None
+    try:
+        projector_of(read_json_object(model_dir / "config.json"))
+        tensor_plan_of(model_dir, options._replace(mmproj=True))
+    except Refusal:
+        return None
+    outtype = [] if options.outtype == Options().outtype else ["--outtype", options.outtype]
+    return one_line(shlex.join([_prog(), str(model_dir), "--mmproj", *outtype]))
 
 
 def inspect_path(path, options: Options) -> Inspection:
@@ -16310,7 +16326,8 @@ def inspect_path(path, options: Options) -> Inspection:
             read_safetensors_header(path)
     except Refusal as e:
         refusal = e.reason
-    return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal)
+    projector = projector_command(path, options) if plan is not None else None
+    return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal, projector)
 
 
 def _weight_kind(doc: dict) -> str:
@@ -16347,6 +16364,8 @@ def inspect_dir_lines(path, options: Options) -> list[str]:
         lines.append(f"converts to {doc['general.name']!r}: {doc['gguf_tensor_count']} tensors, "
                      f"{doc['kv_count']} metadata keys, {doc['params']:,} parameters, {doc['bytes']:,} bytes "
                      f"(--dry-run lists the metadata)")
+        if doc.get("projector_command"):
+            lines.append(f"also holds a vision projector: {doc['projector_command']}")
     elif doc["refusal"] is not None:
         lines.append(f"refuse: {doc['refusal']}")
     elif not is_dir:
@@ -16388,7 +16407,8 @@ def inspect_dir_json(path, options: Options) -> dict:
     if ins.plan is not None:
         doc.update({"general.name": ins.plan.name, "gguf_tensor_count": len(ins.plan.tensors),
                     "kv_count": len(ins.plan.kvs), "params": ins.plan.params,
-                    "bytes": planned_size(ins.plan)})
+                    "bytes": planned_size(ins.plan),
+                    **({"projector_command": ins.projector} if ins.projector else {})})
     return doc
 
 
@@ -16412,6 +16432,7 @@ class DryRun(NamedTuple):
     replaces: bool      # an existing file at out would be replaced
     shards: tuple[InputFile, ...] = ()     # a split's: each shard's name and size (no sha256: nothing written)
     shard_tensors: tuple[int, ...] = ()    # and how many tensors each holds
+    projector: Optional[str] = None     # the command that writes the vision projector the directory also holds
 
 
 def dry_run(model_dir, out, options: Options) -> DryRun:
@@ -16424,12 +16445,14 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     shards = shard_tensors(plan.tensors, split_of(options))
     paths = shard_paths(target, len(shards))
     check_outputs(paths, model_dir, plan.inputs, False, shards=len(paths))
+    projector = projector_command(model_dir, options)
     if len(shards) == 1:
-        return DryRun(plan, target, target.exists())
+        return DryRun(plan, target, target.exists(), projector=projector)
     headers = [first_shard_header(plan, shards)] + later_shard_headers(shards)
     sizes = shard_sizes(headers, shard_jobs(shards, list(map(len, headers))))
     return DryRun(plan, paths[0], any(p.exists() for p in paths),
-                  tuple(InputFile(p.name, size, None) for p, size in zip(paths, sizes)), tuple(map(len, shards)))
+                  tuple(InputFile(p.name, size, None) for p, size in zip(paths, sizes)), tuple(map(len, shards)),
+                  projector)
 
 
 def _source_note(t: PlannedTensor) -> str:
@@ -16477,6 +16500,7 @@ def dry_run_json(d: DryRun, full: bool = False) -> dict:
         # A split's shards (the keys and tensors above are the whole file's, before it is cut).
         **({"shards": [{"path": str(d.out.with_name(s.name)), "bytes": s.size, "tensor_count": n}
                        for s, n in zip(d.shards, d.shard_tensors)]} if d.shards else {}),
+        **({"projector_command": d.projector} if d.projector else {}),
     }
 
 
@@ -16497,6 +16521,8 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
                       for s, n in zip(d.shards, d.shard_tensors)]
     lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors, [_source_note(t) for t in p.tensors])
     lines.append(f"* {len(p.inputs)} inputs: {', '.join(i.name for i in p.inputs)}")
+    if d.projector:
+        lines.append(f"* also holds a vision projector: {d.projector}")
     return lines
 
 
