@@ -5874,6 +5874,181 @@ GEMMA3_PROJECTOR = register_projector(Family(
 ))
 
 
+# --- Qwen3.5's projector --------------------------------------------------------------------------
+# Qwen3_5ForConditionalGeneration's and Qwen3_5MoeForConditionalGeneration's vision tower and patch merger,
+# as llama.cpp's Qwen3VLVisionModel (conversion/qwen3vl.py) writes them with --mmproj: projector type
+# "qwen3vl_merger".  A ViT whose patch embedding is a Conv3d over two frames (written as two Conv2d
+# weights, v.patch_embd.weight and .weight.1), learned positions on a square grid (image_size derived
+# from their count), fused qkv with biases, LayerNorms, and a merger of spatial_merge_size**2 patches
+# into the text model's width.  No released Qwen3.5 has deepstack layers (Qwen3-VL's); those are refused.
+
+class Qwen35ProjectorParams(NamedTuple):
+    vision: VisionParams
+    frames: int                 # temporal_patch_size: the patch embedding's frames (llama.cpp writes 2)
+    positions: int              # num_position_embeddings: pos_embed's rows
+    spatial_merge_size: int
+    out_width: int              # out_hidden_size: the merger's output (mm.2's rows)
+    layer_norm_eps: float       # the text model's rms_norm_eps, which llama.cpp writes for the tower
+
+    block_count = property(lambda p: p.vision.block_count)
+
+
+# Qwen3_5VisionConfig's (and Qwen3_5MoeVisionConfig's) defaults, transformers 5.18: the keys AutoConfig's
+# to_dict() fills where config.json's vision_config leaves them out.
+_QWEN35_VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                           "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                           "out_hidden_size": 3584, "num_position_embeddings": 2304}
+# The text config class's hidden_size where text_config has none (n_embd_text: Qwen3_5TextConfig's,
+# Qwen3_5MoeTextConfig's).
+_QWEN35_TEXT_WIDTH = {"qwen3_5": 4096, "qwen3_5_moe": 2048}
+# MmprojModel's n_block_keys before depth: llama.cpp would size its name map by them, and write depth.
+_QWEN35_VISION_LAYER_ALIASES = ("n_layers", "num_hidden_layers", "n_layer", "num_layers")
+
+
+def qwen35_projector_params(config: dict, processor: dict) -> Qwen35ProjectorParams:
+    """Qwen3VLVisionModel's hyperparameters: vision_config's with its config class's defaults (depth and
+    num_heads as the layer and head counts), image_size derived from the learned positions where
+    vision_config names none, the text model's width and RMS epsilon, the processor's mean and std; or a
+    Refusal for what llama.cpp would read otherwise."""
+    vision = config["vision_config"]
+    for key in _QWEN35_VISION_LAYER_ALIASES:
+        if key in vision:
+            raise Refusal(f"config.json's vision_config has {key!r}, which llama.cpp would read as the tower's "
+                          f"layer count before depth; not reproduced")
+    if vision.get("deepstack_visual_indexes"):
+        raise Refusal(f"config.json's vision_config names deepstack layers "
+                      f"{_short(vision['deepstack_visual_indexes'])}; no released Qwen3.5 has them (Qwen3-VL's "
+                      f"do), and bankml_convert reproduces the Qwen3.5 projector without them only")
+    # AutoConfig fills a key left out; llama.cpp's converter stops on one written as null (refused here)
+    n = {key: vision_config_integer(vision, key, _default_unless_written(vision, key, default))
+         for key, default in _QWEN35_VISION_DEFAULTS.items()}
+    if "num_attention_heads" in vision:     # the config class's alias of num_heads, which it sets over num_heads
+        n["num_heads"] = vision_config_integer(vision, "num_attention_heads", None)
+    if n["temporal_patch_size"] != 2:
+        raise Refusal(f"config.json's vision_config: temporal_patch_size is {n['temporal_patch_size']}; llama.cpp "
+                      f"writes the patch embedding's two frames only (it stops on another count)")
+    text = text_config_of(config)
+    # Qwen3VLVisionModel.__init__: sqrt(positions) patches a side, where vision_config has no image_size
+    image_size = vision_config_integer(vision, "image_size", _default_unless_written(
+        vision, "image_size", int(n["num_position_embeddings"] ** 0.5 * n["patch_size"])))
+    return Qwen35ProjectorParams(
+        VisionParams(
+            block_count=n["depth"],
+            projection_dim=config_integer(text, "hidden_size", _default_unless_written(
+                text, "hidden_size", _QWEN35_TEXT_WIDTH[config.get("model_type", "qwen3_5")])),
+            image_size=image_size, patch_size=n["patch_size"], embedding_length=n["hidden_size"],
+            feed_forward_length=n["intermediate_size"], head_count=n["num_heads"], channels=n["in_channels"],
+            image_mean=processor_floats(processor, "image_mean"), image_std=processor_floats(processor, "image_std")),
+        frames=n["temporal_patch_size"], positions=n["num_position_embeddings"],
+        spatial_merge_size=n["spatial_merge_size"], out_width=n["out_hidden_size"],
+        layer_norm_eps=config_number(text, "rms_norm_eps", _default_unless_written(text, "rms_norm_eps", 1e-6)))
+
+
+def _default_unless_written(config: dict, key: str, default: Any) -> Any:
+    """A config class's default for a key config.json leaves out; None (a Refusal where it is read) for a key
+    it writes, whose null llama.cpp's converter stops on."""
+    return None if key in config else default
+
+
+def qwen35_projector_kvs(p: Qwen35ProjectorParams, file_type: int) -> list[KV]:
+    """MmprojModel's keys, then Qwen3VLVisionModel's: the projector type, GELU, the merge size, the text
+    model's RMS epsilon as the tower's, and no deepstack layer in any block."""
+    return mmproj_vision_kvs(p.vision, file_type) + [
+        KV("clip.projector_type", GGUF_STRING, "qwen3vl_merger"),
+        KV("clip.use_gelu", GGUF_BOOL, True),
+        KV("clip.vision.spatial_merge_size", GGUF_UINT32, p.spatial_merge_size),
+        KV("clip.vision.attention.layer_norm_epsilon", GGUF_FLOAT32, p.layer_norm_eps),
+        KV("clip.vision.is_deepstack_layers", GGUF_BOOL, [False] * p.vision.block_count, array=True),
+    ]
+
+
+def qwen35_projector_filter_tensors(hf_name: str) -> Optional[str]:
+    """Qwen3VLVisionModel.filter_tensors: the tower's and merger's tensors (model.visual.* as visual.*), the
+    text model's, the output head and the MTP block dropped."""
+    if hf_name.startswith("model.visual."):
+        hf_name = hf_name[len("model."):]
+    if not hf_name.startswith("visual.") or "language_model." in hf_name:
+        return None
+    return dropped_buffers(hf_name)
+
+
+def qwen35_projector_shape(gguf_name: str, p: Qwen35ProjectorParams) -> tuple[int, ...]:
+    """The HF shape (rows first) of a tensor of the tower: each frame of the patch embedding, one position
+    per grid cell, the fused qkv, the MLP, and the merger over spatial_merge_size**2 patches."""
+    v, merged = p.vision, p.vision.embedding_length * p.spatial_merge_size ** 2
+    h, ff = v.embedding_length, v.feed_forward_length
+    if gguf_name.startswith("v.patch_embd.weight"):
+        return h, v.channels, v.patch_size, v.patch_size
+    if gguf_name == "v.position_embd.weight":
+        return p.positions, h
+    kind, part = gguf_name.rsplit(".", 2)[-2:]
+    rows, columns = {"attn_qkv": (3 * h, h), "attn_out": (h, h), "ffn_up": (ff, h), "ffn_down": (h, ff),
+                     "0": (merged, merged), "2": (p.out_width, merged)}.get(kind, (h, None))
+    return (rows, columns) if part == "weight" and columns is not None else (rows,)
+
+
+def conv3d_frame(gguf_name: str, source: SourceTensor, frame: int) -> Modified:
+    """Frame `frame` of a Conv3d weight [out, in, frames, h, w] as a Conv2d weight [out, in, h, w] (torch's
+    data[:, :, frame]): each (out, in) pair's h * w values of that frame, read as one run of the
+    [out * in, frames * h * w] rows with those columns; no value touched."""
+    out_ch, in_ch, frames, height, width = source.shape
+    cells = height * width
+    rows = source._replace(shape=(out_ch * in_ch, frames * cells))
+    written = source._replace(shape=(out_ch, in_ch, height, width), nbytes=source.nbytes // frames)
+    return Modified(gguf_name, written, rows=(rows,), columns=((frame * cells, cells),))
+
+
+def qwen35_projector_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwen35ProjectorParams) -> list[Modified]:
+    """Qwen3VLVisionModel.modify_tensors: the patch embedding's Conv3d split into its two frames' Conv2d
+    weights (v.patch_embd.weight, v.patch_embd.weight.1); every other tensor as it is."""
+    if gguf_name != "v.patch_embd.weight":
+        return [Modified(gguf_name, source)]
+    v = p.vision
+    want = (v.embedding_length, v.channels, p.frames, v.patch_size, v.patch_size)
+    if source.shape != want:
+        raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies {list(want)}")
+    return [conv3d_frame("v.patch_embd.weight", source, 0), conv3d_frame("v.patch_embd.weight.1", source, 1)]
+
+
+def qwen35_projector_forced_type(hf_name: str, gguf_name: str, out: Any) -> Optional[int]:
+    """MmprojModel's rule (the patch embedding's frames F16 or F32), and the learned positions in F32
+    (prepare_tensors keeps V_ENC_EMBD_POS in F32 whatever the output type)."""
+    return GGML_F32 if gguf_name == "v.position_embd.weight" else mmproj_forced_type(hf_name, gguf_name, out)
+
+
+def _weight_and_bias(hf: str, gguf: str) -> dict[str, str]:
+    """A layer's weight and bias, HF name -> GGUF name."""
+    return {f"{hf}.weight": f"{gguf}.weight", f"{hf}.bias": f"{gguf}.bias"}
+
+
+QWEN35_PROJECTOR = register_projector(Family(
+    name="Qwen3.5 projector",
+    architectures=("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
+    model_types=("qwen3_5", "qwen3_5_moe"),
+    gguf_arch="clip",
+    params=qwen35_projector_params,
+    hparam_kvs=qwen35_projector_kvs,
+    vocab_kvs=no_vocab_kvs,
+    # gguf-py's TensorNameMap for MODEL_ARCH.MMPROJ (qwen3vl's names), and the merger as modify_tensors names it
+    top_tensors={"visual.pos_embed.weight": "v.position_embd.weight",
+                 **{name: gguf_name for hf, gguf in (("patch_embed.proj", "v.patch_embd"), ("merger.norm", "v.post_ln"),
+                                                     ("merger.linear_fc1", "mm.0"), ("merger.linear_fc2", "mm.2"))
+                    for name, gguf_name in _weight_and_bias("visual." + hf, gguf).items()}},
+    block_tensors={name: gguf_name for hf, gguf in (("norm1", "ln1"), ("norm2", "ln2"), ("attn.qkv", "attn_qkv"),
+                                                    ("attn.proj", "attn_out"), ("mlp.linear_fc1", "ffn_up"),
+                                                    ("mlp.linear_fc2", "ffn_down"))
+                   for name, gguf_name in _weight_and_bias(hf, gguf).items()},
+    optional_tensors=frozenset(),
+    shape=qwen35_projector_shape,
+    modify_tensors=qwen35_projector_modify_tensors,
+    vocab_paths=(),
+    filter_tensors=qwen35_projector_filter_tensors,
+    output="mmproj",
+    forced_type=qwen35_projector_forced_type,
+    blocks=("visual.blocks.", "v.blk."),
+))
+
+
 # ---------------------------------------------------------------------------------------------
 # Naming: general.name, organization, basename, finetune, version and size label, exactly as
 # gguf-py's metadata.py heuristics derive them from _name_or_path and the directory's name.

@@ -3593,6 +3593,96 @@ class Gemma3Projector(Workspace):
                               "(llama.cpp writes them as float32)", "--mmproj")
 
 
+# --- Qwen3.5's projector (issue 38, --mmproj; llama.cpp's Qwen3VLVisionModel): bytes pinned by the golden runs
+# --- qwen3.5-0.8b-vision-mmproj-* (the processor files as Qwen ships them) and qwen3.5-35b-a3b-vision-mmproj-*
+# --- (the MoE model's tower, processor_config.json as transformers 5 saves it, its image processor nested).
+
+QWEN35_VISION = "qwen3.5-0.8b-vision"
+_QWEN35_PROCESSOR = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def qwen35_projector_params(vision: dict, model_type: str = "qwen3_5", **config) -> "bc.Qwen35ProjectorParams":
+    return bc.qwen35_projector_params({"model_type": model_type, "vision_config": vision, **config}, _QWEN35_PROCESSOR)
+
+
+class Qwen35ProjectorParams(unittest.TestCase):
+    def test_image_size_is_the_side_of_the_learned_position_grid_in_pixels(self):
+        self.assertEqual(qwen35_projector_params({"num_position_embeddings": 1024, "patch_size": 14}).vision.image_size,
+                         32 * 14)
+
+    def test_an_image_size_in_vision_config_is_written_as_it_is(self):
+        self.assertEqual(qwen35_projector_params({"image_size": 512}).vision.image_size, 512)
+
+    def test_vision_config_leaves_out_what_its_config_class_fills(self):
+        p = qwen35_projector_params({})
+        self.assertEqual((p.vision.block_count, p.vision.embedding_length, p.vision.feed_forward_length,
+                          p.vision.head_count, p.vision.patch_size, p.positions, p.out_width),
+                         (27, 1152, 4304, 16, 16, 2304, 3584))
+
+    def test_num_attention_heads_is_taken_over_num_heads_as_the_config_class_takes_its_alias(self):
+        self.assertEqual(qwen35_projector_params({"num_heads": 12, "num_attention_heads": 2}).vision.head_count, 2)
+
+    def test_a_size_written_as_null_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "vision_config: depth is None; expected a whole number"):
+            qwen35_projector_params({"depth": None})
+
+    def test_the_projection_width_without_text_config_is_the_text_config_classs_hidden_size(self):
+        self.assertEqual([qwen35_projector_params({}, model_type=t).vision.projection_dim
+                          for t in ("qwen3_5", "qwen3_5_moe")], [4096, 2048])
+
+    def test_the_towers_layer_norm_epsilon_is_the_text_models_rms_norm_epsilon(self):
+        p = qwen35_projector_params({}, text_config={"hidden_size": 64, "rms_norm_eps": 1e-5})
+        self.assertEqual((p.vision.projection_dim, p.layer_norm_eps), (64, 1e-5))
+
+    def test_a_patch_embedding_of_other_than_two_frames_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "temporal_patch_size is 3; llama.cpp writes the patch embedding's two"):
+            qwen35_projector_params({"temporal_patch_size": 3})
+
+    def test_a_layer_count_read_before_depth_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "'num_hidden_layers', which llama.cpp would read as the tower's layer"):
+            qwen35_projector_params({"depth": 2, "num_hidden_layers": 1})
+
+
+class Qwen35ProjectorKeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(mmproj=True, **options))
+
+    def tensor(self, plan: bc.Plan, name: str) -> bc.PlannedTensor:
+        return next(t for t in plan.tensors if t.name == name)
+
+    def test_writes_mmprojmodels_keys_then_the_merger_gelu_merge_size_epsilon_and_deepstack_flags(self):
+        kvs = [(k.key, k.value) for k in self.plan(self.case(QWEN35_VISION)).kvs if k.key.startswith("clip.")]
+        self.assertEqual(kvs[-5:], [
+            ("clip.projector_type", "qwen3vl_merger"), ("clip.use_gelu", True), ("clip.vision.spatial_merge_size", 2),
+            ("clip.vision.attention.layer_norm_epsilon", 1e-06), ("clip.vision.is_deepstack_layers", [False, False])])
+
+    def test_the_patch_embedding_is_written_as_its_two_frames(self):
+        plan = self.plan(self.case(QWEN35_VISION))
+        frames = [self.tensor(plan, n) for n in ("v.patch_embd.weight", "v.patch_embd.weight.1")]
+        self.assertEqual([(t.dims, t.columns, [p.shape for p in t.parts]) for t in frames],
+                         [((16, 16, 3, 32), ((0, 256),), [(96, 512)]), ((16, 16, 3, 32), ((256, 256),), [(96, 512)])])
+
+    def test_the_frames_are_f16_in_f16_and_f32_otherwise_and_the_positions_always_f32(self):
+        types = {outtype: {n: self.tensor(self.plan(self.case(QWEN35_VISION), outtype=outtype), n).ggml_type
+                           for n in ("v.patch_embd.weight.1", "v.position_embd.weight", "mm.0.weight")}
+                 for outtype in ("f16", "q8_0")}
+        self.assertEqual(types, {
+            "f16": {"v.patch_embd.weight.1": bc.GGML_F16, "v.position_embd.weight": bc.GGML_F32, "mm.0.weight": bc.GGML_F16},
+            "q8_0": {"v.patch_embd.weight.1": bc.GGML_F32, "v.position_embd.weight": bc.GGML_F32,
+                     "mm.0.weight": bc.GGML_Q8_0}})
+
+    def test_deepstack_layers_are_refused(self):
+        d = self.case(QWEN35_VISION)
+        edit_json(d / "config.json", lambda c: c["vision_config"].update(deepstack_visual_indexes=[1]))
+        self.assertRefuses(d, "config.json's vision_config names deepstack layers [1]; no released Qwen3.5 has them "
+                              "(Qwen3-VL's do), and bankml_convert reproduces the Qwen3.5 projector without them only",
+                           "--mmproj")
+
+    def test_only_the_tower_and_merger_are_written(self):
+        names = {t.name.split(".")[0] for t in self.plan(self.case(QWEN35_VISION)).tensors}
+        self.assertEqual(names, {"v", "mm"})
+
+
 # =============================================================================================
 # Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
 # =============================================================================================
@@ -7399,6 +7489,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
     "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
+    "qwen3.5-0.8b-vision",                                          # Qwen3.5's projector: two frames, F32 positions
 })
 
 
