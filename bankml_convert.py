@@ -5915,7 +5915,7 @@ def qwen35_projector_params(config: dict, processor: dict) -> Qwen35ProjectorPar
         if key in vision:
             raise Refusal(f"config.json's vision_config has {key!r}, which llama.cpp would read as the tower's "
                           f"layer count before depth; not reproduced")
-    if vision.get("deepstack_visual_indexes"):
+    if vision.get("deepstack_visual_indexes", []) != []:
         raise Refusal(f"config.json's vision_config names deepstack layers "
                       f"{_short(vision['deepstack_visual_indexes'])}; no released Qwen3.5 has them (Qwen3-VL's "
                       f"do), and bankml_convert reproduces the Qwen3.5 projector without them only")

@@ -3638,6 +3638,11 @@ class Qwen35ProjectorParams(unittest.TestCase):
         with self.assertRaisesRegex(bc.Refusal, "temporal_patch_size is 3; llama.cpp writes the patch embedding's two"):
             qwen35_projector_params({"temporal_patch_size": 3})
 
+    def test_deepstack_indexes_other_than_a_list_are_refused(self):
+        # llama.cpp iterates them: it stops on a number
+        with self.assertRaisesRegex(bc.Refusal, "names deepstack layers 0; no released Qwen3.5 has them"):
+            qwen35_projector_params({"deepstack_visual_indexes": 0})
+
     def test_a_layer_count_read_before_depth_is_refused(self):
         with self.assertRaisesRegex(bc.Refusal, "'num_hidden_layers', which llama.cpp would read as the tower's layer"):
             qwen35_projector_params({"depth": 2, "num_hidden_layers": 1})
