@@ -7494,7 +7494,8 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
     "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
-    "qwen3.5-0.8b-vision",                                          # Qwen3.5's projector: two frames, F32 positions
+    "qwen3.5-0.8b-vision", "qwen3.5-0.8b-vision-f16",               # Qwen3.5's projector: two frames, F32 positions,
+                                                                    # auto from F16 weights
 })
 
 

@@ -1824,6 +1824,11 @@ QWEN35_VISION_CASES: tuple[Case, ...] = (
          processor="qwen3.5-resaved-transformers-5", dirname="qwen3.5-35b-a3b-vision",
          description="the qwen3.5-35b-a3b-shape case with its whole vision tower (shrunk) and processor_config.json "
                      "as transformers 5 saves a fine-tune's (the image processor nested)"),
+    # A fine-tune saved in float16: --mmproj auto then takes F16 (MOSTLY_F16: the patch embedding's frames F16).
+    Case("qwen3.5-0.8b-vision-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN3_5_0_8B, dims=QWEN35_TINY,
+         head_dim=32, text_updates=_QWEN35_LINEAR, vision_updates=_QWEN35_0_8B_TOWER, processor="qwen3.5",
+         dirname="qwen3.5-0.8b-vision-f16",
+         description="the qwen3.5-0.8b-vision case from F16 weights (its text model refused: A_log in F16)"),
 )
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
