@@ -228,6 +228,12 @@ RUNS: tuple[Run, ...] = tuple(
     # takes there (its text model is the case's f16 run above).
     + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
        for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # ... with a pooling factor other than 4 (its key written), in q8_0 too
+    + [Run(f"gemma-3-4b-vision-pool-2-mmproj-{t}", "gemma-3-4b-vision-pool-2", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")]
+    # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
+    + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
+           refused=True)]
     # Qwen3.5's projector (issue 38, --mmproj; llama.cpp's qwen3vl class): every output type for the dense
     # and the MoE model's vision tower, the processor's files as Qwen ships them and as transformers 5 saves them.
     + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
