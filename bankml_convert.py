@@ -6017,12 +6017,6 @@ def qwen35_projector_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwe
     return [conv3d_frame("v.patch_embd.weight", source, 0), conv3d_frame("v.patch_embd.weight.1", source, 1)]
 
 
-def qwen35_projector_forced_type(hf_name: str, gguf_name: str, out: Any) -> Optional[int]:
-    """MmprojModel's rule (the patch embedding's frames F16 or F32), and the learned positions in F32
-    (prepare_tensors keeps V_ENC_EMBD_POS in F32 whatever the output type)."""
-    return GGML_F32 if gguf_name == "v.position_embd.weight" else mmproj_forced_type(hf_name, gguf_name, out)
-
-
 def _weight_and_bias(hf: str, gguf: str) -> dict[str, str]:
     """A layer's weight and bias, HF name -> GGUF name."""
     return {f"{hf}.weight": f"{gguf}.weight", f"{hf}.bias": f"{gguf}.bias"}
@@ -6051,7 +6045,7 @@ QWEN35_PROJECTOR = register_projector(Family(
     vocab_paths=(),
     filter_tensors=qwen35_projector_filter_tensors,
     output="mmproj",
-    forced_type=qwen35_projector_forced_type,
+    forced_type=mmproj_forced_type,     # the frames F16 or F32 (the positions are F32 by tensor_type's rule)
     blocks=("visual.blocks.", "v.blk."),
 ))
 
