@@ -25,8 +25,8 @@ mutations: hostile naming fields in README.md with the output then named from th
 it (a crash too: a derived name that leaves its folder, holds a control character or is written under
 another name), and, on the Qwen3-MoE bases, expert tensors with a zero dimension, expert counts unlike
 the tensors' (ten million behind stacked tensors of no bytes) and experts numbered past the count; on the
-vision projector base (Gemma 3's), its processor files and vision_config, converted with --mmproj three times
-in four (--mmproj: that base alone; a mutation may turn the flag on or off for any base).  The last
+vision projector bases (Gemma 3's, Qwen3.5's), their processor files and vision_config, converted with --mmproj
+three times in four (--mmproj: those bases alone; a mutation may turn the flag on or off for any base).  The last
 line is ``fuzz: N inputs, C crashes (U unique), P partial outputs, S successes, R refusals``; the
 exit status is 1 if there was a crash or a partial output.  Standard library only.
 
@@ -169,9 +169,11 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
     # Gemma 3's vision projector (issue 38): its SigLIP tower and processor files, converted with --mmproj
     # (PROJECTOR_BASES) three times in four, else as the text model beside it.
     (mm.CASES_BY_NAME["gemma-3-4b-vision"], 6),
+    # ... and Qwen3.5's (qwen3vl): its tower with the Conv3d patch embedding, preprocessor_config.json as Qwen ships it.
+    (mm.CASES_BY_NAME["qwen3.5-0.8b-vision"], 4),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
-PROJECTOR_BASES = frozenset({"gemma-3-4b-vision"})
+PROJECTOR_BASES = frozenset({"gemma-3-4b-vision", "qwen3.5-0.8b-vision"})
 
 
 def build_bases(root: Path, only: Optional[frozenset] = None) -> dict[str, Path]:
