@@ -1830,6 +1830,10 @@ GEMMA4_PROJECTOR_CASES: tuple[Case, ...] = (
             config_updates=(_GEMMA4_TOWERS_E2B[0], ("audio_config", None)),
             description="the E2B shape with its vision tower whole and no audio tower (audio_config null), "
                         "processor_config.json"),
+    # ... and the 31B's from F32 weights (auto then picks f16, and the patch linear's columns move 4 bytes at a time)
+    replace(_GEMMA4_BY_NAME["gemma-4-31b-shape"], name="gemma-4-31b-towers-f32", dirname="gemma-4-31b-it-towers-f32",
+            dtype="F32", gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 31B shape with its vision tower whole, no audio tower, processor_config.json, F32"),
 )
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,

@@ -222,12 +222,15 @@ RUNS: tuple[Run, ...] = tuple(
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
     + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))]
     # Gemma 4's projector (issue 38, --mmproj): every output type for the 31B's vision tower (standardized, no
-    # clipped linears) and E2B's without its audio tower (clipped linears), the 26B-A4B's in f16 and q8_0; E2B's
-    # and E4B's with their audio tower, which llama.cpp writes through torch's softplus, refused.
+    # clipped linears) and E2B's without its audio tower (clipped linears), the 26B-A4B's in f16 and q8_0, the 31B's
+    # from F32 weights in f16, q8_0 and auto; E2B's and E4B's with their audio tower, which llama.cpp writes through
+    # torch's softplus, refused.
     + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
        for case in ("gemma-4-31b-towers", "gemma-4-e2b-vision-tower") for t in ("f16", *OTHER_OUTTYPES)]
     + [Run(f"gemma-4-26b-a4b-towers-mmproj-{t}", "gemma-4-26b-a4b-towers", ("--mmproj", "--outtype", t))
        for t in ("f16", "q8_0")]
+    + [Run(f"gemma-4-31b-towers-f32-mmproj-{t}", "gemma-4-31b-towers-f32", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0", "auto")]
     + [Run(f"{case}-mmproj-f16", case, ("--mmproj", "--outtype", "f16"), refused=True)
        for case in ("gemma-4-e2b-towers", "gemma-4-e4b-towers")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
