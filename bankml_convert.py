@@ -4,6 +4,7 @@
 
     python3 bankml_convert.py DIR -o OUT.gguf [--outtype f16|f32|bf16|q8_0|auto] [--fork FORK.json]
                               [--split-max-size N(K|M|G)] [--split-max-tensors N] [--no-tensor-first-split]
+                              [--mmproj]   (the directory's vision projector: PROJECTORS)
     python3 bankml_convert.py inspect FILE.gguf|DIR      verify FILE.gguf FORK.json      diff A B
     python3 bankml_convert.py ggml STATE_DICT -o OUT [--gguf mnist-fc]    (ggml's MNIST files)
     python3 bankml_convert.py create DIR -o BUNDLE_DIR [--system FILE] [--adapter DIR]   (a folder for Ollama)
@@ -1548,6 +1549,9 @@ def torch_bin_tensors(path: Path) -> list[SourceTensor]:
 # Files besides the tokenizer's that can change the output; each one present is pinned as an input.
 _MODEL_FILES = ("config.json", "generation_config.json")
 _CARD_FILES = ("README.md",)
+# What a projector reads instead of the tokenizer's files (MmprojModel.__init__, base.py:2625-2654): the image
+# processor's configuration, processor_config.json's keys over preprocessor_config.json's.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 class Options(NamedTuple):
@@ -1565,6 +1569,8 @@ class Options(NamedTuple):
     split_max_tensors: int = 0
     split_max_size: int = 0         # bytes (the command line takes llama.cpp's 500M, 50G: split_size)
     no_tensor_first_split: bool = False
+    # llama.cpp's --mmproj: the directory's vision projector (a PROJECTORS entry) instead of its text model
+    mmproj: bool = False
 
 
 class InputFile(NamedTuple):
@@ -1603,7 +1609,7 @@ class TensorPlan(NamedTuple):
     tensors: list[PlannedTensor]
     inputs: list[Path]
     outtype: OutType
-    tokenizer: TokenizerKind
+    tokenizer: Optional[TokenizerKind]      # None: a projector, which writes no vocabulary
     card: dict              # README.md's front matter (model_card), checked before any byte is written
 
 
@@ -1619,8 +1625,11 @@ class Plan(NamedTuple):
 
 
 def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
-    """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal."""
-    problem = model_dir_problem(model_dir) or input_problem(model_dir, _SMALL_INPUTS)
+    """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal.  With
+    Options.mmproj the family is the directory's projector (PROJECTORS), planned by the same steps; its
+    params also take the processor config (processor_config), and it reads no tokenizer."""
+    problem = model_dir_problem(model_dir) or input_problem(model_dir, _SMALL_INPUTS) or \
+        (input_problem(model_dir, PROCESSOR_FILES) if options.mmproj else None)
     if problem:
         raise Refusal(problem)
     refused = quantize_refusal(options.outtype, str(model_dir))     # the advice the command line gives too
@@ -1632,23 +1641,31 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     if not _is_file(config_path):
         raise Refusal(no_config_reason(model_dir))
     written = read_json_object(config_path)
-    family = family_of(written)
+    family = projector_of(written) if options.mmproj else family_of(written)
     config = family.hparams(written)
     if options.no_nextn:
         if family.without_nextn is None:
             raise Refusal(f"--no-nextn: a {family.name} model has no MTP layers to leave out (llama.cpp's "
                           f"converter stops on the flag for it): convert without it")
         config = family.without_nextn(config)
-    refuse_config(config, family.accepted_config_keys)
-    params = family.params(config)
+    if family.output == "mmproj":
+        # MmprojModel reads the vision config with keys of its own: TextModel's shared refusals do not apply.
+        params = family.params(config, processor_config(model_dir))
+    else:
+        refuse_config(config, family.accepted_config_keys)
+        params = family.params(config)
     family.refuse_directory(model_dir, config)
     sources, weight_files = index_tensors(model_dir, MXFP4_SOURCE_DTYPES if family.mxfp4_sources else SAFETENSORS_DTYPES)
-    out = out_type(options.outtype, sources)
+    # A projector's --outtype auto looks only at the tensors its filter keeps (ModelBase.__init__ guesses from
+    # get_tensors(), the filtered ones): a text model's own tensors may be of another dtype.
+    out = out_type(options.outtype, sources if family.output == "model" else
+                   [s for s in sources if family.filter_tensors(s.name) is not None])
     tensors = plan_tensors(sources, family, params, out, config_path)
     # Asked once the tensors are there: the keys it reads may be as long as the layer count (Qwen3.5's kinds).
     out = written_out_type(family, params, out)
-    tokenizer = tokenizer_kind(model_dir, family)
-    small = [model_dir / n for n in _MODEL_FILES + tokenizer.files + _CARD_FILES if (model_dir / n).is_file()]
+    tokenizer = tokenizer_kind(model_dir, family) if family.output == "model" else None
+    small = [model_dir / n for n in _MODEL_FILES + (tokenizer.files if tokenizer else PROCESSOR_FILES) + _CARD_FILES
+             if (model_dir / n).is_file()]
     return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer, card)
 
 
@@ -1669,7 +1686,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     The keys below are in the order llama.cpp's converter adds them: ModelBase's general.* keys,
     the family's set_gguf_parameters, the quantization version, then its set_vocab."""
     config, family, params, tensors, inputs, out, tokenizer, card = tensor_plan or tensor_plan_of(model_dir, options)
-    vocab = tokenizer.vocab(model_dir, config, params.vocab_size)
+    vocab = tokenizer.vocab(model_dir, config, params.vocab_size) if tokenizer else None
     counts = parameter_counts(tensors)
     n_params = counts.total
 
@@ -1679,7 +1696,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     # writes come before general.type: only general.architecture, written by GGUFWriter's __init__, precedes them.
     for e in family.early_kvs(params):
         kv.set(e.key, e.vtype, e.value, e.array)
-    kv.string("general.type", "model")
+    kv.string("general.type", family.output)
     for s in sampling_kvs(load_generation_config(model_dir)):
         kv.set(s.key, s.vtype, s.value)
     name_or_path = config.get("_name_or_path")
@@ -1689,7 +1706,7 @@ def plan_conversion(model_dir: Path, options: Options, tensor_plan: TensorPlan |
     for h in family.hparam_kvs(params, out.file_type):
         kv.set(h.key, h.vtype, h.value, h.array)
     kv.uint32("general.quantization_version", 2)
-    for t in family.vocab_kvs(params, vocab, tokenizer.kvs(vocab)):
+    for t in family.vocab_kvs(params, vocab, tokenizer.kvs(vocab)) if tokenizer else ():     # a projector: none
         kv.set(t.key, t.vtype, t.value, t.array)
 
     kvs = kv.items()
@@ -1936,6 +1953,29 @@ def load_generation_config(model_dir: Path) -> dict:
     return {}
 
 
+# Where a processor file nests the image processor's keys; MmprojModel lifts them to the top level.
+_PROCESSOR_NESTS = {"preprocessor_config.json": "media_proc_cfg", "processor_config.json": "image_processor"}
+
+
+def processor_config(model_dir: Path) -> dict:
+    """The image processor's configuration a projector reads, as MmprojModel.__init__ merges it
+    (base.py:2625-2654): preprocessor_config.json, then processor_config.json's keys over it, each with
+    its nested object's keys lifted over its own; {} with neither.  What it nests must be an object
+    (llama.cpp's converter stops on anything else)."""
+    merged: dict = {}
+    for name in PROCESSOR_FILES:
+        path = model_dir / name
+        if not _is_file(path):
+            continue
+        cfg = read_json_object(path)
+        nest = _PROCESSOR_NESTS[name]
+        if nest in cfg:
+            if not isinstance(cfg[nest], dict):
+                raise Refusal(f"{name}: {nest} must be an object (llama.cpp's converter merges its keys)")
+            cfg = {**cfg, **cfg[nest]}
+        merged.update(cfg)
+    return merged
+
 
 # ---------------------------------------------------------------------------------------------
 # Model families: one Family entry per HF architecture name, holding everything that differs
@@ -1956,7 +1996,10 @@ def load_generation_config(model_dir: Path) -> dict:
 #     of the source, Q/K permutation, the +1 of a norm), generated_tensors and early_kvs;
 # then its entry, registered where it is written: NAME = register(Family(...)), as llama.cpp's
 # @ModelBase.register decorates its class; and its rows in the module docstring's family table.
-# Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
+# A vision projector (--mmproj, llama.cpp's MmprojModel) is an entry too, with output "mmproj": its params
+# take (config.json, processor_config), its keys start with mmproj_vision_kvs, forced_type is its
+# tensor_force_quant, blocks its tower's prefixes; registered with register_projector into PROJECTORS
+# ("Vision projectors" below).  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
 # --- The seam: Family, the registry, and TextModel's part every family shares ---------------------
 
@@ -2189,10 +2232,23 @@ class Family(NamedTuple):
     lora_pair_refusal: Callable[[str, Any], Optional[str]] = lambda gguf_name, params: None
     # its checkpoints may hold MXFP4 _blocks and _scales (U8), which its modify_tensors repacks (Modified.mxfp4)
     mxfp4_sources: bool = False
+    # What the entry writes, as general.type: "model", or "mmproj", a vision projector (MmprojModel), which
+    # is registered with register_projector, whose params take (config.json, processor_config(DIR)), which
+    # reads PROCESSOR_FILES instead of a tokenizer's, writes no vocabulary, and which llama.cpp names
+    # mmproj-{its default name without the size label}
+    output: str = "model"
+    # (HF name as filter_tensors made it, GGUF name, OutType) -> the GGML type its tensor_force_quant forces,
+    # or None: the output type's rules (a 1-D tensor or a *_norm.weight is F32 whatever it forces)
+    forced_type: Callable[[str, str, Any], Optional[int]] = lambda hf_name, gguf_name, out: None
+    # the HF names' prefix before a block's number, and the GGUF one (a projector's tower: "v.blk.")
+    blocks: tuple[str, str] = ("model.layers.", "blk.")
 
 
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
 FAMILIES: dict[str, Family] = {}
+# HF architecture name -> the projector --mmproj writes for it (llama.cpp's MMPROJ_MODEL_MAP): what
+# register_projector fills, as @ModelBase.register does for an MmprojModel subclass.
+PROJECTORS: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
@@ -2200,6 +2256,40 @@ def register(family: Family) -> Family:
     entry below is registered where it is written, as llama.cpp's @ModelBase.register decorates its class."""
     for arch in family.architectures:
         FAMILIES[arch] = family
+    return family
+
+
+def register_projector(family: Family) -> Family:
+    """Make family (output "mmproj") the projector llama.cpp's --mmproj would take for each of its
+    architecture names; registered where it is written, as register does for a text family."""
+    for arch in family.architectures:
+        PROJECTORS[arch] = family
+    return family
+
+
+def projector_of(config: dict) -> Family:
+    """The projector --mmproj converts config.json with (get_model_architecture for MMPROJ: vision_config's
+    own architectures, where it names one, before config.json's), or a Refusal saying why there is none:
+    a text-only architecture, one whose projector is not reproduced (naming those that are), or a config
+    without a vision tower."""
+    architectures = config.get("architectures")
+    arch = architectures[0] if isinstance(architectures, list) and architectures else None
+    vision = config.get("vision_config")
+    if isinstance(vision, dict) and isinstance(vision.get("architectures"), list) and vision["architectures"]:
+        arch = vision["architectures"][0]
+    family = PROJECTORS.get(arch) if isinstance(arch, str) else None
+    supported = ", ".join(dict.fromkeys(f"{a} ({f.name})" for a, f in PROJECTORS.items()))
+    if family is None:
+        text = FAMILIES.get(arch) if isinstance(arch, str) else None
+        what = (f"{arch} is a text model ({text.name}) with no vision tower" if text is not None and vision is None
+                else f"the projector of architecture {arch!r} is not reproduced")
+        raise Refusal(f"--mmproj: {what}; bankml_convert writes the vision projectors of {supported}: "
+                      f"convert the text model without --mmproj, or use llama.cpp's convert_hf_to_gguf.py --mmproj")
+    if config.get("model_type", family.model_types[0]) not in family.model_types:
+        raise Refusal(f"model_type {config.get('model_type')!r} is not {' or '.join(map(repr, family.model_types))}")
+    if not isinstance(vision, dict):
+        raise Refusal(f"--mmproj: config.json has no vision_config object: the directory describes no vision "
+                      f"tower to convert (convert the text model without --mmproj)")
     return family
 
 
@@ -5503,6 +5593,284 @@ GEMMA4 = register(Family(
     block_outputs=tuple(_GEMMA4_COMMON.values()),
     layer_outputs=gemma4_layer_outputs,
     embedding_cut_by_tokenizer=True,        # Gemma3Model's cut, which the gemma4 kind's vocabulary check makes empty
+))
+
+
+# --- Vision projectors (--mmproj): what every MmprojModel shares -----------------------------------
+# llama.cpp's MmprojModel (base.py:2570-2746) writes a directory's vision tower and projector as a second
+# GGUF, general.architecture "clip": each projector is a Family whose output is "mmproj", registered with
+# register_projector (PROJECTORS, as MMPROJ_MODEL_MAP), planned, written and pinned by the same machinery
+# as a text model.  Its params take the processor config too (the image mean and std are there); its
+# hparam_kvs start with mmproj_vision_kvs; its tensors are its tower's (blocks "v.blk.") and projector's.
+
+class VisionParams(NamedTuple):
+    """What MmprojModel.set_gguf_parameters writes for a vision tower, read from config.json's
+    vision_config as its transformers config class fills it, and from the processor config."""
+    block_count: int            # vision_config's layers: the tower's blocks v.blk.N
+    projection_dim: int         # the text model's hidden_size (n_embd_text)
+    image_size: int
+    patch_size: int
+    embedding_length: int       # the tower's hidden_size
+    feed_forward_length: int
+    head_count: int
+    channels: int               # the patch embedding's input channels (num_channels)
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+
+
+def vision_config_integer(vision: dict, key: str, default: int) -> int:
+    """vision_config's whole number at key (its config class's default when absent or null), or a Refusal."""
+    try:
+        return config_integer(vision, key, default)
+    except Refusal as e:
+        raise Refusal(e.reason.replace("config.json: ", "config.json's vision_config: ", 1)) from None
+
+
+def processor_floats(processor: dict, key: str) -> tuple[float, ...]:
+    """The processor config's list of numbers at key (image_mean, image_std), as gguf-py writes it: an array of
+    float32; or a Refusal where llama.cpp's converter stops (absent, empty, a value float32 cannot hold) or
+    writes another type (whole numbers: an INT32 array, not reproduced)."""
+    values = processor.get(key)
+    if key not in processor:
+        raise Refusal(f"the processor config ({' / '.join(PROCESSOR_FILES)}) has no {key}; llama.cpp's "
+                      f"converter stops without it: copy the base model's processor files into the directory")
+    if not isinstance(values, list) or not values or any(type(v) is not float for v in values):
+        raise Refusal(f"the processor config's {key} is {_short(values)}; expected a list of decimal "
+                      f"numbers (llama.cpp writes them as float32)")
+    try:
+        struct.pack(f"<{len(values)}f", *values)
+    except (struct.error, OverflowError):
+        raise Refusal(f"the processor config's {key} holds a number float32 cannot hold; llama.cpp's converter "
+                      f"stops on it") from None
+    return tuple(values)
+
+
+class VisionDefaults(NamedTuple):
+    """A vision tower's transformers config class (vision_config's model_type) and its defaults for the keys
+    MmprojModel writes, taken where vision_config leaves a key out (or writes null)."""
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    image_size: int
+    patch_size: int
+    num_channels: int = 3
+
+
+# SiglipVisionConfig's (transformers 5.18), Gemma 3's tower.
+SIGLIP_DEFAULTS = VisionDefaults("siglip_vision_model", hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                 num_attention_heads=12, image_size=224, patch_size=16)
+# Keys MmprojModel's find_vparam would read before a config class's own names (its n_block_keys' first).
+_VISION_ALIASES = ("n_layers",)
+
+
+def vision_params(config: dict, processor: dict, d: VisionDefaults, projection_dim: int) -> VisionParams:
+    """The vision tower's hyperparameters as its config class fills them (d: its defaults), projection_dim
+    (the text model's hidden size, as the family's text config class fills it) and the processor's mean
+    and std; or a Refusal for another class or a key llama.cpp would read instead."""
+    vision = config["vision_config"]
+    if vision.get("model_type", d.model_type) != d.model_type:
+        raise Refusal(f"config.json's vision_config is model_type {vision.get('model_type')!r}; the projector is "
+                      f"reproduced for {d.model_type!r} only")
+    for key in _VISION_ALIASES:
+        if key in vision:
+            raise Refusal(f"config.json's vision_config has {key!r}, which llama.cpp would read as the tower's "
+                          f"layer count before num_hidden_layers; not reproduced")
+    return VisionParams(
+        block_count=vision_config_integer(vision, "num_hidden_layers", d.num_hidden_layers),
+        projection_dim=projection_dim,
+        image_size=vision_config_integer(vision, "image_size", d.image_size),
+        patch_size=vision_config_integer(vision, "patch_size", d.patch_size),
+        embedding_length=vision_config_integer(vision, "hidden_size", d.hidden_size),
+        feed_forward_length=vision_config_integer(vision, "intermediate_size", d.intermediate_size),
+        head_count=vision_config_integer(vision, "num_attention_heads", d.num_attention_heads),
+        channels=vision_config_integer(vision, "num_channels", d.num_channels),
+        image_mean=processor_floats(processor, "image_mean"),
+        image_std=processor_floats(processor, "image_std"),
+    )
+
+
+def text_config_of(config: dict) -> dict:
+    """config.json's text_config ({} when absent or null), or a Refusal for anything but an object."""
+    text = config.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise Refusal("config.json: text_config must be an object")
+    return text
+
+
+def mmproj_vision_kvs(p: VisionParams, file_type: int) -> list[KV]:
+    """MmprojModel.set_gguf_parameters' keys for a vision tower, in its order."""
+    return [
+        KV("general.file_type", GGUF_UINT32, file_type),
+        KV("clip.has_vision_encoder", GGUF_BOOL, True),
+        KV("clip.vision.projection_dim", GGUF_UINT32, p.projection_dim),
+        KV("clip.vision.image_size", GGUF_UINT32, p.image_size),
+        KV("clip.vision.patch_size", GGUF_UINT32, p.patch_size),
+        KV("clip.vision.embedding_length", GGUF_UINT32, p.embedding_length),
+        KV("clip.vision.feed_forward_length", GGUF_UINT32, p.feed_forward_length),
+        KV("clip.vision.block_count", GGUF_UINT32, p.block_count),
+        KV("clip.vision.attention.head_count", GGUF_UINT32, p.head_count),
+        KV("clip.vision.image_mean", GGUF_FLOAT32, list(p.image_mean), array=True),
+        KV("clip.vision.image_std", GGUF_FLOAT32, list(p.image_std), array=True),
+    ]
+
+
+def mmproj_forced_type(hf_name: str, gguf_name: str, out: Any) -> Optional[int]:
+    """MmprojModel.tensor_force_quant: the patch embedding (and a patch merger) in F16 for --outtype f16,
+    else in F32, whatever the output type."""
+    if ".patch_embd.weight" in gguf_name or ".patch_merger.weight" in gguf_name:
+        return GGML_F16 if out.file_type == OUT_TYPES["f16"].file_type else GGML_F32
+    return None
+
+
+def no_vocab_kvs(p: Any, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
+    """A projector's set_vocab: none (MmprojModel writes no vocabulary)."""
+    return []
+
+
+# gguf-py's TensorNameMap for MODEL_ARCH.MMPROJ: SigLIP's encoder layer (after "encoder.layers.N.").
+_SIGLIP_BLOCK_TENSORS = {
+    **{f"self_attn.{hf}.{part}": f"{gguf}.{part}"
+       for hf, gguf in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("out_proj", "attn_out"))
+       for part in ("weight", "bias")},
+    **{f"{hf}.{part}": f"{gguf}.{part}"
+       for hf, gguf in (("layer_norm1", "ln1"), ("layer_norm2", "ln2"), ("mlp.fc1", "ffn_up"), ("mlp.fc2", "ffn_down"))
+       for part in ("weight", "bias")},
+}
+
+
+def siglip_shape(gguf_name: str, v: VisionParams) -> tuple[int, ...]:
+    """The HF shape (rows first) of a SigLIP tower's tensor: the patch convolution, one position per patch,
+    square attention, fc1 and fc2, and vectors of the width for the norms and biases."""
+    h, ff = v.embedding_length, v.feed_forward_length
+    kind = gguf_name.rsplit(".", 2)[-2]
+    if gguf_name == "v.patch_embd.weight":
+        return h, v.channels, v.patch_size, v.patch_size
+    if gguf_name == "v.position_embd.weight":
+        return (v.image_size // v.patch_size) ** 2, h
+    if kind == "ffn_up":
+        return (ff, h) if gguf_name.endswith(".weight") else (ff,)
+    if kind == "ffn_down":
+        return (h, ff) if gguf_name.endswith(".weight") else (h,)
+    if kind in ("attn_q", "attn_k", "attn_v", "attn_out") and gguf_name.endswith(".weight"):
+        return h, h
+    return h,
+
+
+# --- Gemma 3's projector --------------------------------------------------------------------------
+# Gemma3ForConditionalGeneration's SigLIP tower and Gemma3MultiModalProjector, as llama.cpp's
+# Gemma3VisionModel (conversion/gemma.py:259-311) writes them with --mmproj: projector type "gemma3".
+
+class Gemma3ProjectorParams(NamedTuple):
+    vision: VisionParams
+    layer_norm_eps: float
+    scale_factor: Optional[int]     # clip.vision.projector.scale_factor, where it is not the default 4
+
+    block_count = property(lambda p: p.vision.block_count)
+
+
+def gemma3_projector_params(config: dict, processor: dict) -> Gemma3ProjectorParams:
+    """Gemma3VisionModel's hyperparameters: SigLIP's, its layer norm epsilon, and the pooling factor from
+    image_seq_length (the processor's; 256 by default): the patches per side over the image tokens per side.
+    The projection's width is the text model's hidden size, Gemma3TextConfig's default 2304."""
+    vision = vision_params(config, processor, SIGLIP_DEFAULTS, config_integer(text_config_of(config), "hidden_size", 2304))
+    seq = processor.get("image_seq_length", 256)
+    if type(seq) is not int or not 1 <= seq < 2**31:
+        raise Refusal(f"the processor config's image_seq_length is {_short(seq)}; expected a whole number "
+                      f"from 1 (llama.cpp's converter takes its square root)")
+    factor = (vision.image_size // vision.patch_size) // int(seq ** 0.5)
+    return Gemma3ProjectorParams(
+        vision, config_number(config["vision_config"], "layer_norm_eps", 1e-6),
+        # written only where it is not the default (a test model's, as tinygemma3's)
+        factor if factor > 0 and factor != 4 else None)
+
+
+def gemma3_projector_kvs(p: Gemma3ProjectorParams, file_type: int) -> list[KV]:
+    """MmprojModel's keys, then Gemma3VisionModel's: the projector type, SigLIP's epsilon, GELU, and the
+    pooling factor where it is not 4."""
+    kvs = mmproj_vision_kvs(p.vision, file_type) + [
+        KV("clip.projector_type", GGUF_STRING, "gemma3"),
+        KV("clip.vision.attention.layer_norm_epsilon", GGUF_FLOAT32, p.layer_norm_eps),
+        KV("clip.use_gelu", GGUF_BOOL, True),
+    ]
+    if p.scale_factor is not None:
+        kvs.append(KV("clip.vision.projector.scale_factor", GGUF_UINT32, p.scale_factor))
+    return kvs
+
+
+def gemma3_projector_shape(gguf_name: str, p: Gemma3ProjectorParams) -> tuple[int, ...]:
+    """SigLIP's shapes, and the projector's: the input projection maps the tower's width to the text's."""
+    if gguf_name == "mm.input_projection.weight":
+        return p.vision.embedding_length, p.vision.projection_dim
+    return siglip_shape(gguf_name, p.vision)
+
+
+# transformers 4.52 and later save Gemma3ForConditionalGeneration under model.: Gemma3VisionModel's
+# filter keeps none of those names, and llama.cpp then writes a projector with no tensors.
+_GEMMA3_NEW_LAYOUT = ("model.vision_tower.", "model.multi_modal_projector.")
+
+
+def gemma3_projector_filter_tensors(hf_name: str) -> Optional[str]:
+    """Gemma3VisionModel.filter_tensors: the tower and the projector only (the text model's names dropped),
+    "_weight" spelled ".weight" (mm_input_projection_weight); or a Refusal for the layout whose tower
+    llama.cpp's filter drops (_GEMMA3_NEW_LAYOUT)."""
+    if hf_name.startswith(_GEMMA3_NEW_LAYOUT):
+        raise Refusal(f"tensor {hf_name!r} is in the layout transformers 4.52 and later save (model.vision_tower.*, "
+                      f"model.multi_modal_projector.*), which llama.cpp's Gemma 3 projector converter skips: it writes "
+                      f"a projector with no tensors. Convert the projector of a checkpoint in the Hub's layout "
+                      f"(vision_tower.*, as google/gemma-3-4b-it's; a fine-tune that kept the vision tower frozen "
+                      f"shares the base model's projector)")
+    if "vision_model.head." in hf_name or \
+            not hf_name.startswith(("multi_modal_projector.", "vision_tower.", "multimodal_projector.", "vision_model.")):
+        return None
+    # MmprojModel.filter_tensors drops a text model's names; prepare_tensors the old buffers
+    return None if "language_model." in hf_name else dropped_buffers(hf_name.replace("_weight", ".weight"))
+
+
+def gemma3_projector_modify_tensors(gguf_name: str, source: SourceTensor, p: Gemma3ProjectorParams) -> list[Modified]:
+    """Gemma3VisionModel.modify_tensors: the projector's soft_emb_norm (a Gemma RMSNorm) + 1; SigLIP's
+    own norms are already as ggml's take them."""
+    return [Modified(gguf_name, source, add_one=gguf_name == "mm.soft_emb_norm.weight")]
+
+
+def gemma3_projector_forced_type(hf_name: str, gguf_name: str, out: Any) -> Optional[int]:
+    """Gemma3VisionModel.tensor_force_quant: the input projection always F16 (llama.cpp issue 13025), the
+    embeddings (patch and position) always F32; then MmprojModel's rule."""
+    if "input_projection" in hf_name:
+        return GGML_F16
+    if ".embeddings." in hf_name:
+        return GGML_F32
+    return mmproj_forced_type(hf_name, gguf_name, out)
+
+
+_SIGLIP = "vision_tower.vision_model."
+GEMMA3_PROJECTOR = register_projector(Family(
+    name="Gemma 3 projector",
+    architectures=("Gemma3ForConditionalGeneration",),
+    model_types=("gemma3",),
+    gguf_arch="clip",
+    params=gemma3_projector_params,
+    hparam_kvs=gemma3_projector_kvs,
+    vocab_kvs=no_vocab_kvs,
+    top_tensors={
+        _SIGLIP + "embeddings.patch_embedding.weight": "v.patch_embd.weight",
+        _SIGLIP + "embeddings.patch_embedding.bias": "v.patch_embd.bias",
+        _SIGLIP + "embeddings.position_embedding.weight": "v.position_embd.weight",
+        _SIGLIP + "post_layernorm.weight": "v.post_ln.weight",
+        _SIGLIP + "post_layernorm.bias": "v.post_ln.bias",
+        "multi_modal_projector.mm_input_projection.weight": "mm.input_projection.weight",
+        "multi_modal_projector.mm_soft_emb_norm.weight": "mm.soft_emb_norm.weight",
+    },
+    block_tensors=_SIGLIP_BLOCK_TENSORS,
+    optional_tensors=frozenset(),
+    shape=gemma3_projector_shape,
+    modify_tensors=gemma3_projector_modify_tensors,
+    vocab_paths=(),
+    filter_tensors=gemma3_projector_filter_tensors,
+    output="mmproj",
+    forced_type=gemma3_projector_forced_type,
+    blocks=(_SIGLIP + "encoder.layers.", "v.blk."),
 ))
 
 
@@ -9863,7 +10231,10 @@ def out_type(name: str, sources: list[SourceTensor] | None = None) -> OutType:
     raise Refusal(f"--outtype {name!r} is unknown; use {', '.join(OUT_TYPES)} or auto")
 
 
-_BLOCK_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
+@lru_cache(maxsize=None)
+def block_name_pattern(prefix: str) -> re.Pattern:
+    """A block tensor's HF name under prefix (Family.blocks' first): its block number, then the rest."""
+    return re.compile(re.escape(prefix) + r"(0|[1-9][0-9]{0,5})\.(.+)")
 
 
 class PlannedTensor(NamedTuple):
@@ -9933,11 +10304,21 @@ def gguf_tensor_name(family: Family, hf_name: str, block_count: int) -> str | No
     top = family.top_tensors.get(hf_name) or family.top_tensors.get(_EXPERT_NUMBER.sub("{x}", hf_name, 1))
     if top is not None:
         return top
-    m = _BLOCK_NAME.fullmatch(hf_name)
+    m = block_name_pattern(family.blocks[0]).fullmatch(hf_name)
     if not m or int(m.group(1)) >= block_count:
         return None
     name = family.block_tensors.get(m.group(2)) or family.block_tensors.get(_EXPERT_NUMBER.sub("{x}", m.group(2), 1))
-    return f"blk.{m.group(1)}.{name}" if name else None
+    return f"{family.blocks[1]}{m.group(1)}.{name}" if name else None
+
+
+def planned_type(family: Family, hf_name: str, gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
+    """The GGML type prepare_tensors writes a tensor in: the family's forced type (tensor_force_quant) if it
+    forces one on a tensor that is not 1-D or a *_norm.weight (those stay F32 whatever it says), with Q8_0's
+    F16 fallback for rows that are not whole blocks; else tensor_type's rules."""
+    forced = family.forced_type(hf_name, gguf_name, out)
+    if forced is None or len(hf_shape) <= 1 or gguf_name.endswith("_norm.weight"):
+        return tensor_type(gguf_name, hf_shape, out)
+    return GGML_F16 if hf_shape[-1] % GGML_TYPES[forced].block else forced
 
 
 def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutType,
@@ -9985,7 +10366,7 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
             if m.source.shape != want:
                 raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
                               f"implies {list(want)}")
-            plan.append(PlannedTensor(m.name, m.source, tensor_type(m.name, m.source.shape, out),
+            plan.append(PlannedTensor(m.name, m.source, planned_type(family, hf_name, m.name, m.source.shape, out),
                                       tuple(reversed(m.source.shape)), m.permute_heads, m.add_one,
                                       parts=m.rows, neg_exp=m.neg_exp, columns=m.columns, transposed=m.transposed))
     for alone in halves.values():
@@ -9998,6 +10379,9 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
         got = sorted(m.source.name for m in waiting.values())
         raise Refusal(f"{len(got)} expert tensors ({got[0]}, ...) never make a whole layer of experts; "
                       f"llama.cpp stops on them: the checkpoint is incomplete")
+    if complete and not plan and family.output == "mmproj":
+        raise Refusal(f"the checkpoint holds no tensor of a {family.name}: the directory has no vision tower to "
+                      f"convert (convert the text model without --mmproj)")
     if complete:        # False: an adapter's few tensors
         _refuse_incomplete(plan, family, p.block_count)
         _refuse_incomplete_layers(plan, family, p)
@@ -10065,10 +10449,11 @@ def _refuse_incomplete(plan: list[PlannedTensor], family: Family, block_count: i
     # Only the names every model has count: a hybrid family's blocks hold more (its block_outputs
     # are the names all its blocks share).
     needed_top, needed_block = set(top), set(block)
-    names = [n for n in seen if n in needed_top or n.split(".", 2)[-1] in needed_block and n.startswith("blk.")]
+    prefix = family.blocks[1]
+    names = [n for n in seen if n in needed_top or n.startswith(prefix) and n[len(prefix):].split(".", 1)[-1] in needed_block]
     n_missing = len(top) + len(block) * block_count - len(names)
     if n_missing:
-        needed = itertools.chain(top, (f"blk.{b}.{n}" for b in range(block_count) for n in block))
+        needed = itertools.chain(top, (f"{prefix}{b}.{n}" for b in range(block_count) for n in block))
         first = next(n for n in needed if n not in names)
         raise Refusal(f"the model has no tensor {first}"
                       f"{f' (and {n_missing - 1} more)' if n_missing > 1 else ''}; "
@@ -13631,6 +14016,7 @@ def fork_json(report: Report, source: str) -> str:
                     "ignore_model_card": report.options.ignore_model_card,
                     # only where given, so that the pins of every other model stay as they were
                     **({"no_nextn": True} if report.options.no_nextn else {}),
+                    **({"mmproj": True} if report.options.mmproj else {}),
                     **split_options_json(report.options)},
         "inputs": [{"name": i.name, "bytes": i.size, "sha256": i.sha256} for i in report.inputs],
     }
@@ -15902,6 +16288,22 @@ class Inspection(NamedTuple):
     unreadable: list[str]           # files whose header could not be read, with the reason
     plan: Optional[Plan]            # the conversion's plan (directories the converter accepts)
     refusal: Optional[str]          # why the converter refuses it, or None
+    projector: Optional[str] = None     # the command that writes the vision projector it also holds
+
+
+def projector_command(model_dir: Path, options: Options) -> Optional[str]:
+    """The command that writes the vision projector a model directory also holds (projector_of finds one
+    for its architecture and that projector plans without a refusal), as one escaped line; None where it
+    holds none this tool writes, and for a projector's own run."""
+    if options.mmproj:
+        return None
+    try:
+        projector_of(read_json_object(model_dir / "config.json"))
+        tensor_plan_of(model_dir, options._replace(mmproj=True))
+    except Refusal:
+        return None
+    outtype = [] if options.outtype == Options().outtype else ["--outtype", options.outtype]
+    return one_line(shlex.join([_prog(), str(model_dir), "--mmproj", *outtype]))
 
 
 def inspect_path(path, options: Options) -> Inspection:
@@ -15924,7 +16326,8 @@ def inspect_path(path, options: Options) -> Inspection:
             read_safetensors_header(path)
     except Refusal as e:
         refusal = e.reason
-    return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal)
+    projector = projector_command(path, options) if plan is not None else None
+    return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal, projector)
 
 
 def _weight_kind(doc: dict) -> str:
@@ -15961,6 +16364,8 @@ def inspect_dir_lines(path, options: Options) -> list[str]:
         lines.append(f"converts to {doc['general.name']!r}: {doc['gguf_tensor_count']} tensors, "
                      f"{doc['kv_count']} metadata keys, {doc['params']:,} parameters, {doc['bytes']:,} bytes "
                      f"(--dry-run lists the metadata)")
+        if doc.get("projector_command"):
+            lines.append(f"also holds a vision projector: {doc['projector_command']}")
     elif doc["refusal"] is not None:
         lines.append(f"refuse: {doc['refusal']}")
     elif not is_dir:
@@ -16002,7 +16407,8 @@ def inspect_dir_json(path, options: Options) -> dict:
     if ins.plan is not None:
         doc.update({"general.name": ins.plan.name, "gguf_tensor_count": len(ins.plan.tensors),
                     "kv_count": len(ins.plan.kvs), "params": ins.plan.params,
-                    "bytes": planned_size(ins.plan)})
+                    "bytes": planned_size(ins.plan),
+                    **({"projector_command": ins.projector} if ins.projector else {})})
     return doc
 
 
@@ -16026,6 +16432,7 @@ class DryRun(NamedTuple):
     replaces: bool      # an existing file at out would be replaced
     shards: tuple[InputFile, ...] = ()     # a split's: each shard's name and size (no sha256: nothing written)
     shard_tensors: tuple[int, ...] = ()    # and how many tensors each holds
+    projector: Optional[str] = None     # the command that writes the vision projector the directory also holds
 
 
 def dry_run(model_dir, out, options: Options) -> DryRun:
@@ -16038,12 +16445,14 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     shards = shard_tensors(plan.tensors, split_of(options))
     paths = shard_paths(target, len(shards))
     check_outputs(paths, model_dir, plan.inputs, False, shards=len(paths))
+    projector = projector_command(model_dir, options)
     if len(shards) == 1:
-        return DryRun(plan, target, target.exists())
+        return DryRun(plan, target, target.exists(), projector=projector)
     headers = [first_shard_header(plan, shards)] + later_shard_headers(shards)
     sizes = shard_sizes(headers, shard_jobs(shards, list(map(len, headers))))
     return DryRun(plan, paths[0], any(p.exists() for p in paths),
-                  tuple(InputFile(p.name, size, None) for p, size in zip(paths, sizes)), tuple(map(len, shards)))
+                  tuple(InputFile(p.name, size, None) for p, size in zip(paths, sizes)), tuple(map(len, shards)),
+                  projector)
 
 
 def _source_note(t: PlannedTensor) -> str:
@@ -16091,6 +16500,7 @@ def dry_run_json(d: DryRun, full: bool = False) -> dict:
         # A split's shards (the keys and tensors above are the whole file's, before it is cut).
         **({"shards": [{"path": str(d.out.with_name(s.name)), "bytes": s.size, "tensor_count": n}
                        for s, n in zip(d.shards, d.shard_tensors)]} if d.shards else {}),
+        **({"projector_command": d.projector} if d.projector else {}),
     }
 
 
@@ -16111,6 +16521,8 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
                       for s, n in zip(d.shards, d.shard_tensors)]
     lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors, [_source_note(t) for t in p.tensors])
     lines.append(f"* {len(p.inputs)} inputs: {', '.join(i.name for i in p.inputs)}")
+    if d.projector:
+        lines.append(f"* also holds a vision projector: {d.projector}")
     return lines
 
 
@@ -16126,6 +16538,7 @@ class Pin(NamedTuple):
     companions: tuple[InputFile, ...] = ()     # files written beside the output (a .sllm's tokenizer)
     base_inputs: tuple[InputFile, ...] = ()     # a LoRA adapter's: what it read of its base directory
     shards: tuple[InputFile, ...] = ()          # a split output's: every shard, the output first
+    mmproj: bool = False        # a projector's (--mmproj): it read the processor files, not the tokenizer's
 
 
 def _pinned_file(entry: object, where: str, pin_name: str) -> InputFile:
@@ -16178,7 +16591,9 @@ def read_pin(path) -> Pin:
     named = _SHARD_NAME.fullmatch(output.name) if shards else None
     out_name = named.group(1) + ".gguf" if named else output.name
     command = _remaking_command(doc.get("options"), source, out_name, path.name, base["source"] if base else None)
-    return Pin(output, pinned, source, command, beside, base_inputs, shards)
+    options = doc.get("options")
+    return Pin(output, pinned, source, command, beside, base_inputs, shards,
+               isinstance(options, dict) and options.get("mmproj") is True)
 
 
 def _remaking_command(options: object, source: str, out_name: str, pin_name: str, base: Optional[str] = None) -> str:
@@ -16202,6 +16617,8 @@ def _remaking_command(options: object, source: str, out_name: str, pin_name: str
         words.append("--ignore-model-card")
     if options.get("no_nextn") is True:
         words.append("--no-nextn")
+    if options.get("mmproj") is True:
+        words.append("--mmproj")
     for key in ("split_max_tensors", "split_max_size"):
         if type(options.get(key)) is int and options[key] > 0:
             words += ["--" + key.replace("_", "-"), str(options[key])]
@@ -16236,14 +16653,16 @@ def _input_check(inputs_dir: Path, pinned: InputFile, read=None, what: str = "in
     return True, f"{what} {pinned.name} ({size} bytes, sha256 {actual.sha256})"
 
 
-def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...]) -> list[str]:
-    """Files in the directory the converter would read that the pin does not list.
+def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...], mmproj: bool = False) -> list[str]:
+    """Files in the directory the converter would read that the pin does not list (mmproj: a
+    projector's pin, whose conversion reads the processor files instead of the tokenizer's).
 
     convert pins every small input present and every weight file it reads, so such a file means
     the directory is not the one the pin was made from (an extra shard changes the output).
     """
     names = {p.name for p in pinned}
-    read = [n for n in _SMALL_INPUTS if (inputs_dir / n).is_file()]
+    small = _MODEL_FILES + PROCESSOR_FILES + _CARD_FILES if mmproj else _SMALL_INPUTS
+    read = [n for n in small if (inputs_dir / n).is_file()]
     try:
         parts, index = model_part_names(inputs_dir)
         read += parts + ([index.name] if index else [])
@@ -16289,7 +16708,7 @@ def verify(gguf_path, fork_json_path, inputs_dir=None, progress=None, base_dir=N
                 raise Refusal(f"--inputs {inputs_dir} is not a directory")
             checks += [_input_check(inputs_dir, p, read) for p in pin.inputs]
             checks += [(False, f"input {n}: in {inputs_dir} but not in the pin; the converter would "
-                               f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs)]
+                               f"read it") for n in unpinned_inputs(inputs_dir, pin.inputs, pin.mmproj)]
         if base_dir is not None:
             if not pin.base_inputs:
                 raise Refusal(f"{Path(fork_json_path).name} pins no base: it is not a LoRA adapter's pin")
@@ -16810,6 +17229,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="output file; {ftype} is filled in as llama.cpp does; a directory, or none, gets "
                         "llama.cpp's default name ({Name}-{Size}-{FTYPE}.gguf) in it (none: in DIR, as llama.cpp)")
     _add_options(p)
+    p.add_argument("--mmproj", action="store_true",
+                   help="write the directory's vision projector instead of its text model, as llama.cpp's flag "
+                        f"does (no -o: mmproj-{{Name}}-{{FTYPE}}.gguf); projectors of {', '.join(PROJECTORS)}")
     p.add_argument("--format", choices=("gguf", "sllm"), default="gguf",
                    help="gguf (the default), or sllm: the kasahare engine's OUT.sllm and OUT.tok.txt beside "
                         f"it, --outtype {', '.join(SLLM_DTYPES)} (default f32)")
@@ -16864,7 +17286,6 @@ _LLAMA_CPP_REFUSED = {
     "--remote": (False, "reads a model from the Hugging Face Hub over the network; download it on a connected "
                         "machine (hf download ORG/NAME --local-dir NAME), copy the folder, and "
                         "convert the folder"),
-    "--mmproj": (False, "writes a vision projector, which bankml_convert does not convert"),
     "--mtp": (False, "writes only a Qwen3.5 model's MTP layers as a draft model, which bankml_convert does not "
                      "reproduce: convert the whole model (its MTP layer is written in it), or use llama.cpp's "
                      "convert_hf_to_gguf.py --mtp"),
@@ -16934,10 +17355,12 @@ def default_output_name(model_dir: Path, options: Options, tp: TensorPlan) -> st
     general = {g.key: g.value for g in general_kvs(name_or_path if isinstance(name_or_path, str) else None,
                                                     model_dir.name, options.model_name,
                                                     *parameter_counts(tp.tensors), tp.card)}
+    projector = tp.family.output == "mmproj"
+    # MmprojModel.prepare_metadata: the name without the size label, "mmproj-" before it
     name = llama_cpp_default_name(general.get("general.name"), general.get("general.basename"),
                                   general.get("general.finetune"), general.get("general.version"),
-                                  general.get("general.size_label"), tp.outtype.label)
-    return f"{name}.gguf"
+                                  None if projector else general.get("general.size_label"), tp.outtype.label)
+    return f"mmproj-{name}.gguf" if projector else f"{name}.gguf"
 
 
 def supported_models() -> dict[str, list[str]]:
@@ -17058,7 +17481,8 @@ def _options(args: argparse.Namespace) -> Options:
                    no_nextn=bool(getattr(args, "no_nextn", False)), progress=_progress_bar() if show else None, hash_inputs=pinned, notice=_notice,
                    split_max_tensors=split_count(getattr(args, "split_max_tensors", None)),
                    split_max_size=split_size(getattr(args, "split_max_size", None)),
-                   no_tensor_first_split=bool(getattr(args, "no_tensor_first_split", False)))
+                   no_tensor_first_split=bool(getattr(args, "no_tensor_first_split", False)),
+                   mmproj=bool(getattr(args, "mmproj", False)) and getattr(args, "format", None) == "gguf")
 
 
 # --split-max-size's suffixes, as convert_hf_to_gguf.py's split_str_to_n_bytes reads them: powers of
@@ -17712,6 +18136,9 @@ def _export_sllm(args: argparse.Namespace, started: float, done: list) -> int:
     # Called inside _convert's handlers: refusals, failures and signals are reported there.
     if args.dry_run:
         raise Refusal("--dry-run shows a GGUF conversion; it is not offered with --format sllm")
+    if args.mmproj:
+        raise Refusal("--mmproj writes a vision projector as GGUF; the kasahare engine reads text models only: "
+                      "leave out --format sllm")
     options = _options(args)._replace(outtype=args.outtype or "f32")
     exported = export_sllm(args.model_dir, args.outfile, options, pin=args.fork, source=args.source)
     done.append(True)

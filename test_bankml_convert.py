@@ -3498,6 +3498,101 @@ class GptOssCheckpointRefusals(Workspace):
                               "and F32 are converted (llama.cpp's F16 path is reproduced for those alone)")
 
 
+# --- Vision projectors (issue 38, --mmproj): PROJECTORS entries through the same seam.  Gemma 3's bytes are
+# --- pinned by the golden runs gemma-3-4b-vision-mmproj-*; these test the rules around them.
+
+class Gemma3Projector(Workspace):
+    VISION = "gemma-3-4b-vision"
+
+    def projector_kvs(self, d: Path) -> dict:
+        return {kv.key: kv.value for kv in bc.plan_conversion(d, bc.Options(mmproj=True)).kvs}
+
+    def test_keys_are_mmproj_models_then_gemma3_vision_models_in_order(self):
+        keys = [kv.key for kv in bc.plan_conversion(self.case(self.VISION), bc.Options(mmproj=True)).kvs]
+        self.assertEqual(keys[:2], ["general.architecture", "general.type"])
+        self.assertEqual(keys[keys.index("general.file_type"):], [
+            "general.file_type", "clip.has_vision_encoder", "clip.vision.projection_dim", "clip.vision.image_size",
+            "clip.vision.patch_size", "clip.vision.embedding_length", "clip.vision.feed_forward_length",
+            "clip.vision.block_count", "clip.vision.attention.head_count", "clip.vision.image_mean",
+            "clip.vision.image_std", "clip.projector_type", "clip.vision.attention.layer_norm_epsilon",
+            "clip.use_gelu", "general.quantization_version"])
+
+    def test_a_projector_is_general_type_mmproj_of_architecture_clip_without_vocabulary(self):
+        kvs = self.projector_kvs(self.case(self.VISION))
+        self.assertEqual((kvs["general.architecture"], kvs["general.type"]), ("clip", "mmproj"))
+        self.assertFalse([k for k in kvs if k.startswith("tokenizer.")])
+
+    def test_the_default_name_is_mmproj_and_the_name_without_its_size_label(self):
+        d = self.case(self.VISION)
+        report = bc.convert(d, d, bc.Options(mmproj=True))
+        self.assertEqual(report.out, d / "mmproj-gemma-3-4b-it-vision-F16.gguf")
+
+    def test_the_projection_scale_factor_is_written_where_it_is_not_4(self):
+        d = self.case(self.VISION)
+        edit_json(d / "processor_config.json", lambda c: c.update(image_seq_length=64))
+        self.assertEqual(self.projector_kvs(d)["clip.vision.projector.scale_factor"], 8)     # 64 patches a side / 8
+
+    def test_processor_config_json_wins_with_its_image_processor_lifted(self):
+        d = self.case(self.VISION)
+        edit_json(d / "processor_config.json", lambda c: c.update(image_processor={"image_mean": [0.25, 0.5, 0.75]}))
+        self.assertEqual(self.projector_kvs(d)["clip.vision.image_mean"], [0.25, 0.5, 0.75])
+
+    def test_the_pin_names_the_processor_files_and_no_tokenizer_file(self):
+        d = self.case(self.VISION)
+        report = bc.convert(d, self.out_dir() / "mmproj.gguf", bc.Options(mmproj=True))
+        self.assertEqual([i.name for i in report.inputs], ["config.json", "generation_config.json",
+                                                           "preprocessor_config.json", "processor_config.json",
+                                                           "model.safetensors"])
+        self.assertIs(json.loads(bc.fork_json(report, "src"))["options"]["mmproj"], True)
+
+    def test_a_text_model_asked_for_its_projector_is_refused(self):
+        self.assertRefuses(self.case("gemma-3-1b-shape"), "--mmproj: Gemma3ForCausalLM is a text model (Gemma 3) with "
+                           "no vision tower; bankml_convert writes the vision projectors of "
+                           f"{', '.join(f'{a} ({f.name})' for a, f in bc.PROJECTORS.items())}: convert the text model "
+                           "without --mmproj, or use llama.cpp's convert_hf_to_gguf.py --mmproj", "--mmproj")
+
+    def test_a_projector_not_reproduced_is_refused_naming_those_that_are(self):
+        d = self.case(self.VISION)
+        edit_json(d / "config.json", lambda c: c.update(architectures=["LlavaForConditionalGeneration"]))
+        self.assertRefuses(d, re.compile(r"--mmproj: the projector of architecture 'LlavaForConditionalGeneration' is "
+                                         r"not reproduced; bankml_convert writes the vision projectors of .*"
+                                         r"Gemma3ForConditionalGeneration \(Gemma 3 projector\).*"), "--mmproj")
+
+    def test_a_config_without_vision_config_is_refused(self):
+        d = self.case(self.VISION)
+        edit_json(d / "config.json", lambda c: c.pop("vision_config"))
+        self.assertRefuses(d, "--mmproj: config.json has no vision_config object: the directory describes no vision "
+                              "tower to convert (convert the text model without --mmproj)", "--mmproj")
+
+    def test_a_checkpoint_without_vision_tensors_is_refused(self):
+        d = self.case(self.VISION)
+        kept = [t for t in bc.index_tensors(d)[0] if t.name.startswith("language_model.")]
+        write_tensors(d, [[(t.name, t.dtype, t.shape) for t in kept]])
+        self.assertRefuses(d, "the checkpoint holds no tensor of a Gemma 3 projector: the directory has no vision "
+                              "tower to convert (convert the text model without --mmproj)", "--mmproj")
+
+    def test_transformers_4_52_layout_is_refused_as_llama_cpp_writes_no_tensors_for_it(self):
+        d = self.case("gemma-3-4b-shape")
+        for name in make_models.PROCESSOR_FILES:
+            shutil.copy(self.case(self.VISION) / name, d / name)
+        self.assertRefuses(d, re.compile(r"tensor 'model\.(vision_tower|multi_modal_projector)\..*' is in the layout "
+                                         r"transformers 4\.52 and later save .* it writes a projector with no tensors\..*"),
+                           "--mmproj")
+
+    def test_a_processor_config_without_image_mean_is_refused(self):
+        d = self.case(self.VISION)
+        edit_json(d / "preprocessor_config.json", lambda c: c.pop("image_mean"))
+        self.assertRefuses(d, "the processor config (preprocessor_config.json / processor_config.json) has no "
+                              "image_mean; llama.cpp's converter stops without it: copy the base model's processor "
+                              "files into the directory", "--mmproj")
+
+    def test_whole_numbers_for_the_mean_are_refused(self):
+        d = self.case(self.VISION)
+        edit_json(d / "preprocessor_config.json", lambda c: c.update(image_std=[1, 1, 1]))
+        self.assertRefuses(d, "the processor config's image_std is [1, 1, 1]; expected a list of decimal numbers "
+                              "(llama.cpp writes them as float32)", "--mmproj")
+
+
 # =============================================================================================
 # Naming: gguf-py's name heuristics, against its answers recorded by oracle/names_oracle.py --record.
 # =============================================================================================
@@ -7263,7 +7358,7 @@ class OutputIsLlamaCppsBytes(Workspace):
                              no_nextn="--no-nextn" in args,
                              split_max_tensors=bc.split_count(value("--split-max-tensors", None)),
                              split_max_size=bc.split_size(value("--split-max-size", None)),
-                             no_tensor_first_split="--no-tensor-first-split" in args)
+                             no_tensor_first_split="--no-tensor-first-split" in args, mmproj="--mmproj" in args)
         out = self.out_dir() / "OUT.gguf"
         if run["refused_by_bankml"]:
             with self.assertRaises(bc.Refusal):
@@ -7303,6 +7398,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "phi-4-mini-gqa",                                               # Phi-4-mini: o200k's gaps, GQA fused qkv
     "gpt-oss-20b-mxfp4",                                            # gpt-oss: MXFP4 kept in every type, file type 38
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
+    "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
 })
 
 
@@ -8043,6 +8139,11 @@ class SllmCommandLine(Workspace):
         r = cli(self.case("example"), "-o", self.out_dir() / "m.sllm", "--format", "sllm", "--dry-run")
         self.assertEqual(r.code, 2)
         self.assertIn("not offered with --format sllm", r.err)
+
+    def test_a_projector_is_not_offered(self):
+        self.assertRefuses(self.case("gemma-3-4b-vision"), "--mmproj writes a vision projector as GGUF; the kasahare "
+                           "engine reads text models only: leave out --format sllm", "--format", "sllm", "--mmproj",
+                           out=self.out_dir() / "m.sllm")
 
 
 # =============================================================================================
@@ -9330,6 +9431,15 @@ class InspectCommand(AroundWorkspace):
         self.assertOneLineError(cli("inspect", self.tmp / "nothing.gguf"), "inspect",
                                 f"{self.tmp / 'nothing.gguf'}: cannot read: No such file or directory")
 
+    def test_inspect_of_a_directory_with_a_projector_gives_the_command_that_writes_it(self):
+        d = self.case("gemma-3-4b-vision")
+        r = cli("inspect", d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn(f"also holds a vision projector: bankml_convert.py {d} --mmproj\n", r.out)
+
+    def test_inspect_of_a_text_model_names_no_projector(self):
+        self.assertNotIn("projector", cli("inspect", self.case("gemma-3-1b-shape")).out)
+
 
 # --- verify
 
@@ -9419,6 +9529,22 @@ class VerifyCommand(AroundWorkspace):
         bad.write_text(json.dumps(pin), encoding="utf-8")
         self.assertOneLineError(cli("verify", self.gguf, bad, "--inputs", EXAMPLE), "verify",
                                 "escape.FORK.json: inputs[0] has no plain file name (got '../config.json')")
+
+    def test_a_projectors_pin_holds_in_its_directory_beside_the_tokenizer_it_did_not_read(self):
+        d = self.case("gemma-3-4b-vision")
+        out, pin = self.tmp / "mmproj.gguf", self.tmp / "mmproj.FORK.json"
+        self.assertEqual(cli(d, "--mmproj", "-o", out, "--fork", pin, "--quiet").code, 0)
+        r = cli("verify", out, pin, "--inputs", d)
+        self.assertEqual(r.code, 0, r.out)
+        self.assertIn(f"made by: bankml_convert.py {d.resolve()} -o mmproj.gguf --outtype f16 --mmproj", r.out)
+
+    def test_a_projectors_pin_misses_a_processor_file_added_since(self):
+        d = self.case("gemma-3-4b-vision")
+        (d / "processor_config.json").rename(d / "kept.json")
+        out, pin = self.tmp / "mmproj-2.gguf", self.tmp / "mmproj-2.FORK.json"
+        self.assertEqual(cli(d, "--mmproj", "-o", out, "--fork", pin, "--quiet").code, 0)
+        (d / "kept.json").rename(d / "processor_config.json")
+        self.assertIn("FAIL input processor_config.json: in", cli("verify", out, pin, "--inputs", d).out)
 
 
 # --- diff
@@ -9593,6 +9719,11 @@ class DryRunCommand(AroundWorkspace):
         (d / "tokenizer.json").unlink()
         self.assertRefuses(d, "no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                               "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported", "--dry-run")
+
+    def test_dry_run_of_a_directory_with_a_projector_ends_with_the_command_that_writes_it(self):
+        d = self.case("gemma-3-4b-vision")
+        lines = cli(d, "-o", self.tmp / "never.gguf", "--outtype", "q8_0", "--dry-run").out.splitlines()
+        self.assertEqual(lines[-1], f"* also holds a vision projector: bankml_convert.py {d} --mmproj --outtype q8_0")
 
 
 # --- convert --json, help and dispatch

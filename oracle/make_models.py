@@ -1168,6 +1168,10 @@ class Case:
     text_updates: tuple[tuple[str, object], ...] = ()
     mtp_weights: bool = True                   # Qwen3.5: the mtp.* tensors mtp_num_hidden_layers declares
     dense_ffn: bool = True                     # intermediate_size written (Qwen3.5-MoE's config class has none)
+    # Gemma 3 --mmproj (issue 38): vision_config's sizes instead of VISION_TINY's, a whole SigLIP tower and its
+    # projector in the layout of the Hub's checkpoint (language_model.model.*, vision_tower.*,
+    # multi_modal_projector.*), and the processor files (preprocessor_config.json, processor_config.json)
+    hub_vision: Optional[tuple[tuple[str, object], ...]] = None
     # Gemma 4 --mmproj (issue 38): the vision (and audio) towers whole, as config.json's vision_config and
     # audio_config size them, instead of a token tensor of each, and config_from's processor_config.json
     gemma4_towers: bool = False
@@ -1794,6 +1798,31 @@ GEMMA4_CASES: tuple[Case, ...] = (
          text_updates=_GEMMA4_E2B_SHRUNK + (("num_kv_shared_layers", 4),), dirname="gemma-4-e2b-shared-kv-mismatch",
          description="the E2B shape with 4 shared layers: the last unshared layer is sliding attention"),
 )
+# Gemma 3's projector (issue 38, --mmproj): gemma-3-4b-it's vision_config (SigLIP: hidden 1152, 27 layers, 16
+# heads, intermediate 4304, image 896, patch 14) shrunk to 2 layers of width 64 (4 heads of 16), image and
+# patch sizes kept, so the position embedding keeps its real 4,096 rows and the projector's 4x pooling its
+# real factor; the whole tower in the Hub checkpoint's layout, and gemma-3-4b-it's two processor files as
+# public copies quote the Hub's (transformers' save: indent 2, keys sorted; Gemma3ImageProcessor with mean
+# and std 0.5, 896 x 896, image_seq_length 256 in both; e.g. NeMo-RL's Gemma 3 eval recipe writes the
+# preprocessor file verbatim).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+WRITTEN_FIXTURES[GEMMA_3_4B_IT].update({
+    "preprocessor_config.json": {
+        "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor", "image_seq_length": 256,
+        "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": None, "pan_and_scan_min_crop_size": None,
+        "pan_and_scan_min_ratio_to_activate": None, "processor_class": "Gemma3Processor", "resample": 2,
+        "rescale_factor": 0.00392156862745098, "size": {"height": 896, "width": 896}},
+    "processor_config.json": {"image_seq_length": 256, "processor_class": "Gemma3Processor"},
+})
+GEMMA3_SIGLIP_SHRUNK = (("hidden_size", 64), ("intermediate_size", 128), ("num_hidden_layers", 2),
+                        ("num_attention_heads", 4), ("image_size", 896), ("patch_size", 14))
+GEMMA3_MMPROJ_CASES: tuple[Case, ...] = (
+    Case("gemma-3-4b-vision", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it-vision", hub_vision=GEMMA3_SIGLIP_SHRUNK,
+         description="gemma-3-4b-it's config with its SigLIP tower shrunk (2 layers, width 64; image 896, "
+                     "patch 14), the Hub's tensor names and processor files, BF16"),
+)
 # Gemma 4's projector (issue 38, --mmproj): each published config with its towers whole and shrunk -- 64 wide, 2
 # layers of 2 heads of 32 (as 768 over 12 heads of 64, 1152 over 16 of 72), the 31B's intermediate 80 as its
 # 4304, not whole Q8_0 blocks, E2B's 128 as its 3072; patch size 16, the 3x3 pooling and the 2 x 10,240-row
@@ -1974,6 +2003,7 @@ CASES: tuple[Case, ...] = (
     *QWEN35_TOKENIZER_CASES,
     *GPT_OSS_CASES,
     *GEMMA4_CASES,
+    *GEMMA3_MMPROJ_CASES,
     *GEMMA4_PROJECTOR_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
@@ -2188,7 +2218,7 @@ def case_config(case: Case) -> dict:
             num_hidden_layers=dims.num_hidden_layers, num_attention_heads=dims.num_attention_heads,
             num_key_value_heads=dims.num_key_value_heads, vocab_size=dims.vocab_size,
             max_position_embeddings=dims.max_position_embeddings)
-        config["vision_config"].update(VISION_TINY)
+        config["vision_config"].update(VISION_TINY if case.hub_vision is None else dict(case.hub_vision))
         if case.head_dim is not None:
             config["text_config"]["head_dim"] = case.head_dim
         config["text_config"].update(case.text_updates)
@@ -2350,18 +2380,23 @@ VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 
                "image_size": 28, "patch_size": 14}
 
 
-def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optional[dict]) -> list[TensorSpec]:
+def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optional[dict],
+                       hub_layout: bool = False) -> list[TensorSpec]:
     """Gemma2ForCausalLM's / Gemma3ForCausalLM's state_dict (tied: no lm_head.weight); Gemma 3's
     per-head q/k norms; for Gemma3ForConditionalGeneration (model_type gemma3) the text model under
-    model.language_model. (transformers >= 4.52) beside a SigLIP tower and the projector."""
+    model.language_model. (transformers >= 4.52) beside a SigLIP tower and the projector -- or, with
+    hub_layout, the names of google/gemma-3-4b-it's own checkpoint (language_model.model.*) beside its
+    whole tower (siglip_tower_specs)."""
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * head_dim, dims.num_key_value_heads * head_dim
-    text = "model.language_model." if model_type == "gemma3" else "model."
+    text = "language_model.model." if hub_layout else "model.language_model." if model_type == "gemma3" else "model."
     specs = causal_lm_specs(dims, True, lambda p: (
         attention_specs(p, h, q_out, kv_out)
         + (qk_norm_specs(p, head_dim, head_dim) if model_type != "gemma2" else [])
         + mlp_specs(p + "mlp.", h, dims.intermediate_size)
         + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm")), text)
+    if hub_layout:
+        return specs + siglip_tower_specs(vision, h)
     if vision is not None:
         vh, patch = vision["hidden_size"], vision["patch_size"]
         v = "model.vision_tower.vision_model."
@@ -2376,6 +2411,28 @@ def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optio
             TensorSpec("model.multi_modal_projector.mm_soft_emb_norm.weight", (vh,)),
         ]
     return specs
+
+
+def siglip_tower_specs(vision: dict, text_hidden: int) -> list[TensorSpec]:
+    """Gemma3ForConditionalGeneration's SigLIP tower (SiglipVisionTransformer's modules in order: the patch
+    and position embeddings, each encoder layer's attention with biases, its norms and fc1/fc2, the post
+    norm) and Gemma3MultiModalProjector's two weights, under the Hub checkpoint's names."""
+    vh, ff, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
+    v = "vision_tower.vision_model."
+    specs = [TensorSpec(v + "embeddings.patch_embedding.weight", (vh, 3, patch, patch)),
+             TensorSpec(v + "embeddings.patch_embedding.bias", (vh,)),
+             TensorSpec(v + "embeddings.position_embedding.weight", ((vision["image_size"] // patch) ** 2, vh))]
+    for i in range(vision["num_hidden_layers"]):
+        p = f"{v}encoder.layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            specs += [TensorSpec(f"{p}self_attn.{proj}.weight", (vh, vh)), TensorSpec(f"{p}self_attn.{proj}.bias", (vh,))]
+        specs += [TensorSpec(f"{p}layer_norm1.weight", (vh,)), TensorSpec(f"{p}layer_norm1.bias", (vh,)),
+                  TensorSpec(f"{p}mlp.fc1.weight", (ff, vh)), TensorSpec(f"{p}mlp.fc1.bias", (ff,)),
+                  TensorSpec(f"{p}mlp.fc2.weight", (vh, ff)), TensorSpec(f"{p}mlp.fc2.bias", (vh,)),
+                  TensorSpec(f"{p}layer_norm2.weight", (vh,)), TensorSpec(f"{p}layer_norm2.bias", (vh,))]
+    return specs + [TensorSpec(v + "post_layernorm.weight", (vh,)), TensorSpec(v + "post_layernorm.bias", (vh,)),
+                    TensorSpec("multi_modal_projector.mm_input_projection_weight", (vh, text_hidden)),
+                    TensorSpec("multi_modal_projector.mm_soft_emb_norm.weight", (vh,))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3114,7 +3171,7 @@ def case_entries(case: Case) -> list[Entry]:
         specs = phi3_tensor_specs(dims, tied)
     elif config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
-                                   config["model_type"], config.get("vision_config"))
+                                   config["model_type"], config.get("vision_config"), case.hub_vision is not None)
     elif config.get("model_type") == "olmo2":
         specs = olmo2_tensor_specs(dims, tied)
     elif config.get("model_type") == "lfm2":
@@ -3174,6 +3231,9 @@ def make_case(case: Case, root: Path) -> Path:
             write_safetensors(out / name, file_order(case, shard, name))
         (out / "model.safetensors.index.json").write_bytes(shard_index_bytes(shards))
     copy_tokenizer(TOKENIZERS[case.tokenizer], out)
+    if case.hub_vision is not None:
+        for name in PROCESSOR_FILES:
+            (out / name).write_bytes(fixture_bytes(case.config_from, name))
     if case.gemma4_towers:
         (out / "processor_config.json").write_bytes(fixture_bytes(case.config_from, "processor_config.json"))
     if case.mistral_files:

@@ -221,6 +221,10 @@ RUNS: tuple[Run, ...] = tuple(
     + [Run("gemma-4-e2b-per-layer-config-q8_0", "gemma-4-e2b-per-layer-config", ("--outtype", "q8_0"))]
     # ... and a tokenizer of Gemma 4's structure (GemmaTokenizer; built from Gemma 3's, fetched), in q8_0 too.
     + [Run("gemma-4-e2b-gemma4-tokenizer-q8_0", "gemma-4-e2b-gemma4-tokenizer", ("--outtype", "q8_0"))]
+    # Vision projectors (issue 38, --mmproj): Gemma 3's SigLIP tower and projector in every output type llama.cpp
+    # takes there (its text model is the case's f16 run above).
+    + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
     # Gemma 4's projector (issue 38, --mmproj): every output type for the 31B's vision tower (standardized, no
     # clipped linears) and E2B's without its audio tower (clipped linears), the 26B-A4B's in f16 and q8_0, the 31B's
     # from F32 weights in f16, q8_0 and auto; E2B's and E4B's with their audio tower, which llama.cpp writes through
