@@ -14,8 +14,8 @@ writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.g
 (SmolLM2, TinyLlama, Llama 2, Llama 3.x, Mistral), SmolLM3, Qwen2/Qwen2.5, Qwen3, Gemma 3, Gemma 2, Phi-3,
 Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B, 26B-A4B), Phi-4-mini (as Phi-3),
 and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE and gpt-oss (its MXFP4 experts
-repacked as llama.cpp repacks them) --, and PEFT LoRA adapters as llama.cpp's
-convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
+repacked as llama.cpp repacks them) --, their vision projectors with --mmproj (PROJECTORS: Gemma 3's),
+and PEFT LoRA adapters as llama.cpp's convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
 The file reads top to bottom the way the data flows; each section opens with two lines saying what
@@ -99,6 +99,11 @@ the vocabulary paths its set_vocab tries, in order:
     Gemma 4    Gemma4ForCausalLM, Gemma4ForConditionalGeneration
                hooks: shape filter_tensors modify_tensors generated_tensors hparams refuse_directory layer_outputs;
                vocabulary: gemma4
+
+The vision projectors (PROJECTORS, --mmproj; "Model families" under "Vision projectors"), each an entry of
+output "mmproj" through the same seam:
+
+    Gemma 3 projector   Gemma3ForConditionalGeneration: SigLIP tower (v.*) and projector (mm.*), type gemma3
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
@@ -1552,6 +1557,8 @@ _CARD_FILES = ("README.md",)
 # What a projector reads instead of the tokenizer's files (MmprojModel.__init__, base.py:2625-2654): the image
 # processor's configuration, processor_config.json's keys over preprocessor_config.json's.
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+# Every small file a projector's conversion reads (what verify --inputs expects a projector's pin to name).
+_PROJECTOR_INPUTS = _MODEL_FILES + PROCESSOR_FILES + _CARD_FILES
 
 
 class Options(NamedTuple):
@@ -1628,8 +1635,7 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     """Decide which tensors llama.cpp would write for model_dir, and how, or raise a Refusal.  With
     Options.mmproj the family is the directory's projector (PROJECTORS), planned by the same steps; its
     params also take the processor config (processor_config), and it reads no tokenizer."""
-    problem = model_dir_problem(model_dir) or input_problem(model_dir, _SMALL_INPUTS) or \
-        (input_problem(model_dir, PROCESSOR_FILES) if options.mmproj else None)
+    problem = model_dir_problem(model_dir) or input_problem(model_dir, _PROJECTOR_INPUTS if options.mmproj else _SMALL_INPUTS)
     if problem:
         raise Refusal(problem)
     refused = quantize_refusal(options.outtype, str(model_dir))     # the advice the command line gives too
@@ -2166,7 +2172,8 @@ class ModelParams(Protocol):
     """What the code outside a family reads of the hyperparameters its params function returns: a
     TextParams has these, and a family's own record (GemmaParams, MoeParams, ...) holds one as text and
     reads these through it (text_part), with more of its own that only its functions read.
-    test_bankml_convert.py checks every registered family's return type."""
+    test_bankml_convert.py checks every registered family's return type.  A projector's (PROJECTORS) needs
+    only block_count: it has no vocabulary."""
     block_count: int        # the blocks blk.N the plan expects
     vocab_size: int         # the rows of token_embd, and the vocabulary's length
 
@@ -10363,9 +10370,10 @@ def auto_out_type(tensors: Iterable[tuple[Sequence[int], str]]) -> OutType:
 
 # Matrices prepare_tensors keeps in F32 whatever the output type (its list at base.py:1089-1121,
 # as llama_model_quantize does): the MoE routers and the short convolutions (Qwen3.5's, LFM2's, Granite 4.0-H's),
-# which the families here have.
+# which the families here have, and a projector's position embeddings (v.position_embd, a.position_embd)
+# where its tensor_force_quant forces no other type.
 _F32_MATRICES = (["ffn_gate_inp", "weight"], ["ffn_gate_inp_shexp", "weight"], ["ssm_conv1d", "weight"],
-                 ["shortconv", "conv", "weight"])
+                 ["shortconv", "conv", "weight"], ["position_embd", "weight"])
 
 
 def tensor_type(gguf_name: str, hf_shape: Sequence[int], out: OutType) -> int:
@@ -16836,7 +16844,7 @@ def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...], mmproj: boo
     the directory is not the one the pin was made from (an extra shard changes the output).
     """
     names = {p.name for p in pinned}
-    small = _MODEL_FILES + PROCESSOR_FILES + _CARD_FILES if mmproj else _SMALL_INPUTS
+    small = _PROJECTOR_INPUTS if mmproj else _SMALL_INPUTS
     read = [n for n in small if (inputs_dir / n).is_file()]
     try:
         parts, index = model_part_names(inputs_dir)
@@ -17539,9 +17547,10 @@ def default_output_name(model_dir: Path, options: Options, tp: TensorPlan) -> st
 
 
 def supported_models() -> dict[str, list[str]]:
-    """--print-supported-models: the config.json architectures converted, by GGUF architecture."""
+    """--print-supported-models: the config.json architectures converted, by GGUF architecture; those whose
+    projector --mmproj writes under "clip" (llama.cpp lists its MMPROJ models apart too)."""
     families: dict[str, list[str]] = {}
-    for arch, family in FAMILIES.items():
+    for arch, family in itertools.chain(FAMILIES.items(), PROJECTORS.items()):
         families.setdefault(family.gguf_arch, []).append(arch)
     return families
 

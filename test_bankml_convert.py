@@ -1221,6 +1221,14 @@ class Seams(Workspace):
             for field in wanted:
                 self.assertTrue(hasattr(record, field), f"{family.name}: {record.__name__} has no {field}")
 
+    def test_projectors_are_registered_apart_and_their_params_have_a_block_count(self):
+        import typing
+        self.assertEqual({f.output for f in bc.FAMILIES.values()}, {"model"})
+        for family in bc.PROJECTORS.values():
+            self.assertEqual(family.output, "mmproj", family.name)
+            record = typing.get_type_hints(family.params, vars(bc))["return"]
+            self.assertTrue(hasattr(record, "block_count"), f"{family.name}: {record.__name__} has no block_count")
+
     def test_each_measured_tokenizer_is_under_its_familys_model_type_and_names_a_pipeline(self):
         families = {id(f): f for f in bc.FAMILIES.values()}.values()
         pairs = [(b.tokenizer_class, b.model_type) for f in families for b in f.check_builds]
@@ -3572,10 +3580,7 @@ class Gemma3Projector(Workspace):
                               "tower to convert (convert the text model without --mmproj)", "--mmproj")
 
     def test_transformers_4_52_layout_is_refused_as_llama_cpp_writes_no_tensors_for_it(self):
-        d = self.case("gemma-3-4b-shape")
-        for name in make_models.PROCESSOR_FILES:
-            shutil.copy(self.case(self.VISION) / name, d / name)
-        self.assertRefuses(d, re.compile(r"tensor 'model\.(vision_tower|multi_modal_projector)\..*' is in the layout "
+        self.assertRefuses(self.case("gemma-3-4b-vision-new-layout"), re.compile(r"tensor 'model\.(vision_tower|multi_modal_projector)\..*' is in the layout "
                                          r"transformers 4\.52 and later save .* it writes a projector with no tensors\..*"),
                            "--mmproj")
 
@@ -5486,6 +5491,20 @@ class OutputTypeRules(unittest.TestCase):
             self.assertEqual(bc.tensor_type("output_norm.weight", (576,), out), bc.GGML_F32)
             self.assertEqual(bc.tensor_type("blk.0.attn_norm.weight", (576,), out), bc.GGML_F32)
         self.assertEqual(bc.tensor_type("token_embd.weight", (49152, 576), bc.OUT_TYPES["f32"]), bc.GGML_F32)
+
+    def test_a_projectors_position_embeddings_stay_f32(self):
+        for out in bc.OUT_TYPES.values():
+            for name in ("v.position_embd.weight", "a.position_embd.weight"):
+                self.assertEqual(bc.tensor_type(name, (4096, 64), out), bc.GGML_F32, (name, out.name))
+
+    def test_a_forced_type_wins_over_the_output_types_but_not_over_f32_vectors_and_norms(self):
+        forced = bc.GEMMA3_PROJECTOR
+        q8 = bc.OUT_TYPES["q8_0"]
+        self.assertEqual(bc.planned_type(forced, "multi_modal_projector.mm_input_projection.weight",
+                                         "mm.input_projection.weight", (64, 32), q8), bc.GGML_F16)
+        # Gemma 3 forces anything named input_projection to F16; a 1-D one stays F32 (prepare_tensors' rule after it)
+        self.assertEqual(bc.planned_type(forced, "multi_modal_projector.mm_input_projection.bias",
+                                         "mm.input_projection.bias", (32,), q8), bc.GGML_F32)
 
     def test_every_type_an_out_type_writes_has_a_conversion_from_every_source_dtype(self):
         for out in bc.OUT_TYPES.values():
@@ -9525,6 +9544,12 @@ class InspectCommand(AroundWorkspace):
     def test_inspect_of_a_text_model_names_no_projector(self):
         self.assertNotIn("projector", cli("inspect", self.case("gemma-3-1b-shape")).out)
 
+    def test_the_projector_command_of_a_hostile_directory_name_is_one_escaped_line(self):
+        d = self.case("gemma-3-4b-vision")
+        d = d.rename(d.with_name("vision\nrm -rf ~"))
+        line = next(l for l in cli("inspect", d).out.splitlines() if "projector" in l)
+        self.assertEqual(line, f"also holds a vision projector: bankml_convert.py '{d.parent}/vision\\nrm -rf ~' --mmproj")
+
 
 # --- verify
 
@@ -9804,6 +9829,10 @@ class DryRunCommand(AroundWorkspace):
         (d / "tokenizer.json").unlink()
         self.assertRefuses(d, "no tokenizer.json: llama.cpp would build the vocabulary through transformers from "
                               "vocab.json/merges.txt (or tekken.json); only tokenizer.json is supported", "--dry-run")
+
+    def test_dry_run_of_a_projector_plans_it_and_names_no_other(self):
+        d = bc.dry_run(self.case("gemma-3-4b-vision"), self.tmp / "never.gguf", bc.Options(mmproj=True))
+        self.assertEqual(({kv.key: kv.value for kv in d.plan.kvs}["general.type"], d.projector), ("mmproj", None))
 
     def test_dry_run_of_a_directory_with_a_projector_ends_with_the_command_that_writes_it(self):
         d = self.case("gemma-3-4b-vision")
@@ -10479,6 +10508,10 @@ class LlamaCppHabits(Workspace):
                 self.assertIn(field, doc)
         self.assertEqual(json.loads(cli("--print-supported-models", "--json").out)["supported_models"]["qwen35"],
                          ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"])
+
+    def test_print_supported_models_lists_the_projectors_under_clip(self):
+        self.assertEqual(json.loads(cli("--print-supported-models", "--json").out)["supported_models"]["clip"],
+                         list(bc.PROJECTORS))
 
     def test_help_lists_the_flags_that_change_nothing_and_only_those_under_that_heading(self):
         r = cli("--help")

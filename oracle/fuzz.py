@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fuzzes bankml_convert with hostile and broken model directories (project issue 5).
 
-    python3 oracle/fuzz.py --inputs N --seed S [--workers W] [--report FILE] [--progress FILE]
+    python3 oracle/fuzz.py --inputs N --seed S [--workers W] [--report FILE] [--progress FILE] [--mmproj]
     python3 oracle/fuzz.py --seed S --replay INDEX [--only K] [--keep DIR]
 
 Every input starts from a valid tiny model directory written by make_models.py and gets one to
@@ -24,7 +24,9 @@ live run's .part (planted with its lock held by this process) changed in any way
 mutations: hostile naming fields in README.md with the output then named from them as `-o DIR` names
 it (a crash too: a derived name that leaves its folder, holds a control character or is written under
 another name), and, on the Qwen3-MoE bases, expert tensors with a zero dimension, expert counts unlike
-the tensors' (ten million behind stacked tensors of no bytes) and experts numbered past the count.  The last
+the tensors' (ten million behind stacked tensors of no bytes) and experts numbered past the count; on the
+vision projector base (Gemma 3's), its processor files and vision_config, converted with --mmproj three times
+in four (--mmproj: that base alone; a mutation may turn the flag on or off for any base).  The last
 line is ``fuzz: N inputs, C crashes (U unique), P partial outputs, S successes, R refusals``; the
 exit status is 1 if there was a crash or a partial output.  Standard library only.
 
@@ -164,22 +166,30 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
     (mm.CASES_BY_NAME["gemma-4-e2b-shape"], 3),
     (mm.CASES_BY_NAME["gpt-oss-20b-mxfp4"], 3),
     (mm.CASES_BY_NAME["phi-4-mini-gqa"], 2),
+    # Gemma 3's vision projector (issue 38): its SigLIP tower and processor files, converted with --mmproj
+    # (PROJECTOR_BASES) three times in four, else as the text model beside it.
+    (mm.CASES_BY_NAME["gemma-3-4b-vision"], 6),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
+PROJECTOR_BASES = frozenset({"gemma-3-4b-vision"})
 
 
-def build_bases(root: Path) -> dict[str, Path]:
-    """Every base directory under root, checked to convert; read-only from here on (inputs hard-link it)."""
+def build_bases(root: Path, only: Optional[frozenset] = None) -> dict[str, Path]:
+    """Every base directory under root (only those named in only, if given), checked to convert; read-only
+    from here on (inputs hard-link it)."""
     bases = {}
     for case, _ in BASES:
+        if only is not None and case.name not in only:
+            continue
         try:
             d = mm.make_case(case, root)
         except mm.FixtureAbsent as e:
             print(f"fuzz: base {case.name} left out: {e}", file=sys.stderr)
             continue
-        out = root / f"{case.name}.check.gguf"
-        bc.convert(d, out, bc.Options())
-        out.unlink()
+        for mmproj in (False, True) if case.name in PROJECTOR_BASES else (False,):
+            out = root / f"{case.name}.check.gguf"
+            bc.convert(d, out, bc.Options(mmproj=mmproj))
+            out.unlink()
         bases[case.name] = d
     return bases
 
@@ -218,6 +228,7 @@ class Ctx:
     model_name: Optional[str] = None
     outtype: str = "f16"
     default_name: bool = False     # the output named as llama.cpp names it, in out's folder (-o DIR)
+    mmproj: bool = False           # the directory's vision projector (--mmproj) instead of its text model
 
     def files(self) -> list[str]:
         try:
@@ -416,7 +427,11 @@ INTERESTING_KEYS: dict[str, tuple[str, ...]] = {
         "rope_parameters", "rope_scaling", "rms_norm_eps", "head_dim", "vocab_size", "is_causal",
         "attention_bias", "mlp_bias", "_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id",
         "unk_token_id", "sep_token_id", "mask_token_id", "cls_token_id", "text_config",
-        "quantization_config", "tie_word_embeddings", "n_layer", "dim", "torch_dtype"),
+        "quantization_config", "tie_word_embeddings", "n_layer", "dim", "torch_dtype", "vision_config"),
+    # what a projector reads of the image processor (MmprojModel, Gemma3VisionModel)
+    "preprocessor_config.json": ("image_mean", "image_std", "media_proc_cfg", "image_seq_length", "size",
+                                 "image_processor_type"),
+    "processor_config.json": ("image_processor", "image_seq_length", "image_mean", "image_std", "processor_class"),
     "generation_config.json": (
         "sequence", "top_k", "top_p", "min_p", "xtc_probability", "xtc_threshold", "temperature",
         "penalty_last_n", "penalty_repeat", "repetition_penalty", "mirostat", "mirostat_tau",
@@ -438,7 +453,7 @@ INTERESTING_KEYS: dict[str, tuple[str, ...]] = {
 # Names a chosen JSON file by weight; a file the directory lacks is skipped.
 JSON_FILES = (("config.json", 30), ("generation_config.json", 10), ("tokenizer_config.json", 22),
               ("special_tokens_map.json", 8), ("tokenizer.json", 8),
-              ("model.safetensors.index.json", 6))
+              ("model.safetensors.index.json", 6), ("preprocessor_config.json", 10), ("processor_config.json", 10))
 
 
 def mutate_json_doc(rng: random.Random, doc, file_name: str):
@@ -890,7 +905,8 @@ def mutate_moe_shapes(ctx: Ctx) -> Optional[str]:
 FILE_TARGETS = (("config.json", 20), ("tokenizer.json", 12), ("tokenizer_config.json", 12),
                 ("generation_config.json", 8), ("special_tokens_map.json", 6), ("safetensors", 24),
                 ("model.safetensors.index.json", 8), ("vocab.json", 2), ("merges.txt", 2),
-                ("chat_template.jinja", 3), ("any", 3))
+                ("chat_template.jinja", 3), ("preprocessor_config.json", 4), ("processor_config.json", 4),
+                ("any", 3))
 
 
 def pick_file(ctx: Ctx) -> Optional[str]:
@@ -1086,7 +1102,7 @@ def mutate_names(ctx: Ctx) -> Optional[str]:
     rng = ctx.rng
     op = rng.choice(["dirname", "dirname", "dirarg", "outname", "outname", "out-exists", "part-exists",
                      "out-is-dir", "out-symlink-input", "out-symlink-loop", "out-missing-dir",
-                     "out-in-model-dir", "model-name", "outtype", "dir-is-file"])
+                     "out-in-model-dir", "model-name", "outtype", "dir-is-file", "mmproj"])
     if op == "dirname":
         new = rng.choice(DIR_NAMES)
         target = ctx.dir.with_name(new)
@@ -1139,6 +1155,9 @@ def mutate_names(ctx: Ctx) -> Optional[str]:
     if op == "outtype":
         ctx.outtype = rng.choice(OUTTYPES)
         return f"outtype {ctx.outtype!r}"
+    if op == "mmproj":
+        ctx.mmproj = not ctx.mmproj
+        return f"mmproj {ctx.mmproj}"
     # The directory argument names a file or nothing.
     ctx.dir_arg = rng.choice([str(ctx.dir / "config.json"), str(ctx.dir) + "-missing", ""])
     return f"model directory argument {ctx.dir_arg!r}"
@@ -1173,6 +1192,8 @@ def build_input(seed: str, index: int, bases: dict[str, Path], run: Path,
     model = run / "in" / bases[base].name
     link_base(bases[base], model)
     ctx = Ctx(rng, model, run / "out" / "model.gguf", str(model))
+    if base in PROJECTOR_BASES:
+        ctx.mmproj = rng.random() < 0.75
     done = []
     for k in range(n):
         if only is not None and k != only:
@@ -1321,7 +1342,7 @@ def run_input(ctx: Ctx, base: str, mutations: list[str], index: int, run: Path, 
     # The run directory's parent is the working directory: relative writes land there too.
     before = tree_fingerprint(run.parent)
     notices: list[str] = []
-    options = bc.Options(outtype=ctx.outtype, model_name=ctx.model_name, notice=notices.append)
+    options = bc.Options(outtype=ctx.outtype, model_name=ctx.model_name, notice=notices.append, mmproj=ctx.mmproj)
     result: Outcome
     start = time.perf_counter()
     signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -1591,7 +1612,7 @@ def campaign_done(args, camp: Tracker, progress: Optional[Path], work: Path) -> 
 
 def run_campaign(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="bankml-fuzz-", dir=args.workdir)).resolve()
-    bases = build_bases(work / "bases")
+    bases = build_bases(work / "bases", PROJECTOR_BASES if args.mmproj else None)
     fingerprint = tree_fingerprint(work / "bases", with_hash=True)
     camp = Campaign(args.seed, args.inputs)
     progress, report = campaign_outputs(args, work)
@@ -1798,7 +1819,7 @@ def run_replay(args) -> int:
     """Rebuild one input, describe it, convert it and print the full traceback of a crash."""
     work = Path(args.keep or tempfile.mkdtemp(prefix="bankml-fuzz-replay-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    bases = build_bases(work / "bases")
+    bases = build_bases(work / "bases", PROJECTOR_BASES if args.mmproj else None)
     run = work / "r"
     limit_memory(args.memory_mb)
     signal.signal(signal.SIGALRM, _alarm)
@@ -1808,7 +1829,7 @@ def run_replay(args) -> int:
     for m in done:
         print(f"  {m}")
     print(f"  convert({ctx.dir_arg!r}, {str(ctx.out)!r}, Options(outtype={ctx.outtype!r}, "
-          f"model_name={short(ctx.model_name)}))")
+          f"model_name={short(ctx.model_name)}, mmproj={ctx.mmproj}))")
     o = run_input(ctx, base, done, args.replay, run, args.timeout)
     print(f"result: {o.kind} in {o.seconds:.2f} s")
     if o.reason:
@@ -4045,6 +4066,8 @@ SWITCHES = (
      "fuzz the SentencePiece tokenizer.model reader (and conversion) with mutated files instead"),
     ("--checkpoint", "fuzz the torch.save checkpoint reader and the ggml job with mutated checkpoints instead"),
     ("--lora", "fuzz LoRA adapter conversion (adapter_config.json, the adapter's header, its card) instead"),
+    ("--mmproj", "the converter campaign (and --replay) on the vision projector bases alone (PROJECTOR_BASES): their "
+                 "processor files and vision_config mutated, three inputs in four converted with --mmproj"),
 )
 
 

@@ -1172,6 +1172,7 @@ class Case:
     # projector in the layout of the Hub's checkpoint (language_model.model.*, vision_tower.*,
     # multi_modal_projector.*), and the processor files (preprocessor_config.json, processor_config.json)
     hub_vision: Optional[tuple[tuple[str, object], ...]] = None
+    vision_prefix: str = ""     # "model.": that tower under the names transformers 4.52 and later save
     # Gemma 4 --mmproj (issue 38): the vision (and audio) towers whole, as config.json's vision_config and
     # audio_config size them, instead of a token tensor of each, and config_from's processor_config.json
     gemma4_towers: bool = False
@@ -1822,6 +1823,15 @@ GEMMA3_MMPROJ_CASES: tuple[Case, ...] = (
          head_dim=16, dirname="gemma-3-4b-it-vision", hub_vision=GEMMA3_SIGLIP_SHRUNK,
          description="gemma-3-4b-it's config with its SigLIP tower shrunk (2 layers, width 64; image 896, "
                      "patch 14), the Hub's tensor names and processor files, BF16"),
+    # An image of 448 in patches of 14 (32 a side) pooled to 256 tokens (16 a side): a factor of 2 where the
+    # released models' is 4, which llama.cpp writes then (clip.vision.projector.scale_factor), as for tinygemma3.
+    Case("gemma-3-4b-vision-pool-2", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it-vision-448", hub_vision=GEMMA3_SIGLIP_SHRUNK + (("image_size", 448),),
+         description="the gemma-3-4b-vision case with images of 448: the projector's pooling factor 2, written"),
+    # llama.cpp's Gemma 3 projector converter keeps none of these names: it writes a projector with no tensors
+    Case("gemma-3-4b-vision-new-layout", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it-vision-resaved", hub_vision=GEMMA3_SIGLIP_SHRUNK, vision_prefix="model.",
+         description="the gemma-3-4b-vision case under the names transformers 4.52 and later save (model.*)"),
 )
 # Gemma 4's projector (issue 38, --mmproj): each published config with its towers whole and shrunk -- 64 wide, 2
 # layers of 2 heads of 32 (as 768 over 12 heads of 64, 1152 over 16 of 72), the 31B's intermediate 80 as its
@@ -2381,14 +2391,16 @@ VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 
 
 
 def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optional[dict],
-                       hub_layout: bool = False) -> list[TensorSpec]:
+                       hub_layout: bool = False, vision_prefix: str = "") -> list[TensorSpec]:
     """Gemma2ForCausalLM's / Gemma3ForCausalLM's state_dict (tied: no lm_head.weight); Gemma 3's
     per-head q/k norms; for Gemma3ForConditionalGeneration (model_type gemma3) the text model under
     model.language_model. (transformers >= 4.52) beside a SigLIP tower and the projector -- or, with
     hub_layout, the names of google/gemma-3-4b-it's own checkpoint (language_model.model.*) beside its
-    whole tower (siglip_tower_specs)."""
+    whole tower (siglip_tower_specs), or that tower under vision_prefix "model." beside model.language_model.*,
+    as transformers 4.52 and later save it."""
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * head_dim, dims.num_key_value_heads * head_dim
-    text = "language_model.model." if hub_layout else "model.language_model." if model_type == "gemma3" else "model."
+    text = "language_model.model." if hub_layout and not vision_prefix else \
+        "model.language_model." if model_type == "gemma3" else "model."
     specs = causal_lm_specs(dims, True, lambda p: (
         attention_specs(p, h, q_out, kv_out)
         + (qk_norm_specs(p, head_dim, head_dim) if model_type != "gemma2" else [])
@@ -2396,7 +2408,7 @@ def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optio
         + norm_specs(p, h, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm")), text)
     if hub_layout:
-        return specs + siglip_tower_specs(vision, h)
+        return specs + siglip_tower_specs(vision, h, vision_prefix)
     if vision is not None:
         vh, patch = vision["hidden_size"], vision["patch_size"]
         v = "model.vision_tower.vision_model."
@@ -2413,12 +2425,12 @@ def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optio
     return specs
 
 
-def siglip_tower_specs(vision: dict, text_hidden: int) -> list[TensorSpec]:
+def siglip_tower_specs(vision: dict, text_hidden: int, prefix: str = "") -> list[TensorSpec]:
     """Gemma3ForConditionalGeneration's SigLIP tower (SiglipVisionTransformer's modules in order: the patch
     and position embeddings, each encoder layer's attention with biases, its norms and fc1/fc2, the post
-    norm) and Gemma3MultiModalProjector's two weights, under the Hub checkpoint's names."""
+    norm) and Gemma3MultiModalProjector's two weights, under the Hub checkpoint's names after prefix."""
     vh, ff, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
-    v = "vision_tower.vision_model."
+    v = prefix + "vision_tower.vision_model."
     specs = [TensorSpec(v + "embeddings.patch_embedding.weight", (vh, 3, patch, patch)),
              TensorSpec(v + "embeddings.patch_embedding.bias", (vh,)),
              TensorSpec(v + "embeddings.position_embedding.weight", ((vision["image_size"] // patch) ** 2, vh))]
@@ -2431,8 +2443,8 @@ def siglip_tower_specs(vision: dict, text_hidden: int) -> list[TensorSpec]:
                   TensorSpec(f"{p}mlp.fc2.weight", (vh, ff)), TensorSpec(f"{p}mlp.fc2.bias", (vh,)),
                   TensorSpec(f"{p}layer_norm2.weight", (vh,)), TensorSpec(f"{p}layer_norm2.bias", (vh,))]
     return specs + [TensorSpec(v + "post_layernorm.weight", (vh,)), TensorSpec(v + "post_layernorm.bias", (vh,)),
-                    TensorSpec("multi_modal_projector.mm_input_projection_weight", (vh, text_hidden)),
-                    TensorSpec("multi_modal_projector.mm_soft_emb_norm.weight", (vh,))]
+                    TensorSpec(prefix + "multi_modal_projector.mm_input_projection_weight", (vh, text_hidden)),
+                    TensorSpec(prefix + "multi_modal_projector.mm_soft_emb_norm.weight", (vh,))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3171,7 +3183,8 @@ def case_entries(case: Case) -> list[Entry]:
         specs = phi3_tensor_specs(dims, tied)
     elif config.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
         specs = gemma_tensor_specs(dims, config.get("head_dim", config.get("text_config", {}).get("head_dim")),
-                                   config["model_type"], config.get("vision_config"), case.hub_vision is not None)
+                                   config["model_type"], config.get("vision_config"), case.hub_vision is not None,
+                                   case.vision_prefix)
     elif config.get("model_type") == "olmo2":
         specs = olmo2_tensor_specs(dims, tied)
     elif config.get("model_type") == "lfm2":

@@ -225,6 +225,12 @@ RUNS: tuple[Run, ...] = tuple(
     # takes there (its text model is the case's f16 run above).
     + [Run(f"gemma-3-4b-vision-mmproj-{t}", "gemma-3-4b-vision", ("--mmproj", "--outtype", t))
        for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # ... with a pooling factor other than 4 (its key written), in q8_0 too
+    + [Run(f"gemma-3-4b-vision-pool-2-mmproj-{t}", "gemma-3-4b-vision-pool-2", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")]
+    # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
+    + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
+           refused=True)]
     # Gemma 4's projector (issue 38, --mmproj): every output type for the 31B's vision tower (standardized, no
     # clipped linears) and E2B's without its audio tower (clipped linears), the 26B-A4B's in f16 and q8_0, the 31B's
     # from F32 weights in f16, q8_0 and auto; E2B's and E4B's with their audio tower, which llama.cpp writes through
