@@ -158,6 +158,16 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#37", "f16", VS_FLOOR, 1.2), Goal("#37", "auto", VS_FLOOR, 1.2),
         Goal("#37", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#37", "auto", RSS_MIB, TARGET_RSS_MIB),
         Goal("#37", "f16", VS_LLAMA_CPP, None), Goal("#37", "auto", VS_LLAMA_CPP, None))),
+    # Gemma 4 (issue 37): gemma-4-E2B-it full size, f16 and the reference's default (auto: bf16) -- the two
+    # 262,144-row embeddings and the per-layer inputs streamed in the dense cases' memory.
+    BenchCase("full-gemma-4-e2b", ("f16", "auto"), (
+        Goal("#37", "f16", VS_FLOOR, 1.2), Goal("#37", "auto", VS_FLOOR, 1.2),
+        Goal("#37", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#37", "auto", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#37", "f16", VS_LLAMA_CPP, None), Goal("#37", "auto", VS_LLAMA_CPP, None))),
+    # Vision projectors (issue 38): gemma-3-4b-it's SigLIP tower and projector full size, --mmproj in f16.
+    BenchCase("full-gemma-3-4b-vision", ("f16",), (
+        Goal("#38", "f16", VS_FLOOR, 1.2), Goal("#38", "f16", RSS_MIB, TARGET_RSS_MIB),
+        Goal("#38", "f16", VS_LLAMA_CPP, None)), args=("--mmproj",)),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (

@@ -2111,6 +2111,26 @@ BENCH_CASES += (
          description="gpt-oss-20b config with 3 layers, MXFP4 experts, the real tokenizer, random weights (~3.6 GB)"),
 )
 
+# And gemma-4-E2B-it's config as published (above), full size: 35 layers, the per-layer embeddings of 262,144
+# rows, the vision and audio towers' tensors the text conversion drops, the Gemma 4 tokenizer structure
+# (Gemma 3's vocabulary, fetched), random BF16 weights, tied, in 5 GB shards as save_pretrained cuts them.
+BENCH_CASES += (
+    Case("full-gemma-4-e2b", full_size=True, dirname="gemma-4-e2b-it", seed="full", tokenizer="gemma4-structure",
+         config_from=GEMMA_4_E2B_IT, shard_max_bytes=5_000_000_000,
+         description="gemma-4-E2B-it's config, Gemma 4's tokenizer structure, random BF16 weights in 2 shards"),
+)
+
+# Issue 38's bench: gemma-3-4b-it's whole SigLIP tower as released (27 layers of width 1152, 16 heads, MLP 4304,
+# image 896 in patches of 14) and its projector, random BF16 weights (~830 MB), beside a text model kept tiny
+# (2 layers of width 32: its bytes are 1% of the directory's, so the floor's copy is the tower's).
+BENCH_CASES += (
+    Case("full-gemma-3-4b-vision", tokenizer="tinyllama-1.1b-chat", config_from=GEMMA_3_4B_IT, dims=GEMMA_DIMS,
+         head_dim=16, dirname="gemma-3-4b-it-vision", seed="full",
+         hub_vision=(("hidden_size", 1152), ("intermediate_size", 4304), ("num_hidden_layers", 27),
+                     ("num_attention_heads", 16), ("image_size", 896), ("patch_size", 14)),
+         description="gemma-3-4b-it's SigLIP tower and projector full size, a tiny text model, BF16 (~0.85 GB)"),
+)
+
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES + BENCH_CASES}
 
 
@@ -2281,6 +2301,7 @@ def generation_config_bytes(case: Case) -> Optional[bytes]:
 
 
 def dims_of(config: dict) -> Dims:
+    config = {**config, **config.get("text_config", {})}     # a multimodal wrapper's text model (full-gemma-4-e2b)
     return Dims(
         hidden_size=config["hidden_size"],
         intermediate_size=config.get("intermediate_size", 0),   # Qwen3.5-MoE's config has none (experts only)

@@ -228,6 +228,9 @@ RUNS: tuple[Run, ...] = tuple(
     # ... with a pooling factor other than 4 (its key written), in q8_0 too
     + [Run(f"gemma-3-4b-vision-pool-2-mmproj-{t}", "gemma-3-4b-vision-pool-2", ("--mmproj", "--outtype", t))
        for t in ("f16", "q8_0")]
+    # ... refused split: llama.cpp writes the shards, and its clip loader cannot load them (oracle.py load)
+    + [Run("gemma-3-4b-vision-mmproj-split-tensors-q8_0", "gemma-3-4b-vision",
+           ("--mmproj", "--outtype", "q8_0", "--split-max-tensors", "10"), refused=True)]
     # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
     + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
            refused=True)]
