@@ -3691,6 +3691,88 @@ class Qwen35ProjectorKeysAndTensors(Workspace):
     def test_only_the_tower_and_merger_are_written(self):
         names = {t.name.split(".")[0] for t in self.plan(self.case(QWEN35_VISION)).tensors}
         self.assertEqual(names, {"v", "mm"})
+# --- Gemma 4's projector (issue 38): the vision tower as Gemma4VisionAudioModel writes it with --mmproj; bytes
+# --- pinned by the golden runs gemma-4-*-towers-mmproj-* (the 31B's and E2B's towers without audio, every type).
+
+GEMMA4_31B_TOWERS, GEMMA4_E2B_VISION = "gemma-4-31b-towers", "gemma-4-e2b-vision-tower"
+
+
+class Gemma4Projector(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(mmproj=True, **options))
+
+    def tensors(self, d: Path, **options) -> dict:
+        return {t.name: t for t in self.plan(d, **options).tensors}
+
+    def edit_vision(self, case: str, change) -> Path:
+        d = self.case(case)
+        edit_json(d / "config.json", lambda c: change(c["vision_config"]))
+        return d
+
+    def test_its_keys_are_mmprojmodels_then_the_projector_type_and_the_epsilon(self):
+        kvs = [k for k in self.plan(self.case(GEMMA4_31B_TOWERS)).kvs if k.key.startswith("clip.")]
+        self.assertEqual([k.key for k in kvs[-3:]], ["clip.vision.image_std", "clip.vision.projector_type",
+                                                     "clip.vision.attention.layer_norm_epsilon"])
+        self.assertEqual(kvs[-2].value, "gemma4v")
+
+    def test_the_image_size_written_is_224_whatever_vision_config_says(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(image_size=896))
+        self.assertEqual({k.key: k.value for k in self.plan(d).kvs}["clip.vision.image_size"], 224)
+
+    def test_a_vision_config_without_sizes_takes_gemma4visionconfigs_defaults(self):
+        p = bc.gemma4_projector_params({"vision_config": {}}, {"image_mean": [0.0], "image_std": [1.0]})
+        self.assertEqual((p.vision.embedding_length, p.vision.feed_forward_length, p.vision.block_count,
+                          p.vision.head_count, p.vision.patch_size, p.vision.projection_dim, p.head_dim, p.positions),
+                         (768, 3072, 16, 12, 16, 2304, 64, 10240))
+
+    def test_the_epsilon_is_one_millionth_unless_vision_config_names_a_layer_norm_eps(self):
+        # Gemma4VisionConfig has rms_norm_eps, which llama.cpp does not read
+        read = lambda v: bc.gemma4_projector_params({"vision_config": v}, {"image_mean": [0.0], "image_std": [1.0]})  # noqa: E731
+        self.assertEqual((read({"rms_norm_eps": 1e-5}).layer_norm_eps, read({"layer_norm_eps": 1e-5}).layer_norm_eps),
+                         (1e-6, 1e-5))
+
+    def test_the_patch_linears_columns_are_taken_channel_by_channel_as_a_convolutions(self):
+        # a patch of 2 x 2 pixels saved (row, column, channel): R of (0,0) (0,1) (1,0) (1,1), then G, then B
+        self.assertEqual(bc.gemma4_patch_columns(2), tuple((c, 1) for c in (0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11)))
+        patch = self.tensors(self.case(GEMMA4_31B_TOWERS))["v.patch_embd.weight"]
+        self.assertEqual((patch.dims, patch.source.shape), ((16, 16, 3, 64), (64, 768)))
+
+    def test_a_clipping_bound_is_written_as_one_f32_value(self):
+        bound = self.tensors(self.case(GEMMA4_E2B_VISION), outtype="q8_0")["v.blk.1.ffn_down.output_max"]
+        self.assertEqual((bound.source.shape, bound.dims, bound.ggml_type), ((), (1,), bc.GGML_F32))
+
+    def test_the_position_table_stays_f32_in_every_output_type(self):
+        d = self.case(GEMMA4_31B_TOWERS)
+        for outtype in ("f16", "bf16", "q8_0"):
+            with self.subTest(outtype):
+                self.assertEqual(self.tensors(d, outtype=outtype)["v.position_embd.weight"].ggml_type, bc.GGML_F32)
+
+    def test_an_audio_tower_is_refused_naming_softplus_and_llama_cpps_converter(self):
+        self.assertRefuses(self.case("gemma-4-e2b-towers"), re.compile(
+            r"config\.json has an audio_config: llama\.cpp writes Gemma 4's audio tower \(E2B, E4B\) into the same "
+            r"projector file, each layer's per_dim_scale through torch's softplus, .* write this projector with "
+            r"llama\.cpp's convert_hf_to_gguf\.py --mmproj \(the text model converts here without --mmproj\)"),
+            "--mmproj")
+
+    def test_an_audio_tensor_without_an_audio_config_is_refused(self):
+        d = self.case("gemma-4-e2b-towers")
+        edit_json(d / "config.json", lambda c: c.update(audio_config=None))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.audio_tower\..*' is an audio tower's; .*"), "--mmproj")
+
+    def test_a_tower_of_more_than_128_layers_is_refused(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(num_hidden_layers=129))
+        self.assertRefuses(d, "config.json's vision_config has 129 layers; llama.cpp's Gemma 4 projector converter "
+                              "maps the names of 128 at most and stops on the rest", "--mmproj")
+
+    def test_a_patch_linear_of_another_patch_size_is_refused(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(patch_size=14))
+        self.assertRefuses(d, "tensor 'model.vision_tower.patch_embedder.input_proj.weight' has shape [64, 768], but "
+                              "config.json implies [64, 588] (3 x patch_size^2 values a patch)", "--mmproj")
+
+    def test_a_tower_of_another_model_type_is_refused(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(model_type="siglip_vision_model"))
+        self.assertRefuses(d, "config.json's vision_config is model_type 'siglip_vision_model'; the projector is "
+                              "reproduced for 'gemma4_vision' only", "--mmproj")
 
 
 # =============================================================================================
@@ -7515,6 +7597,7 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
     "qwen3.5-0.8b-vision", "qwen3.5-0.8b-vision-f16",               # Qwen3.5's projector: two frames, F32 positions,
                                                                     # auto from F16 weights
+    "gemma-4-31b-towers",                                           # Gemma 4's projector: F32 position table, patch columns
 })
 
 

@@ -1177,6 +1177,9 @@ class Case:
     # tower written (not a few tensors to be dropped); the image processor's files, a key of PROCESSORS.
     vision_updates: tuple[tuple[str, object], ...] = ()
     processor: Optional[str] = None
+    # Gemma 4 --mmproj (issue 38): the vision (and audio) towers whole, as config.json's vision_config and
+    # audio_config size them, instead of a token tensor of each, and config_from's processor_config.json
+    gemma4_towers: bool = False
 
     @property
     def directory_name(self) -> str:
@@ -1299,6 +1302,62 @@ WRITTEN_FIXTURES.update({
                                        "architectures": ["Gemma4ForCausalLM"], "transformers_version": "5.5.0.dev0"},
                        "generation_config.json": _GEMMA4_GENERATION},
 })
+
+# Gemma 4's projector (issue 38): the towers' configs as the published config.json files hold them (transformers
+# 5's to_dict of Gemma4VisionConfig and Gemma4AudioConfig, common keys included) -- E2B and E4B: a vision tower
+# 768 wide (16 layers, 12 heads of 64, clipped linears, no standardization) and the conformer audio tower (12
+# layers of 1024, 8 heads, subsampling channels 128 and 32, output 1536); the 31B and 26B-A4B: a vision tower
+# 1152 wide (27 layers, 16 heads of 72, an intermediate 4304 that is not whole Q8_0 blocks, standardized
+# output) and audio_config null.  Written from the values public code quotes from google/gemma-4-31B-it's and
+# gemma-4-E2B's config.json, not copied from a file seen offline.
+_HF_SUBCONFIG_COMMON = {"_name_or_path": "", "architectures": None, "chunk_size_feed_forward": 0, "dtype": "bfloat16",
+                        "id2label": {"0": "LABEL_0", "1": "LABEL_1"}, "initializer_range": 0.02,
+                        "is_encoder_decoder": False, "label2id": {"LABEL_0": 0, "LABEL_1": 1},
+                        "output_attentions": False, "output_hidden_states": False, "problem_type": None,
+                        "return_dict": True}
+
+
+def _gemma4_vision(hidden: int, ff: int, layers: int, heads: int, head_dim: int, large: bool) -> dict:
+    return {**_HF_SUBCONFIG_COMMON, "attention_bias": False, "attention_dropout": 0.0, "default_output_length": 280,
+            "global_head_dim": head_dim, "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": hidden, "intermediate_size": ff, "max_position_embeddings": 131072,
+            "model_type": "gemma4_vision", "num_attention_heads": heads, "num_hidden_layers": layers,
+            "num_key_value_heads": heads, "patch_size": 16, "pooling_kernel_size": 3,
+            "position_embedding_size": 10240, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"}, "standardize": large,
+            "use_clipped_linears": not large}
+
+
+GEMMA4_VISION_E2B = _gemma4_vision(768, 3072, 16, 12, 64, large=False)
+GEMMA4_VISION_31B = _gemma4_vision(1152, 4304, 27, 16, 72, large=True)
+GEMMA4_AUDIO_E2B = {**_HF_SUBCONFIG_COMMON, "attention_chunk_size": 12, "attention_context_left": 13,
+                    "attention_context_right": 0, "attention_invalid_logits_value": -1000000000.0,
+                    "attention_logit_cap": 50.0, "conv_kernel_size": 5, "gradient_clipping": 10000000000.0,
+                    "hidden_act": "silu", "hidden_size": 1024, "model_type": "gemma4_audio", "num_attention_heads": 8,
+                    "num_hidden_layers": 12, "output_proj_dims": 1536, "residual_weight": 0.5, "rms_norm_eps": 1e-06,
+                    "subsampling_conv_channels": [128, 32], "use_clipped_linears": True}
+# processor_config.json as every Gemma 4 checkpoint ships it (no preprocessor_config.json): Gemma4ImageProcessor
+# without normalization (mean 0, std 1), the video processor, the audio feature extractor -- its published
+# values, as public code quotes them ("The released checkpoints' processor_config.json sections").
+_GEMMA4_IMAGE = {"do_convert_rgb": True, "do_normalize": False, "do_rescale": True, "do_resize": True,
+                 "image_mean": [0.0, 0.0, 0.0], "image_processor_type": "Gemma4ImageProcessor", "image_seq_length": 280,
+                 "image_std": [1.0, 1.0, 1.0], "max_soft_tokens": 280, "patch_size": 16, "pooling_kernel_size": 3,
+                 "resample": 3, "rescale_factor": 0.00392156862745098}
+GEMMA4_PROCESSOR = {
+    "audio_ms_per_token": 40, "audio_seq_length": 750,
+    "feature_extractor": {"dither": 0.0, "feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128,
+                          "fft_length": 512, "fft_overdrive": False, "frame_length": 320, "hop_length": 160,
+                          "input_scale_factor": 1.0, "max_frequency": 8000.0, "mel_floor": 0.001,
+                          "min_frequency": 0.0, "padding_side": "right", "padding_value": 0.0, "per_bin_mean": None,
+                          "per_bin_stddev": None, "preemphasis": 0.0, "preemphasis_htk_flavor": True,
+                          "return_attention_mask": True, "sampling_rate": 16000},
+    "image_processor": _GEMMA4_IMAGE, "image_seq_length": 280, "processor_class": "Gemma4Processor",
+    "video_processor": {**{k: v for k, v in _GEMMA4_IMAGE.items()
+                           if k not in ("image_processor_type", "image_seq_length")},
+                        "do_normalize": True, "do_sample_frames": True, "max_soft_tokens": 70, "num_frames": 32,
+                        "return_metadata": False, "video_processor_type": "Gemma4VideoProcessor"}}
+for _folder in (GEMMA_4_E2B_IT, GEMMA_4_E4B_IT, GEMMA_4_31B_IT, GEMMA_4_26B_A4B_IT):
+    WRITTEN_FIXTURES[_folder]["processor_config.json"] = GEMMA4_PROCESSOR
 
 
 # Small cases share one seed, so cases that differ only in a name, a file layout or a config key
@@ -1840,6 +1899,47 @@ QWEN35_VISION_CASES: tuple[Case, ...] = (
          dirname="qwen3.5-0.8b-vision-f16",
          description="the qwen3.5-0.8b-vision case from F16 weights (its text model refused: A_log in F16)"),
 )
+# Gemma 4's projector (issue 38, --mmproj): each published config with its towers whole and shrunk -- 64 wide, 2
+# layers of 2 heads of 32 (as 768 over 12 heads of 64, 1152 over 16 of 72), the 31B's intermediate 80 as its
+# 4304, not whole Q8_0 blocks, E2B's 128 as its 3072; patch size 16, the 3x3 pooling and the 2 x 10,240-row
+# position table kept real; the audio tower 64 wide, 2 layers of 2 heads, subsampling channels 16 and 8, its
+# output 64 (the text width, as E2B's 1536) -- beside the text model of each shape above and the published
+# processor_config.json.  llama.cpp writes E2B's and E4B's audio tower into the same file through torch's
+# softplus, which bankml refuses; E2B without its audio tower (audio_config null) converts.
+_GEMMA4_VISION_SHRUNK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                         "head_dim": 32, "global_head_dim": 32}
+_GEMMA4_TOWERS_31B = (("vision_config", {**GEMMA4_VISION_31B, **_GEMMA4_VISION_SHRUNK, "intermediate_size": 80}),
+                      ("audio_config", None))
+_GEMMA4_TOWERS_E2B = (("vision_config", {**GEMMA4_VISION_E2B, **_GEMMA4_VISION_SHRUNK, "intermediate_size": 128}),
+                      ("audio_config", {**GEMMA4_AUDIO_E2B, "hidden_size": 64, "num_attention_heads": 2,
+                                        "num_hidden_layers": 2, "output_proj_dims": 64,
+                                        "subsampling_conv_channels": [16, 8]}))
+_GEMMA4_BY_NAME = {c.name: c for c in GEMMA4_CASES}
+GEMMA4_PROJECTOR_CASES: tuple[Case, ...] = (
+    replace(_GEMMA4_BY_NAME["gemma-4-31b-shape"], name="gemma-4-31b-towers", dirname="gemma-4-31b-it-towers",
+            gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 31B shape with its vision tower whole (standardized output, no clipped linears), "
+                        "no audio tower, processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-26b-a4b-shape"], name="gemma-4-26b-a4b-towers",
+            dirname="gemma-4-26b-a4b-it-towers", gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 26B-A4B shape with the 31B's vision tower whole, no audio tower, processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-e2b-shape"], name="gemma-4-e2b-towers", dirname="gemma-4-e2b-it-towers",
+            gemma4_towers=True, config_updates=_GEMMA4_TOWERS_E2B,
+            description="the E2B shape with its vision tower (clipped linears) and audio tower whole, "
+                        "processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-e4b-shape"], name="gemma-4-e4b-towers", dirname="gemma-4-e4b-it-towers",
+            gemma4_towers=True, config_updates=_GEMMA4_TOWERS_E2B,
+            description="the E4B shape with E2B's vision and audio towers whole, processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-e2b-shape"], name="gemma-4-e2b-vision-tower",
+            dirname="gemma-4-e2b-it-vision-tower", gemma4_towers=True,
+            config_updates=(_GEMMA4_TOWERS_E2B[0], ("audio_config", None)),
+            description="the E2B shape with its vision tower whole and no audio tower (audio_config null), "
+                        "processor_config.json"),
+    # ... and the 31B's from F32 weights (auto then picks f16, and the patch linear's columns move 4 bytes at a time)
+    replace(_GEMMA4_BY_NAME["gemma-4-31b-shape"], name="gemma-4-31b-towers-f32", dirname="gemma-4-31b-it-towers-f32",
+            dtype="F32", gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 31B shape with its vision tower whole, no audio tower, processor_config.json, F32"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -1981,6 +2081,7 @@ CASES: tuple[Case, ...] = (
     *GEMMA4_CASES,
     *GEMMA3_MMPROJ_CASES,
     *QWEN35_VISION_CASES,
+    *GEMMA4_PROJECTOR_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -3071,12 +3172,12 @@ def gptoss_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
 
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
-def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+def gemma4_tensor_specs(dims: Dims, config: dict, towers: bool = False) -> list[TensorSpec]:
     """Gemma4ForConditionalGeneration's state_dict as transformers 5.18 saves it: the text model under
     model.language_model. (each layer's attention of its kind's head_dim, no k/v projections or k norm in the
     layers that share KV, the MLP double width there when use_double_wide_mlp, four norms, the per-layer
     input gate, projection and norm, layer_scalar; the per-layer embedding, its projection and norm), then
-    a token of each tower (dropped by the text conversion)."""
+    a token of each tower (dropped by the text conversion), or with towers each tower whole (gemma4_tower_specs)."""
     wrapper = "text_config" in config
     text = config["text_config"] if wrapper else config
     h, heads, kv = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads
@@ -3128,10 +3229,70 @@ def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
         TensorSpec(t + "per_layer_projection_norm.weight", (ple,))] if ple else []
     if not wrapper:
         return specs
+    if towers:
+        return specs + gemma4_tower_specs(config["vision_config"], config.get("audio_config"), h)
     return specs + [TensorSpec("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", (32, 32)),
                     TensorSpec("model.embed_vision.embedding_projection.weight", (h, 32)),
                     TensorSpec("model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", (32, 32)),
                     TensorSpec("model.embed_audio.embedding_projection.weight", (h, 32))]
+
+def gemma4_tower_specs(vision: dict, audio: Optional[dict], text_hidden: int) -> list[TensorSpec]:
+    """Gemma4ForConditionalGeneration's towers as transformers 5.18 holds them, in module order: the vision
+    tower's patch embedder (a linear over 3 x patch x patch values and the 2 x position_embedding_size
+    position table), each encoder layer's four projections (with their four clipping bounds, 0-d, when
+    use_clipped_linears) and q/k norms, its gated MLP and four norms, the standardization bias and scale when
+    standardize; the audio tower's subsampling convolutions and their norms, each conformer layer's two
+    feed-forwards, attention (per_dim_scale, the relative key projection), light convolution and norms, its
+    output projection; the two embedders into the text width."""
+    vh, ff, heads, hd = (vision[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim"))
+    patch = vision["patch_size"]
+
+    def linear(p: str, rows: int, cols: int, clipped: bool) -> list[TensorSpec]:
+        bounds = ("input_min", "input_max", "output_min", "output_max") if clipped else ()
+        return [TensorSpec(p + b, ()) for b in bounds] + [TensorSpec(p + "linear.weight", (rows, cols))]
+
+    v, vclip = "model.vision_tower.", vision["use_clipped_linears"]
+    specs = [TensorSpec(v + "patch_embedder.input_proj.weight", (vh, 3 * patch * patch)),
+             TensorSpec(v + "patch_embedder.position_embedding_table", (2, vision["position_embedding_size"], vh))]
+    for i in range(vision["num_hidden_layers"]):
+        p = f"{v}encoder.layers.{i}."
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            specs += linear(f"{p}self_attn.{proj}.", vh if proj == "o_proj" else heads * hd,
+                            heads * hd if proj == "o_proj" else vh, vclip)
+        specs += [TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
+        specs += linear(p + "mlp.gate_proj.", ff, vh, vclip) + linear(p + "mlp.up_proj.", ff, vh, vclip)
+        specs += linear(p + "mlp.down_proj.", vh, ff, vclip)
+        specs += norm_specs(p, vh, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                            "post_feedforward_layernorm")
+    if vision["standardize"]:
+        specs += [TensorSpec(v + "std_bias", (vh,)), TensorSpec(v + "std_scale", (vh,))]
+    specs.append(TensorSpec("model.embed_vision.embedding_projection.weight", (text_hidden, vh)))
+    if not audio:
+        return specs
+    ah, aheads, (c0, c1) = audio["hidden_size"], audio["num_attention_heads"], audio["subsampling_conv_channels"]
+    a, ahd = "model.audio_tower.", audio["hidden_size"] // audio["num_attention_heads"]
+    s = a + "subsample_conv_projection."
+    specs += [TensorSpec(s + "layer0.conv.weight", (c0, 1, 3, 3)), TensorSpec(s + "layer0.norm.weight", (c0,)),
+              TensorSpec(s + "layer1.conv.weight", (c1, c0, 3, 3)), TensorSpec(s + "layer1.norm.weight", (c1,)),
+              TensorSpec(s + "input_proj_linear.weight", (ah, c0 // 4 * c1))]
+    for i in range(audio["num_hidden_layers"]):
+        p = f"{a}layers.{i}."
+        for f in ("feed_forward1.", "feed_forward2."):
+            specs += linear(p + f + "ffw_layer_1.", 4 * ah, ah, True) + linear(p + f + "ffw_layer_2.", ah, 4 * ah, True)
+            specs += norm_specs(p + f, ah, "pre_layer_norm", "post_layer_norm")
+        specs.append(TensorSpec(p + "self_attn.per_dim_scale", (ahd,)))
+        for proj in ("q_proj", "k_proj", "v_proj", "post"):
+            specs += linear(f"{p}self_attn.{proj}.", ah, ah, True)
+        specs.append(TensorSpec(p + "self_attn.relative_k_proj.weight", (ah, ah)))
+        specs += linear(p + "lconv1d.linear_start.", 2 * ah, ah, True) + linear(p + "lconv1d.linear_end.", ah, ah, True)
+        specs += [TensorSpec(p + "lconv1d.depthwise_conv1d.weight", (ah, 1, audio["conv_kernel_size"]))]
+        specs += norm_specs(p + "lconv1d.", ah, "pre_layer_norm", "conv_norm")
+        specs += norm_specs(p, ah, "norm_pre_attn", "norm_post_attn", "norm_out")
+    specs += [TensorSpec(a + "output_proj.weight", (audio["output_proj_dims"], ah)),
+              TensorSpec(a + "output_proj.bias", (audio["output_proj_dims"],))]
+    return specs + [TensorSpec("model.embed_audio.embedding_projection.weight",
+                               (text_hidden, audio["output_proj_dims"]))]
+
 
 def case_entries(case: Case) -> list[Entry]:
     config = case_config(case)
@@ -3156,7 +3317,7 @@ def case_entries(case: Case) -> list[Entry]:
     elif config.get("model_type") == "gpt_oss":
         specs = gptoss_tensor_specs(dims, config)
     elif config.get("model_type") in ("gemma4", "gemma4_text"):
-        specs = gemma4_tensor_specs(dims, config)
+        specs = gemma4_tensor_specs(dims, config, case.gemma4_towers)
     else:
         specs = llama_tensor_specs(dims, config.get("head_dim"), tied, config.get("model_type", "llama"))
     entries = [Entry(s.name, s.dtype or case.dtype, s.shape, lambda s=s: tensor_bytes(case, s)) for s in specs]
@@ -3207,6 +3368,8 @@ def make_case(case: Case, root: Path) -> Path:
     if case.hub_vision is not None:
         for name in PROCESSOR_FILES:
             (out / name).write_bytes(fixture_bytes(case.config_from, name))
+    if case.gemma4_towers:
+        (out / "processor_config.json").write_bytes(fixture_bytes(case.config_from, "processor_config.json"))
     if case.mistral_files:
         write_mistral_files(case, entries, out)
     if case.card is not None:

@@ -243,7 +243,19 @@ RUNS: tuple[Run, ...] = tuple(
        for case in ("qwen3.5-0.8b-vision", "qwen3.5-35b-a3b-vision") for t in ("f32", "f16", "bf16", "q8_0", "auto")]
     # ... and from F16 weights, where auto takes F16 (the frames F16).
     + [Run(f"qwen3.5-0.8b-vision-f16-mmproj-{t}", "qwen3.5-0.8b-vision-f16", ("--mmproj", "--outtype", t))
-       for t in ("f32", "f16", "bf16", "q8_0", "auto")])
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # Gemma 4's projector (issue 38, --mmproj): every output type for the 31B's vision tower (standardized, no
+    # clipped linears) and E2B's without its audio tower (clipped linears), the 26B-A4B's in f16 and q8_0, the 31B's
+    # from F32 weights in f16, q8_0 and auto; E2B's and E4B's with their audio tower, which llama.cpp writes through
+    # torch's softplus, refused.
+    + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
+       for case in ("gemma-4-31b-towers", "gemma-4-e2b-vision-tower") for t in ("f16", *OTHER_OUTTYPES)]
+    + [Run(f"gemma-4-26b-a4b-towers-mmproj-{t}", "gemma-4-26b-a4b-towers", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")]
+    + [Run(f"gemma-4-31b-towers-f32-mmproj-{t}", "gemma-4-31b-towers-f32", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0", "auto")]
+    + [Run(f"{case}-mmproj-f16", case, ("--mmproj", "--outtype", "f16"), refused=True)
+       for case in ("gemma-4-e2b-towers", "gemma-4-e4b-towers")])
 RUNS_BY_NAME = {r.name: r for r in RUNS}
 
 
