@@ -2293,8 +2293,14 @@ def projector_of(config: dict) -> Family:
     architectures = config.get("architectures")
     arch = architectures[0] if isinstance(architectures, list) and architectures else None
     vision = config.get("vision_config")
-    if isinstance(vision, dict) and isinstance(vision.get("architectures"), list) and vision["architectures"]:
-        arch = vision["architectures"][0]
+    if isinstance(vision, dict) and vision.get("architectures") is not None:
+        named = vision["architectures"]
+        # llama.cpp takes vision_config's architectures[0] whatever it is: it stops on an empty list or a number,
+        # and looks up a string's first letter
+        if not (isinstance(named, list) and named and isinstance(named[0], str)):
+            raise Refusal(f"--mmproj: config.json's vision_config.architectures is {_short(named)}, not a list of "
+                          f"names; llama.cpp's converter stops on it (or reads a string's first letter)")
+        arch = named[0]
     family = PROJECTORS.get(arch) if isinstance(arch, str) else None
     supported = ", ".join(dict.fromkeys(f"{a} ({f.name})" for a, f in PROJECTORS.items()))
     if family is None:

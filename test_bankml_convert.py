@@ -3566,6 +3566,15 @@ class Gemma3Projector(Workspace):
                                          r"not reproduced; bankml_convert writes the vision projectors of .*"
                                          r"Gemma3ForConditionalGeneration \(Gemma 3 projector\).*"), "--mmproj")
 
+    def test_vision_config_architectures_other_than_a_list_of_names_is_refused(self):
+        # llama.cpp indexes it whatever it is: it stops on [] or 1, and reads "Gemma..." as "G"
+        d = self.case(self.VISION)
+        for named in ([], 1, "Gemma3ForConditionalGeneration"):
+            with self.subTest(named=named):
+                edit_json(d / "config.json", lambda c: c["vision_config"].update(architectures=named))
+                self.assertRefuses(d, re.compile(r"--mmproj: config.json's vision_config.architectures is .*, not a "
+                                                 r"list of names; llama.cpp's converter stops on it .*"), "--mmproj")
+
     def test_a_config_without_vision_config_is_refused(self):
         d = self.case(self.VISION)
         edit_json(d / "config.json", lambda c: c.pop("vision_config"))
