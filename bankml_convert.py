@@ -2085,6 +2085,10 @@ class Modified(NamedTuple):
     # source is the shape written (experts, rows, columns); its values are those of another tensor's
     # matrices transposed (gpt-oss's experts saved [experts, in, out]), read as Transposed says
     transposed: Optional[Transposed] = None
+    # the shape written (rows first) where it is not the source's: the source's values, in their order or in
+    # columns', reshaped as torch's reshape does (a 0-d tensor as one value, Gemma 4's patch linear as a
+    # convolution); None: the source's shape
+    shape: Optional[tuple[int, ...]] = None
 
 
 class Mxfp4Rows(NamedTuple):
@@ -2294,8 +2298,14 @@ def projector_of(config: dict) -> Family:
     architectures = config.get("architectures")
     arch = architectures[0] if isinstance(architectures, list) and architectures else None
     vision = config.get("vision_config")
-    if isinstance(vision, dict) and isinstance(vision.get("architectures"), list) and vision["architectures"]:
-        arch = vision["architectures"][0]
+    if isinstance(vision, dict) and vision.get("architectures") is not None:
+        named = vision["architectures"]
+        # llama.cpp takes vision_config's architectures[0] whatever it is: it stops on an empty list or a number,
+        # and looks up a string's first letter
+        if not (isinstance(named, list) and named and isinstance(named[0], str)):
+            raise Refusal(f"--mmproj: config.json's vision_config.architectures is {_short(named)}, not a list of "
+                          f"names; llama.cpp's converter stops on it (or reads a string's first letter)")
+        arch = named[0]
     family = PROJECTORS.get(arch) if isinstance(arch, str) else None
     supported = ", ".join(dict.fromkeys(f"{a} ({f.name})" for a, f in PROJECTORS.items()))
     if family is None:
@@ -5995,6 +6005,345 @@ GEMMA3_PROJECTOR = register_projector(Family(
     output="mmproj",
     forced_type=gemma3_projector_forced_type,
     blocks=(_SIGLIP + "encoder.layers.", "v.blk."),
+))
+
+
+# --- Qwen3.5's projector --------------------------------------------------------------------------
+# Qwen3_5ForConditionalGeneration's and Qwen3_5MoeForConditionalGeneration's vision tower and patch merger,
+# as llama.cpp's Qwen3VLVisionModel (conversion/qwen3vl.py) writes them with --mmproj: projector type
+# "qwen3vl_merger".  A ViT whose patch embedding is a Conv3d over two frames (written as two Conv2d
+# weights, v.patch_embd.weight and .weight.1), learned positions on a square grid (image_size derived
+# from their count), fused qkv with biases, LayerNorms, and a merger of spatial_merge_size**2 patches
+# into the text model's width.  No released Qwen3.5 has deepstack layers (Qwen3-VL's); those are refused.
+
+class Qwen35ProjectorParams(NamedTuple):
+    vision: VisionParams
+    frames: int                 # temporal_patch_size: the patch embedding's frames (llama.cpp writes 2)
+    positions: int              # num_position_embeddings: pos_embed's rows
+    spatial_merge_size: int
+    out_width: int              # out_hidden_size: the merger's output (mm.2's rows)
+    layer_norm_eps: float       # the text model's rms_norm_eps, which llama.cpp writes for the tower
+
+    block_count = property(lambda p: p.vision.block_count)
+
+
+# Qwen3_5VisionConfig's (and Qwen3_5MoeVisionConfig's) defaults, transformers 5.18: the keys AutoConfig's
+# to_dict() fills where config.json's vision_config leaves them out.
+_QWEN35_VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                           "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                           "out_hidden_size": 3584, "num_position_embeddings": 2304}
+# The text config class's hidden_size where text_config has none (n_embd_text: Qwen3_5TextConfig's,
+# Qwen3_5MoeTextConfig's).
+_QWEN35_TEXT_WIDTH = {"qwen3_5": 4096, "qwen3_5_moe": 2048}
+# MmprojModel's n_block_keys before depth: llama.cpp would size its name map by them, and write depth.
+_QWEN35_VISION_LAYER_ALIASES = ("n_layers", "num_hidden_layers", "n_layer", "num_layers")
+
+
+def qwen35_projector_params(config: dict, processor: dict) -> Qwen35ProjectorParams:
+    """Qwen3VLVisionModel's hyperparameters: vision_config's with its config class's defaults (depth and
+    num_heads as the layer and head counts), image_size derived from the learned positions where
+    vision_config names none, the text model's width and RMS epsilon, the processor's mean and std; or a
+    Refusal for what llama.cpp would read otherwise."""
+    vision = config["vision_config"]
+    for key in _QWEN35_VISION_LAYER_ALIASES:
+        if key in vision:
+            raise Refusal(f"config.json's vision_config has {key!r}, which llama.cpp would read as the tower's "
+                          f"layer count before depth; not reproduced")
+    if vision.get("deepstack_visual_indexes", []) != []:
+        raise Refusal(f"config.json's vision_config names deepstack layers "
+                      f"{_short(vision['deepstack_visual_indexes'])}; no released Qwen3.5 has them (Qwen3-VL's "
+                      f"do), and bankml_convert reproduces the Qwen3.5 projector without them only")
+    # AutoConfig fills a key left out; llama.cpp's converter stops on one written as null (refused here)
+    n = {key: vision_config_integer(vision, key, _default_unless_written(vision, key, default))
+         for key, default in _QWEN35_VISION_DEFAULTS.items()}
+    if "num_attention_heads" in vision:     # the config class's alias of num_heads, which it sets over num_heads
+        n["num_heads"] = vision_config_integer(vision, "num_attention_heads", None)
+    if n["temporal_patch_size"] != 2:
+        raise Refusal(f"config.json's vision_config: temporal_patch_size is {n['temporal_patch_size']}; llama.cpp "
+                      f"writes the patch embedding's two frames only (it stops on another count)")
+    text = text_config_of(config)
+    # Qwen3VLVisionModel.__init__: sqrt(positions) patches a side, where vision_config has no image_size
+    image_size = vision_config_integer(vision, "image_size", _default_unless_written(
+        vision, "image_size", int(n["num_position_embeddings"] ** 0.5 * n["patch_size"])))
+    return Qwen35ProjectorParams(
+        VisionParams(
+            block_count=n["depth"],
+            projection_dim=config_integer(text, "hidden_size", _default_unless_written(
+                text, "hidden_size", _QWEN35_TEXT_WIDTH[config.get("model_type", "qwen3_5")])),
+            image_size=image_size, patch_size=n["patch_size"], embedding_length=n["hidden_size"],
+            feed_forward_length=n["intermediate_size"], head_count=n["num_heads"], channels=n["in_channels"],
+            image_mean=processor_floats(processor, "image_mean"), image_std=processor_floats(processor, "image_std")),
+        frames=n["temporal_patch_size"], positions=n["num_position_embeddings"],
+        spatial_merge_size=n["spatial_merge_size"], out_width=n["out_hidden_size"],
+        layer_norm_eps=config_number(text, "rms_norm_eps", _default_unless_written(text, "rms_norm_eps", 1e-6)))
+
+
+def _default_unless_written(config: dict, key: str, default: Any) -> Any:
+    """A config class's default for a key config.json leaves out; None (a Refusal where it is read) for a key
+    it writes, whose null llama.cpp's converter stops on."""
+    return None if key in config else default
+
+
+def qwen35_projector_kvs(p: Qwen35ProjectorParams, file_type: int) -> list[KV]:
+    """MmprojModel's keys, then Qwen3VLVisionModel's: the projector type, GELU, the merge size, the text
+    model's RMS epsilon as the tower's, and no deepstack layer in any block."""
+    return mmproj_vision_kvs(p.vision, file_type) + [
+        KV("clip.projector_type", GGUF_STRING, "qwen3vl_merger"),
+        KV("clip.use_gelu", GGUF_BOOL, True),
+        KV("clip.vision.spatial_merge_size", GGUF_UINT32, p.spatial_merge_size),
+        KV("clip.vision.attention.layer_norm_epsilon", GGUF_FLOAT32, p.layer_norm_eps),
+        KV("clip.vision.is_deepstack_layers", GGUF_BOOL, [False] * p.vision.block_count, array=True),
+    ]
+
+
+def qwen35_projector_filter_tensors(hf_name: str) -> Optional[str]:
+    """Qwen3VLVisionModel.filter_tensors: the tower's and merger's tensors (model.visual.* as visual.*), the
+    text model's, the output head and the MTP block dropped."""
+    if hf_name.startswith("model.visual."):
+        hf_name = hf_name[len("model."):]
+    if not hf_name.startswith("visual.") or "language_model." in hf_name:
+        return None
+    return dropped_buffers(hf_name)
+
+
+def qwen35_projector_shape(gguf_name: str, p: Qwen35ProjectorParams) -> tuple[int, ...]:
+    """The HF shape (rows first) of a tensor of the tower: each frame of the patch embedding, one position
+    per grid cell, the fused qkv, the MLP, and the merger over spatial_merge_size**2 patches."""
+    v, merged = p.vision, p.vision.embedding_length * p.spatial_merge_size ** 2
+    h, ff = v.embedding_length, v.feed_forward_length
+    if gguf_name.startswith("v.patch_embd.weight"):
+        return h, v.channels, v.patch_size, v.patch_size
+    if gguf_name == "v.position_embd.weight":
+        return p.positions, h
+    kind, part = gguf_name.rsplit(".", 2)[-2:]
+    rows, columns = {"attn_qkv": (3 * h, h), "attn_out": (h, h), "ffn_up": (ff, h), "ffn_down": (h, ff),
+                     "0": (merged, merged), "2": (p.out_width, merged)}.get(kind, (h, None))
+    return (rows, columns) if part == "weight" and columns is not None else (rows,)
+
+
+def conv3d_frame(gguf_name: str, source: SourceTensor, frame: int) -> Modified:
+    """Frame `frame` of a Conv3d weight [out, in, frames, h, w] as a Conv2d weight [out, in, h, w] (torch's
+    data[:, :, frame]): each (out, in) pair's h * w values of that frame, read as one run of the
+    [out * in, frames * h * w] rows with those columns; no value touched."""
+    out_ch, in_ch, frames, height, width = source.shape
+    cells = height * width
+    rows = source._replace(shape=(out_ch * in_ch, frames * cells))
+    written = source._replace(shape=(out_ch, in_ch, height, width), nbytes=source.nbytes // frames)
+    return Modified(gguf_name, written, rows=(rows,), columns=((frame * cells, cells),))
+
+
+def qwen35_projector_modify_tensors(gguf_name: str, source: SourceTensor, p: Qwen35ProjectorParams) -> list[Modified]:
+    """Qwen3VLVisionModel.modify_tensors: the patch embedding's Conv3d split into its two frames' Conv2d
+    weights (v.patch_embd.weight, v.patch_embd.weight.1); every other tensor as it is."""
+    if gguf_name != "v.patch_embd.weight":
+        return [Modified(gguf_name, source)]
+    v = p.vision
+    want = (v.embedding_length, v.channels, p.frames, v.patch_size, v.patch_size)
+    if source.shape != want:
+        raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies {list(want)}")
+    return [conv3d_frame("v.patch_embd.weight", source, 0), conv3d_frame("v.patch_embd.weight.1", source, 1)]
+
+
+def _weight_and_bias(hf: str, gguf: str) -> dict[str, str]:
+    """A layer's weight and bias, HF name -> GGUF name."""
+    return {f"{hf}.weight": f"{gguf}.weight", f"{hf}.bias": f"{gguf}.bias"}
+
+
+QWEN35_PROJECTOR = register_projector(Family(
+    name="Qwen3.5 projector",
+    architectures=("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
+    model_types=("qwen3_5", "qwen3_5_moe"),
+    gguf_arch="clip",
+    params=qwen35_projector_params,
+    hparam_kvs=qwen35_projector_kvs,
+    vocab_kvs=no_vocab_kvs,
+    # gguf-py's TensorNameMap for MODEL_ARCH.MMPROJ (qwen3vl's names), and the merger as modify_tensors names it
+    top_tensors={"visual.pos_embed.weight": "v.position_embd.weight",
+                 **{name: gguf_name for hf, gguf in (("patch_embed.proj", "v.patch_embd"), ("merger.norm", "v.post_ln"),
+                                                     ("merger.linear_fc1", "mm.0"), ("merger.linear_fc2", "mm.2"))
+                    for name, gguf_name in _weight_and_bias("visual." + hf, gguf).items()}},
+    block_tensors={name: gguf_name for hf, gguf in (("norm1", "ln1"), ("norm2", "ln2"), ("attn.qkv", "attn_qkv"),
+                                                    ("attn.proj", "attn_out"), ("mlp.linear_fc1", "ffn_up"),
+                                                    ("mlp.linear_fc2", "ffn_down"))
+                   for name, gguf_name in _weight_and_bias(hf, gguf).items()},
+    optional_tensors=frozenset(),
+    shape=qwen35_projector_shape,
+    modify_tensors=qwen35_projector_modify_tensors,
+    vocab_paths=(),
+    filter_tensors=qwen35_projector_filter_tensors,
+    output="mmproj",
+    forced_type=mmproj_forced_type,     # the frames F16 or F32 (the positions are F32 by tensor_type's rule)
+    blocks=("visual.blocks.", "v.blk."),
+))
+
+
+# --- Gemma 4's projector --------------------------------------------------------------------------
+# Gemma4ForConditionalGeneration's vision tower and its embedder into the text model, as llama.cpp's
+# Gemma4VisionAudioModel (conversion/gemma.py:954-1032) writes them with --mmproj: projector type "gemma4v".
+# The tower is its own ViT (Gemma4VisionConfig): a patch embedder -- one linear over each patch's 3 x 16 x 16
+# values, which modify_tensors reshapes into a convolution's [width, 3, 16, 16] (gemma4_patch_columns), and a
+# learned 2 x 10,240-row position table kept in F32 --, layers of q/k/v/o projections with q/k norms, a gated
+# MLP and four norms, optionally each linear's four clipping bounds (E2B, E4B: 0-d tensors, written as one
+# value each) and a standardizing bias and scale (31B, 26B-A4B).  The audio tower of E2B and E4B is refused:
+# llama.cpp writes it into the same file with each layer's per_dim_scale through torch's softplus, whose
+# vectorized exp and log1p bankml_convert does not reproduce (gemma4_projector_params).
+
+class Gemma4ProjectorParams(NamedTuple):
+    vision: VisionParams
+    layer_norm_eps: float           # vision_config's layer_norm_eps, which Gemma4VisionConfig does not set: 1e-6
+    head_dim: int
+    kv_heads: int
+    positions: int                  # position_embedding_size: the position table's rows per axis
+
+    block_count = property(lambda p: p.vision.block_count)
+
+
+# Gemma4VisionConfig's defaults (transformers 5.18), where vision_config leaves a key out; image_size is no
+# field of it: Gemma4VisionAudioModel sets 224 whatever the config says.
+GEMMA4_VISION_DEFAULTS = VisionDefaults("gemma4_vision", hidden_size=768, intermediate_size=3072, num_hidden_layers=16,
+                                        num_attention_heads=12, image_size=224, patch_size=16)
+# MmprojModel builds its tensor map for 128 blocks when a class has both encoders (Gemma4VisionAudioModel
+# always does): a tower with more layers has names llama.cpp cannot map.
+_GEMMA4_MAX_VISION_BLOCKS = 128
+
+
+def gemma4_projector_params(config: dict, processor: dict) -> Gemma4ProjectorParams:
+    """Gemma4VisionAudioModel's hyperparameters: the vision tower's as Gemma4VisionConfig fills them with
+    image_size 224 (the class sets it; the runtime does not read it), the text model's width as
+    Gemma4TextConfig fills it (2304 by default), the processor's mean and std; or a Refusal -- for an audio
+    tower above all (the section's comment says why)."""
+    if config.get("audio_config") is not None:
+        raise Refusal("config.json has an audio_config: llama.cpp writes Gemma 4's audio tower (E2B, E4B) into the "
+                      "same projector file, each layer's per_dim_scale through torch's softplus, whose vectorized "
+                      "float32 exp and log1p bankml_convert does not reproduce exactly (they differ from correctly "
+                      "rounded arithmetic on 206 of the 65,280 finite BF16 values on the reference's machine); "
+                      "write this projector with llama.cpp's convert_hf_to_gguf.py --mmproj (the text model "
+                      "converts here without --mmproj)")
+    vision = config["vision_config"]
+    tower = vision_params({**config, "vision_config": {**vision, "image_size": 224}}, processor,
+                          GEMMA4_VISION_DEFAULTS, config_integer(text_config_of(config), "hidden_size", 2304))
+    if tower.block_count > _GEMMA4_MAX_VISION_BLOCKS:
+        raise Refusal(f"config.json's vision_config has {tower.block_count} layers; llama.cpp's Gemma 4 projector "
+                      f"converter maps the names of {_GEMMA4_MAX_VISION_BLOCKS} at most and stops on the rest")
+    return Gemma4ProjectorParams(
+        tower, config_number(vision, "layer_norm_eps", 1e-6), vision_config_integer(vision, "head_dim", 64),
+        vision_config_integer(vision, "num_key_value_heads", 12),
+        vision_config_integer(vision, "position_embedding_size", 10240))
+
+
+def gemma4_projector_kvs(p: Gemma4ProjectorParams, file_type: int) -> list[KV]:
+    """MmprojModel's keys, then Gemma4VisionAudioModel's for the vision tower: its projector type and epsilon."""
+    return mmproj_vision_kvs(p.vision, file_type) + [
+        KV("clip.vision.projector_type", GGUF_STRING, "gemma4v"),
+        KV("clip.vision.attention.layer_norm_epsilon", GGUF_FLOAT32, p.layer_norm_eps),
+    ]
+
+
+_GEMMA4_TOWER = "model.vision_tower."
+# A clippable linear's weight and its four bounds (Gemma4ClippableLinear), after the layer's "encoder.layers.N.".
+_GEMMA4_CLIPPED = (("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
+                   ("self_attn.o_proj", "attn_out"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+                   ("mlp.down_proj", "ffn_down"))
+_GEMMA4_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
+# gguf-py's TensorNameMap for MODEL_ARCH.MMPROJ under the names Gemma4VisionAudioModel.modify_tensors makes
+# (vision_model.model.layers.N.*, ".linear" taken out, layer_scalar given ".weight").
+_GEMMA4_PROJECTOR_BLOCK = {
+    **{f"{hf}.linear.weight": f"{gguf}.weight" for hf, gguf in _GEMMA4_CLIPPED},
+    **{f"{hf}.{bound}": f"{gguf}.{bound}" for hf, gguf in _GEMMA4_CLIPPED for bound in _GEMMA4_BOUNDS},
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "input_layernorm.weight": "ln1.weight", "post_attention_layernorm.weight": "attn_post_norm.weight",
+    "pre_feedforward_layernorm.weight": "ln2.weight", "post_feedforward_layernorm.weight": "ffn_post_norm.weight",
+    "layer_scalar": "out_scale.weight",
+}
+_GEMMA4_PROJECTOR_TOP = {
+    _GEMMA4_TOWER + "patch_embedder.input_proj.weight": "v.patch_embd.weight",
+    _GEMMA4_TOWER + "patch_embedder.position_embedding_table": "v.position_embd.weight",
+    _GEMMA4_TOWER + "std_bias": "v.std_bias",
+    _GEMMA4_TOWER + "std_scale": "v.std_scale",
+    "model.embed_vision.embedding_projection.weight": "mm.input_projection.weight",
+}
+
+
+def gemma4_projector_filter_tensors(hf_name: str) -> Optional[str]:
+    """MmprojModel.filter_tensors (the text model's names dropped), then prepare_tensors' buffers; an audio
+    tower's tensor is refused (llama.cpp stops on one without an audio_config, and writes one with it through
+    softplus: gemma4_projector_params)."""
+    if "language_model." in hf_name:
+        return None
+    if "audio_tower" in hf_name or "embed_audio" in hf_name:
+        raise Refusal(f"tensor {hf_name!r} is an audio tower's; Gemma 4's audio tower is not reproduced (write the "
+                      f"projector with llama.cpp's convert_hf_to_gguf.py --mmproj)")
+    return dropped_buffers(hf_name)
+
+
+def gemma4_patch_columns(patch: int) -> tuple[tuple[int, int], ...]:
+    """The input projection's columns in the order Gemma4VisionAudioModel.modify_tensors leaves them: each row,
+    a patch's values saved pixel by pixel (row, column, channel), reshaped to [patch, patch, 3] and permuted
+    to [3, patch, patch] -- channel by channel, as a convolution's kernel."""
+    return tuple(((y * patch + x) * 3 + c, 1) for c in range(3) for y in range(patch) for x in range(patch))
+
+
+def gemma4_projector_modify_tensors(gguf_name: str, source: SourceTensor, p: Gemma4ProjectorParams) -> list[Modified]:
+    """Gemma4VisionAudioModel.modify_tensors for the vision tower: a 0-d tensor (a clipping bound) written
+    as one value; the patch embedder's linear as the convolution [width, 3, patch, patch]; the rest as it is."""
+    if not source.shape:
+        return [Modified(gguf_name, source, shape=(1,))]
+    if gguf_name == "v.patch_embd.weight":
+        patch, width = p.vision.patch_size, p.vision.embedding_length
+        if source.shape != (width, 3 * patch * patch):
+            raise Refusal(f"tensor {source.name!r} has shape {list(source.shape)}, but config.json implies "
+                          f"{[width, 3 * patch * patch]} (3 x patch_size^2 values a patch)")
+        return [Modified(gguf_name, source, columns=gemma4_patch_columns(patch), shape=(width, 3, patch, patch))]
+    return [Modified(gguf_name, source)]
+
+
+def gemma4_projector_shape(gguf_name: str, p: Gemma4ProjectorParams) -> tuple[int, ...]:
+    """The shape (rows first, as written) a Gemma 4 tower tensor must have: the attention's of head_dim a head
+    (the keys and values of num_key_value_heads), the gated MLP's, one value a clipping bound or layer scalar,
+    the position table of 2 x position_embedding_size rows, the embedder from the tower's width to the text's."""
+    v = p.vision
+    h, ff, q, kv = v.embedding_length, v.feed_forward_length, v.head_count * p.head_dim, p.kv_heads * p.head_dim
+    top = {"v.patch_embd.weight": (h, 3, v.patch_size, v.patch_size), "v.position_embd.weight": (2, p.positions, h),
+           "v.std_bias": (h,), "v.std_scale": (h,), "mm.input_projection.weight": (v.projection_dim, h)}
+    if gguf_name in top:
+        return top[gguf_name]
+    kind, part = gguf_name.split(".")[3:5]       # v.blk.N.KIND.PART
+    if part in _GEMMA4_BOUNDS or kind == "out_scale":
+        return 1,
+    return {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_out": (h, q), "ffn_gate": (ff, h),
+            "ffn_up": (ff, h), "ffn_down": (h, ff), "attn_q_norm": (p.head_dim,),
+            "attn_k_norm": (p.head_dim,)}.get(kind, (h,))
+
+
+def gemma4_projector_forced_type(hf_name: str, gguf_name: str, out: Any) -> Optional[int]:
+    """Gemma4VisionAudioModel.tensor_force_quant: the position table always F32; then MmprojModel's rule."""
+    if "position_embedding_table" in hf_name:
+        return GGML_F32
+    return mmproj_forced_type(hf_name, gguf_name, out)
+
+
+GEMMA4_PROJECTOR = register_projector(Family(
+    name="Gemma 4 projector",
+    architectures=("Gemma4ForConditionalGeneration",),
+    model_types=("gemma4",),
+    gguf_arch="clip",
+    params=gemma4_projector_params,
+    hparam_kvs=gemma4_projector_kvs,
+    vocab_kvs=no_vocab_kvs,
+    top_tensors=_GEMMA4_PROJECTOR_TOP,
+    block_tensors=_GEMMA4_PROJECTOR_BLOCK,
+    # the standardization comes with some towers only (the 31B's, the 26B-A4B's), as the clipping bounds do
+    # (E2B's, E4B's), which block_outputs leaves out
+    optional_tensors=frozenset({"v.std_bias", "v.std_scale"}),
+    shape=gemma4_projector_shape,
+    modify_tensors=gemma4_projector_modify_tensors,
+    vocab_paths=(),
+    filter_tensors=gemma4_projector_filter_tensors,
+    block_outputs=tuple(gguf for hf, gguf in _GEMMA4_PROJECTOR_BLOCK.items()
+                        if hf.endswith(".weight") and gguf != "out_scale.weight"),
+    output="mmproj",
+    forced_type=gemma4_projector_forced_type,
+    blocks=(_GEMMA4_TOWER + "encoder.layers.", "v.blk."),
 ))
 
 
@@ -10609,11 +10958,12 @@ def plan_tensors(sources: list[SourceTensor], family: Family, p: Any, out: OutTy
                                        tuple(reversed(stacked.shape)), 0, parts=parts)
                          for name, stacked, parts in stacked_when_complete(groups, m)]
                 continue
-            if m.source.shape != want:
+            shape = m.source.shape if m.shape is None else m.shape
+            if shape != want:
                 raise Refusal(f"tensor {src.name!r} has shape {list(m.source.shape)}, but config.json "
                               f"implies {list(want)}")
-            plan.append(PlannedTensor(m.name, m.source, planned_type(family, hf_name, m.name, m.source.shape, out),
-                                      tuple(reversed(m.source.shape)), m.permute_heads, m.add_one,
+            plan.append(PlannedTensor(m.name, m.source, planned_type(family, hf_name, m.name, shape, out),
+                                      tuple(reversed(shape)), m.permute_heads, m.add_one,
                                       parts=m.rows, neg_exp=m.neg_exp, columns=m.columns, transposed=m.transposed))
     for alone in halves.values():
         raise Refusal(f"tensor {alone.source.name!r} holds MXFP4 {'scales' if alone.mxfp4.scales else 'blocks'} "

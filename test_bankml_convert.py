@@ -3656,6 +3656,15 @@ class Gemma3Projector(Workspace):
                                          r"not reproduced; bankml_convert writes the vision projectors of .*"
                                          r"Gemma3ForConditionalGeneration \(Gemma 3 projector\).*"), "--mmproj")
 
+    def test_vision_config_architectures_other_than_a_list_of_names_is_refused(self):
+        # llama.cpp indexes it whatever it is: it stops on [] or 1, and reads "Gemma..." as "G"
+        d = self.case(self.VISION)
+        for named in ([], 1, "Gemma3ForConditionalGeneration"):
+            with self.subTest(named=named):
+                edit_json(d / "config.json", lambda c: c["vision_config"].update(architectures=named))
+                self.assertRefuses(d, re.compile(r"--mmproj: config.json's vision_config.architectures is .*, not a "
+                                                 r"list of names; llama.cpp's converter stops on it .*"), "--mmproj")
+
     def test_a_config_without_vision_config_is_refused(self):
         d = self.case(self.VISION)
         edit_json(d / "config.json", lambda c: c.pop("vision_config"))
@@ -3686,6 +3695,183 @@ class Gemma3Projector(Workspace):
         edit_json(d / "preprocessor_config.json", lambda c: c.update(image_std=[1, 1, 1]))
         self.assertRefuses(d, "the processor config's image_std is [1, 1, 1]; expected a list of decimal numbers "
                               "(llama.cpp writes them as float32)", "--mmproj")
+
+
+# --- Qwen3.5's projector (issue 38, --mmproj; llama.cpp's Qwen3VLVisionModel): bytes pinned by the golden runs
+# --- qwen3.5-0.8b-vision-mmproj-* (the processor files as Qwen ships them) and qwen3.5-35b-a3b-vision-mmproj-*
+# --- (the MoE model's tower, processor_config.json as transformers 5 saves it, its image processor nested).
+
+QWEN35_VISION = "qwen3.5-0.8b-vision"
+_QWEN35_PROCESSOR = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def qwen35_projector_params(vision: dict, model_type: str = "qwen3_5", **config) -> "bc.Qwen35ProjectorParams":
+    return bc.qwen35_projector_params({"model_type": model_type, "vision_config": vision, **config}, _QWEN35_PROCESSOR)
+
+
+class Qwen35ProjectorParams(unittest.TestCase):
+    def test_image_size_is_the_side_of_the_learned_position_grid_in_pixels(self):
+        self.assertEqual(qwen35_projector_params({"num_position_embeddings": 1024, "patch_size": 14}).vision.image_size,
+                         32 * 14)
+
+    def test_an_image_size_in_vision_config_is_written_as_it_is(self):
+        self.assertEqual(qwen35_projector_params({"image_size": 512}).vision.image_size, 512)
+
+    def test_vision_config_leaves_out_what_its_config_class_fills(self):
+        p = qwen35_projector_params({})
+        self.assertEqual((p.vision.block_count, p.vision.embedding_length, p.vision.feed_forward_length,
+                          p.vision.head_count, p.vision.patch_size, p.positions, p.out_width),
+                         (27, 1152, 4304, 16, 16, 2304, 3584))
+
+    def test_num_attention_heads_is_taken_over_num_heads_as_the_config_class_takes_its_alias(self):
+        self.assertEqual(qwen35_projector_params({"num_heads": 12, "num_attention_heads": 2}).vision.head_count, 2)
+
+    def test_a_size_written_as_null_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "vision_config: depth is None; expected a whole number"):
+            qwen35_projector_params({"depth": None})
+
+    def test_the_projection_width_without_text_config_is_the_text_config_classs_hidden_size(self):
+        self.assertEqual([qwen35_projector_params({}, model_type=t).vision.projection_dim
+                          for t in ("qwen3_5", "qwen3_5_moe")], [4096, 2048])
+
+    def test_the_towers_layer_norm_epsilon_is_the_text_models_rms_norm_epsilon(self):
+        p = qwen35_projector_params({}, text_config={"hidden_size": 64, "rms_norm_eps": 1e-5})
+        self.assertEqual((p.vision.projection_dim, p.layer_norm_eps), (64, 1e-5))
+
+    def test_a_patch_embedding_of_other_than_two_frames_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "temporal_patch_size is 3; llama.cpp writes the patch embedding's two"):
+            qwen35_projector_params({"temporal_patch_size": 3})
+
+    def test_deepstack_indexes_other_than_a_list_are_refused(self):
+        # llama.cpp iterates them: it stops on a number
+        with self.assertRaisesRegex(bc.Refusal, "names deepstack layers 0; no released Qwen3.5 has them"):
+            qwen35_projector_params({"deepstack_visual_indexes": 0})
+
+    def test_a_layer_count_read_before_depth_is_refused(self):
+        with self.assertRaisesRegex(bc.Refusal, "'num_hidden_layers', which llama.cpp would read as the tower's layer"):
+            qwen35_projector_params({"depth": 2, "num_hidden_layers": 1})
+
+
+class Qwen35ProjectorKeysAndTensors(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(mmproj=True, **options))
+
+    def tensor(self, plan: bc.Plan, name: str) -> bc.PlannedTensor:
+        return next(t for t in plan.tensors if t.name == name)
+
+    def test_writes_mmprojmodels_keys_then_the_merger_gelu_merge_size_epsilon_and_deepstack_flags(self):
+        kvs = [(k.key, k.value) for k in self.plan(self.case(QWEN35_VISION)).kvs if k.key.startswith("clip.")]
+        self.assertEqual(kvs[-5:], [
+            ("clip.projector_type", "qwen3vl_merger"), ("clip.use_gelu", True), ("clip.vision.spatial_merge_size", 2),
+            ("clip.vision.attention.layer_norm_epsilon", 1e-06), ("clip.vision.is_deepstack_layers", [False, False])])
+
+    def test_the_patch_embedding_is_written_as_its_two_frames(self):
+        plan = self.plan(self.case(QWEN35_VISION))
+        frames = [self.tensor(plan, n) for n in ("v.patch_embd.weight", "v.patch_embd.weight.1")]
+        self.assertEqual([(t.dims, t.columns, [p.shape for p in t.parts]) for t in frames],
+                         [((16, 16, 3, 32), ((0, 256),), [(96, 512)]), ((16, 16, 3, 32), ((256, 256),), [(96, 512)])])
+
+    def test_the_frames_are_f16_in_f16_and_f32_otherwise_and_the_positions_always_f32(self):
+        types = {outtype: {n: self.tensor(self.plan(self.case(QWEN35_VISION), outtype=outtype), n).ggml_type
+                           for n in ("v.patch_embd.weight.1", "v.position_embd.weight", "mm.0.weight")}
+                 for outtype in ("f16", "q8_0")}
+        self.assertEqual(types, {
+            "f16": {"v.patch_embd.weight.1": bc.GGML_F16, "v.position_embd.weight": bc.GGML_F32, "mm.0.weight": bc.GGML_F16},
+            "q8_0": {"v.patch_embd.weight.1": bc.GGML_F32, "v.position_embd.weight": bc.GGML_F32,
+                     "mm.0.weight": bc.GGML_Q8_0}})
+
+    def test_deepstack_layers_are_refused(self):
+        d = self.case(QWEN35_VISION)
+        edit_json(d / "config.json", lambda c: c["vision_config"].update(deepstack_visual_indexes=[1]))
+        self.assertRefuses(d, "config.json's vision_config names deepstack layers [1]; no released Qwen3.5 has them "
+                              "(Qwen3-VL's do), and bankml_convert reproduces the Qwen3.5 projector without them only",
+                           "--mmproj")
+
+    def test_only_the_tower_and_merger_are_written(self):
+        names = {t.name.split(".")[0] for t in self.plan(self.case(QWEN35_VISION)).tensors}
+        self.assertEqual(names, {"v", "mm"})
+# --- Gemma 4's projector (issue 38): the vision tower as Gemma4VisionAudioModel writes it with --mmproj; bytes
+# --- pinned by the golden runs gemma-4-*-towers-mmproj-* (the 31B's and E2B's towers without audio, every type).
+
+GEMMA4_31B_TOWERS, GEMMA4_E2B_VISION = "gemma-4-31b-towers", "gemma-4-e2b-vision-tower"
+
+
+class Gemma4Projector(Workspace):
+    def plan(self, d: Path, **options) -> bc.Plan:
+        return bc.plan_conversion(d, bc.Options(mmproj=True, **options))
+
+    def tensors(self, d: Path, **options) -> dict:
+        return {t.name: t for t in self.plan(d, **options).tensors}
+
+    def edit_vision(self, case: str, change) -> Path:
+        d = self.case(case)
+        edit_json(d / "config.json", lambda c: change(c["vision_config"]))
+        return d
+
+    def test_its_keys_are_mmprojmodels_then_the_projector_type_and_the_epsilon(self):
+        kvs = [k for k in self.plan(self.case(GEMMA4_31B_TOWERS)).kvs if k.key.startswith("clip.")]
+        self.assertEqual([k.key for k in kvs[-3:]], ["clip.vision.image_std", "clip.vision.projector_type",
+                                                     "clip.vision.attention.layer_norm_epsilon"])
+        self.assertEqual(kvs[-2].value, "gemma4v")
+
+    def test_the_image_size_written_is_224_whatever_vision_config_says(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(image_size=896))
+        self.assertEqual({k.key: k.value for k in self.plan(d).kvs}["clip.vision.image_size"], 224)
+
+    def test_a_vision_config_without_sizes_takes_gemma4visionconfigs_defaults(self):
+        p = bc.gemma4_projector_params({"vision_config": {}}, {"image_mean": [0.0], "image_std": [1.0]})
+        self.assertEqual((p.vision.embedding_length, p.vision.feed_forward_length, p.vision.block_count,
+                          p.vision.head_count, p.vision.patch_size, p.vision.projection_dim, p.head_dim, p.positions),
+                         (768, 3072, 16, 12, 16, 2304, 64, 10240))
+
+    def test_the_epsilon_is_one_millionth_unless_vision_config_names_a_layer_norm_eps(self):
+        # Gemma4VisionConfig has rms_norm_eps, which llama.cpp does not read
+        read = lambda v: bc.gemma4_projector_params({"vision_config": v}, {"image_mean": [0.0], "image_std": [1.0]})  # noqa: E731
+        self.assertEqual((read({"rms_norm_eps": 1e-5}).layer_norm_eps, read({"layer_norm_eps": 1e-5}).layer_norm_eps),
+                         (1e-6, 1e-5))
+
+    def test_the_patch_linears_columns_are_taken_channel_by_channel_as_a_convolutions(self):
+        # a patch of 2 x 2 pixels saved (row, column, channel): R of (0,0) (0,1) (1,0) (1,1), then G, then B
+        self.assertEqual(bc.gemma4_patch_columns(2), tuple((c, 1) for c in (0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11)))
+        patch = self.tensors(self.case(GEMMA4_31B_TOWERS))["v.patch_embd.weight"]
+        self.assertEqual((patch.dims, patch.source.shape), ((16, 16, 3, 64), (64, 768)))
+
+    def test_a_clipping_bound_is_written_as_one_f32_value(self):
+        bound = self.tensors(self.case(GEMMA4_E2B_VISION), outtype="q8_0")["v.blk.1.ffn_down.output_max"]
+        self.assertEqual((bound.source.shape, bound.dims, bound.ggml_type), ((), (1,), bc.GGML_F32))
+
+    def test_the_position_table_stays_f32_in_every_output_type(self):
+        d = self.case(GEMMA4_31B_TOWERS)
+        for outtype in ("f16", "bf16", "q8_0"):
+            with self.subTest(outtype):
+                self.assertEqual(self.tensors(d, outtype=outtype)["v.position_embd.weight"].ggml_type, bc.GGML_F32)
+
+    def test_an_audio_tower_is_refused_naming_softplus_and_llama_cpps_converter(self):
+        self.assertRefuses(self.case("gemma-4-e2b-towers"), re.compile(
+            r"config\.json has an audio_config: llama\.cpp writes Gemma 4's audio tower \(E2B, E4B\) into the same "
+            r"projector file, each layer's per_dim_scale through torch's softplus, .* write this projector with "
+            r"llama\.cpp's convert_hf_to_gguf\.py --mmproj \(the text model converts here without --mmproj\)"),
+            "--mmproj")
+
+    def test_an_audio_tensor_without_an_audio_config_is_refused(self):
+        d = self.case("gemma-4-e2b-towers")
+        edit_json(d / "config.json", lambda c: c.update(audio_config=None))
+        self.assertRefuses(d, re.compile(r"tensor 'model\.audio_tower\..*' is an audio tower's; .*"), "--mmproj")
+
+    def test_a_tower_of_more_than_128_layers_is_refused(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(num_hidden_layers=129))
+        self.assertRefuses(d, "config.json's vision_config has 129 layers; llama.cpp's Gemma 4 projector converter "
+                              "maps the names of 128 at most and stops on the rest", "--mmproj")
+
+    def test_a_patch_linear_of_another_patch_size_is_refused(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(patch_size=14))
+        self.assertRefuses(d, "tensor 'model.vision_tower.patch_embedder.input_proj.weight' has shape [64, 768], but "
+                              "config.json implies [64, 588] (3 x patch_size^2 values a patch)", "--mmproj")
+
+    def test_a_tower_of_another_model_type_is_refused(self):
+        d = self.edit_vision(GEMMA4_31B_TOWERS, lambda v: v.update(model_type="siglip_vision_model"))
+        self.assertRefuses(d, "config.json's vision_config is model_type 'siglip_vision_model'; the projector is "
+                              "reproduced for 'gemma4_vision' only", "--mmproj")
 
 
 # --- SmolVLM's projector (--mmproj, projector type idefics3): bytes pinned by the golden runs smolvlm-*-mmproj-*.
@@ -7574,6 +7760,9 @@ EVERY_TYPE_IN_MAKE_TEST = frozenset({
     "gemma-4-e2b-shape",                                            # Gemma 4: per-layer embeddings, rope_freqs, gemma4 vocab
     "smolvlm-256m-shape",                                           # SmolVLM: a wrapper's text model, tower dropped
     "gemma-3-4b-vision",                                            # Gemma 3's projector (--mmproj): forced types
+    "qwen3.5-0.8b-vision", "qwen3.5-0.8b-vision-f16",               # Qwen3.5's projector: two frames, F32 positions,
+                                                                    # auto from F16 weights
+    "gemma-4-31b-towers",                                           # Gemma 4's projector: F32 position table, patch columns
 })
 
 

@@ -25,8 +25,9 @@ mutations: hostile naming fields in README.md with the output then named from th
 it (a crash too: a derived name that leaves its folder, holds a control character or is written under
 another name), and, on the Qwen3-MoE bases, expert tensors with a zero dimension, expert counts unlike
 the tensors' (ten million behind stacked tensors of no bytes) and experts numbered past the count; on the
-vision projector bases (Gemma 3's, SmolVLM2's), their processor files and vision_config, converted with --mmproj three times
-in four (--mmproj: those bases alone; a mutation may turn the flag on or off for any base).  The last
+vision projector bases (Gemma 3's, Qwen3.5's, Gemma 4's, SmolVLM2's), their processor files and vision_config,
+converted with --mmproj three times in four (--mmproj: those bases alone; a mutation may turn the flag on or
+off for any base).  The last
 line is ``fuzz: N inputs, C crashes (U unique), P partial outputs, S successes, R refusals``; the
 exit status is 1 if there was a crash or a partial output.  Standard library only.
 
@@ -169,12 +170,19 @@ BASES: tuple[tuple[mm.Case, int], ...] = (
     # Gemma 3's vision projector (issue 38): its SigLIP tower and processor files, converted with --mmproj
     # (PROJECTOR_BASES) three times in four, else as the text model beside it.
     (mm.CASES_BY_NAME["gemma-3-4b-vision"], 6),
+    # ... and Qwen3.5's (qwen3vl): its tower with the Conv3d patch embedding, preprocessor_config.json as Qwen ships it.
+    (mm.CASES_BY_NAME["qwen3.5-0.8b-vision"], 4),
+    # Gemma 4's (issue 38): the 31B's tower (standardized) and E2B's without its audio tower (0-d clipping
+    # bounds), processor_config.json alone; a mutation that gives one an audio_config meets its refusal.
+    (mm.CASES_BY_NAME["gemma-4-31b-towers"], 3),
+    (mm.CASES_BY_NAME["gemma-4-e2b-vision-tower"], 3),
     # SmolVLM2's (issue 38): its text model under a wrapper (text_config over the top level) and its idefics3
     # projector (the processor's size.longest_edge, the wrapper's scale_factor).
     (mm.CASES_BY_NAME["smolvlm2-256m-shape"], 3),
 )
 BASE_NAMES = tuple(c.name for c, _ in BASES)
-PROJECTOR_BASES = frozenset({"gemma-3-4b-vision", "smolvlm2-256m-shape"})
+PROJECTOR_BASES = frozenset({"gemma-3-4b-vision", "qwen3.5-0.8b-vision", "gemma-4-31b-towers",
+                             "gemma-4-e2b-vision-tower", "smolvlm2-256m-shape"})
 
 
 def build_bases(root: Path, only: Optional[frozenset] = None) -> dict[str, Path]:
@@ -430,7 +438,9 @@ INTERESTING_KEYS: dict[str, tuple[str, ...]] = {
         "rope_parameters", "rope_scaling", "rms_norm_eps", "head_dim", "vocab_size", "is_causal",
         "attention_bias", "mlp_bias", "_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id",
         "unk_token_id", "sep_token_id", "mask_token_id", "cls_token_id", "text_config",
-        "quantization_config", "tie_word_embeddings", "n_layer", "dim", "torch_dtype", "vision_config"),
+        "quantization_config", "tie_word_embeddings", "n_layer", "dim", "torch_dtype", "vision_config",
+        # what Gemma 4's projector reads besides (its audio tower refused)
+        "audio_config", "position_embedding_size", "layer_norm_eps"),
     # what a projector reads of the image processor (MmprojModel, Gemma3VisionModel)
     "preprocessor_config.json": ("image_mean", "image_std", "media_proc_cfg", "image_seq_length", "size",
                                  "image_processor_type"),

@@ -1224,6 +1224,13 @@ class Case:
     # multi_modal_projector.*), and the processor files (preprocessor_config.json, processor_config.json)
     hub_vision: Optional[tuple[tuple[str, object], ...]] = None
     vision_prefix: str = ""     # "model.": that tower under the names transformers 4.52 and later save
+    # A projector case (--mmproj): vision_config's keys set instead of VISION_TINY's, and the whole vision
+    # tower written (not a few tensors to be dropped); the image processor's files, a key of PROCESSORS.
+    vision_updates: tuple[tuple[str, object], ...] = ()
+    processor: Optional[str] = None
+    # Gemma 4 --mmproj (issue 38): the vision (and audio) towers whole, as config.json's vision_config and
+    # audio_config size them, instead of a token tensor of each, and config_from's processor_config.json
+    gemma4_towers: bool = False
     text_drop: tuple[str, ...] = ()            # text_config keys left out (SmolVLM2-2.2B's has no heads)
 
     @property
@@ -1347,6 +1354,62 @@ WRITTEN_FIXTURES.update({
                                        "architectures": ["Gemma4ForCausalLM"], "transformers_version": "5.5.0.dev0"},
                        "generation_config.json": _GEMMA4_GENERATION},
 })
+
+# Gemma 4's projector (issue 38): the towers' configs as the published config.json files hold them (transformers
+# 5's to_dict of Gemma4VisionConfig and Gemma4AudioConfig, common keys included) -- E2B and E4B: a vision tower
+# 768 wide (16 layers, 12 heads of 64, clipped linears, no standardization) and the conformer audio tower (12
+# layers of 1024, 8 heads, subsampling channels 128 and 32, output 1536); the 31B and 26B-A4B: a vision tower
+# 1152 wide (27 layers, 16 heads of 72, an intermediate 4304 that is not whole Q8_0 blocks, standardized
+# output) and audio_config null.  Written from the values public code quotes from google/gemma-4-31B-it's and
+# gemma-4-E2B's config.json, not copied from a file seen offline.
+_HF_SUBCONFIG_COMMON = {"_name_or_path": "", "architectures": None, "chunk_size_feed_forward": 0, "dtype": "bfloat16",
+                        "id2label": {"0": "LABEL_0", "1": "LABEL_1"}, "initializer_range": 0.02,
+                        "is_encoder_decoder": False, "label2id": {"LABEL_0": 0, "LABEL_1": 1},
+                        "output_attentions": False, "output_hidden_states": False, "problem_type": None,
+                        "return_dict": True}
+
+
+def _gemma4_vision(hidden: int, ff: int, layers: int, heads: int, head_dim: int, large: bool) -> dict:
+    return {**_HF_SUBCONFIG_COMMON, "attention_bias": False, "attention_dropout": 0.0, "default_output_length": 280,
+            "global_head_dim": head_dim, "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": hidden, "intermediate_size": ff, "max_position_embeddings": 131072,
+            "model_type": "gemma4_vision", "num_attention_heads": heads, "num_hidden_layers": layers,
+            "num_key_value_heads": heads, "patch_size": 16, "pooling_kernel_size": 3,
+            "position_embedding_size": 10240, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"}, "standardize": large,
+            "use_clipped_linears": not large}
+
+
+GEMMA4_VISION_E2B = _gemma4_vision(768, 3072, 16, 12, 64, large=False)
+GEMMA4_VISION_31B = _gemma4_vision(1152, 4304, 27, 16, 72, large=True)
+GEMMA4_AUDIO_E2B = {**_HF_SUBCONFIG_COMMON, "attention_chunk_size": 12, "attention_context_left": 13,
+                    "attention_context_right": 0, "attention_invalid_logits_value": -1000000000.0,
+                    "attention_logit_cap": 50.0, "conv_kernel_size": 5, "gradient_clipping": 10000000000.0,
+                    "hidden_act": "silu", "hidden_size": 1024, "model_type": "gemma4_audio", "num_attention_heads": 8,
+                    "num_hidden_layers": 12, "output_proj_dims": 1536, "residual_weight": 0.5, "rms_norm_eps": 1e-06,
+                    "subsampling_conv_channels": [128, 32], "use_clipped_linears": True}
+# processor_config.json as every Gemma 4 checkpoint ships it (no preprocessor_config.json): Gemma4ImageProcessor
+# without normalization (mean 0, std 1), the video processor, the audio feature extractor -- its published
+# values, as public code quotes them ("The released checkpoints' processor_config.json sections").
+_GEMMA4_IMAGE = {"do_convert_rgb": True, "do_normalize": False, "do_rescale": True, "do_resize": True,
+                 "image_mean": [0.0, 0.0, 0.0], "image_processor_type": "Gemma4ImageProcessor", "image_seq_length": 280,
+                 "image_std": [1.0, 1.0, 1.0], "max_soft_tokens": 280, "patch_size": 16, "pooling_kernel_size": 3,
+                 "resample": 3, "rescale_factor": 0.00392156862745098}
+GEMMA4_PROCESSOR = {
+    "audio_ms_per_token": 40, "audio_seq_length": 750,
+    "feature_extractor": {"dither": 0.0, "feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128,
+                          "fft_length": 512, "fft_overdrive": False, "frame_length": 320, "hop_length": 160,
+                          "input_scale_factor": 1.0, "max_frequency": 8000.0, "mel_floor": 0.001,
+                          "min_frequency": 0.0, "padding_side": "right", "padding_value": 0.0, "per_bin_mean": None,
+                          "per_bin_stddev": None, "preemphasis": 0.0, "preemphasis_htk_flavor": True,
+                          "return_attention_mask": True, "sampling_rate": 16000},
+    "image_processor": _GEMMA4_IMAGE, "image_seq_length": 280, "processor_class": "Gemma4Processor",
+    "video_processor": {**{k: v for k, v in _GEMMA4_IMAGE.items()
+                           if k not in ("image_processor_type", "image_seq_length")},
+                        "do_normalize": True, "do_sample_frames": True, "max_soft_tokens": 70, "num_frames": 32,
+                        "return_metadata": False, "video_processor_type": "Gemma4VideoProcessor"}}
+for _folder in (GEMMA_4_E2B_IT, GEMMA_4_E4B_IT, GEMMA_4_31B_IT, GEMMA_4_26B_A4B_IT):
+    WRITTEN_FIXTURES[_folder]["processor_config.json"] = GEMMA4_PROCESSOR
 
 
 # Small cases share one seed, so cases that differ only in a name, a file layout or a config key
@@ -1930,6 +1993,109 @@ GEMMA3_MMPROJ_CASES: tuple[Case, ...] = (
          head_dim=16, dirname="gemma-3-4b-it-vision-resaved", hub_vision=GEMMA3_SIGLIP_SHRUNK, vision_prefix="model.",
          description="the gemma-3-4b-vision case under the names transformers 4.52 and later save (model.*)"),
 )
+# Qwen3.5's projector (issue 38, --mmproj; llama.cpp's qwen3vl class): the image processor's files.  As Qwen's
+# Hub repos ship them (Qwen/Qwen3.5-2B-Base's preprocessor_config.json as a public transcript of its download
+# prints it, key for key: Qwen3VLProcessor, Qwen2VLImageProcessorFast, patch 16, temporal patch 2, merge 2, mean
+# and std 0.5; the video processor's file as public fixtures of Qwen3.5 repos quote it), and as transformers 5
+# saves a fine-tune's processor: one processor_config.json, each processor nested, keys sorted (its
+# Qwen3VLProcessor as a public printout of a transformers 5 save shows it).  Qwen's files are Apache-2.0.
+_QWEN35_MEAN_STD = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+_QWEN35_VIDEO_PROCESSOR = {
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "patch_size": 16, "temporal_patch_size": 2,
+    "merge_size": 2, **_QWEN35_MEAN_STD, "processor_class": "Qwen3VLProcessor",
+    "video_processor_type": "Qwen3VLVideoProcessor"}
+_QWEN35_SAVED_FLAGS = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True}
+PROCESSORS: dict[str, dict[str, dict]] = {
+    "qwen3.5": {
+        "preprocessor_config.json": {
+            "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+            "merge_size": 2, **_QWEN35_MEAN_STD, "processor_class": "Qwen3VLProcessor",
+            "image_processor_type": "Qwen2VLImageProcessorFast"},
+        "video_preprocessor_config.json": _QWEN35_VIDEO_PROCESSOR,
+    },
+    "qwen3.5-resaved-transformers-5": {
+        "processor_config.json": {
+            "image_processor": {
+                **_QWEN35_SAVED_FLAGS, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Qwen2VLImageProcessor",
+                "image_std": [0.5, 0.5, 0.5], "merge_size": 2, "patch_size": 16, "resample": 3,
+                "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+                "temporal_patch_size": 2},
+            "processor_class": "Qwen3VLProcessor",
+            "video_processor": {
+                **_QWEN35_SAVED_FLAGS, "do_sample_frames": True, "fps": 2, **_QWEN35_MEAN_STD,
+                "max_frames": 768, "merge_size": 2, "min_frames": 4, "patch_size": 16, "resample": 3,
+                "rescale_factor": 0.00392156862745098, "return_metadata": False,
+                "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "temporal_patch_size": 2,
+                "video_processor_type": "Qwen3VLVideoProcessor"}},
+    },
+}
+# The vision towers shrunk (blocks, width, heads and MLP width small; patch 16, temporal patch 2, merge 2 and the
+# 2304 learned positions (a 48 x 48 grid, image_size 768) kept real, no deepstack layers as in every Qwen3.5),
+# out_hidden_size the shrunk text width: Qwen3.5-0.8B's 12 blocks of 768 (12 heads, MLP 4x) as 2 of 32 (2 heads,
+# MLP 64); Qwen3.5-35B-A3B's 27 of 1152 (16 heads, MLP 4304: not whole Q8_0 blocks, llama.cpp's F16 fallback) as
+# 3 of 64 (4 heads, MLP 240: not whole blocks either).
+_QWEN35_0_8B_TOWER = (("depth", 2), ("hidden_size", 32), ("num_heads", 2), ("intermediate_size", 64),
+                      ("out_hidden_size", QWEN35_TINY.hidden_size))
+_QWEN35_35B_TOWER = (("depth", 3), ("hidden_size", 64), ("num_heads", 4), ("intermediate_size", 240),
+                     ("out_hidden_size", QWEN35_TINY.hidden_size))
+QWEN35_VISION_CASES: tuple[Case, ...] = (
+    Case("qwen3.5-0.8b-vision", tokenizer="qwen3", config_from=QWEN3_5_0_8B, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_LINEAR, vision_updates=_QWEN35_0_8B_TOWER, processor="qwen3.5",
+         dirname="qwen3.5-0.8b-vision",
+         description="the qwen3.5-0.8b-shape case with its whole vision tower (shrunk) and the image and video "
+                     "processor files as Qwen ships them: the --mmproj base"),
+    Case("qwen3.5-35b-a3b-vision", tokenizer="qwen3", config_from=QWEN3_5_35B_A3B, dims=QWEN35_TINY, head_dim=32,
+         text_updates=_QWEN35_MOE, dense_ffn=False, fused_experts=True, vision_updates=_QWEN35_35B_TOWER,
+         processor="qwen3.5-resaved-transformers-5", dirname="qwen3.5-35b-a3b-vision",
+         description="the qwen3.5-35b-a3b-shape case with its whole vision tower (shrunk) and processor_config.json "
+                     "as transformers 5 saves a fine-tune's (the image processor nested)"),
+    # A fine-tune saved in float16: --mmproj auto then takes F16 (MOSTLY_F16: the patch embedding's frames F16).
+    Case("qwen3.5-0.8b-vision-f16", dtype="F16", tokenizer="qwen3", config_from=QWEN3_5_0_8B, dims=QWEN35_TINY,
+         head_dim=32, text_updates=_QWEN35_LINEAR, vision_updates=_QWEN35_0_8B_TOWER, processor="qwen3.5",
+         dirname="qwen3.5-0.8b-vision-f16",
+         description="the qwen3.5-0.8b-vision case from F16 weights (its text model refused: A_log in F16)"),
+)
+# Gemma 4's projector (issue 38, --mmproj): each published config with its towers whole and shrunk -- 64 wide, 2
+# layers of 2 heads of 32 (as 768 over 12 heads of 64, 1152 over 16 of 72), the 31B's intermediate 80 as its
+# 4304, not whole Q8_0 blocks, E2B's 128 as its 3072; patch size 16, the 3x3 pooling and the 2 x 10,240-row
+# position table kept real; the audio tower 64 wide, 2 layers of 2 heads, subsampling channels 16 and 8, its
+# output 64 (the text width, as E2B's 1536) -- beside the text model of each shape above and the published
+# processor_config.json.  llama.cpp writes E2B's and E4B's audio tower into the same file through torch's
+# softplus, which bankml refuses; E2B without its audio tower (audio_config null) converts.
+_GEMMA4_VISION_SHRUNK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                         "head_dim": 32, "global_head_dim": 32}
+_GEMMA4_TOWERS_31B = (("vision_config", {**GEMMA4_VISION_31B, **_GEMMA4_VISION_SHRUNK, "intermediate_size": 80}),
+                      ("audio_config", None))
+_GEMMA4_TOWERS_E2B = (("vision_config", {**GEMMA4_VISION_E2B, **_GEMMA4_VISION_SHRUNK, "intermediate_size": 128}),
+                      ("audio_config", {**GEMMA4_AUDIO_E2B, "hidden_size": 64, "num_attention_heads": 2,
+                                        "num_hidden_layers": 2, "output_proj_dims": 64,
+                                        "subsampling_conv_channels": [16, 8]}))
+_GEMMA4_BY_NAME = {c.name: c for c in GEMMA4_CASES}
+GEMMA4_PROJECTOR_CASES: tuple[Case, ...] = (
+    replace(_GEMMA4_BY_NAME["gemma-4-31b-shape"], name="gemma-4-31b-towers", dirname="gemma-4-31b-it-towers",
+            gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 31B shape with its vision tower whole (standardized output, no clipped linears), "
+                        "no audio tower, processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-26b-a4b-shape"], name="gemma-4-26b-a4b-towers",
+            dirname="gemma-4-26b-a4b-it-towers", gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 26B-A4B shape with the 31B's vision tower whole, no audio tower, processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-e2b-shape"], name="gemma-4-e2b-towers", dirname="gemma-4-e2b-it-towers",
+            gemma4_towers=True, config_updates=_GEMMA4_TOWERS_E2B,
+            description="the E2B shape with its vision tower (clipped linears) and audio tower whole, "
+                        "processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-e4b-shape"], name="gemma-4-e4b-towers", dirname="gemma-4-e4b-it-towers",
+            gemma4_towers=True, config_updates=_GEMMA4_TOWERS_E2B,
+            description="the E4B shape with E2B's vision and audio towers whole, processor_config.json"),
+    replace(_GEMMA4_BY_NAME["gemma-4-e2b-shape"], name="gemma-4-e2b-vision-tower",
+            dirname="gemma-4-e2b-it-vision-tower", gemma4_towers=True,
+            config_updates=(_GEMMA4_TOWERS_E2B[0], ("audio_config", None)),
+            description="the E2B shape with its vision tower whole and no audio tower (audio_config null), "
+                        "processor_config.json"),
+    # ... and the 31B's from F32 weights (auto then picks f16, and the patch linear's columns move 4 bytes at a time)
+    replace(_GEMMA4_BY_NAME["gemma-4-31b-shape"], name="gemma-4-31b-towers-f32", dirname="gemma-4-31b-it-towers-f32",
+            dtype="F32", gemma4_towers=True, config_updates=_GEMMA4_TOWERS_31B,
+            description="the 31B shape with its vision tower whole, no audio tower, processor_config.json, F32"),
+)
 CASES: tuple[Case, ...] = (
     Case("bf16", special_values=True,
          description="BF16 source with special values"),
@@ -2071,6 +2237,8 @@ CASES: tuple[Case, ...] = (
     *GEMMA4_CASES,
     *SMOLVLM_CASES,
     *GEMMA3_MMPROJ_CASES,
+    *QWEN35_VISION_CASES,
+    *GEMMA4_PROJECTOR_CASES,
     Case("full-135m-instruct", full_size=True, dirname="smollm2-135m-instruct", seed="full",
          description="real SmolLM2-135M-Instruct config, random BF16 weights (~269 MB)"),
     Case("full-135m-instruct-bin", full_size=True, dirname="smollm2-135m-instruct-bin", seed="full",
@@ -2304,7 +2472,8 @@ def case_config(case: Case) -> dict:
             num_hidden_layers=dims.num_hidden_layers, num_attention_heads=dims.num_attention_heads,
             num_key_value_heads=dims.num_key_value_heads, vocab_size=dims.vocab_size,
             max_position_embeddings=dims.max_position_embeddings)
-        config["vision_config"].update(VISION_TINY if case.hub_vision is None else dict(case.hub_vision))
+        config["vision_config"].update(dict(case.hub_vision) if case.hub_vision is not None else
+                                       dict(case.vision_updates) if case.vision_updates else VISION_TINY)
         if case.head_dim is not None:
             config["text_config"]["head_dim"] = case.head_dim
         config["text_config"].update(case.text_updates)
@@ -2971,12 +3140,14 @@ def moe_tensor_specs(dims: Dims, config: dict, fused: bool) -> list[TensorSpec]:
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
 
-def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool = False) -> list[TensorSpec]:
+def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool = False,
+                        tower: bool = False) -> list[TensorSpec]:
     """Qwen3_5ForCausalLM's state_dict (Qwen3_5ForConditionalGeneration's: the text model under
     model.language_model., a vision tower under model.visual.) in module order: each layer its
     linear-attention (Qwen3_5GatedDeltaNet) or gated full attention, the MLP, the two norms; then the
     mtp.* block when mtp_weights (the released checkpoints hold it; transformers drops it on save).
-    Qwen3.5-MoE's (num_experts) has the mixture for the MLP, its experts stacked where fused."""
+    Qwen3.5-MoE's (num_experts) has the mixture for the MLP, its experts stacked where fused.  The vision
+    tower is a few tensors the text conversion drops, or with tower the whole of it (qwen35_vision_specs)."""
     wrapper = "text_config" in config
     text = config["text_config"] if wrapper else config
     h, hd = dims.hidden_size, text["head_dim"]
@@ -3020,7 +3191,9 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool
     kinds = iter(text["layer_types"])
     specs = causal_lm_specs(dims, text.get("tie_word_embeddings", True), lambda p: layer(p, next(kinds)),
                             "model.language_model." if wrapper else "model.")
-    if wrapper:
+    if wrapper and tower:
+        specs += qwen35_vision_specs(config["vision_config"])
+    elif wrapper:
         v = "model.visual."
         specs += [TensorSpec(v + "patch_embed.proj.weight", (32, 3, 2, 4, 4)),
                   TensorSpec(v + "blocks.0.attn.qkv.weight", (96, 32)), TensorSpec(v + "blocks.0.norm1.weight", (32,)),
@@ -3034,6 +3207,34 @@ def qwen35_tensor_specs(dims: Dims, config: dict, mtp_weights: bool, fused: bool
             specs += [TensorSpec("mtp.fc.weight", (h, 2 * h)),
                       *norm_specs("mtp.", h, "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")]
     return specs
+
+
+def qwen35_vision_specs(vision: dict) -> list[TensorSpec]:
+    """Qwen3_5VisionModel's state_dict under model.visual. in module order: the patch embedding (a Conv3d
+    over temporal_patch_size frames), the learned position embedding, each block's two LayerNorms,
+    attention (qkv fused, proj) and MLP (linear_fc1, linear_fc2, all with biases), then the merger (its
+    LayerNorm on one patch, linear_fc1 over spatial_merge_size**2 patches, linear_fc2 to out_hidden_size)."""
+    v, h = "model.visual.", vision["hidden_size"]
+    merged = h * vision["spatial_merge_size"] ** 2
+
+    def linear(name: str, rows: int, cols: int) -> list[TensorSpec]:
+        return [TensorSpec(name + ".weight", (rows, cols)), TensorSpec(name + ".bias", (rows,))]
+
+    patch = vision["patch_size"]
+    specs = [TensorSpec(v + "patch_embed.proj.weight",
+                        (h, vision["in_channels"], vision["temporal_patch_size"], patch, patch)),
+             TensorSpec(v + "patch_embed.proj.bias", (h,)),
+             TensorSpec(v + "pos_embed.weight", (vision["num_position_embeddings"], h))]
+    for i in range(vision["depth"]):
+        b = f"{v}blocks.{i}."
+        specs += [TensorSpec(b + "norm1.weight", (h,)), TensorSpec(b + "norm1.bias", (h,)),
+                  TensorSpec(b + "norm2.weight", (h,)), TensorSpec(b + "norm2.bias", (h,)),
+                  *linear(b + "attn.qkv", 3 * h, h), *linear(b + "attn.proj", h, h),
+                  *linear(b + "mlp.linear_fc1", vision["intermediate_size"], h),
+                  *linear(b + "mlp.linear_fc2", h, vision["intermediate_size"])]
+    return specs + [TensorSpec(v + "merger.norm.weight", (h,)), TensorSpec(v + "merger.norm.bias", (h,)),
+                    *linear(v + "merger.linear_fc1", merged, merged),
+                    *linear(v + "merger.linear_fc2", vision["out_hidden_size"], merged)]
 
 
 def lfm2_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
@@ -3130,12 +3331,12 @@ def gptoss_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
 
     return causal_lm_specs(dims, config.get("tie_word_embeddings", True), layer)
 
-def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
+def gemma4_tensor_specs(dims: Dims, config: dict, towers: bool = False) -> list[TensorSpec]:
     """Gemma4ForConditionalGeneration's state_dict as transformers 5.18 saves it: the text model under
     model.language_model. (each layer's attention of its kind's head_dim, no k/v projections or k norm in the
     layers that share KV, the MLP double width there when use_double_wide_mlp, four norms, the per-layer
     input gate, projection and norm, layer_scalar; the per-layer embedding, its projection and norm), then
-    a token of each tower (dropped by the text conversion)."""
+    a token of each tower (dropped by the text conversion), or with towers each tower whole (gemma4_tower_specs)."""
     wrapper = "text_config" in config
     text = config["text_config"] if wrapper else config
     h, heads, kv = dims.hidden_size, dims.num_attention_heads, dims.num_key_value_heads
@@ -3187,10 +3388,70 @@ def gemma4_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
         TensorSpec(t + "per_layer_projection_norm.weight", (ple,))] if ple else []
     if not wrapper:
         return specs
+    if towers:
+        return specs + gemma4_tower_specs(config["vision_config"], config.get("audio_config"), h)
     return specs + [TensorSpec("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", (32, 32)),
                     TensorSpec("model.embed_vision.embedding_projection.weight", (h, 32)),
                     TensorSpec("model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", (32, 32)),
                     TensorSpec("model.embed_audio.embedding_projection.weight", (h, 32))]
+
+def gemma4_tower_specs(vision: dict, audio: Optional[dict], text_hidden: int) -> list[TensorSpec]:
+    """Gemma4ForConditionalGeneration's towers as transformers 5.18 holds them, in module order: the vision
+    tower's patch embedder (a linear over 3 x patch x patch values and the 2 x position_embedding_size
+    position table), each encoder layer's four projections (with their four clipping bounds, 0-d, when
+    use_clipped_linears) and q/k norms, its gated MLP and four norms, the standardization bias and scale when
+    standardize; the audio tower's subsampling convolutions and their norms, each conformer layer's two
+    feed-forwards, attention (per_dim_scale, the relative key projection), light convolution and norms, its
+    output projection; the two embedders into the text width."""
+    vh, ff, heads, hd = (vision[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim"))
+    patch = vision["patch_size"]
+
+    def linear(p: str, rows: int, cols: int, clipped: bool) -> list[TensorSpec]:
+        bounds = ("input_min", "input_max", "output_min", "output_max") if clipped else ()
+        return [TensorSpec(p + b, ()) for b in bounds] + [TensorSpec(p + "linear.weight", (rows, cols))]
+
+    v, vclip = "model.vision_tower.", vision["use_clipped_linears"]
+    specs = [TensorSpec(v + "patch_embedder.input_proj.weight", (vh, 3 * patch * patch)),
+             TensorSpec(v + "patch_embedder.position_embedding_table", (2, vision["position_embedding_size"], vh))]
+    for i in range(vision["num_hidden_layers"]):
+        p = f"{v}encoder.layers.{i}."
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            specs += linear(f"{p}self_attn.{proj}.", vh if proj == "o_proj" else heads * hd,
+                            heads * hd if proj == "o_proj" else vh, vclip)
+        specs += [TensorSpec(p + "self_attn.q_norm.weight", (hd,)), TensorSpec(p + "self_attn.k_norm.weight", (hd,))]
+        specs += linear(p + "mlp.gate_proj.", ff, vh, vclip) + linear(p + "mlp.up_proj.", ff, vh, vclip)
+        specs += linear(p + "mlp.down_proj.", vh, ff, vclip)
+        specs += norm_specs(p, vh, "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                            "post_feedforward_layernorm")
+    if vision["standardize"]:
+        specs += [TensorSpec(v + "std_bias", (vh,)), TensorSpec(v + "std_scale", (vh,))]
+    specs.append(TensorSpec("model.embed_vision.embedding_projection.weight", (text_hidden, vh)))
+    if not audio:
+        return specs
+    ah, aheads, (c0, c1) = audio["hidden_size"], audio["num_attention_heads"], audio["subsampling_conv_channels"]
+    a, ahd = "model.audio_tower.", audio["hidden_size"] // audio["num_attention_heads"]
+    s = a + "subsample_conv_projection."
+    specs += [TensorSpec(s + "layer0.conv.weight", (c0, 1, 3, 3)), TensorSpec(s + "layer0.norm.weight", (c0,)),
+              TensorSpec(s + "layer1.conv.weight", (c1, c0, 3, 3)), TensorSpec(s + "layer1.norm.weight", (c1,)),
+              TensorSpec(s + "input_proj_linear.weight", (ah, c0 // 4 * c1))]
+    for i in range(audio["num_hidden_layers"]):
+        p = f"{a}layers.{i}."
+        for f in ("feed_forward1.", "feed_forward2."):
+            specs += linear(p + f + "ffw_layer_1.", 4 * ah, ah, True) + linear(p + f + "ffw_layer_2.", ah, 4 * ah, True)
+            specs += norm_specs(p + f, ah, "pre_layer_norm", "post_layer_norm")
+        specs.append(TensorSpec(p + "self_attn.per_dim_scale", (ahd,)))
+        for proj in ("q_proj", "k_proj", "v_proj", "post"):
+            specs += linear(f"{p}self_attn.{proj}.", ah, ah, True)
+        specs.append(TensorSpec(p + "self_attn.relative_k_proj.weight", (ah, ah)))
+        specs += linear(p + "lconv1d.linear_start.", 2 * ah, ah, True) + linear(p + "lconv1d.linear_end.", ah, ah, True)
+        specs += [TensorSpec(p + "lconv1d.depthwise_conv1d.weight", (ah, 1, audio["conv_kernel_size"]))]
+        specs += norm_specs(p + "lconv1d.", ah, "pre_layer_norm", "conv_norm")
+        specs += norm_specs(p, ah, "norm_pre_attn", "norm_post_attn", "norm_out")
+    specs += [TensorSpec(a + "output_proj.weight", (audio["output_proj_dims"], ah)),
+              TensorSpec(a + "output_proj.bias", (audio["output_proj_dims"],))]
+    return specs + [TensorSpec("model.embed_audio.embedding_projection.weight",
+                               (text_hidden, audio["output_proj_dims"]))]
+
 
 def smolvlm_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     """Idefics3ForConditionalGeneration's / SmolVLMForConditionalGeneration's state_dict: the SigLIP tower
@@ -3239,13 +3500,13 @@ def case_entries(case: Case) -> list[Entry]:
     elif config.get("model_type") == "lfm2":
         specs = lfm2_tensor_specs(dims, config)
     elif config.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
-        specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts)
+        specs = qwen35_tensor_specs(dims, config, case.mtp_weights, case.fused_experts, bool(case.vision_updates))
     elif config.get("model_type") == "granitemoehybrid":
         specs = granite4h_tensor_specs(dims, config)
     elif config.get("model_type") == "gpt_oss":
         specs = gptoss_tensor_specs(dims, config)
     elif config.get("model_type") in ("gemma4", "gemma4_text"):
-        specs = gemma4_tensor_specs(dims, config)
+        specs = gemma4_tensor_specs(dims, config, case.gemma4_towers)
     elif config.get("model_type") in ("idefics3", "smolvlm"):
         specs = smolvlm_tensor_specs(dims, config)
     else:
@@ -3298,10 +3559,16 @@ def make_case(case: Case, root: Path) -> Path:
     if case.hub_vision is not None:
         for name in PROCESSOR_FILES:
             (out / name).write_bytes(fixture_bytes(case.config_from, name))
+    if case.gemma4_towers:
+        (out / "processor_config.json").write_bytes(fixture_bytes(case.config_from, "processor_config.json"))
     if case.mistral_files:
         write_mistral_files(case, entries, out)
     if case.card is not None:
         (out / "README.md").write_bytes(MODEL_CARDS[case.card].encode("utf-8"))
+    if case.processor is not None:
+        # Each file in its own key order, indented 2, as the Hub file or save_pretrained has it.
+        for file_name, content in PROCESSORS[case.processor].items():
+            (out / file_name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     return out
 
 

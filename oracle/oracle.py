@@ -96,7 +96,10 @@ REFUSED_CASES = frozenset({"smollm3-nope-every-3rd", "qwen3.5-0.8b-no-mtp", "qwe
                            "phi-4-mini-chat-tokens-added-only",
                            # Gemma 4 whose shared layers would reuse the KV of a layer of the other kind: the
                            # runtime aborts on llama.cpp's file
-                           "gemma-4-e2b-shared-kv-mismatch"})
+                           "gemma-4-e2b-shared-kv-mismatch",
+                           # Qwen3.5 saved in F16 (the projector case's text model): llama.cpp's -exp of an F16
+                           # A_log is not reproduced (bankml asks for bfloat16)
+                           "qwen3.5-0.8b-vision-f16"})
 # Adapters llama.cpp converts and bankml_convert must refuse: a LoRA on the embedding of a base with tied
 # embeddings, which llama.cpp's runtime also applies to the output head, where it aborts (oracle.py load).
 # And on Qwen3.5: a LoRA on the MTP layer, whose tensors llama.cpp's runtime loads only for MTP drafting
@@ -239,6 +242,25 @@ RUNS: tuple[Run, ...] = tuple(
     # ... and refused where transformers 4.52 and later saved it: llama.cpp writes a projector with no tensors.
     + [Run("gemma-3-4b-vision-new-layout-mmproj-f16", "gemma-3-4b-vision-new-layout", ("--mmproj", "--outtype", "f16"),
            refused=True)]
+    # Qwen3.5's projector (issue 38, --mmproj; llama.cpp's qwen3vl class): every output type for the dense
+    # and the MoE model's vision tower, the processor's files as Qwen ships them and as transformers 5 saves them.
+    + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
+       for case in ("qwen3.5-0.8b-vision", "qwen3.5-35b-a3b-vision") for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # ... and from F16 weights, where auto takes F16 (the frames F16).
+    + [Run(f"qwen3.5-0.8b-vision-f16-mmproj-{t}", "qwen3.5-0.8b-vision-f16", ("--mmproj", "--outtype", t))
+       for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+    # Gemma 4's projector (issue 38, --mmproj): every output type for the 31B's vision tower (standardized, no
+    # clipped linears) and E2B's without its audio tower (clipped linears), the 26B-A4B's in f16 and q8_0, the 31B's
+    # from F32 weights in f16, q8_0 and auto; E2B's and E4B's with their audio tower, which llama.cpp writes through
+    # torch's softplus, refused.
+    + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))
+       for case in ("gemma-4-31b-towers", "gemma-4-e2b-vision-tower") for t in ("f16", *OTHER_OUTTYPES)]
+    + [Run(f"gemma-4-26b-a4b-towers-mmproj-{t}", "gemma-4-26b-a4b-towers", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0")]
+    + [Run(f"gemma-4-31b-towers-f32-mmproj-{t}", "gemma-4-31b-towers-f32", ("--mmproj", "--outtype", t))
+       for t in ("f16", "q8_0", "auto")]
+    + [Run(f"{case}-mmproj-f16", case, ("--mmproj", "--outtype", "f16"), refused=True)
+       for case in ("gemma-4-e2b-towers", "gemma-4-e4b-towers")]
     # SmolVLM's projector (issue 38, --mmproj: idefics3): every output type llama.cpp takes there for SmolVLM-256M and
     # SmolVLM2 (scale factor 4, SigLIP of patch 16 at 512), f16 and q8_0 for SmolVLM-Instruct (3, patch 14 at 384).
     + [Run(f"{case}-mmproj-{t}", case, ("--mmproj", "--outtype", t))

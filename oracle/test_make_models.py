@@ -284,5 +284,34 @@ class SharedFixtures(unittest.TestCase):
             self.assertEqual(json.loads((d / "tokenizer_config.json").read_text())["tokenizer_class"], "TokenizersBackend")
 
 
+class ProjectorCases(unittest.TestCase):
+    """A projector case (--mmproj) carries the image processor's files and its whole vision tower."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = mm.make_case(mm.CASES_BY_NAME["qwen3.5-0.8b-vision"], Path(cls.tmp.name))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_writes_the_processor_files_of_its_key(self):
+        self.assertEqual({p.name for p in self.dir.iterdir() if "processor" in p.name},
+                         set(mm.PROCESSORS["qwen3.5"]))
+        read = json.loads((self.dir / "preprocessor_config.json").read_text(encoding="utf-8"))
+        self.assertEqual(read, mm.PROCESSORS["qwen3.5"]["preprocessor_config.json"])
+
+    def test_saves_every_tensor_of_the_shrunk_vision_tower(self):
+        vision = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))["vision_config"]
+        _, _, header = read_header(self.dir / "model.safetensors")
+        tower = {k: v["shape"] for k, v in tensor_items(header) if k.startswith("model.visual.")}
+        # patch embedding (weight, bias) and positions; 12 a block; the merger's norm and two linears
+        self.assertEqual(len(tower), 3 + 12 * vision["depth"] + 6)
+        self.assertEqual(tower["model.visual.patch_embed.proj.weight"], [vision["hidden_size"], 3, 2, 16, 16])
+        self.assertEqual(tower["model.visual.merger.linear_fc2.weight"],
+                         [vision["out_hidden_size"], 4 * vision["hidden_size"]])
+
+
 if __name__ == "__main__":
     unittest.main()
