@@ -6735,6 +6735,21 @@ class PackedStrings:
         """The chunks as kept: each chunk's strings as UTF-8 ("surrogatepass"), joined by _PACK_SEP."""
         return self._chunks
 
+    def utf8_items(self, indices: Sequence[int]) -> list[bytes]:
+        """The UTF-8 ("surrogatepass") of the strings at ``indices``, in their order: each chunk they fall
+        in split once, one at a time (indices in any order split a chunk for each, as [] does)."""
+        found = [b""] * len(indices)
+        wanted: dict[int, list[int]] = {}
+        for k, index in enumerate(indices):
+            if not 0 <= index < len(self):
+                raise IndexError("PackedStrings index out of range")
+            wanted.setdefault(bisect.bisect_right(self._ends, index), []).append(k)
+        for c, ks in wanted.items():
+            items, first = self._chunks[c].split(_PACK_SEP), self._ends[c - 1] if c else 0
+            for k in ks:
+                found[k] = items[indices[k] - first]
+        return found
+
     def holds_surrogates(self) -> bool:
         """Whether a string holds a lone surrogate (which strict UTF-8 cannot encode)."""
         return any(map(_SURROGATE_PASSED.search, self._chunks))
@@ -7011,11 +7026,13 @@ class JsonRuns(NamedTuple):
     opened: int                         # where its "[" or "{" is
     end: int                            # just past its "]" or "}"
 
-    def parsed(self, opener: str, closer: str) -> Iterator:
+    def parsed(self, opener: str, closer: str, pairs: bool = False) -> Iterator:
+        """Each run as json.loads gives it, or with ``pairs`` an object's as its (key, value) pairs in
+        order, a key repeated as often as written."""
         for start, end in self.runs:
             text = self.data[start:end]
             _drop_pages(self.data, start, end)
-            yield json.loads(opener + text.decode("utf-8") + closer)
+            yield json.loads(opener + text.decode("utf-8") + closer, object_pairs_hook=list if pairs else None)
 
 
 def _mapped_find(data: mmap.mmap, needle: bytes, first: int = 0) -> int:
@@ -7117,36 +7134,37 @@ def _placeholders_at_model(parsed: object, nonce: str) -> bool:
 
 
 def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
-    """model.vocab from its runs: a TokenIds when its ids rise in file order from 0 and no token repeats
-    (as in every file transformers writes; o200k's skip a few ids, held as the [PAD{id}] get_vocab_base
-    writes there), else the dict json.loads makes of the object."""
-    tokens = PackedStrings()
-    gaps: list[int] = []
+    """model.vocab from its runs: a TokenIds when no token repeats, no id is taken twice and the ids
+    leave no more of them without a token than vocab_with_gaps takes -- as in every file transformers
+    writes (in id order; o200k's skip a few ids, held as the [PAD{id}] get_vocab_base writes there) and
+    in one whose tokens an edit moved (Gemma 4's markers re-inserted last) -- else the dict json.loads
+    makes of the object."""
+    read = PackedStrings()      # the tokens in file order
+    ids: Optional[array] = None     # their ids, from the first that is not its token's place in the file
     # Filled as the runs are parsed, unless a token holds its separator (then made again at the end).
     members: Optional[PackedSet] = PackedSet(len(runs.runs) * _MERGES_PER_CHUNK, _SET_SEPARATORS[0])
-    repeated = None
-    for run in runs.parsed("{", "}"):
-        texts = list(run)
-        ids = list(run.values())
-        if ids != list(range(len(tokens), len(tokens) + len(run))):
-            held = _with_pad_tokens(texts, ids, len(tokens))
-            if held is None:
+    for run in runs.parsed("{", "}", pairs=True):
+        texts, values = list(map(operator.itemgetter(0), run)), list(map(operator.itemgetter(1), run))
+        # (_VOCAB_ENTRIES took only integer ids)
+        if ids is None and values != list(range(len(read), len(read) + len(values))):
+            ids = array("I", range(len(read)))
+        if ids is not None:
+            if not all(0 <= i < 1 << 32 for i in values):
                 break
-            gaps += (len(tokens) + i for i, text in enumerate(held) if text is None)
-            tokens.append_chunk([text if text is not None else f"[PAD{len(tokens) + i}]" for i, text in
-                                 enumerate(held)])
-        else:
-            tokens.append_chunk(texts)
+            ids.extend(values)
+        read.append_chunk(texts)
         if members is not None and not members.can_hold(texts):
             members = None
         if members is not None and members.add_new(texts) is not None:
             break
     else:
-        if members is None and not gaps:
-            members, repeated = PackedSet.of(tokens)
-        if members is not None and repeated is None:
-            return TokenIds(tokens, members, frozenset(gaps))
-    del tokens
+        laid = (read, frozenset()) if ids is None else _in_id_order(read, ids)
+        repeated = None
+        if laid is not None and members is None:
+            members, repeated = PackedSet.of(read)
+        if laid is not None and repeated is None:
+            return TokenIds(laid[0], members, laid[1])
+    del read, ids
     # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
     # and takes its last value.
     vocab: dict = {}
@@ -7155,26 +7173,35 @@ def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
     return vocab
 
 
-def _with_pad_tokens(texts: list[str], ids: list, first: int) -> Optional[list]:
-    """A run's tokens placed at their ids from ``first`` on, None at each id between them that no token
-    takes; None for a run whose ids are not integers rising from ``first``, or that skips more ids than
-    it holds tokens (a vocabulary with holes that large is read whole, and vocab_with_gaps judges it)."""
-    if not (all(type(i) is int for i in ids) and ids[0] >= first
-            and all(a < b for a, b in zip(ids, ids[1:])) and ids[-1] - first < 2 * len(ids)):
+def _in_id_order(read: PackedStrings, ids: array) -> "Optional[tuple[PackedStrings, frozenset[int]]]":
+    """The tokens ``read`` (in file order, ``ids`` theirs) each at its id, [PAD{id}] at the ids below the
+    largest that no token takes, and those ids; None for an id taken twice or ids so far past the count
+    that vocab_with_gaps refuses them (as it does both, reading the dict)."""
+    size = max(ids) + 1
+    if size > 2 * len(ids) + _MERGES_PER_CHUNK:
         return None
-    held: list = [None] * (ids[-1] - first + 1)
-    for text, tid in zip(texts, ids):
-        held[tid - first] = text
-    return held
+    place = array("i", [-1]) * size     # each id's token's place in the file
+    for at, tid in enumerate(ids):
+        if place[tid] >= 0:
+            return None
+        place[tid] = at
+    tokens, gaps = PackedStrings(), []
+    for first in range(0, size, _MERGES_PER_CHUNK):
+        places = place[first:first + _MERGES_PER_CHUNK]
+        texts = iter(read.utf8_items([at for at in places if at >= 0]))
+        gaps += (first + i for i, at in enumerate(places) if at < 0)
+        tokens.append_utf8_chunk([next(texts) if at >= 0 else b"[PAD%d]" % (first + i) for i, at in enumerate(places)])
+    return tokens, frozenset(gaps)
 
 
 class TokenIds:
-    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
-    standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
-    answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
-    tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
-    text's tokens are looked up in check_text_vocab's table).  The ids no token takes (``gaps``) hold
-    [PAD{id}] in ``tokens`` and are no member of the dict it stands for."""
+    """tokenizer.json's model.vocab as its tokens in id order, packed, standing for json's token -> id
+    dict (len, iteration over the tokens, values, items, `in` and [] answer as the dict would, in id
+    order: the file's but where an edit moved a token, and no reader of the vocabulary goes by the
+    file's) without a Python string per token or its hash table: Gemma's 262,144 tokens as strings and
+    a set of them were most of a conversion's memory.  [] scans (the check text's tokens are looked up
+    in check_text_vocab's table).  The ids no token takes (``gaps``) hold [PAD{id}] in ``tokens`` and
+    are no member of the dict it stands for."""
 
     __slots__ = ("tokens", "members", "gaps")
 
@@ -7406,11 +7433,15 @@ def vocab_merges_hasher(tokens: list[str]):
             for chunk in (tokens.chunks() if isinstance(tokens, PackedStrings) else [tokens]):
                 add_lines(h, chunk)
     except UnicodeEncodeError:
-        # JSON's \ud800 escapes spell one; serde_json, which tokenizers reads the file with, refuses them.
-        raise Refusal("a tokenizer.json token holds a lone surrogate: tokenizers cannot load the file, so "
-                      "llama.cpp's converter fails on it too; fix the tokenizer") from None
+        raise lone_surrogate_refusal() from None
     h.update(b"\n")
     return h
+
+
+def lone_surrogate_refusal() -> Refusal:
+    # JSON's \ud800 escapes spell one; serde_json, which tokenizers reads the file with, refuses them.
+    return Refusal("a tokenizer.json token holds a lone surrogate: tokenizers cannot load the file, so "
+                   "llama.cpp's converter fails on it too; fix the tokenizer")
 
 
 def add_lines(h, lines: list[str]) -> None:
@@ -9492,7 +9523,9 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
     for a tokenizer_config.json naming one of ``classes``: LlamaTokenizer's, or GemmaTokenizer's (Gemma 4)."""
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json")
-    tokenizer_json = optional_json(d / "tokenizer.json")
+    # Read lean, as the gpt2 path reads it: Gemma 4's 262,144 tokens and 514,906 merges parsed whole
+    # were 190 MB of Python objects, the whole conversion's memory target twice over.
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or not isinstance(tokenizer_json, dict):
         raise Refusal("byte-fallback tokenizer.json without tokenizer.model needs tokenizer_config.json and "
                       "tokenizer.json as JSON objects (llama.cpp's llama_hf path); not reproduced otherwise")
@@ -9529,9 +9562,9 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
         named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
 
     vocab = base_vocab(tokenizer_json)
-    ids = {token: i for i, token in enumerate(vocab)}
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
+    ids = token_ids_of(vocab, [t.content for t in from_json + (from_config or [])] + named)
     for t in from_json + (from_config or []):
         # transformers would give it a new id, or (LlamaTokenizer) count it special or not by rules not ported;
         # GemmaTokenizer counts only the named ones special, whatever the added tokens' flags say.
@@ -9545,12 +9578,31 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
     if len(vocab) != vocab_size:
         raise Refusal(f"tokenizer.json has {len(vocab)} tokens but vocab_size is {vocab_size}: llama.cpp's llama_hf "
                       f"path writes no padding; not reproduced")
-    special = {ids[c] for c in named}
-    toktypes = [BYTE if _HF_BYTE_TOKEN.fullmatch(t) else CONTROL if i in special else NORMAL
-                for i, t in enumerate(vocab)]
+    toktypes = bytearray([NORMAL]) * len(vocab)
+    for c in named:
+        toktypes[ids[c]] = CONTROL
+    for i in byte_token_ids(vocab):
+        toktypes[i] = BYTE
+    try:
+        # Written as the vocabulary's packed chunks are, never a list of its strings.
+        tokens = laid_strings(vocab, {}, [])
+    except UnicodeEncodeError:
+        raise lone_surrogate_refusal() from None
     sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
-    return llama_model_vocab(list(vocab), [-1000.0] * len(vocab), toktypes, sids, flags,
+    return llama_model_vocab(tokens, array("f", [-1000.0]) * len(vocab), toktypes, sids, flags,
                              chat_template(d, tokenizer_config), add_prefix_space), tokenizer_json
+
+
+def token_ids_of(tokens: "Sequence[str] | PackedStrings", wanted: Iterable[str]) -> dict[str, int]:
+    """The ids of those of ``wanted`` that are among ``tokens`` (base_vocab's, each token once): one pass,
+    without a table of the whole vocabulary (Gemma 4's 262,144 tokens: 30 MB as a dict)."""
+    wanted = set(wanted)
+    return {t: i for i, t in enumerate(tokens) if t in wanted}
+
+
+def byte_token_ids(tokens: "Sequence[str] | PackedStrings") -> Iterator[int]:
+    """The ids of LlamaHfVocab's byte tokens, <0xHH>."""
+    return (i for i, t in enumerate(tokens) if t.startswith("<0x") and _HF_BYTE_TOKEN.fullmatch(t))
 
 
 # GemmaTokenizer.__init__'s named tokens where tokenizer_config.json leaves a key out (a null one: none).
@@ -9592,9 +9644,9 @@ GEMMA4_VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "
                                    "<tool_response|>", '<|"|>'})
 
 
-def gemma4_token_types(tokens: Sequence[str], toktypes: Sequence[int]) -> list[int]:
+def gemma4_token_types(tokens: Sequence[str], toktypes: Sequence[int]) -> bytearray:
     """The token types Gemma4Model writes: LlamaHfVocab's, but USER_DEFINED for GEMMA4_VISIBLE_TOKENS."""
-    return [USER_DEFINED if t in GEMMA4_VISIBLE_TOKENS else k for t, k in zip(tokens, toktypes)]
+    return bytearray(USER_DEFINED if t in GEMMA4_VISIBLE_TOKENS else k for t, k in zip(tokens, toktypes))
 
 
 def gemma4_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:

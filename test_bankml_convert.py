@@ -4714,6 +4714,26 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
         edit_json(d / "tokenizer.json", lambda t: t.update(decoder={"type": "ByteFallback"}))
         self.assert_hf_refused(d, "Sequence decoder")
 
+    def test_the_vocabulary_read_lean_writes_the_keys_of_the_whole_parse(self):
+        d = self.recorded_case_dir(self.NAME)
+        config = self.config(d)
+        lean = bc.llama_hf_vocab(d, config, 32000)
+        with mock.patch.object(bc, "read_tokenizer_json", lambda path, vocab_used=True: bc.read_json(path)):
+            whole = bc.llama_hf_vocab(d, config, 32000)
+        self.assertEqual(bc.gguf_header(bc.spm_kvs(lean), []), bc.gguf_header(bc.spm_kvs(whole), []))
+
+    def test_the_tokens_are_held_packed_not_as_a_list(self):
+        d = self.recorded_case_dir(self.NAME)
+        tokens = bc.llama_hf_vocab(d, self.config(d), 32000).tokens
+        self.assertIsInstance(tokens, bc.GGUFStrings)
+        self.assertEqual((len(tokens), tokens[3], tokens[31999]), (32000, "<0x00>", "\u7ed9"))
+
+    def test_a_token_with_a_lone_surrogate_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        path = d / "tokenizer.json"
+        path.write_text(path.read_text(encoding="utf-8").replace('"\u7ed9": 31999', '"\\ud800": 31999'), encoding="utf-8")
+        self.assert_hf_refused(d, "lone surrogate")
+
 
 class Gemma4Vocabulary(Workspace):
     """The gemma4 kind: Gemma4Model.set_vocab over tokenizer.json (LlamaHfVocab), for LlamaTokenizer files
@@ -4744,8 +4764,18 @@ class Gemma4Vocabulary(Workspace):
 
     def test_the_chat_markers_are_user_defined_whatever_their_type(self):
         tokens = ["<pad>", "<|channel>", "<channel|>", '<|"|>', "<|tool_call>", "hello"]
-        self.assertEqual(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL]),
+        self.assertEqual(list(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL])),
                          [bc.CONTROL] + [bc.USER_DEFINED] * 4 + [bc.NORMAL])
+
+    def test_the_vocabulary_read_lean_writes_the_keys_of_the_whole_parse(self):
+        # Gemma 4's 262,144 tokens, its markers last in the file, and 514,906 merges as pairs.
+        d = self.case("gemma-4-e2b-gemma4-tokenizer")
+        config = json.loads((d / "config.json").read_text())["text_config"]
+        lean = bc.gemma4_vocab(d, config, 262144)
+        self.assertIsInstance(lean.merges, bc.GGUFStrings)
+        with mock.patch.object(bc, "read_tokenizer_json", lambda path, vocab_used=True: bc.read_json(path)):
+            whole = bc.gemma4_vocab(d, config, 262144)
+        self.assertEqual(bc.gguf_header(bc.gemma4_kvs(lean), []), bc.gguf_header(bc.gemma4_kvs(whole), []))
 
     def test_a_gemma_tokenizers_special_tokens_map_json_is_refused(self):
         d = self.case("gemma-4-e2b-gemma4-tokenizer")
@@ -5004,13 +5034,31 @@ class LeanTokenizerJson(unittest.TestCase):
         self.assertEqual(("[PAD5]" in ids, ids[f"t{n - 1}"]), (False, n - 1))
         self.assertEqual(bc.vocab_with_gaps(tj), (ids.tokens, ids.gaps))
 
-    def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
+    def test_a_vocab_whose_tokens_an_edit_moved_is_held_as_its_tokens_in_id_order(self):
+        # As make_models' Gemma 4 tokenizer stands: markers deleted and put back at their ids, last in the
+        # file; here also a hole, and a token that holds the packed set's first separator.
+        n = 2 * bc._MERGES_PER_CHUNK + 5
+        vocab = {f"t{i}": i for i in range(n) if i not in (3, bc._MERGES_PER_CHUNK + 1, n - 2)}
+        vocab.update({"\x00m": bc._MERGES_PER_CHUNK + 1, "m3": 3, "last": n})
+        text = json.dumps({"model": {"vocab": vocab, "merges": ["t0 t1"]}})
+        tj = self.read(text)
+        ids = tj["model"]["vocab"]
+        self.assertIsInstance(ids, bc.TokenIds)
+        whole = json.loads(text)
+        self.assertEqual(bc.vocab_with_gaps(tj), bc.vocab_with_gaps(whole))
+        self.assertEqual((ids.tokens[3], ids.tokens[n - 2], ids.gaps), ("m3", f"[PAD{n - 2}]", {n - 2}))
+        self.assertEqual((len(ids), dict(ids.items())), (len(vocab), vocab))
+        self.assertEqual(("\x00m" in ids, "[PAD3]" in ids, ids["m3"]), (True, False, 3))
+
+    def test_a_vocab_with_a_token_twice_an_id_twice_or_ids_far_past_its_count_is_the_dict_json_loads_makes(self):
         late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
         # and with every separator a packed set could use among the tokens (its frozenset fallback)
         odd = {t: i for i, t in enumerate(bc._SET_SEPARATORS + tuple(late))}
-        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 9}', '{"a": 0, "b": 1, "a": 2}',
+        far = 2 * 2 + bc._MERGES_PER_CHUNK     # vocab_with_gaps' most ids for two tokens
+        for vocab_text in ('{"a": 0, "b": 1, "a": 2}',                   # the same token again, in one run
                            json.dumps(late)[:-1] + ', "t0": 0}',       # the same token again, a run later
-                           json.dumps(odd)[:-1] + ', "t0": 0}'):
+                           json.dumps(odd)[:-1] + ', "t0": 0}',
+                           '{"a": 1, "b": 1}', '{"a": 0, "b": %d}' % far):
             with self.subTest(vocab_text[:40]):
                 text = '{"model": {"vocab": %s, "merges": ["a b"]}}' % vocab_text
                 vocab = self.read(text)["model"]["vocab"]
@@ -5218,6 +5266,14 @@ class PackedVocabularies(unittest.TestCase):
     def test_a_token_with_a_lone_surrogate_is_refused(self):
         with self.assertRaisesRegex(bc.Refusal, "lone surrogate"):
             bc.vocab_merges_hasher(bc.PackedStrings.of(["a", "\ud800"]))
+
+    def test_utf8_items_are_the_strings_at_the_indices_given_in_any_order(self):
+        strings = self.strings(3 * bc._MERGES_PER_CHUNK)
+        packed = bc.PackedStrings.of(strings)
+        indices = [len(strings) - 1, 4, bc._MERGES_PER_CHUNK, 4, 0]
+        self.assertEqual(packed.utf8_items(indices), [strings[i].encode("utf-8", "surrogatepass") for i in indices])
+        with self.assertRaises(IndexError):
+            packed.utf8_items([len(strings)])
 
 
 class AddedTokensAtScale(unittest.TestCase):
