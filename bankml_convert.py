@@ -6857,11 +6857,11 @@ def _first_repeated(strings: Iterable[str]) -> Optional[str]:
 
 
 class GGUFStrings:
-    """A long array of strings kept compact until the header is written: as the bytes of a GGUF string
-    array (each a u64 length, then UTF-8), about a quarter of the memory of as many Python strings; or,
-    for merges read lean, as the file's text they are parsed from again, a chunk at a time, when
-    written -- so their bytes need not sit beside the vocabulary while it is read.  Reads as a
-    sequence of str (len, iteration, indexing and slices)."""
+    """A long array of strings kept compact until the header is written, or as a GGUF reader found it:
+    as the bytes of a GGUF string array (each a u64 length, then UTF-8), about a quarter of the memory
+    of as many Python strings; or, for merges read lean, as the file's text they are parsed from
+    again, a chunk at a time, when written -- so their bytes need not sit beside the vocabulary while
+    it is read.  Reads as a sequence of str (len, iteration, indexing and slices)."""
 
     __slots__ = ("_data", "_source", "_encoded", "count", "nbytes")
 
@@ -6879,6 +6879,15 @@ class GGUFStrings:
             if lines is not None:
                 add_lines(lines, strings)
         self._data, self._source, self._encoded, self.count, self.nbytes = data, None, None, count, len(data)
+
+    @classmethod
+    def of_elements(cls, data: "bytes | memoryview", count: int) -> "GGUFStrings":
+        """The ``count`` strings whose GGUF array elements ``data`` is, as a reader found them (each a
+        length and valid UTF-8): the read-back's string arrays, held as the file holds them."""
+        strings = cls.__new__(cls)
+        strings._data, strings._source, strings._encoded, strings.count, strings.nbytes = \
+            data, None, None, count, len(data)
+        return strings
 
     @classmethod
     def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int,
@@ -6929,7 +6938,7 @@ class GGUFStrings:
         unpack = _U64_LE.unpack_from
         while at < len(data):
             (n,) = unpack(data, at)
-            chunk.append(data[at + 8:at + 8 + n].decode("utf-8"))
+            chunk.append(str(data[at + 8:at + 8 + n], "utf-8"))
             at += 8 + n
             if len(chunk) == size:
                 yield chunk
@@ -15174,27 +15183,37 @@ def _read_value(cur: _Cursor, key: str) -> tuple[GGUFValueType, Any, bool]:
     return elem, list(struct.unpack(f"<{n}{SCALAR_FORMATS[elem][1:]}", raw)), True
 
 
-def _strings(cur: _Cursor, n: int, key: str) -> list[str]:
-    """n strings of an array. A vocabulary's ~100,000 strings dominate a model's header, so the
-    common case builds no message; anything unusual is read again by cur.string, which says what."""
+def _strings(cur: _Cursor, n: int, key: str) -> GGUFStrings:
+    """n strings of an array, held as the array's bytes (GGUFStrings): a 262,144-token vocabulary and
+    its 514,906 merges as lists of str were 60 MB, most of an inspect's or a dry run's memory.  A
+    bytes buffer (a dry run's planned header) is held as a view of it, a mapped file's as a copy of
+    the array's bytes.  Each string is checked to be UTF-8 with the others of its chunk, joined by a
+    byte no UTF-8 sequence spans; anything unusual is read again by cur.string, which says what."""
     buf, pos, size = cur.buf, cur.pos, cur.size
-    values: list[str] = []
-    for i in range(n):
-        if size - pos >= 8:
-            length = _U64_LE.unpack_from(buf, pos)[0]
-            start = pos + 8
-            if length <= min(size - start, GGUF_MAX_STRING_LENGTH):
-                try:
-                    values.append(str(buf[start:start + length], "utf-8"))
+    first = pos
+    for chunk_start in range(0, n, _MERGES_PER_CHUNK):
+        chunk_at, texts = pos, []
+        for i in range(chunk_start, min(n, chunk_start + _MERGES_PER_CHUNK)):
+            if size - pos >= 8:
+                length = _U64_LE.unpack_from(buf, pos)[0]
+                start = pos + 8
+                if length <= min(size - start, GGUF_MAX_STRING_LENGTH):
+                    texts.append(buf[start:start + length])
                     pos = start + length
                     continue
-                except UnicodeDecodeError:
-                    pass
-        cur.pos = pos
-        values.append(cur.string(f"kv {key!r} element {i}"))
-        pos = cur.pos
+            cur.pos = pos
+            cur.string(f"kv {key!r} element {i}")     # raises: the length is the trouble
+        try:
+            str(b"\n".join(texts), "utf-8")
+        except UnicodeDecodeError:
+            cur.pos = chunk_at
+            for i in range(chunk_start, chunk_start + len(texts)):
+                cur.string(f"kv {key!r} element {i}")   # raises at the string that is not UTF-8
     cur.pos = pos
-    return values
+    data = memoryview(buf)[first:pos] if isinstance(buf, bytes) else bytes(buf[first:pos])
+    if isinstance(buf, mmap.mmap):
+        _drop_pages(buf, first, pos)
+    return GGUFStrings.of_elements(data, n)
 
 
 def _scalar_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:

@@ -8900,6 +8900,18 @@ class ReadTest(TempDirCase):
         read = bc.parse_gguf(head, len(head)).kvs
         self.assertEqual([kv._replace(offset=0, nbytes=0) for kv in read], planned)
 
+    def test_a_string_array_is_held_as_its_elements_bytes_after_the_file_is_closed(self):
+        strings = [f"t{i}\u00e9" for i in range(2 * bc._MERGES_PER_CHUNK + 3)]
+        f = bc.read_gguf(self.write("v.gguf", gguf_bytes([("toks", ("array", "STRING"), strings)])))
+        value = f.kvs[0].value
+        self.assertIsInstance(value, bc.GGUFStrings)
+        self.assertEqual((len(value), list(value), value[:2]), (len(strings), strings, strings[:2]))
+
+    def test_a_planned_headers_string_arrays_are_views_of_it_not_copies(self):
+        blob = gguf_bytes([("toks", ("array", "STRING"), ["a", "b"])])
+        (piece,) = bc.parse_gguf(blob, len(blob)).kvs[0].value.encoded()
+        self.assertIs(piece.obj, blob)
+
     def test_kv_offsets_and_sizes_cover_their_records(self):
         blob = gguf_bytes(EVERY_SCALAR)
         f = bc.parse_gguf(blob, len(blob))
@@ -9009,6 +9021,22 @@ class RefusalTest(TempDirCase):
         for tail, message in cases:
             with self.subTest(message=message):
                 refusal(self, gguf_bytes(raw_kvs=head + tail, n_kv=1), message)
+
+    def test_a_bad_string_past_the_first_chunk_is_named_by_its_index_and_byte(self):
+        # The strings are checked a chunk at a time; the one at fault is still the one named.
+        n = bc._MERGES_PER_CHUNK + 3
+        elements = [pack_str(f"t{i}") for i in range(n)]
+        bad = b"a\xc3("
+        elements[n - 2] = pack_str(bad)
+        blob = gguf_bytes(raw_kvs=pack_str("k") + struct.pack("<IIQ", 9, 8, n) + b"".join(elements), n_kv=1)
+        message = refusal(self, blob, f"kv 'k' element {n - 2} is not valid UTF-8")
+        self.assertIn(f"(at byte {blob.index(bad) + 1})", message)
+
+    def test_two_strings_that_are_utf8_only_together_are_refused(self):
+        # A lead byte ending one and its continuation beginning the next: checked one by one, as
+        # gguf-py decodes them, neither is UTF-8.
+        raw = pack_str("k") + struct.pack("<IIQ", 9, 8, 2) + pack_str(b"\xc3") + pack_str(b"\xa9")
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "kv 'k' element 0 is not valid UTF-8")
 
     def test_unknown_value_type_is_refused(self):
         raw = pack_str("k") + struct.pack("<I", 13) + bytes(8)
