@@ -4671,6 +4671,15 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
     def test_byte_level_bpe_stays_on_the_gpt2_path(self):
         self.assertIs(bc.tokenizer_kind(self.case_dir(INSTRUCT), bc.LLAMA), bc.BPE)
 
+    def test_byte_fallback_is_found_anywhere_in_the_file_and_only_when_true(self):
+        # The file is searched a window (1 MiB) at a time: a key past the first window, a false one before it.
+        d = Path(tempfile.mkdtemp(dir=self.tmp))
+        for text, taken in (('{"a": {"byte_fallback": false}, "pad": "%s", "model": {"byte_fallback" :\n true}}', True),
+                            ('{"a": {"byte_fallback": false}, "pad": "%s", "model": {"byte_fallback": null}}', False)):
+            with self.subTest(taken=taken):
+                (d / "tokenizer.json").write_text(text % ("x" * (1 << 20)), encoding="utf-8")
+                self.assertIs(bc._looks_byte_fallback(d), taken)
+
     def assert_hf_refused(self, d: Path, fragment: str) -> None:
         config = self.config(d)
         with self.assertRaises(bc.Refusal) as cm:
