@@ -7006,9 +7006,9 @@ def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str],
 # many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
 # whole conversion may use (README's memory target).  So the model's vocab object and
 # merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
-# parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
-# written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
-# list is ever whole.  Whatever does not fit this reading exactly makes it give up, and the file is
+# parsed a chunk at a time into its tokens packed in id order (TokenIds), and the merges a chunk at
+# a time where they are used (the written array, kept as GGUF bytes; the vocabulary hash; the check
+# text's ranks), so no big text or list is ever whole.  The gpt2 and llama_hf paths read it so.  Whatever does not fit this reading exactly makes it give up, and the file is
 # parsed whole by read_json: the values, and the refusals, are the same either way.
 
 _JSON_WS = rb"[ \t\n\r]*"
