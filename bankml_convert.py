@@ -7689,6 +7689,21 @@ class PackedStrings:
         """The chunks as kept: each chunk's strings as UTF-8 ("surrogatepass"), joined by _PACK_SEP."""
         return self._chunks
 
+    def utf8_items(self, indices: Sequence[int]) -> list[bytes]:
+        """The UTF-8 ("surrogatepass") of the strings at ``indices``, in their order: each chunk they fall
+        in split once, one at a time (indices in any order split a chunk for each, as [] does)."""
+        found = [b""] * len(indices)
+        wanted: dict[int, list[int]] = {}
+        for k, index in enumerate(indices):
+            if not 0 <= index < len(self):
+                raise IndexError("PackedStrings index out of range")
+            wanted.setdefault(bisect.bisect_right(self._ends, index), []).append(k)
+        for c, ks in wanted.items():
+            items, first = self._chunks[c].split(_PACK_SEP), self._ends[c - 1] if c else 0
+            for k in ks:
+                found[k] = items[indices[k] - first]
+        return found
+
     def holds_surrogates(self) -> bool:
         """Whether a string holds a lone surrogate (which strict UTF-8 cannot encode)."""
         return any(map(_SURROGATE_PASSED.search, self._chunks))
@@ -7796,11 +7811,11 @@ def _first_repeated(strings: Iterable[str]) -> Optional[str]:
 
 
 class GGUFStrings:
-    """A long array of strings kept compact until the header is written: as the bytes of a GGUF string
-    array (each a u64 length, then UTF-8), about a quarter of the memory of as many Python strings; or,
-    for merges read lean, as the file's text they are parsed from again, a chunk at a time, when
-    written -- so their bytes need not sit beside the vocabulary while it is read.  Reads as a
-    sequence of str (len, iteration, indexing and slices)."""
+    """A long array of strings kept compact until the header is written, or as a GGUF reader found it:
+    as the bytes of a GGUF string array (each a u64 length, then UTF-8), about a quarter of the memory
+    of as many Python strings; or, for merges read lean, as the file's text they are parsed from
+    again, a chunk at a time, when written -- so their bytes need not sit beside the vocabulary while
+    it is read.  Reads as a sequence of str (len, iteration, indexing and slices)."""
 
     __slots__ = ("_data", "_source", "_encoded", "count", "nbytes")
 
@@ -7818,6 +7833,15 @@ class GGUFStrings:
             if lines is not None:
                 add_lines(lines, strings)
         self._data, self._source, self._encoded, self.count, self.nbytes = data, None, None, count, len(data)
+
+    @classmethod
+    def of_elements(cls, data: "bytes | memoryview", count: int) -> "GGUFStrings":
+        """The ``count`` strings whose GGUF array elements ``data`` is, as a reader found them (each a
+        length and valid UTF-8): the read-back's string arrays, held as the file holds them."""
+        strings = cls.__new__(cls)
+        strings._data, strings._source, strings._encoded, strings.count, strings.nbytes = \
+            data, None, None, count, len(data)
+        return strings
 
     @classmethod
     def parsed_when_used(cls, source: Callable[[], Iterable[list[str]]], count: int, nbytes: int,
@@ -7868,7 +7892,7 @@ class GGUFStrings:
         unpack = _U64_LE.unpack_from
         while at < len(data):
             (n,) = unpack(data, at)
-            chunk.append(data[at + 8:at + 8 + n].decode("utf-8"))
+            chunk.append(str(data[at + 8:at + 8 + n], "utf-8"))
             at += 8 + n
             if len(chunk) == size:
                 yield chunk
@@ -7936,9 +7960,9 @@ def laid_strings(strings: "Sequence[str] | PackedStrings", laid: dict[int, str],
 # many Python strings (a list of pairs, twice that) on top of the file's text as a str: more than the
 # whole conversion may use (README's memory target).  So the model's vocab object and
 # merges array are cut out of the file unparsed and the rest is parsed as usual; the vocab is then
-# parsed a chunk at a time into its dict, and the merges a chunk at a time where they are used (the
-# written array, kept as GGUF bytes; the vocabulary hash; the check text's ranks), so no big text or
-# list is ever whole.  Whatever does not fit this reading exactly makes it give up, and the file is
+# parsed a chunk at a time into its tokens packed in id order (TokenIds), and the merges a chunk at
+# a time where they are used (the written array, kept as GGUF bytes; the vocabulary hash; the check
+# text's ranks), so no big text or list is ever whole.  The gpt2 and llama_hf paths read it so.  Whatever does not fit this reading exactly makes it give up, and the file is
 # parsed whole by read_json: the values, and the refusals, are the same either way.
 
 _JSON_WS = rb"[ \t\n\r]*"
@@ -7965,11 +7989,13 @@ class JsonRuns(NamedTuple):
     opened: int                         # where its "[" or "{" is
     end: int                            # just past its "]" or "}"
 
-    def parsed(self, opener: str, closer: str) -> Iterator:
+    def parsed(self, opener: str, closer: str, pairs: bool = False) -> Iterator:
+        """Each run as json.loads gives it, or with ``pairs`` an object's as its (key, value) pairs in
+        order, a key repeated as often as written."""
         for start, end in self.runs:
             text = self.data[start:end]
             _drop_pages(self.data, start, end)
-            yield json.loads(opener + text.decode("utf-8") + closer)
+            yield json.loads(opener + text.decode("utf-8") + closer, object_pairs_hook=list if pairs else None)
 
 
 def _mapped_find(data: mmap.mmap, needle: bytes, first: int = 0) -> int:
@@ -8071,36 +8097,37 @@ def _placeholders_at_model(parsed: object, nonce: str) -> bool:
 
 
 def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
-    """model.vocab from its runs: a TokenIds when its ids rise in file order from 0 and no token repeats
-    (as in every file transformers writes; o200k's skip a few ids, held as the [PAD{id}] get_vocab_base
-    writes there), else the dict json.loads makes of the object."""
-    tokens = PackedStrings()
-    gaps: list[int] = []
+    """model.vocab from its runs: a TokenIds when no token repeats, no id is taken twice and the ids
+    leave no more of them without a token than vocab_with_gaps takes -- as in every file transformers
+    writes (in id order; o200k's skip a few ids, held as the [PAD{id}] get_vocab_base writes there) and
+    in one whose tokens an edit moved (Gemma 4's markers re-inserted last) -- else the dict json.loads
+    makes of the object."""
+    read = PackedStrings()      # the tokens in file order
+    ids: Optional[array] = None     # their ids, from the first that is not its token's place in the file
     # Filled as the runs are parsed, unless a token holds its separator (then made again at the end).
     members: Optional[PackedSet] = PackedSet(len(runs.runs) * _MERGES_PER_CHUNK, _SET_SEPARATORS[0])
-    repeated = None
-    for run in runs.parsed("{", "}"):
-        texts = list(run)
-        ids = list(run.values())
-        if ids != list(range(len(tokens), len(tokens) + len(run))):
-            held = _with_pad_tokens(texts, ids, len(tokens))
-            if held is None:
+    for run in runs.parsed("{", "}", pairs=True):
+        texts, values = list(map(operator.itemgetter(0), run)), list(map(operator.itemgetter(1), run))
+        # (_VOCAB_ENTRIES took only integer ids)
+        if ids is None and values != list(range(len(read), len(read) + len(values))):
+            ids = array("I", range(len(read)))
+        if ids is not None:
+            if not all(0 <= i < 1 << 32 for i in values):
                 break
-            gaps += (len(tokens) + i for i, text in enumerate(held) if text is None)
-            tokens.append_chunk([text if text is not None else f"[PAD{len(tokens) + i}]" for i, text in
-                                 enumerate(held)])
-        else:
-            tokens.append_chunk(texts)
+            ids.extend(values)
+        read.append_chunk(texts)
         if members is not None and not members.can_hold(texts):
             members = None
         if members is not None and members.add_new(texts) is not None:
             break
     else:
-        if members is None and not gaps:
-            members, repeated = PackedSet.of(tokens)
-        if members is not None and repeated is None:
-            return TokenIds(tokens, members, frozenset(gaps))
-    del tokens
+        laid = (read, frozenset()) if ids is None else _in_id_order(read, ids)
+        repeated = None
+        if laid is not None and members is None:
+            members, repeated = PackedSet.of(read)
+        if laid is not None and repeated is None:
+            return TokenIds(laid[0], members, laid[1])
+    del read, ids
     # Key by key in file order, as json.loads fills an object: a repeated key keeps its first place
     # and takes its last value.
     vocab: dict = {}
@@ -8109,26 +8136,35 @@ def _vocab_of_runs(runs: JsonRuns) -> "TokenIds | dict":
     return vocab
 
 
-def _with_pad_tokens(texts: list[str], ids: list, first: int) -> Optional[list]:
-    """A run's tokens placed at their ids from ``first`` on, None at each id between them that no token
-    takes; None for a run whose ids are not integers rising from ``first``, or that skips more ids than
-    it holds tokens (a vocabulary with holes that large is read whole, and vocab_with_gaps judges it)."""
-    if not (all(type(i) is int for i in ids) and ids[0] >= first
-            and all(a < b for a, b in zip(ids, ids[1:])) and ids[-1] - first < 2 * len(ids)):
+def _in_id_order(read: PackedStrings, ids: array) -> "Optional[tuple[PackedStrings, frozenset[int]]]":
+    """The tokens ``read`` (in file order, ``ids`` theirs) each at its id, [PAD{id}] at the ids below the
+    largest that no token takes, and those ids; None for an id taken twice or ids so far past the count
+    that vocab_with_gaps refuses them (as it does both, reading the dict)."""
+    size = max(ids) + 1
+    if size > 2 * len(ids) + _MERGES_PER_CHUNK:
         return None
-    held: list = [None] * (ids[-1] - first + 1)
-    for text, tid in zip(texts, ids):
-        held[tid - first] = text
-    return held
+    place = array("i", [-1]) * size     # each id's token's place in the file
+    for at, tid in enumerate(ids):
+        if place[tid] >= 0:
+            return None
+        place[tid] = at
+    tokens, gaps = PackedStrings(), []
+    for first in range(0, size, _MERGES_PER_CHUNK):
+        places = place[first:first + _MERGES_PER_CHUNK]
+        texts = iter(read.utf8_items([at for at in places if at >= 0]))
+        gaps += (first + i for i, at in enumerate(places) if at < 0)
+        tokens.append_utf8_chunk([next(texts) if at >= 0 else b"[PAD%d]" % (first + i) for i, at in enumerate(places)])
+    return tokens, frozenset(gaps)
 
 
 class TokenIds:
-    """tokenizer.json's model.vocab whose ids are its tokens' places: the tokens in id order, packed,
-    standing for json's token -> id dict (len, iteration over the tokens, values, items, `in` and []
-    answer as the dict would) without a Python string per token or its hash table: Gemma's 262,144
-    tokens as strings and a set of them were most of a conversion's memory.  [] scans (the check
-    text's tokens are looked up in check_text_vocab's table).  The ids no token takes (``gaps``) hold
-    [PAD{id}] in ``tokens`` and are no member of the dict it stands for."""
+    """tokenizer.json's model.vocab as its tokens in id order, packed, standing for json's token -> id
+    dict (len, iteration over the tokens, values, items, `in` and [] answer as the dict would, in id
+    order: the file's but where an edit moved a token, and no reader of the vocabulary goes by the
+    file's) without a Python string per token or its hash table: Gemma's 262,144 tokens as strings and
+    a set of them were most of a conversion's memory.  [] scans (the check text's tokens are looked up
+    in check_text_vocab's table).  The ids no token takes (``gaps``) hold [PAD{id}] in ``tokens`` and
+    are no member of the dict it stands for."""
 
     __slots__ = ("tokens", "members", "gaps")
 
@@ -8360,11 +8396,15 @@ def vocab_merges_hasher(tokens: list[str]):
             for chunk in (tokens.chunks() if isinstance(tokens, PackedStrings) else [tokens]):
                 add_lines(h, chunk)
     except UnicodeEncodeError:
-        # JSON's \ud800 escapes spell one; serde_json, which tokenizers reads the file with, refuses them.
-        raise Refusal("a tokenizer.json token holds a lone surrogate: tokenizers cannot load the file, so "
-                      "llama.cpp's converter fails on it too; fix the tokenizer") from None
+        raise lone_surrogate_refusal() from None
     h.update(b"\n")
     return h
+
+
+def lone_surrogate_refusal() -> Refusal:
+    # JSON's \ud800 escapes spell one; serde_json, which tokenizers reads the file with, refuses them.
+    return Refusal("a tokenizer.json token holds a lone surrogate: tokenizers cannot load the file, so "
+                   "llama.cpp's converter fails on it too; fix the tokenizer")
 
 
 def add_lines(h, lines: list[str]) -> None:
@@ -10404,6 +10444,8 @@ def spm_kvs(v: Vocab) -> list[KV]:
 # added token a named special token already in the vocabulary) and refuses the rest.
 
 _HF_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_BYTE_FALLBACK_KEY = b'"byte_fallback"'
+_BYTE_FALLBACK_TRUE = re.compile(re.escape(_BYTE_FALLBACK_KEY) + rb"\s*:\s*true")
 _LLAMA_HF_NAMED = ("unk_token", "bos_token", "eos_token")
 
 
@@ -10411,13 +10453,20 @@ def _looks_byte_fallback(model_dir: Path) -> bool:
     # Whether LlamaModel.set_vocab would reach LlamaHfVocab: no tokenizer.model, and a tokenizer.json
     # whose BPE model falls back to bytes.  A substring test keeps every BPE conversion from parsing
     # tokenizer.json twice; llama_hf_vocab checks the parsed file and refuses what does not fit.
+    # Searched mapped, a window at a time: the whole file read was a transient as large as it (Llama
+    # 3's 9 MB, Gemma's 33 MB) on every conversion of a Llama-family directory without tokenizer.model.
     path = model_dir / "tokenizer.json"
     if (model_dir / "tokenizer.model").is_file() or not path.is_file():
         return False
     try:
-        return re.search(rb'"byte_fallback"\s*:\s*true', path.read_bytes()) is not None
-    except OSError:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):       # unreadable, or empty (which cannot be mapped)
         return False
+    at = _mapped_find(data, _BYTE_FALLBACK_KEY)
+    while at >= 0 and not _BYTE_FALLBACK_TRUE.match(data, at):
+        at = _mapped_find(data, _BYTE_FALLBACK_KEY, at + 1)
+    return at >= 0
 
 
 def llama_hf_special_contents(tokenizer_config: dict, special_tokens_map: Optional[dict]) -> list[str]:
@@ -10454,7 +10503,9 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
     for a tokenizer_config.json naming one of ``classes``: LlamaTokenizer's, or GemmaTokenizer's (Gemma 4)."""
     d = Path(model_dir)
     tokenizer_config = optional_json(d / "tokenizer_config.json")
-    tokenizer_json = optional_json(d / "tokenizer.json")
+    # Read lean, as the gpt2 path reads it: Gemma 4's 262,144 tokens and 514,906 merges parsed whole
+    # were 190 MB of Python objects, the whole conversion's memory target twice over.
+    tokenizer_json = read_tokenizer_json(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if not isinstance(tokenizer_config, dict) or not isinstance(tokenizer_json, dict):
         raise Refusal("byte-fallback tokenizer.json without tokenizer.model needs tokenizer_config.json and "
                       "tokenizer.json as JSON objects (llama.cpp's llama_hf path); not reproduced otherwise")
@@ -10491,9 +10542,9 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
         named = llama_hf_special_contents(tokenizer_config, special_tokens_map if isinstance(special_tokens_map, dict) else None)
 
     vocab = base_vocab(tokenizer_json)
-    ids = {token: i for i, token in enumerate(vocab)}
     from_json = json_added_tokens(tokenizer_json)
     from_config = config_added_tokens(tokenizer_config)
+    ids = token_ids_of(vocab, [t.content for t in from_json + (from_config or [])] + named)
     for t in from_json + (from_config or []):
         # transformers would give it a new id, or (LlamaTokenizer) count it special or not by rules not ported;
         # GemmaTokenizer counts only the named ones special, whatever the added tokens' flags say.
@@ -10507,12 +10558,31 @@ def llama_hf_read(model_dir: Path, config: dict, vocab_size: int,
     if len(vocab) != vocab_size:
         raise Refusal(f"tokenizer.json has {len(vocab)} tokens but vocab_size is {vocab_size}: llama.cpp's llama_hf "
                       f"path writes no padding; not reproduced")
-    special = {ids[c] for c in named}
-    toktypes = [BYTE if _HF_BYTE_TOKEN.fullmatch(t) else CONTROL if i in special else NORMAL
-                for i, t in enumerate(vocab)]
+    toktypes = bytearray([NORMAL]) * len(vocab)
+    for c in named:
+        toktypes[ids[c]] = CONTROL
+    for i in byte_token_ids(vocab):
+        toktypes[i] = BYTE
+    try:
+        # Written as the vocabulary's packed chunks are, never a list of its strings.
+        tokens = laid_strings(vocab, {}, [])
+    except UnicodeEncodeError:
+        raise lone_surrogate_refusal() from None
     sids, flags = spm_special_vocab(tokenizer_json, tokenizer_config, config, len(vocab))
-    return llama_model_vocab(list(vocab), [-1000.0] * len(vocab), toktypes, sids, flags,
+    return llama_model_vocab(tokens, array("f", [-1000.0]) * len(vocab), toktypes, sids, flags,
                              chat_template(d, tokenizer_config), add_prefix_space), tokenizer_json
+
+
+def token_ids_of(tokens: "Sequence[str] | PackedStrings", wanted: Iterable[str]) -> dict[str, int]:
+    """The ids of those of ``wanted`` that are among ``tokens`` (base_vocab's, each token once): one pass,
+    without a table of the whole vocabulary (Gemma 4's 262,144 tokens: 30 MB as a dict)."""
+    wanted = set(wanted)
+    return {t: i for i, t in enumerate(tokens) if t in wanted}
+
+
+def byte_token_ids(tokens: "Sequence[str] | PackedStrings") -> Iterator[int]:
+    """The ids of LlamaHfVocab's byte tokens, <0xHH>."""
+    return (i for i, t in enumerate(tokens) if t.startswith("<0x") and _HF_BYTE_TOKEN.fullmatch(t))
 
 
 # GemmaTokenizer.__init__'s named tokens where tokenizer_config.json leaves a key out (a null one: none).
@@ -10554,9 +10624,9 @@ GEMMA4_VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "
                                    "<tool_response|>", '<|"|>'})
 
 
-def gemma4_token_types(tokens: Sequence[str], toktypes: Sequence[int]) -> list[int]:
+def gemma4_token_types(tokens: Sequence[str], toktypes: Sequence[int]) -> bytearray:
     """The token types Gemma4Model writes: LlamaHfVocab's, but USER_DEFINED for GEMMA4_VISIBLE_TOKENS."""
-    return [USER_DEFINED if t in GEMMA4_VISIBLE_TOKENS else k for t, k in zip(tokens, toktypes)]
+    return bytearray(USER_DEFINED if t in GEMMA4_VISIBLE_TOKENS else k for t, k in zip(tokens, toktypes))
 
 
 def gemma4_vocab(model_dir: Path, config: dict, vocab_size: int) -> Vocab:
@@ -16104,27 +16174,37 @@ def _read_value(cur: _Cursor, key: str) -> tuple[GGUFValueType, Any, bool]:
     return elem, list(struct.unpack(f"<{n}{SCALAR_FORMATS[elem][1:]}", raw)), True
 
 
-def _strings(cur: _Cursor, n: int, key: str) -> list[str]:
-    """n strings of an array. A vocabulary's ~100,000 strings dominate a model's header, so the
-    common case builds no message; anything unusual is read again by cur.string, which says what."""
+def _strings(cur: _Cursor, n: int, key: str) -> GGUFStrings:
+    """n strings of an array, held as the array's bytes (GGUFStrings): a 262,144-token vocabulary and
+    its 514,906 merges as lists of str were 60 MB, most of an inspect's or a dry run's memory.  A
+    bytes buffer (a dry run's planned header) is held as a view of it, a mapped file's as a copy of
+    the array's bytes.  Each string is checked to be UTF-8 with the others of its chunk, joined by a
+    byte no UTF-8 sequence spans; anything unusual is read again by cur.string, which says what."""
     buf, pos, size = cur.buf, cur.pos, cur.size
-    values: list[str] = []
-    for i in range(n):
-        if size - pos >= 8:
-            length = _U64_LE.unpack_from(buf, pos)[0]
-            start = pos + 8
-            if length <= min(size - start, GGUF_MAX_STRING_LENGTH):
-                try:
-                    values.append(str(buf[start:start + length], "utf-8"))
+    first = pos
+    for chunk_start in range(0, n, _MERGES_PER_CHUNK):
+        chunk_at, texts = pos, []
+        for i in range(chunk_start, min(n, chunk_start + _MERGES_PER_CHUNK)):
+            if size - pos >= 8:
+                length = _U64_LE.unpack_from(buf, pos)[0]
+                start = pos + 8
+                if length <= min(size - start, GGUF_MAX_STRING_LENGTH):
+                    texts.append(buf[start:start + length])
                     pos = start + length
                     continue
-                except UnicodeDecodeError:
-                    pass
-        cur.pos = pos
-        values.append(cur.string(f"kv {key!r} element {i}"))
-        pos = cur.pos
+            cur.pos = pos
+            cur.string(f"kv {key!r} element {i}")     # raises: the length is the trouble
+        try:
+            str(b"\n".join(texts), "utf-8")
+        except UnicodeDecodeError:
+            cur.pos = chunk_at
+            for i in range(chunk_start, chunk_start + len(texts)):
+                cur.string(f"kv {key!r} element {i}")   # raises at the string that is not UTF-8
     cur.pos = pos
-    return values
+    data = memoryview(buf)[first:pos] if isinstance(buf, bytes) else bytes(buf[first:pos])
+    if isinstance(buf, mmap.mmap):
+        _drop_pages(buf, first, pos)
+    return GGUFStrings.of_elements(data, n)
 
 
 def _scalar_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:

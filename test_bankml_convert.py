@@ -5112,6 +5112,15 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
     def test_byte_level_bpe_stays_on_the_gpt2_path(self):
         self.assertIs(bc.tokenizer_kind(self.case_dir(INSTRUCT), bc.LLAMA), bc.BPE)
 
+    def test_byte_fallback_is_found_anywhere_in_the_file_and_only_when_true(self):
+        # The file is searched a window (1 MiB) at a time: a key past the first window, a false one before it.
+        d = Path(tempfile.mkdtemp(dir=self.tmp))
+        for text, taken in (('{"a": {"byte_fallback": false}, "pad": "%s", "model": {"byte_fallback" :\n true}}', True),
+                            ('{"a": {"byte_fallback": false}, "pad": "%s", "model": {"byte_fallback": null}}', False)):
+            with self.subTest(taken=taken):
+                (d / "tokenizer.json").write_text(text % ("x" * (1 << 20)), encoding="utf-8")
+                self.assertIs(bc._looks_byte_fallback(d), taken)
+
     def assert_hf_refused(self, d: Path, fragment: str) -> None:
         config = self.config(d)
         with self.assertRaises(bc.Refusal) as cm:
@@ -5155,6 +5164,26 @@ class LlamaHfVocabulary(RecordedLlamaVocabDirs):
         edit_json(d / "tokenizer.json", lambda t: t.update(decoder={"type": "ByteFallback"}))
         self.assert_hf_refused(d, "Sequence decoder")
 
+    def test_the_vocabulary_read_lean_writes_the_keys_of_the_whole_parse(self):
+        d = self.recorded_case_dir(self.NAME)
+        config = self.config(d)
+        lean = bc.llama_hf_vocab(d, config, 32000)
+        with mock.patch.object(bc, "read_tokenizer_json", lambda path, vocab_used=True: bc.read_json(path)):
+            whole = bc.llama_hf_vocab(d, config, 32000)
+        self.assertEqual(bc.gguf_header(bc.spm_kvs(lean), []), bc.gguf_header(bc.spm_kvs(whole), []))
+
+    def test_the_tokens_are_held_packed_not_as_a_list(self):
+        d = self.recorded_case_dir(self.NAME)
+        tokens = bc.llama_hf_vocab(d, self.config(d), 32000).tokens
+        self.assertIsInstance(tokens, bc.GGUFStrings)
+        self.assertEqual((len(tokens), tokens[3], tokens[31999]), (32000, "<0x00>", "\u7ed9"))
+
+    def test_a_token_with_a_lone_surrogate_is_refused(self):
+        d = self.recorded_case_dir(self.NAME)
+        path = d / "tokenizer.json"
+        path.write_text(path.read_text(encoding="utf-8").replace('"\u7ed9": 31999', '"\\ud800": 31999'), encoding="utf-8")
+        self.assert_hf_refused(d, "lone surrogate")
+
 
 class Gemma4Vocabulary(Workspace):
     """The gemma4 kind: Gemma4Model.set_vocab over tokenizer.json (LlamaHfVocab), for LlamaTokenizer files
@@ -5185,8 +5214,18 @@ class Gemma4Vocabulary(Workspace):
 
     def test_the_chat_markers_are_user_defined_whatever_their_type(self):
         tokens = ["<pad>", "<|channel>", "<channel|>", '<|"|>', "<|tool_call>", "hello"]
-        self.assertEqual(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL]),
+        self.assertEqual(list(bc.gemma4_token_types(tokens, [bc.CONTROL] * 5 + [bc.NORMAL])),
                          [bc.CONTROL] + [bc.USER_DEFINED] * 4 + [bc.NORMAL])
+
+    def test_the_vocabulary_read_lean_writes_the_keys_of_the_whole_parse(self):
+        # Gemma 4's 262,144 tokens, its markers last in the file, and 514,906 merges as pairs.
+        d = self.case("gemma-4-e2b-gemma4-tokenizer")
+        config = json.loads((d / "config.json").read_text())["text_config"]
+        lean = bc.gemma4_vocab(d, config, 262144)
+        self.assertIsInstance(lean.merges, bc.GGUFStrings)
+        with mock.patch.object(bc, "read_tokenizer_json", lambda path, vocab_used=True: bc.read_json(path)):
+            whole = bc.gemma4_vocab(d, config, 262144)
+        self.assertEqual(bc.gguf_header(bc.gemma4_kvs(lean), []), bc.gguf_header(bc.gemma4_kvs(whole), []))
 
     def test_a_gemma_tokenizers_special_tokens_map_json_is_refused(self):
         d = self.case("gemma-4-e2b-gemma4-tokenizer")
@@ -5445,13 +5484,31 @@ class LeanTokenizerJson(unittest.TestCase):
         self.assertEqual(("[PAD5]" in ids, ids[f"t{n - 1}"]), (False, n - 1))
         self.assertEqual(bc.vocab_with_gaps(tj), (ids.tokens, ids.gaps))
 
-    def test_a_vocab_out_of_order_or_with_a_token_twice_is_the_dict_json_loads_makes(self):
+    def test_a_vocab_whose_tokens_an_edit_moved_is_held_as_its_tokens_in_id_order(self):
+        # As make_models' Gemma 4 tokenizer stands: markers deleted and put back at their ids, last in the
+        # file; here also a hole, and a token that holds the packed set's first separator.
+        n = 2 * bc._MERGES_PER_CHUNK + 5
+        vocab = {f"t{i}": i for i in range(n) if i not in (3, bc._MERGES_PER_CHUNK + 1, n - 2)}
+        vocab.update({"\x00m": bc._MERGES_PER_CHUNK + 1, "m3": 3, "last": n})
+        text = json.dumps({"model": {"vocab": vocab, "merges": ["t0 t1"]}})
+        tj = self.read(text)
+        ids = tj["model"]["vocab"]
+        self.assertIsInstance(ids, bc.TokenIds)
+        whole = json.loads(text)
+        self.assertEqual(bc.vocab_with_gaps(tj), bc.vocab_with_gaps(whole))
+        self.assertEqual((ids.tokens[3], ids.tokens[n - 2], ids.gaps), ("m3", f"[PAD{n - 2}]", {n - 2}))
+        self.assertEqual((len(ids), dict(ids.items())), (len(vocab), vocab))
+        self.assertEqual(("\x00m" in ids, "[PAD3]" in ids, ids["m3"]), (True, False, 3))
+
+    def test_a_vocab_with_a_token_twice_an_id_twice_or_ids_far_past_its_count_is_the_dict_json_loads_makes(self):
         late = {f"t{i}": i for i in range(bc._MERGES_PER_CHUNK + 2)}
         # and with every separator a packed set could use among the tokens (its frozenset fallback)
         odd = {t: i for i, t in enumerate(bc._SET_SEPARATORS + tuple(late))}
-        for vocab_text in ('{"a": 1, "b": 0}', '{"a": 0, "b": 9}', '{"a": 0, "b": 1, "a": 2}',
+        far = 2 * 2 + bc._MERGES_PER_CHUNK     # vocab_with_gaps' most ids for two tokens
+        for vocab_text in ('{"a": 0, "b": 1, "a": 2}',                   # the same token again, in one run
                            json.dumps(late)[:-1] + ', "t0": 0}',       # the same token again, a run later
-                           json.dumps(odd)[:-1] + ', "t0": 0}'):
+                           json.dumps(odd)[:-1] + ', "t0": 0}',
+                           '{"a": 1, "b": 1}', '{"a": 0, "b": %d}' % far):
             with self.subTest(vocab_text[:40]):
                 text = '{"model": {"vocab": %s, "merges": ["a b"]}}' % vocab_text
                 vocab = self.read(text)["model"]["vocab"]
@@ -5659,6 +5716,14 @@ class PackedVocabularies(unittest.TestCase):
     def test_a_token_with_a_lone_surrogate_is_refused(self):
         with self.assertRaisesRegex(bc.Refusal, "lone surrogate"):
             bc.vocab_merges_hasher(bc.PackedStrings.of(["a", "\ud800"]))
+
+    def test_utf8_items_are_the_strings_at_the_indices_given_in_any_order(self):
+        strings = self.strings(3 * bc._MERGES_PER_CHUNK)
+        packed = bc.PackedStrings.of(strings)
+        indices = [len(strings) - 1, 4, bc._MERGES_PER_CHUNK, 4, 0]
+        self.assertEqual(packed.utf8_items(indices), [strings[i].encode("utf-8", "surrogatepass") for i in indices])
+        with self.assertRaises(IndexError):
+            packed.utf8_items([len(strings)])
 
 
 class AddedTokensAtScale(unittest.TestCase):
@@ -9309,6 +9374,18 @@ class ReadTest(TempDirCase):
         read = bc.parse_gguf(head, len(head)).kvs
         self.assertEqual([kv._replace(offset=0, nbytes=0) for kv in read], planned)
 
+    def test_a_string_array_is_held_as_its_elements_bytes_after_the_file_is_closed(self):
+        strings = [f"t{i}\u00e9" for i in range(2 * bc._MERGES_PER_CHUNK + 3)]
+        f = bc.read_gguf(self.write("v.gguf", gguf_bytes([("toks", ("array", "STRING"), strings)])))
+        value = f.kvs[0].value
+        self.assertIsInstance(value, bc.GGUFStrings)
+        self.assertEqual((len(value), list(value), value[:2]), (len(strings), strings, strings[:2]))
+
+    def test_a_planned_headers_string_arrays_are_views_of_it_not_copies(self):
+        blob = gguf_bytes([("toks", ("array", "STRING"), ["a", "b"])])
+        (piece,) = bc.parse_gguf(blob, len(blob)).kvs[0].value.encoded()
+        self.assertIs(piece.obj, blob)
+
     def test_kv_offsets_and_sizes_cover_their_records(self):
         blob = gguf_bytes(EVERY_SCALAR)
         f = bc.parse_gguf(blob, len(blob))
@@ -9418,6 +9495,22 @@ class RefusalTest(TempDirCase):
         for tail, message in cases:
             with self.subTest(message=message):
                 refusal(self, gguf_bytes(raw_kvs=head + tail, n_kv=1), message)
+
+    def test_a_bad_string_past_the_first_chunk_is_named_by_its_index_and_byte(self):
+        # The strings are checked a chunk at a time; the one at fault is still the one named.
+        n = bc._MERGES_PER_CHUNK + 3
+        elements = [pack_str(f"t{i}") for i in range(n)]
+        bad = b"a\xc3("
+        elements[n - 2] = pack_str(bad)
+        blob = gguf_bytes(raw_kvs=pack_str("k") + struct.pack("<IIQ", 9, 8, n) + b"".join(elements), n_kv=1)
+        message = refusal(self, blob, f"kv 'k' element {n - 2} is not valid UTF-8")
+        self.assertIn(f"(at byte {blob.index(bad) + 1})", message)
+
+    def test_two_strings_that_are_utf8_only_together_are_refused(self):
+        # A lead byte ending one and its continuation beginning the next: checked one by one, as
+        # gguf-py decodes them, neither is UTF-8.
+        raw = pack_str("k") + struct.pack("<IIQ", 9, 8, 2) + pack_str(b"\xc3") + pack_str(b"\xa9")
+        refusal(self, gguf_bytes(raw_kvs=raw, n_kv=1), "kv 'k' element 0 is not valid UTF-8")
 
     def test_unknown_value_type_is_refused(self):
         raw = pack_str("k") + struct.pack("<I", 13) + bytes(8)
