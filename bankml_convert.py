@@ -5863,6 +5863,16 @@ def no_vocab_kvs(p: Any, v: Any, tokenizer_kvs: list[KV]) -> list[KV]:
     return []
 
 
+def siglip_top_tensors(tower: str) -> dict[str, str]:
+    """A SigLIP tower's tensors outside its layers, HF name (under the checkpoint's tower prefix) -> GGUF
+    name: the patch convolution and its bias, the position embedding, the post norm."""
+    return {tower + "embeddings.patch_embedding.weight": "v.patch_embd.weight",
+            tower + "embeddings.patch_embedding.bias": "v.patch_embd.bias",
+            tower + "embeddings.position_embedding.weight": "v.position_embd.weight",
+            tower + "post_layernorm.weight": "v.post_ln.weight",
+            tower + "post_layernorm.bias": "v.post_ln.bias"}
+
+
 # gguf-py's TensorNameMap for MODEL_ARCH.MMPROJ: SigLIP's encoder layer (after "encoder.layers.N.").
 _SIGLIP_BLOCK_TENSORS = {
     **{f"self_attn.{hf}.{part}": f"{gguf}.{part}"
@@ -5988,11 +5998,7 @@ GEMMA3_PROJECTOR = register_projector(Family(
     hparam_kvs=gemma3_projector_kvs,
     vocab_kvs=no_vocab_kvs,
     top_tensors={
-        _SIGLIP + "embeddings.patch_embedding.weight": "v.patch_embd.weight",
-        _SIGLIP + "embeddings.patch_embedding.bias": "v.patch_embd.bias",
-        _SIGLIP + "embeddings.position_embedding.weight": "v.position_embd.weight",
-        _SIGLIP + "post_layernorm.weight": "v.post_ln.weight",
-        _SIGLIP + "post_layernorm.bias": "v.post_ln.bias",
+        **siglip_top_tensors(_SIGLIP),
         "multi_modal_projector.mm_input_projection.weight": "mm.input_projection.weight",
         "multi_modal_projector.mm_soft_emb_norm.weight": "mm.soft_emb_norm.weight",
     },
@@ -6442,11 +6448,7 @@ SMOLVLM_PROJECTOR = register_projector(Family(
     hparam_kvs=smolvlm_projector_kvs,
     vocab_kvs=no_vocab_kvs,
     top_tensors={
-        _SMOLVLM_TOWER + "embeddings.patch_embedding.weight": "v.patch_embd.weight",
-        _SMOLVLM_TOWER + "embeddings.patch_embedding.bias": "v.patch_embd.bias",
-        _SMOLVLM_TOWER + "embeddings.position_embedding.weight": "v.position_embd.weight",
-        _SMOLVLM_TOWER + "post_layernorm.weight": "v.post_ln.weight",
-        _SMOLVLM_TOWER + "post_layernorm.bias": "v.post_ln.bias",
+        **siglip_top_tensors(_SMOLVLM_TOWER),
         "model.connector.modality_projection.proj.weight": "mm.model.fc.weight",
     },
     block_tensors=_SIGLIP_BLOCK_TENSORS,

@@ -2674,11 +2674,18 @@ def gemma_tensor_specs(dims: Dims, head_dim: int, model_type: str, vision: Optio
 
 
 def siglip_tower_specs(vision: dict, text_hidden: int, prefix: str = "") -> list[TensorSpec]:
-    """Gemma3ForConditionalGeneration's SigLIP tower (SiglipVisionTransformer's modules in order: the patch
-    and position embeddings, each encoder layer's attention with biases, its norms and fc1/fc2, the post
-    norm) and Gemma3MultiModalProjector's two weights, under the Hub checkpoint's names after prefix."""
+    """Gemma3ForConditionalGeneration's SigLIP tower (siglip_specs) and Gemma3MultiModalProjector's two
+    weights, under the Hub checkpoint's names after prefix."""
+    vh = vision["hidden_size"]
+    return siglip_specs(vision, prefix + "vision_tower.vision_model.") + [
+        TensorSpec(prefix + "multi_modal_projector.mm_input_projection_weight", (vh, text_hidden)),
+        TensorSpec(prefix + "multi_modal_projector.mm_soft_emb_norm.weight", (vh,))]
+
+
+def siglip_specs(vision: dict, v: str) -> list[TensorSpec]:
+    """A SiglipVisionTransformer's modules in order under v: the patch and position embeddings, each encoder
+    layer's attention with biases, its norms and fc1/fc2, the post norm (Gemma 3's tower, SmolVLM's)."""
     vh, ff, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
-    v = prefix + "vision_tower.vision_model."
     specs = [TensorSpec(v + "embeddings.patch_embedding.weight", (vh, 3, patch, patch)),
              TensorSpec(v + "embeddings.patch_embedding.bias", (vh,)),
              TensorSpec(v + "embeddings.position_embedding.weight", ((vision["image_size"] // patch) ** 2, vh))]
@@ -2690,9 +2697,7 @@ def siglip_tower_specs(vision: dict, text_hidden: int, prefix: str = "") -> list
                   TensorSpec(f"{p}mlp.fc1.weight", (ff, vh)), TensorSpec(f"{p}mlp.fc1.bias", (ff,)),
                   TensorSpec(f"{p}mlp.fc2.weight", (vh, ff)), TensorSpec(f"{p}mlp.fc2.bias", (vh,)),
                   TensorSpec(f"{p}layer_norm2.weight", (vh,)), TensorSpec(f"{p}layer_norm2.bias", (vh,))]
-    return specs + [TensorSpec(v + "post_layernorm.weight", (vh,)), TensorSpec(v + "post_layernorm.bias", (vh,)),
-                    TensorSpec(prefix + "multi_modal_projector.mm_input_projection_weight", (vh, text_hidden)),
-                    TensorSpec(prefix + "multi_modal_projector.mm_soft_emb_norm.weight", (vh,))]
+    return specs + [TensorSpec(v + "post_layernorm.weight", (vh,)), TensorSpec(v + "post_layernorm.bias", (vh,))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3460,22 +3465,9 @@ def smolvlm_tensor_specs(dims: Dims, config: dict) -> list[TensorSpec]:
     times scale_factor squared, pixel shuffle's), then the Llama text model under model.text_model. and an
     untied lm_head.weight."""
     text, vision = config["text_config"], config["vision_config"]
-    vh, ff, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
-    v = "model.vision_model."
-    specs = [TensorSpec(v + "embeddings.patch_embedding.weight", (vh, 3, patch, patch)),
-             TensorSpec(v + "embeddings.patch_embedding.bias", (vh,)),
-             TensorSpec(v + "embeddings.position_embedding.weight", ((vision["image_size"] // patch) ** 2, vh))]
-    for i in range(vision["num_hidden_layers"]):
-        p = f"{v}encoder.layers.{i}."
-        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
-            specs += [TensorSpec(f"{p}self_attn.{proj}.weight", (vh, vh)), TensorSpec(f"{p}self_attn.{proj}.bias", (vh,))]
-        specs += [TensorSpec(p + "layer_norm1.weight", (vh,)), TensorSpec(p + "layer_norm1.bias", (vh,)),
-                  TensorSpec(p + "mlp.fc1.weight", (ff, vh)), TensorSpec(p + "mlp.fc1.bias", (ff,)),
-                  TensorSpec(p + "mlp.fc2.weight", (vh, ff)), TensorSpec(p + "mlp.fc2.bias", (vh,)),
-                  TensorSpec(p + "layer_norm2.weight", (vh,)), TensorSpec(p + "layer_norm2.bias", (vh,))]
-    specs += [TensorSpec(v + "post_layernorm.weight", (vh,)), TensorSpec(v + "post_layernorm.bias", (vh,)),
-              TensorSpec("model.connector.modality_projection.proj.weight",
-                         (dims.hidden_size, vh * config["scale_factor"] ** 2))]
+    specs = siglip_specs(vision, "model.vision_model.") + [
+        TensorSpec("model.connector.modality_projection.proj.weight",
+                   (dims.hidden_size, vision["hidden_size"] * config["scale_factor"] ** 2))]
     hd = text.get("head_dim", dims.hidden_size // dims.num_attention_heads)
     h, q_out, kv_out = dims.hidden_size, dims.num_attention_heads * hd, dims.num_key_value_heads * hd
     return specs + causal_lm_specs(dims, False, lambda p: (
