@@ -15,7 +15,8 @@ writes the same bytes as llama.cpp's ``convert_hf_to_gguf.py DIR --outfile OUT.g
 Granite 3.x, OLMo 2, Qwen3.5 (dense), LFM2, Granite 4.0-H, Gemma 4 (E2B, E4B, 31B, 26B-A4B), Phi-4-mini (as Phi-3),
 SmolVLM and SmolVLM2 (their text model),
 and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE and gpt-oss (its MXFP4 experts
-repacked as llama.cpp repacks them) --, their vision projectors with --mmproj (PROJECTORS: Gemma 3's, SmolVLM's),
+repacked as llama.cpp repacks them) --, their vision projectors with --mmproj (PROJECTORS: Gemma 3's, SmolVLM's,
+Qwen3.5's, Gemma 4's vision tower),
 and PEFT LoRA adapters as llama.cpp's convert_lora_to_gguf.py writes them; pins the result (sha256 of the output and of every input) and
 refuses, with the reason, anything it would not reproduce exactly.  Standard library only; one file; vendor it as it is.
 
@@ -109,6 +110,10 @@ output "mmproj" through the same seam:
     Gemma 3 projector   Gemma3ForConditionalGeneration: SigLIP tower (v.*) and projector (mm.*), type gemma3
     SmolVLM projector   Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration: SigLIP tower (v.*) and
                         connector (mm.model.fc), type idefics3
+    Qwen3.5 projector   Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: ViT with a two-frame
+                        patch embedding (v.*) and patch merger (mm.0, mm.2), type qwen3vl_merger
+    Gemma 4 projector   Gemma4ForConditionalGeneration: its vision tower (v.*) and embedder (mm.input_projection),
+                        type gemma4v; a directory with an audio tower refused
 
 To add a model family, write in one block (as llama.cpp writes a ModelBase subclass): its params
 (text_params with its config class's defaults), keys and vocabulary order, the tokenizers measured
