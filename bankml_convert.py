@@ -2021,7 +2021,8 @@ def processor_config(model_dir: Path) -> dict:
 # @ModelBase.register decorates its class; and its rows in the module docstring's family table.
 # A vision projector (--mmproj, llama.cpp's MmprojModel) is an entry too, with output "mmproj": its params
 # take (config.json, processor_config), its keys start with mmproj_vision_kvs, forced_type is its
-# tensor_force_quant, blocks its tower's prefixes; registered with register_projector into PROJECTORS
+# tensor_force_quant, blocks its tower's prefixes, projector_inputs the files beside the processor's its
+# refuse_directory reads (pinned as its inputs); registered with register_projector into PROJECTORS
 # ("Vision projectors" below).  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
 # --- The seam: Family, the registry, and TextModel's part every family shares ---------------------
