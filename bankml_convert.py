@@ -1567,7 +1567,8 @@ _CARD_FILES = ("README.md",)
 # What a projector reads instead of the tokenizer's files (MmprojModel.__init__, base.py:2625-2654): the image
 # processor's configuration, processor_config.json's keys over preprocessor_config.json's.
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
-# Every small file a projector's conversion reads (what verify --inputs expects a projector's pin to name).
+# The small files every projector's conversion reads; its entry's projector_inputs add the files it reads
+# besides (projector_input_names).
 _PROJECTOR_INPUTS = _MODEL_FILES + PROCESSOR_FILES + _CARD_FILES
 
 
@@ -1674,6 +1675,10 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
                           "--no-tensor-first-split")
         # MmprojModel reads the vision config with keys of its own: TextModel's shared refusals do not apply.
         params = family.params(config, processor_config(model_dir))
+        # the files its refuse_directory reads besides, checked as the common ones were above
+        problem = input_problem(model_dir, family.projector_inputs)
+        if problem:
+            raise Refusal(problem)
     else:
         refuse_config(config, family.accepted_config_keys)
         params = family.params(config)
@@ -1687,8 +1692,8 @@ def tensor_plan_of(model_dir: Path, options: Options) -> TensorPlan:
     # Asked once the tensors are there: the keys it reads may be as long as the layer count (Qwen3.5's kinds).
     out = written_out_type(family, params, out)
     tokenizer = tokenizer_kind(model_dir, family) if family.output == "model" else None
-    small = [model_dir / n for n in _MODEL_FILES + (tokenizer.files if tokenizer else PROCESSOR_FILES) + _CARD_FILES
-             if (model_dir / n).is_file()]
+    small = [model_dir / n for n in (_MODEL_FILES + tokenizer.files + _CARD_FILES if tokenizer else
+                                      projector_input_names(family)) if (model_dir / n).is_file()]
     return TensorPlan(config, family, params, tensors, small + weight_files, out, tokenizer, card)
 
 
@@ -2021,7 +2026,8 @@ def processor_config(model_dir: Path) -> dict:
 # @ModelBase.register decorates its class; and its rows in the module docstring's family table.
 # A vision projector (--mmproj, llama.cpp's MmprojModel) is an entry too, with output "mmproj": its params
 # take (config.json, processor_config), its keys start with mmproj_vision_kvs, forced_type is its
-# tensor_force_quant, blocks its tower's prefixes; registered with register_projector into PROJECTORS
+# tensor_force_quant, blocks its tower's prefixes, projector_inputs the files beside the processor's its
+# refuse_directory reads (pinned as its inputs); registered with register_projector into PROJECTORS
 # ("Vision projectors" below).  Tokenizer kinds live in TOKENIZER_KINDS, output types in OUT_TYPES.
 
 # --- The seam: Family, the registry, and TextModel's part every family shares ---------------------
@@ -2270,6 +2276,9 @@ class Family(NamedTuple):
     forced_type: Callable[[str, str, Any], Optional[int]] = lambda hf_name, gguf_name, out: None
     # the HF names' prefix before a block's number, and the GGUF one (a projector's tower: "v.blk.")
     blocks: tuple[str, str] = ("model.layers.", "blk.")
+    # a projector's: the files beside config.json and PROCESSOR_FILES its refuse_directory reads (SmolVLM's
+    # tokenizer files); each one present is pinned, and checked as an input, as the processor files are
+    projector_inputs: tuple[str, ...] = ()
 
 
 # HF architecture name -> Family: what register fills, as llama.cpp's ModelBase.register does.
@@ -2293,6 +2302,12 @@ def register_projector(family: Family) -> Family:
     for arch in family.architectures:
         PROJECTORS[arch] = family
     return family
+
+
+def projector_input_names(family: Family) -> tuple[str, ...]:
+    """The small files a projector's conversion reads, in the order its pin names them: config.json's,
+    the processor's, the entry's own projector_inputs, the model card."""
+    return _MODEL_FILES + PROCESSOR_FILES + family.projector_inputs + _CARD_FILES
 
 
 def projector_of(config: dict) -> Family:
@@ -6443,6 +6458,46 @@ def smolvlm_projector_forced_type(hf_name: str, gguf_name: str, out: Any) -> Opt
     return mmproj_forced_type(hf_name, gguf_name, out)
 
 
+# The token llama.cpp's runtime looks up in the text model's vocabulary for every idefics3 projector (the
+# image's start, mtmd.cpp), aborting without it (GGML_ASSERT(idx >= 0), llama.cpp issue 27190):
+# SmolVLM-256M/500M's and SmolVLM2's vocabularies hold it, SmolVLM-Instruct's (2B) does not.
+_SMOLVLM_IMAGE_START = "<global-img>"
+_SMOLVLM_VOCABULARY_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def text_vocabulary_holds(model_dir: Path, token: str) -> bool:
+    """Whether llama.cpp's conversion of the directory's text model writes token among its tokens: a token
+    of tokenizer.json's model vocab, or an added token as transformers takes them -- tokenizer_config.json's
+    added_tokens_decoder where it has one (measured: a token only in tokenizer.json's added_tokens is then
+    written as [PAD]), tokenizer.json's added_tokens otherwise.  The vocab is read lean (read_tokenizer_json)."""
+    tokenizer_config = optional_json(model_dir / "tokenizer_config.json")
+    decoder = tokenizer_config.get("added_tokens_decoder") if isinstance(tokenizer_config, dict) else None
+    if isinstance(decoder, dict) and any(isinstance(t, dict) and t.get("content") == token for t in decoder.values()):
+        return True
+    if not _is_file(model_dir / "tokenizer.json"):
+        return False
+    tokenizer_json = read_tokenizer_json(model_dir / "tokenizer.json")
+    model = tokenizer_json.get("model") if isinstance(tokenizer_json, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, (dict, TokenIds)) and token in vocab:
+        return True
+    added = tokenizer_json.get("added_tokens") if decoder is None and isinstance(tokenizer_json, dict) else None
+    return isinstance(added, list) and any(isinstance(t, dict) and t.get("content") == token for t in added)
+
+
+def refuse_smolvlm_projector_directory(model_dir: Path, config: dict) -> None:
+    """A Refusal where llama.cpp's converter writes the projector but its runtime aborts on it beside the
+    directory's text model: a vocabulary without <global-img> (SmolVLM-Instruct's)."""
+    if not text_vocabulary_holds(model_dir, _SMOLVLM_IMAGE_START):
+        raise Refusal(f"--mmproj: the text model's vocabulary ({', '.join(_SMOLVLM_VOCABULARY_FILES)}) has no "
+                      f"{_SMOLVLM_IMAGE_START} token, which llama.cpp's runtime looks up for every idefics3 projector "
+                      f"and aborts without (GGML_ASSERT(idx >= 0), llama.cpp issue 27190): llama.cpp's converter "
+                      f"writes this projector, but its runtime cannot use it beside this model (the text model "
+                      f"still converts); add {_SMOLVLM_IMAGE_START} to the tokenizer's added tokens "
+                      f"(SmolVLM-256M and SmolVLM2 have it), or use llama.cpp's converter with a runtime that has "
+                      f"the fix")
+
+
 _SMOLVLM_TOWER = "model.vision_model."
 SMOLVLM_PROJECTOR = register_projector(Family(
     name="SmolVLM projector",
@@ -6464,6 +6519,8 @@ SMOLVLM_PROJECTOR = register_projector(Family(
     output="mmproj",
     forced_type=smolvlm_projector_forced_type,
     blocks=(_SMOLVLM_TOWER + "encoder.layers.", "v.blk."),
+    refuse_directory=refuse_smolvlm_projector_directory,
+    projector_inputs=_SMOLVLM_VOCABULARY_FILES,
 ))
 
 
@@ -17336,15 +17393,25 @@ def _input_check(inputs_dir: Path, pinned: InputFile, read=None, what: str = "in
     return True, f"{what} {pinned.name} ({size} bytes, sha256 {actual.sha256})"
 
 
+def projector_inputs_of(model_dir: Path) -> tuple[str, ...]:
+    """The small files the directory's projector reads (projector_input_names), or those every projector
+    reads where its config.json names none."""
+    try:
+        return projector_input_names(projector_of(read_json_object(model_dir / "config.json")))
+    except Refusal:
+        return _PROJECTOR_INPUTS
+
+
 def unpinned_inputs(inputs_dir: Path, pinned: tuple[InputFile, ...], mmproj: bool = False) -> list[str]:
     """Files in the directory the converter would read that the pin does not list (mmproj: a
-    projector's pin, whose conversion reads the processor files instead of the tokenizer's).
+    projector's pin, whose conversion reads the processor files instead of the tokenizer's, and the
+    files its entry reads besides).
 
     convert pins every small input present and every weight file it reads, so such a file means
     the directory is not the one the pin was made from (an extra shard changes the output).
     """
     names = {p.name for p in pinned}
-    small = _PROJECTOR_INPUTS if mmproj else _SMALL_INPUTS
+    small = projector_inputs_of(inputs_dir) if mmproj else _SMALL_INPUTS
     read = [n for n in small if (inputs_dir / n).is_file()]
     try:
         parts, index = model_part_names(inputs_dir)

@@ -3876,6 +3876,20 @@ class Gemma4Projector(Workspace):
 
 # --- SmolVLM's projector (--mmproj, projector type idefics3): bytes pinned by the golden runs smolvlm-*-mmproj-*.
 
+NO_GLOBAL_IMG = (
+    "--mmproj: the text model's vocabulary (tokenizer.json, tokenizer_config.json) has no <global-img> token, which "
+    "llama.cpp's runtime looks up for every idefics3 projector and aborts without (GGML_ASSERT(idx >= 0), llama.cpp "
+    "issue 27190): llama.cpp's converter writes this projector, but its runtime cannot use it beside this model (the "
+    "text model still converts); add <global-img> to the tokenizer's added tokens (SmolVLM-256M and SmolVLM2 have "
+    "it), or use llama.cpp's converter with a runtime that has the fix")
+
+
+def with_global_img(d: Path) -> Path:
+    """d with <global-img> added to its tokenizer as a special token (as SmolVLM-256M's and SmolVLM2's hold it)."""
+    make_models.add_special_token(d, "<global-img>")
+    return d
+
+
 class SmolVLMProjector(Workspace):
     def plan(self, d: Path, **options) -> bc.Plan:
         return bc.plan_conversion(d, bc.Options(mmproj=True, **options))
@@ -3890,7 +3904,7 @@ class SmolVLMProjector(Workspace):
             "clip.use_gelu", "clip.vision.preproc_image_size", "general.quantization_version"])
 
     def test_the_projector_is_idefics3s_with_the_wrappers_scale_factor_and_the_processors_longest_edge(self):
-        kvs = self.kvs(self.case("smolvlm-instruct-shape"))
+        kvs = self.kvs(with_global_img(self.case("smolvlm-instruct-shape")))
         self.assertEqual((kvs["clip.projector_type"], kvs["clip.vision.projector.scale_factor"],
                           kvs["clip.vision.preproc_image_size"], kvs["clip.vision.image_size"]), ("idefics3", 3, 1536, 384))
 
@@ -3937,6 +3951,43 @@ class SmolVLMProjector(Workspace):
         edit_json(d / "config.json", lambda c: c.update(scale_factor=4.0))
         self.assertRefuses(d, re.compile(r"config\.json: scale_factor is 4\.0; transformers' config class rejects it.*"),
                            "--mmproj")
+
+    # llama.cpp's runtime looks <global-img> up in the text model's vocabulary for every idefics3 projector and
+    # aborts without it (llama.cpp issue 27190): SmolVLM-Instruct's has none.
+    def test_a_vocabulary_without_global_img_is_refused_for_the_runtime_aborts_on_the_pair(self):
+        self.assertRefuses(self.case("smolvlm-instruct-shape"), NO_GLOBAL_IMG, "--mmproj")
+
+    def test_global_img_added_to_the_tokenizer_makes_the_projector(self):
+        d = with_global_img(self.case("smolvlm-instruct-shape"))
+        self.assertEqual(self.kvs(d)["clip.projector_type"], "idefics3")
+
+    def test_global_img_in_the_model_vocab_is_the_vocabularys(self):
+        d = self.case("smolvlm-instruct-shape")
+        edit_json(d / "tokenizer.json", lambda t: t["model"]["vocab"].update({"<global-img>": 49152}))
+        self.assertEqual(self.kvs(d)["clip.projector_type"], "idefics3")
+
+    def test_beside_an_added_tokens_decoder_global_img_only_in_tokenizer_json_is_not_the_vocabularys(self):
+        # measured: llama.cpp's text conversion then writes [PAD49155] at its id
+        d = with_global_img(self.case("smolvlm-instruct-shape"))
+        edit_json(d / "tokenizer_config.json", lambda c: c["added_tokens_decoder"].pop("49155"))
+        self.assertRefuses(d, NO_GLOBAL_IMG, "--mmproj")
+
+    def test_without_an_added_tokens_decoder_tokenizer_jsons_added_tokens_are_the_vocabularys(self):
+        d = with_global_img(self.case("smolvlm-instruct-shape"))
+        edit_json(d / "tokenizer_config.json", lambda c: c.pop("added_tokens_decoder"))
+        self.assertEqual(self.kvs(d)["clip.projector_type"], "idefics3")
+
+    def test_the_pin_names_the_tokenizer_files_the_vocabulary_is_read_from(self):
+        self.assertEqual([p.name for p in self.plan(self.case(SMOLVLM)).inputs], [
+            "config.json", "preprocessor_config.json", "processor_config.json", "tokenizer.json",
+            "tokenizer_config.json", "model.safetensors"])
+
+    def test_a_tokenizer_file_that_cannot_be_read_is_named_not_taken_for_absent(self):
+        d = self.case(SMOLVLM)
+        (d / "tokenizer.json").unlink()
+        (d / "tokenizer.json").symlink_to("blobs/gone")
+        self.assertRefuses(d, "tokenizer.json is a symbolic link to nothing: it is read when present; make it a file "
+                              "that can be read, or remove it", "--mmproj")
 
 
 # =============================================================================================
@@ -10000,6 +10051,14 @@ class VerifyCommand(AroundWorkspace):
         r = cli("verify", out, pin, "--inputs", d)
         self.assertEqual(r.code, 0, r.out)
         self.assertIn(f"made by: bankml_convert.py {d.resolve()} -o mmproj.gguf --outtype f16 --mmproj", r.out)
+
+    def test_a_smolvlm_projectors_pin_misses_a_tokenizer_file_added_since(self):
+        d = self.case("smolvlm-256m-shape")     # its tokenizer.json's added tokens hold <global-img> alone too
+        (d / "tokenizer_config.json").rename(d / "kept.json")
+        out, pin = self.tmp / "mmproj-3.gguf", self.tmp / "mmproj-3.FORK.json"
+        self.assertEqual(cli(d, "--mmproj", "-o", out, "--fork", pin, "--quiet").code, 0)
+        (d / "kept.json").rename(d / "tokenizer_config.json")
+        self.assertIn("FAIL input tokenizer_config.json: in", cli("verify", out, pin, "--inputs", d).out)
 
     def test_a_projectors_pin_misses_a_processor_file_added_since(self):
         d = self.case("gemma-3-4b-vision")
