@@ -17032,18 +17032,35 @@ class Inspection(NamedTuple):
 
 
 def projector_command(model_dir: Path, options: Options) -> Optional[str]:
-    """The command that writes the vision projector a model directory also holds (projector_of finds one
-    for its architecture and that projector plans without a refusal), as one escaped line; None where it
-    holds none this tool writes, and for a projector's own run."""
+    """What --dry-run and inspect DIR say of the vision projector a model directory also holds (projector_of
+    finds one for its architecture), as one escaped line: the command that writes it, or "refused here: "
+    and why it does not plan (Gemma 4 E2B's audio tower, ...); None where its architecture has no projector
+    this tool writes, and for a projector's own run."""
     if options.mmproj:
         return None
     try:
         projector_of(read_json_object(model_dir / "config.json"))
-        tensor_plan_of(model_dir, options._replace(mmproj=True))
     except Refusal:
         return None
+    try:
+        tensor_plan_of(model_dir, options._replace(mmproj=True))
+    except Refusal as e:
+        return one_line(_PROJECTOR_REFUSED + e.reason)
     outtype = [] if options.outtype == Options().outtype else ["--outtype", options.outtype]
     return one_line(shlex.join([_prog(), str(model_dir), "--mmproj", *outtype]))
+
+
+_PROJECTOR_REFUSED = "refused here: "
+
+
+def projector_json(note: Optional[str]) -> dict:
+    """projector_command's line for --json: the command under "projector_command", a refusal's reason under
+    "projector_refused" (so a script never takes the reason for a command), nothing without one."""
+    if not note:
+        return {}
+    if note.startswith(_PROJECTOR_REFUSED):
+        return {"projector_refused": note[len(_PROJECTOR_REFUSED):]}
+    return {"projector_command": note}
 
 
 def inspect_path(path, options: Options) -> Inspection:
@@ -17106,6 +17123,8 @@ def inspect_dir_lines(path, options: Options) -> list[str]:
                      f"(--dry-run lists the metadata)")
         if doc.get("projector_command"):
             lines.append(f"also holds a vision projector: {doc['projector_command']}")
+        elif doc.get("projector_refused"):
+            lines.append(f"also holds a vision projector: {_PROJECTOR_REFUSED}{doc['projector_refused']}")
     elif doc["refusal"] is not None:
         lines.append(f"refuse: {doc['refusal']}")
     elif not is_dir:
@@ -17148,7 +17167,7 @@ def inspect_dir_json(path, options: Options) -> dict:
         doc.update({"general.name": ins.plan.name, "gguf_tensor_count": len(ins.plan.tensors),
                     "kv_count": len(ins.plan.kvs), "params": ins.plan.params,
                     "bytes": planned_size(ins.plan),
-                    **({"projector_command": ins.projector} if ins.projector else {})})
+                    **projector_json(ins.projector)})
     return doc
 
 
@@ -17240,7 +17259,7 @@ def dry_run_json(d: DryRun, full: bool = False) -> dict:
         # A split's shards (the keys and tensors above are the whole file's, before it is cut).
         **({"shards": [{"path": str(d.out.with_name(s.name)), "bytes": s.size, "tensor_count": n}
                        for s, n in zip(d.shards, d.shard_tensors)]} if d.shards else {}),
-        **({"projector_command": d.projector} if d.projector else {}),
+        **projector_json(d.projector),
     }
 
 

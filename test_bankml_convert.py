@@ -9945,6 +9945,16 @@ class InspectCommand(AroundWorkspace):
         self.assertEqual(r.code, 0, r.err)
         self.assertIn(f"also holds a vision projector: bankml_convert.py {d} --mmproj\n", r.out)
 
+    def test_inspect_of_a_directory_whose_projector_is_refused_says_why(self):
+        # Gemma 4 E2B as released: its audio tower goes into the projector through torch's softplus
+        line = next(l for l in cli("inspect", self.case("gemma-4-e2b-towers")).out.splitlines() if "projector" in l)
+        self.assertRegex(line, r"^also holds a vision projector: refused here: config.json has an audio_config: ")
+
+    def test_inspect_json_gives_a_refused_projectors_reason_apart_from_any_command(self):
+        doc = json.loads(cli("inspect", self.case("gemma-4-e2b-towers"), "--json").out)
+        self.assertNotIn("projector_command", doc)
+        self.assertTrue(doc["projector_refused"].startswith("config.json has an audio_config: "))
+
     def test_inspect_of_a_text_model_names_no_projector(self):
         self.assertNotIn("projector", cli("inspect", self.case("gemma-3-1b-shape")).out)
 
