@@ -10062,21 +10062,23 @@ class VerifyCommand(AroundWorkspace):
         self.assertEqual(r.code, 0, r.out)
         self.assertIn(f"made by: bankml_convert.py {d.resolve()} -o mmproj.gguf --outtype f16 --mmproj", r.out)
 
-    def test_a_smolvlm_projectors_pin_misses_a_tokenizer_file_added_since(self):
-        d = self.case("smolvlm-256m-shape")     # its tokenizer.json's added tokens hold <global-img> alone too
-        (d / "tokenizer_config.json").rename(d / "kept.json")
-        out, pin = self.tmp / "mmproj-3.gguf", self.tmp / "mmproj-3.FORK.json"
+    def verify_after_adding(self, case: str, name: str) -> str:
+        """verify --inputs of a projector pinned without the case's file name, which is then put back."""
+        d = self.case(case)
+        (d / name).rename(d / "kept.json")
+        out, pin = self.tmp / f"{case}.gguf", self.tmp / f"{case}.FORK.json"
         self.assertEqual(cli(d, "--mmproj", "-o", out, "--fork", pin, "--quiet").code, 0)
-        (d / "kept.json").rename(d / "tokenizer_config.json")
-        self.assertIn("FAIL input tokenizer_config.json: in", cli("verify", out, pin, "--inputs", d).out)
+        (d / "kept.json").rename(d / name)
+        return cli("verify", out, pin, "--inputs", d).out
+
+    def test_a_smolvlm_projectors_pin_misses_a_tokenizer_file_added_since(self):
+        # its tokenizer.json's added tokens hold <global-img> alone too, so it converts without the file
+        self.assertIn("FAIL input tokenizer_config.json: in",
+                      self.verify_after_adding("smolvlm-256m-shape", "tokenizer_config.json"))
 
     def test_a_projectors_pin_misses_a_processor_file_added_since(self):
-        d = self.case("gemma-3-4b-vision")
-        (d / "processor_config.json").rename(d / "kept.json")
-        out, pin = self.tmp / "mmproj-2.gguf", self.tmp / "mmproj-2.FORK.json"
-        self.assertEqual(cli(d, "--mmproj", "-o", out, "--fork", pin, "--quiet").code, 0)
-        (d / "kept.json").rename(d / "processor_config.json")
-        self.assertIn("FAIL input processor_config.json: in", cli("verify", out, pin, "--inputs", d).out)
+        self.assertIn("FAIL input processor_config.json: in",
+                      self.verify_after_adding("gemma-3-4b-vision", "processor_config.json"))
 
 
 # --- diff
