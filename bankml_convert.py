@@ -19064,8 +19064,8 @@ def _exit(status: int) -> None:
 
 # Run as a file, CPython keeps the file's parse tree for as long as the file's code runs (pyrun_file frees
 # it only when that returns): 51 MiB at 17,900 lines, the largest part of a conversion's peak RSS.  So the
-# file's process becomes, by exec (same pid, descriptors and signal dispositions), a Python that imports it as
-# a module, whose parse tree is freed once compiled: 80.5 -> 71.5 MiB converting the 135M case
+# file's process becomes, by exec (same pid, descriptors and signal dispositions), a Python that loads it by its
+# path (a vendored copy may have another name) as the module bankml_convert, whose parse tree is freed once compiled: 80.5 -> 71.5 MiB converting the 135M case
 # (`/usr/bin/time -f %M`), at the cost of compiling the file a second time (about 0.3 s).  The child first
 # takes the current directory off sys.path (a model directory's json.py must not be imported), writes no
 # .pyc beside this file (nothing but OUT and its pin is created), and says "interrupted" on Ctrl-C while it
@@ -19074,7 +19074,6 @@ def _exit(status: int) -> None:
 _AS_MODULE = """import sys
 if sys.path and sys.path[0] in ('', '.'):
     del sys.path[0]
-sys.path.insert(0, sys.argv[1])
 sys.dont_write_bytecode = True
 import os, signal
 def interrupted(signum, frame):
@@ -19083,9 +19082,14 @@ def interrupted(signum, frame):
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, interrupted)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+path = sys.argv[1]
 sys.argv[0:3] = [sys.argv[2]]
-import bankml_convert
-bankml_convert._exit(bankml_convert.main())
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+loader = SourceFileLoader('bankml_convert', path)
+module = sys.modules['bankml_convert'] = module_from_spec(spec_from_loader('bankml_convert', loader))
+loader.exec_module(module)
+module._exit(module.main())
 """
 
 
@@ -19105,7 +19109,7 @@ def _rerun_as_module() -> None:
     if not sys.executable or not hasattr(os, "execv") or not hasattr(signal, "pthread_sigmask") \
             or not sys.argv or not sys.argv[0] or None in (sys.stdin, sys.stdout, sys.stderr):
         return      # a closed standard descriptor is main's to deal with (_open_standard_descriptors)
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.abspath(__file__)     # loaded by its path: a vendored copy may be named otherwise
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
     try:
         sys.stdout.flush()

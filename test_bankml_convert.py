@@ -10475,6 +10475,15 @@ class CommandLine(Workspace):
                          (2, "", "bankml convert: refuse: config.json sets mlp_bias: true; biases are not reproduced\n"))
         self.assertEqual(entries(out.parent), [])
 
+    def test_a_vendored_copy_under_another_name_runs_and_writes_no_bytecode_beside_it(self):
+        # run as a file, the tool re-runs itself as a module loaded by its path (_AS_MODULE), not by its name
+        vendored = self.out_dir() / "convert_to_gguf.py"
+        shutil.copyfile(ROOT / "bankml_convert.py", vendored)
+        p = subprocess.run([sys.executable, str(vendored), "--version"], capture_output=True, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stderr), (0, ""))
+        self.assertTrue(p.stdout.startswith("bankml_convert "), p.stdout)
+        self.assertEqual(entries(vendored.parent), ["convert_to_gguf.py"])
+
     def test_the_script_without_arguments_prints_its_usage_and_exits_2(self):
         p = self.run_tool()
         self.assertEqual((p.returncode, p.stdout), (2, ""))
