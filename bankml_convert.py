@@ -17028,14 +17028,27 @@ class Inspection(NamedTuple):
     unreadable: list[str]           # files whose header could not be read, with the reason
     plan: Optional[Plan]            # the conversion's plan (directories the converter accepts)
     refusal: Optional[str]          # why the converter refuses it, or None
-    projector: Optional[str] = None     # the command that writes the vision projector it also holds
+    projector: Optional[ProjectorNote] = None     # the vision projector it also holds
 
 
-def projector_command(model_dir: Path, options: Options) -> Optional[str]:
+class ProjectorNote(NamedTuple):
+    """The vision projector a model directory also holds: the command that writes it, or why it is refused
+    here (exactly one is set), each one escaped line."""
+    command: Optional[str] = None
+    refused: Optional[str] = None
+
+    def line(self) -> str:
+        return f"also holds a vision projector: {self.command or 'refused here: ' + str(self.refused)}"
+
+    def json(self) -> dict:
+        # apart, so a script never takes the reason for a command
+        return {"projector_command": self.command} if self.command else {"projector_refused": self.refused}
+
+
+def projector_note(model_dir: Path, options: Options) -> Optional[ProjectorNote]:
     """What --dry-run and inspect DIR say of the vision projector a model directory also holds (projector_of
-    finds one for its architecture), as one escaped line: the command that writes it, or "refused here: "
-    and why it does not plan (Gemma 4 E2B's audio tower, ...); None where its architecture has no projector
-    this tool writes, and for a projector's own run."""
+    finds one for its architecture): the command that writes it, or why it does not plan (Gemma 4 E2B's audio
+    tower, ...); None where its architecture has no projector this tool writes, and for a projector's own run."""
     if options.mmproj:
         return None
     try:
@@ -17045,22 +17058,9 @@ def projector_command(model_dir: Path, options: Options) -> Optional[str]:
     try:
         tensor_plan_of(model_dir, options._replace(mmproj=True))
     except Refusal as e:
-        return one_line(_PROJECTOR_REFUSED + e.reason)
+        return ProjectorNote(refused=one_line(e.reason))
     outtype = [] if options.outtype == Options().outtype else ["--outtype", options.outtype]
-    return one_line(shlex.join([_prog(), str(model_dir), "--mmproj", *outtype]))
-
-
-_PROJECTOR_REFUSED = "refused here: "
-
-
-def projector_json(note: Optional[str]) -> dict:
-    """projector_command's line for --json: the command under "projector_command", a refusal's reason under
-    "projector_refused" (so a script never takes the reason for a command), nothing without one."""
-    if not note:
-        return {}
-    if note.startswith(_PROJECTOR_REFUSED):
-        return {"projector_refused": note[len(_PROJECTOR_REFUSED):]}
-    return {"projector_command": note}
+    return ProjectorNote(command=one_line(shlex.join([_prog(), str(model_dir), "--mmproj", *outtype])))
 
 
 def inspect_path(path, options: Options) -> Inspection:
@@ -17083,7 +17083,7 @@ def inspect_path(path, options: Options) -> Inspection:
             read_safetensors_header(path)
     except Refusal as e:
         refusal = e.reason
-    projector = projector_command(path, options) if plan is not None else None
+    projector = projector_note(path, options) if plan is not None else None
     return Inspection(path, path.is_dir(), declared, unreadable, plan, refusal, projector)
 
 
@@ -17121,10 +17121,8 @@ def inspect_dir_lines(path, options: Options) -> list[str]:
         lines.append(f"converts to {doc['general.name']!r}: {doc['gguf_tensor_count']} tensors, "
                      f"{doc['kv_count']} metadata keys, {doc['params']:,} parameters, {doc['bytes']:,} bytes "
                      f"(--dry-run lists the metadata)")
-        if doc.get("projector_command"):
-            lines.append(f"also holds a vision projector: {doc['projector_command']}")
-        elif doc.get("projector_refused"):
-            lines.append(f"also holds a vision projector: {_PROJECTOR_REFUSED}{doc['projector_refused']}")
+        if "projector_command" in doc or "projector_refused" in doc:
+            lines.append(ProjectorNote(doc.get("projector_command"), doc.get("projector_refused")).line())
     elif doc["refusal"] is not None:
         lines.append(f"refuse: {doc['refusal']}")
     elif not is_dir:
@@ -17167,7 +17165,7 @@ def inspect_dir_json(path, options: Options) -> dict:
         doc.update({"general.name": ins.plan.name, "gguf_tensor_count": len(ins.plan.tensors),
                     "kv_count": len(ins.plan.kvs), "params": ins.plan.params,
                     "bytes": planned_size(ins.plan),
-                    **projector_json(ins.projector)})
+                    **(ins.projector.json() if ins.projector else {})})
     return doc
 
 
@@ -17191,7 +17189,7 @@ class DryRun(NamedTuple):
     replaces: bool      # an existing file at out would be replaced
     shards: tuple[InputFile, ...] = ()     # a split's: each shard's name and size (no sha256: nothing written)
     shard_tensors: tuple[int, ...] = ()    # and how many tensors each holds
-    projector: Optional[str] = None     # the command that writes the vision projector the directory also holds
+    projector: Optional[ProjectorNote] = None     # the vision projector the directory also holds
 
 
 def dry_run(model_dir, out, options: Options) -> DryRun:
@@ -17204,7 +17202,7 @@ def dry_run(model_dir, out, options: Options) -> DryRun:
     shards = shard_tensors(plan.tensors, split_of(options))
     paths = shard_paths(target, len(shards))
     check_outputs(paths, model_dir, plan.inputs, False, shards=len(paths))
-    projector = projector_command(model_dir, options)
+    projector = projector_note(model_dir, options)
     if len(shards) == 1:
         return DryRun(plan, target, target.exists(), projector=projector)
     headers = [first_shard_header(plan, shards)] + later_shard_headers(shards)
@@ -17259,7 +17257,7 @@ def dry_run_json(d: DryRun, full: bool = False) -> dict:
         # A split's shards (the keys and tensors above are the whole file's, before it is cut).
         **({"shards": [{"path": str(d.out.with_name(s.name)), "bytes": s.size, "tensor_count": n}
                        for s, n in zip(d.shards, d.shard_tensors)]} if d.shards else {}),
-        **projector_json(d.projector),
+        **(d.projector.json() if d.projector else {}),
     }
 
 
@@ -17281,7 +17279,7 @@ def dry_run_lines(d: DryRun, full: bool = False) -> list[str]:
     lines += _kv_listing(f.kvs, full) + _tensor_listing(f.tensors, [_source_note(t) for t in p.tensors])
     lines.append(f"* {len(p.inputs)} inputs: {', '.join(i.name for i in p.inputs)}")
     if d.projector:
-        lines.append(f"* also holds a vision projector: {d.projector}")
+        lines.append(f"* {d.projector.line()}")
     return lines
 
 

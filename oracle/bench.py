@@ -114,6 +114,14 @@ def _issue3(outtypes: Sequence[str]) -> tuple[Goal, ...]:
         Goal("#3", t, RSS_MIB, TARGET_RSS_MIB if t == "f16" else None)))
 
 
+def _row(issue: str, floors: dict) -> tuple[Goal, ...]:
+    """An issue's bench row: each outtype's wall / floor target (None: reported), peak RSS <= 80 MiB, and its
+    wall / llama.cpp reported, in that order."""
+    return (tuple(Goal(issue, t, VS_FLOOR, target) for t, target in floors.items())
+            + tuple(Goal(issue, t, RSS_MIB, TARGET_RSS_MIB) for t in floors)
+            + tuple(Goal(issue, t, VS_LLAMA_CPP, None) for t in floors))
+
+
 _ALL_TYPES = ("f32", "f16", "bf16", "q8_0", "auto")
 # What `make bench` runs (--suite): every issue's bench row.  The 3B case converts f16 and q8_0, the
 # two its targets name (all four types there take about 30 minutes more: --outtypes on --case).
@@ -132,42 +140,22 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#17", "f16", VS_LLAMA_CPP, None), Goal("#17", "q8_0", VS_LLAMA_CPP, None))),
     # Issue 27: a Qwen3-MoE-shaped directory (3 layers of Qwen3-30B-A3B, 2 shards): every expert stacked
     # while streaming, in the memory of the dense cases.
-    BenchCase("full-qwen3-moe-3-layers", ("f16", "q8_0"), (
-        Goal("#27", "f16", VS_FLOOR, 1.2), Goal("#27", "q8_0", VS_FLOOR, 2.0),
-        Goal("#27", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#27", "q8_0", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#27", "f16", VS_LLAMA_CPP, None), Goal("#27", "q8_0", VS_LLAMA_CPP, None))),
+    BenchCase("full-qwen3-moe-3-layers", ("f16", "q8_0"), _row("#27", {"f16": 1.2, "q8_0": 2.0})),
     BenchCase("full-gemma-3-1b-it", ("f16",), (
         Goal("#25", "f16", VS_FLOOR, 1.2), Goal("#25", "f16", VS_LLAMA_CPP, 0.5), Goal("#25", "f16", RSS_MIB, TARGET_RSS_MIB))),
     # SmolLM3-3B full size (issue 26): a LlamaModel subclass at the 3B Llama's speed and memory.
-    BenchCase("full-smollm3-3b", ("f16", "q8_0"), (
-        Goal("#26", "f16", VS_FLOOR, 1.2), Goal("#26", "q8_0", VS_FLOOR, 2.0),
-        Goal("#26", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#26", "q8_0", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#26", "f16", VS_LLAMA_CPP, None), Goal("#26", "q8_0", VS_LLAMA_CPP, None))),
+    BenchCase("full-smollm3-3b", ("f16", "q8_0"), _row("#26", {"f16": 1.2, "q8_0": 2.0})),
     # Qwen3.5 (issue 36): the hybrid layers' -exp, V reorder and squeezed convolutions at 2B scale.
-    BenchCase("full-qwen3.5-2b", ("f16", "q8_0"), (
-        Goal("#36", "f16", VS_FLOOR, 1.2), Goal("#36", "q8_0", VS_FLOOR, 2.0),
-        Goal("#36", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#36", "q8_0", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#36", "f16", VS_LLAMA_CPP, None), Goal("#36", "q8_0", VS_LLAMA_CPP, None))),
-    BenchCase("full-qwen3.5-35b-a3b-3-layers", ("f16", "q8_0"), (
-        Goal("#36", "f16", VS_FLOOR, 1.2), Goal("#36", "q8_0", VS_FLOOR, 2.0),
-        Goal("#36", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#36", "q8_0", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#36", "f16", VS_LLAMA_CPP, None), Goal("#36", "q8_0", VS_LLAMA_CPP, None))),
+    BenchCase("full-qwen3.5-2b", ("f16", "q8_0"), _row("#36", {"f16": 1.2, "q8_0": 2.0})),
+    BenchCase("full-qwen3.5-35b-a3b-3-layers", ("f16", "q8_0"), _row("#36", {"f16": 1.2, "q8_0": 2.0})),
     # gpt-oss (issue 37): 3 layers of gpt-oss-20b in its MXFP4 form, f16 and the reference's default (auto: bf16,
     # file type MXFP4_MOE): the experts' repack streamed in the dense cases' memory.
-    BenchCase("full-gpt-oss-20b-3-layers", ("f16", "auto"), (
-        Goal("#37", "f16", VS_FLOOR, 1.2), Goal("#37", "auto", VS_FLOOR, 1.2),
-        Goal("#37", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#37", "auto", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#37", "f16", VS_LLAMA_CPP, None), Goal("#37", "auto", VS_LLAMA_CPP, None))),
+    BenchCase("full-gpt-oss-20b-3-layers", ("f16", "auto"), _row("#37", {"f16": 1.2, "auto": 1.2})),
     # Gemma 4 (issue 37): gemma-4-E2B-it full size, f16 and the reference's default (auto: bf16) -- the two
     # 262,144-row embeddings and the per-layer inputs streamed in the dense cases' memory.
-    BenchCase("full-gemma-4-e2b", ("f16", "auto"), (
-        Goal("#37", "f16", VS_FLOOR, 1.2), Goal("#37", "auto", VS_FLOOR, 1.2),
-        Goal("#37", "f16", RSS_MIB, TARGET_RSS_MIB), Goal("#37", "auto", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#37", "f16", VS_LLAMA_CPP, None), Goal("#37", "auto", VS_LLAMA_CPP, None))),
+    BenchCase("full-gemma-4-e2b", ("f16", "auto"), _row("#37", {"f16": 1.2, "auto": 1.2})),
     # Vision projectors (issue 38): gemma-3-4b-it's SigLIP tower and projector full size, --mmproj in f16.
-    BenchCase("full-gemma-3-4b-vision", ("f16",), (
-        Goal("#38", "f16", VS_FLOOR, 1.2), Goal("#38", "f16", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#38", "f16", VS_LLAMA_CPP, None)), args=("--mmproj",)),
+    BenchCase("full-gemma-3-4b-vision", ("f16",), _row("#38", {"f16": 1.2}), args=("--mmproj",)),
     # The 135M case as transformers 4's pytorch_model.bin (tied lm_head.weight kept, so its GGUF is 21%
     # larger): "reading a 269 MB .bin adds no more than reading the same safetensors does".
     BenchCase("full-135m-instruct-bin", ("f16",), (
@@ -180,9 +168,7 @@ SUITE: tuple[BenchCase, ...] = (
         Goal("#18", "q4_0", VS_FLOOR, None)), format="sllm"),
     # Split output (issue 39): the 3B case into 1 GB shards (7 in f16), written by the same workers into
     # every shard's .part, at one file's speed and memory.
-    BenchCase("full-llama-3.2-3b-instruct", ("f16",), (
-        Goal("#39", "f16", VS_FLOOR, 1.2), Goal("#39", "f16", RSS_MIB, TARGET_RSS_MIB),
-        Goal("#39", "f16", VS_LLAMA_CPP, None)), args=("--split-max-size", "1G")),
+    BenchCase("full-llama-3.2-3b-instruct", ("f16",), _row("#39", {"f16": 1.2}), args=("--split-max-size", "1G")),
 )
 SUITE_BY_CASE = {b.case: b for b in SUITE if b.format == "gguf" and not b.args}
 
